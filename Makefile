@@ -1,0 +1,43 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.setup-done
+
+.PHONY: setup demo test lint typecheck unit integration clean proto
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@command -v mosquitto >/dev/null 2>&1 || { \
+	  echo "installing mosquitto (Debian package)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto mosquitto-clients; }
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first: 2.13.0 is a CPU build on this disk; a bare `torch` would pull CUDA.
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/python -m fedge.protocols.grpc.build
+	@touch $(STAMP)
+
+demo: setup
+	$(BIN)/fedge demo
+
+lint: setup
+	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff format --check src tests bench
+
+typecheck: setup
+	$(BIN)/mypy
+
+unit: setup
+	$(BIN)/pytest -m "not integration" -q
+
+integration: setup
+	$(BIN)/pytest -m integration -q
+
+test: setup lint typecheck
+	$(BIN)/pytest -q
+
+clean:
+	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,20 @@
+"""The root of fedge's exception tree.
+
+Every package has one base class that derives from :class:`FedgeError`::
+
+    FedgeError
+    ├── protocols.errors.ProtocolError     what arrived on the wire is not acceptable
+    │   ├── DecodeError                     malformed, wrongly typed, unknown field, bad schema
+    │   │   └── OversizedError              over the size limit, rejected before parsing
+    │   ├── ValidationError                 well-formed but a value is out of range
+    │   └── SignatureError                  forged, tampered or signed by an unpinned key
+    ├── edge_manager.errors.ManagerError   registry, store and fleet operations
+    └── edge_agent.errors.AgentError       the device side (config, model swap, inference)
+
+Third-party errors are translated at the adapter that calls the library
+(``raise ModelLoadError(...) from exc``); only the CLI turns errors into exit codes.
+"""
+
+
+class FedgeError(Exception):
+    """Base of every error fedge raises on purpose."""

@@ -1,0 +1,1 @@
+"""The contract every fedge component speaks: messages, wire codecs, topics, signatures."""

@@ -1,0 +1,70 @@
+"""Per-edge configuration: the desired document the cloud retains, and the edge's report.
+
+Modelled on device twins (AWS shadow ``version``, Azure ``$version``): a full document with a
+monotonic version, never a patch, so an edge that was offline converges from the retained
+copy alone (see ../shared/research/edge-fleet-protocols.md, section 0).
+"""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fedge.protocols import validate
+
+
+@dataclass(frozen=True)
+class EdgeConfig:
+    """What an edge should run with. Thresholds apply to the score of the positive class(es)."""
+
+    fleet: str
+    edge: str
+    version: int
+    default_threshold: float = 0.5
+    # Per-class thresholds override the default for that class's score.
+    class_thresholds: dict[str, float] = field(default_factory=dict)
+    # Settings an operator can tune without a new model (all optional).
+    report_interval_s: float = 5.0
+    batch_max_records: int = 500
+    issued_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.fleet, "fleet")
+        validate.identifier(self.edge, "edge")
+        validate.positive(self.version, "version")
+        validate.probability(self.default_threshold, "default_threshold")
+        validate.probability_map(self.class_thresholds, "class_thresholds")
+        validate.finite(self.report_interval_s, "report_interval_s", minimum=0.05)
+        if not 1 <= self.batch_max_records <= 10_000:
+            raise validate.ValidationError(
+                f"batch_max_records must be in [1, 10000], got {self.batch_max_records}"
+            )
+        validate.finite(self.issued_at, "issued_at", minimum=0.0)
+
+    def threshold_for(self, class_name: str) -> float:
+        return self.class_thresholds.get(class_name, self.default_threshold)
+
+
+class ConfigStatus(StrEnum):
+    APPLIED = "applied"
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class ConfigReport:
+    """The edge's answer to a desired document: the version in force, or why one was refused.
+
+    ``applied_version`` is always the version the edge runs with (0 = none yet), so a rejection
+    still says what is in force.
+    """
+
+    edge: str
+    status: ConfigStatus
+    applied_version: int
+    offered_version: int
+    reason: str = ""
+    reported_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.edge, "edge")
+        validate.u64(self.applied_version, "applied_version")
+        validate.u64(self.offered_version, "offered_version")
+        validate.bounded_text(self.reason, "reason", 1024)

@@ -1,0 +1,61 @@
+"""Deployments: the model an edge should run (desired) and how far it got (status)."""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fedge.protocols import validate
+
+
+@dataclass(frozen=True)
+class DeploymentDesired:
+    """Retained per edge. ``manifest_envelope`` is the registry's signed manifest, verbatim.
+
+    The document is signed as a whole by the manager, and the manifest inside carries the
+    registry's own signature, so an edge checks both before downloading a byte.
+    """
+
+    fleet: str
+    edge: str
+    version: int
+    deployment_id: str
+    manifest_envelope: str
+    grpc_target: str = ""
+    issued_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.fleet, "fleet")
+        validate.identifier(self.edge, "edge")
+        validate.positive(self.version, "version")
+        validate.identifier(self.deployment_id, "deployment_id")
+        validate.bounded_text(self.manifest_envelope, "manifest_envelope", 64 * 1024)
+        validate.bounded_text(self.grpc_target, "grpc_target", 256)
+
+
+class DeployStage(StrEnum):
+    DOWNLOADING = "downloading"
+    VERIFYING = "verifying"
+    STAGED = "staged"
+    ACTIVE = "active"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class DeployStatus:
+    edge: str
+    deployment_id: str
+    version: int
+    model_name: str
+    model_version: int
+    stage: DeployStage
+    reason: str = ""
+    # The model still serving, whatever happened to this deployment (e.g. "inspect:2").
+    serving: str = ""
+    reported_at: float = 0.0
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.edge, "edge")
+        validate.identifier(self.deployment_id, "deployment_id")
+        validate.u64(self.version, "version")
+        validate.identifier(self.model_name, "model_name")
+        validate.u64(self.model_version, "model_version")
+        validate.bounded_text(self.reason, "reason", 1024)

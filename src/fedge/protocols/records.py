@@ -1,0 +1,99 @@
+"""What edges report: telemetry, predictions and labels, in numbered batches.
+
+Every batch carries the edge's ``session`` and a 64-bit ``seq`` per stream that survives
+restarts (persisted on the edge), so the manager stores each (edge, stream, seq) once and
+can tell "agent restarted" from "messages lost" -- the gap Sparkplug's 8-bit seq leaves open.
+"""
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from fedge.protocols import validate
+from fedge.protocols.errors import ValidationError
+
+
+class Stream(StrEnum):
+    TELEMETRY = "telemetry"
+    PREDICTIONS = "predictions"
+    LABELS = "labels"
+
+
+@dataclass(frozen=True)
+class MetricRecord:
+    name: str
+    value: float
+    at: float
+
+    def __post_init__(self) -> None:
+        validate.bounded_text(self.name, "metric name", 128)
+        validate.finite(self.value, f"metric {self.name!r}")
+
+
+@dataclass(frozen=True)
+class PredictionRecord:
+    prediction_id: str
+    at: float
+    model: str  # "name:version"
+    scores: dict[str, float]
+    decision: str  # "accept" | "reject"
+    threshold: float
+    config_version: int
+    latency_ms: float
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.prediction_id, "prediction_id")
+        validate.bounded_text(self.model, "model", 200)
+        validate.probability_map(self.scores, "scores")
+        if self.decision not in ("accept", "reject"):
+            raise ValidationError(f"decision must be 'accept' or 'reject', got {self.decision!r}")
+        validate.probability(self.threshold, "threshold")
+        validate.finite(self.latency_ms, "latency_ms", minimum=0.0)
+        validate.bounded_text(self.source, "source", 512)
+
+
+@dataclass(frozen=True)
+class LabelRecord:
+    label_id: str
+    prediction_id: str
+    label: str
+    who: str
+    at: float
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.label_id, "label_id")
+        validate.identifier(self.prediction_id, "prediction_id")
+        validate.identifier(self.label, "label")
+        validate.bounded_text(self.who, "who", 128)
+
+
+Record = MetricRecord | PredictionRecord | LabelRecord
+
+RECORD_TYPE: dict[Stream, type[MetricRecord] | type[PredictionRecord] | type[LabelRecord]] = {
+    Stream.TELEMETRY: MetricRecord,
+    Stream.PREDICTIONS: PredictionRecord,
+    Stream.LABELS: LabelRecord,
+}
+
+
+@dataclass(frozen=True)
+class RecordBatch:
+    edge: str
+    stream: Stream
+    session: int
+    seq: int
+    records: tuple[Record, ...] = field(default_factory=tuple)
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.edge, "edge")
+        validate.u64(self.session, "session")
+        validate.u64(self.seq, "seq")
+        if len(self.records) > 10_000:
+            raise ValidationError(f"batch of {len(self.records)} records, limit 10000")
+        expected = RECORD_TYPE[self.stream]
+        for record in self.records:
+            if type(record) is not expected:
+                raise ValidationError(
+                    f"stream {self.stream.value!r} carries {expected.__name__}, "
+                    f"got {type(record).__name__}"
+                )

@@ -1,0 +1,89 @@
+"""MQTT topic layout, split by direction so that broker ACLs can enforce who writes what.
+
+    fedge/v1/{fleet}/{edge}/down/config        retained, signed EdgeConfig      (cloud writes)
+    fedge/v1/{fleet}/{edge}/down/deploy        retained, signed DeploymentDesired
+    fedge/v1/{fleet}/{edge}/up/state           retained Liveness (birth, will)  (edge writes)
+    fedge/v1/{fleet}/{edge}/up/config          retained ConfigReport
+    fedge/v1/{fleet}/{edge}/up/deploy          retained DeployStatus
+    fedge/v1/{fleet}/{edge}/up/telemetry       RecordBatch, QoS 1
+    fedge/v1/{fleet}/{edge}/up/predictions     RecordBatch, QoS 1
+    fedge/v1/{fleet}/{edge}/up/labels          RecordBatch, QoS 1
+
+The fleet level lets one broker serve several factories while ACLs keep them apart.
+"""
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fedge.protocols import validate
+from fedge.protocols.errors import DecodeError, ValidationError
+
+ROOT = "fedge/v1"
+
+
+class Direction(StrEnum):
+    DOWN = "down"
+    UP = "up"
+
+
+class Down(StrEnum):
+    CONFIG = "config"
+    DEPLOY = "deploy"
+
+
+class Up(StrEnum):
+    STATE = "state"
+    CONFIG = "config"
+    DEPLOY = "deploy"
+    TELEMETRY = "telemetry"
+    PREDICTIONS = "predictions"
+    LABELS = "labels"
+
+
+@dataclass(frozen=True)
+class EdgeTopic:
+    fleet: str
+    edge: str
+    direction: Direction
+    kind: str
+
+
+def edge_root(fleet: str, edge: str) -> str:
+    validate.identifier(fleet, "fleet")
+    validate.identifier(edge, "edge")
+    return f"{ROOT}/{fleet}/{edge}"
+
+
+def down(fleet: str, edge: str, kind: Down) -> str:
+    return f"{edge_root(fleet, edge)}/down/{kind.value}"
+
+
+def up(fleet: str, edge: str, kind: Up) -> str:
+    return f"{edge_root(fleet, edge)}/up/{kind.value}"
+
+
+def edge_subscription(fleet: str, edge: str) -> str:
+    """What an edge subscribes to: everything the cloud writes for it."""
+    return f"{edge_root(fleet, edge)}/down/+"
+
+
+def fleet_up_subscription(fleet: str) -> str:
+    """What the manager subscribes to: everything every edge of the fleet writes."""
+    validate.identifier(fleet, "fleet")
+    return f"{ROOT}/{fleet}/+/up/+"
+
+
+def parse(topic: str) -> EdgeTopic:
+    parts = topic.split("/")
+    if len(parts) != 6 or f"{parts[0]}/{parts[1]}" != ROOT:
+        raise DecodeError(f"topic {topic!r:.120} is not in the fedge/v1 layout")
+    _, _, fleet, edge, direction, kind = parts
+    try:
+        validate.identifier(fleet, "fleet")
+        validate.identifier(edge, "edge")
+        parsed_direction = Direction(direction)
+        valid = Up if parsed_direction is Direction.UP else Down
+        valid(kind)
+    except (ValidationError, ValueError) as exc:
+        raise DecodeError(f"topic {topic!r:.120}: {exc}") from None
+    return EdgeTopic(fleet, edge, parsed_direction, kind)

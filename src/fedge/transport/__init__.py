@@ -1,0 +1,1 @@
+"""Adapters to the network and broker: the only modules that import paho-mqtt."""

@@ -1,0 +1,231 @@
+"""A thin MQTT v5 session over paho-mqtt that speaks plain values.
+
+Nothing of paho leaks out: callers get :class:`Message` (topic, payload, retained, ...)
+and publish with plain arguments. The session is persistent (clean start off, a session
+expiry), reconnects forever with capped exponential backoff (paho's own 1 s -> 30 s), and
+can hand acknowledgements to the caller (``manual_ack``) so a consumer acks a QoS 1
+message only after it is safely stored.
+"""
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import paho.mqtt.client as paho
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+
+from fedge.transport.errors import TransportError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = True
+    # MQTT 5 Will Delay: a quick reconnect does not flap the edge to "lost".
+    delay_s: int = 0
+
+
+@dataclass(frozen=True)
+class MqttSettings:
+    host: str
+    port: int
+    client_id: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    keepalive_s: int = 30
+    session_expiry_s: int = 7 * 24 * 3600
+    clean_start: bool = False
+    max_inflight: int = 100
+    reconnect_min_s: int = 1
+    reconnect_max_s: int = 30
+    manual_ack: bool = False
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    payload: bytes
+    qos: int
+    retained: bool
+    mid: int
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    mid: int
+    reason_code: int
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.reason_code < 0x80
+
+
+OnMessage = Callable[[Message], None]
+OnConnect = Callable[[bool], None]  # session_present
+OnPublished = Callable[[PublishResult], None]
+OnDisconnect = Callable[[str], None]
+
+
+def _noop(*_: object) -> None:
+    return None
+
+
+class MqttSession:
+    """One client connection. Callbacks run on paho's network thread: keep them short."""
+
+    def __init__(
+        self,
+        settings: MqttSettings,
+        *,
+        on_message: OnMessage = _noop,
+        on_connect: OnConnect = _noop,
+        on_published: OnPublished = _noop,
+        on_disconnect: OnDisconnect = _noop,
+        will: Will | None = None,
+    ) -> None:
+        self.settings = settings
+        self._on_message = on_message
+        self._on_connect = on_connect
+        self._on_published = on_published
+        self._on_disconnect = on_disconnect
+        self.connected = threading.Event()
+        self._client = paho.Client(
+            CallbackAPIVersion.VERSION2,
+            client_id=settings.client_id,
+            protocol=paho.MQTTv5,
+            manual_ack=settings.manual_ack,
+        )
+        if settings.username is not None:
+            self._client.username_pw_set(settings.username, settings.password)
+        if will is not None:
+            will_props = None
+            if will.delay_s:
+                will_props = Properties(PacketTypes.WILLMESSAGE)
+                will_props.WillDelayInterval = will.delay_s
+            self._client.will_set(
+                will.topic, will.payload, qos=will.qos, retain=will.retain, properties=will_props
+            )
+        self._client.max_inflight_messages_set(settings.max_inflight)
+        self._client.reconnect_delay_set(settings.reconnect_min_s, settings.reconnect_max_s)
+        self._client.on_connect = self._handle_connect
+        self._client.on_disconnect = self._handle_disconnect
+        self._client.on_message = self._handle_message
+        self._client.on_publish = self._handle_publish
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        """Connect in the background; reconnects forever. Use ``connected.wait()`` to block."""
+        props = Properties(PacketTypes.CONNECT)
+        props.SessionExpiryInterval = self.settings.session_expiry_s
+        try:
+            self._client.connect_async(
+                self.settings.host,
+                self.settings.port,
+                keepalive=self.settings.keepalive_s,
+                clean_start=self.settings.clean_start,
+                properties=props,
+            )
+        except (OSError, ValueError) as exc:
+            raise TransportError(
+                f"cannot connect to {self.settings.host}:{self.settings.port}: {exc}"
+            ) from exc
+        self._client.loop_start()
+
+    def stop(self, *, final: tuple[str, bytes, bool] | None = None) -> None:
+        """Disconnect cleanly (no will is sent); optionally publish ``final`` first."""
+        if final is not None and self.connected.is_set():
+            info = self._client.publish(final[0], final[1], qos=1, retain=final[2])
+            info.wait_for_publish(timeout=2.0)
+        self._client.disconnect()
+        self._client.loop_stop()
+        self.connected.clear()
+
+    # -- operations
+
+    def subscribe(self, topic: str, qos: int = 1) -> None:
+        result, _ = self._client.subscribe(topic, qos=qos)
+        if result != paho.MQTT_ERR_SUCCESS:
+            raise TransportError(f"subscribe to {topic!r} failed: {paho.error_string(result)}")
+
+    def publish(self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False) -> int:
+        """Queue a publish; return its message id. Completion arrives via ``on_published``."""
+        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        if info.rc not in (paho.MQTT_ERR_SUCCESS, paho.MQTT_ERR_NO_CONN):
+            raise TransportError(f"publish to {topic!r} failed: {paho.error_string(info.rc)}")
+        return int(info.mid)
+
+    def publish_and_wait(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, timeout_s: float
+    ) -> bool:
+        info = self._client.publish(topic, payload, qos=qos, retain=retain)
+        try:
+            info.wait_for_publish(timeout=timeout_s)
+        except RuntimeError as exc:  # paho raises when the message was dropped
+            raise TransportError(f"publish to {topic!r} failed: {exc}") from exc
+        return bool(info.is_published())
+
+    def ack(self, message: Message) -> None:
+        if self.settings.manual_ack and message.qos > 0:
+            self._client.ack(message.mid, message.qos)
+
+    # -- paho callbacks (network thread)
+
+    def _handle_connect(
+        self,
+        client: paho.Client,
+        userdata: object,
+        flags: paho.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        if reason_code.is_failure:
+            log.error(
+                "broker %s:%s refused the connection: %s",
+                self.settings.host,
+                self.settings.port,
+                reason_code,
+            )
+            return
+        self.connected.set()
+        self._on_connect(bool(flags.session_present))
+
+    def _handle_disconnect(
+        self,
+        client: paho.Client,
+        userdata: object,
+        flags: paho.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.connected.clear()
+        self._on_disconnect(str(reason_code))
+
+    def _handle_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        message = Message(msg.topic, bytes(msg.payload), msg.qos, bool(msg.retain), msg.mid)
+        try:
+            self._on_message(message)
+        except Exception:  # a consumer bug must not kill the network thread
+            log.exception("message handler failed on %s", message.topic)
+
+    def _handle_publish(
+        self,
+        client: paho.Client,
+        userdata: object,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        try:
+            self._on_published(PublishResult(mid, int(reason_code.value), str(reason_code)))
+        except Exception:
+            log.exception("publish handler failed for mid %s", mid)
