@@ -13,6 +13,7 @@ decodes without per-field reflection.
 
 import dataclasses
 import json
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -59,6 +60,16 @@ def _to_obj(value: Any) -> Any:
     return value
 
 
+def to_plain(value: Any) -> Any:
+    """A dataclass (or anything inside one) as plain JSON-ready values."""
+    return _to_obj(value)
+
+
+def decoder_for(cls: type[T]) -> Callable[[Any, str], T]:
+    """The compiled strict decoder of a dataclass, for plain values already parsed."""
+    return typing.cast(Callable[[Any, str], T], _decoder(cls))
+
+
 def to_wire_obj(message: Any) -> dict[str, Any]:
     kind = KINDS.get(type(message))
     if kind is None:
@@ -94,10 +105,18 @@ def _conv_int(v: Any, path: str) -> int:
 
 def _conv_float(v: Any, path: str) -> float:
     if type(v) is float:
-        return v
-    if type(v) is int:
-        return float(v)
-    _fail(path, "number", v)
+        result = v
+    elif type(v) is int:
+        try:
+            result = float(v)
+        except OverflowError:
+            raise DecodeError(f"{path}: number out of range") from None
+    else:
+        _fail(path, "number", v)
+    # 1e400 parses as inf; no field of ours means "infinite".
+    if not math.isfinite(result):
+        raise DecodeError(f"{path}: number out of range")
+    return result
 
 
 def _conv_str(v: Any, path: str) -> str:
@@ -233,7 +252,7 @@ def from_wire_obj(obj: Any, cls: type[T]) -> T:
     if type(obj) is not dict:
         _fail("message", "object", obj)
     schema = obj.get("schema")
-    if schema != SCHEMA_VERSION:
+    if type(schema) is not int or schema != SCHEMA_VERSION:
         raise DecodeError(f"unsupported schema {schema!r} (this side speaks {SCHEMA_VERSION})")
     if obj.get("kind") != kind:
         raise DecodeError(f"expected kind {kind!r}, got {obj.get('kind')!r:.40}")

@@ -48,6 +48,7 @@ class PredictionRecord:
         if self.decision not in ("accept", "reject"):
             raise ValidationError(f"decision must be 'accept' or 'reject', got {self.decision!r}")
         validate.probability(self.threshold, "threshold")
+        validate.u64(self.config_version, "config_version")
         validate.finite(self.latency_ms, "latency_ms", minimum=0.0)
         validate.bounded_text(self.source, "source", 512)
 

@@ -45,7 +45,7 @@ class PublicKey:
     def from_text(cls, text: str) -> "PublicKey":
         try:
             raw = base64.b64decode(text.strip(), validate=True)
-        except binascii.Error as exc:
+        except (binascii.Error, ValueError) as exc:
             raise SignatureError(f"public key is not base64: {exc}") from None
         if len(raw) != 32:
             raise SignatureError(f"an Ed25519 public key is 32 bytes, got {len(raw)}")
@@ -91,8 +91,12 @@ class SigningKey:
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
+        if private_path.suffix == ".pub":
+            raise SignatureError(f"{private_path}: a private key must not be named *.pub")
         private_path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        # O_CREAT's mode only applies to a new file: remove an old one so 0600 always holds.
+        private_path.unlink(missing_ok=True)
+        fd = os.open(private_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "wb") as handle:
             handle.write(pem)
         public_path = private_path.with_suffix(".pub")
@@ -130,7 +134,7 @@ def verify_envelope(envelope: bytes, keys: TrustedKeys) -> bytes:
     obj = codec.loads(envelope, max_bytes=MAX_ENVELOPE_BYTES)
     if type(obj) is not dict or obj.get("kind") != "signed":
         raise SignatureError("not a signed envelope (kind 'signed' expected)")
-    if obj.get("schema") != codec.SCHEMA_VERSION:
+    if type(obj.get("schema")) is not int or obj.get("schema") != codec.SCHEMA_VERSION:
         raise DecodeError(f"unsupported envelope schema {obj.get('schema')!r}")
     if set(obj) != {"schema", "kind", "key_id", "payload", "sig"}:
         raise DecodeError(f"envelope fields {sorted(obj)} are not the expected five")
@@ -142,9 +146,12 @@ def verify_envelope(envelope: bytes, keys: TrustedKeys) -> bytes:
         raise SignatureError(f"signed by key {key_id[:16]!r}, which is not pinned here")
     try:
         signature = base64.b64decode(sig, validate=True)
-    except binascii.Error:
+    except (binascii.Error, ValueError):
         raise SignatureError("signature is not base64") from None
-    payload_bytes = payload.encode()
+    try:
+        payload_bytes = payload.encode()
+    except UnicodeEncodeError:
+        raise DecodeError("envelope payload is not valid UTF-8 text") from None
     try:
         Ed25519PublicKey.from_public_bytes(key.raw).verify(signature, payload_bytes)
     except InvalidSignature:

@@ -13,7 +13,7 @@ U64_MAX = 2**64 - 1
 
 
 def identifier(value: str, what: str) -> None:
-    if not _ID.match(value):
+    if not _ID.fullmatch(value):
         raise ValidationError(
             f"{what} {value!r} is not a valid identifier "
             "(1-64 chars of letters, digits, '_', '.', '-'; starting with a letter or digit)"
@@ -21,7 +21,7 @@ def identifier(value: str, what: str) -> None:
 
 
 def sha256_hex(value: str, what: str = "sha256") -> None:
-    if not _SHA256.match(value):
+    if not _SHA256.fullmatch(value):
         raise ValidationError(f"{what} must be 64 lowercase hex digits, got {value!r}")
 
 
@@ -43,8 +43,8 @@ def u64(value: int, what: str) -> None:
 
 
 def positive(value: int, what: str) -> None:
-    if value < 1:
-        raise ValidationError(f"{what} must be >= 1, got {value!r}")
+    if not 1 <= value <= U64_MAX:
+        raise ValidationError(f"{what} must be in [1, 2^64-1], got {value!r}")
 
 
 def bounded_text(value: str, what: str, limit: int = 256) -> None:

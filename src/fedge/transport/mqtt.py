@@ -91,6 +91,7 @@ class MqttSession:
         on_published: OnPublished = _noop,
         on_disconnect: OnDisconnect = _noop,
         will: Will | None = None,
+        will_factory: Callable[[], Will] | None = None,
     ) -> None:
         self.settings = settings
         self._on_message = on_message
@@ -106,20 +107,27 @@ class MqttSession:
         )
         if settings.username is not None:
             self._client.username_pw_set(settings.username, settings.password)
-        if will is not None:
-            will_props = None
-            if will.delay_s:
-                will_props = Properties(PacketTypes.WILLMESSAGE)
-                will_props.WillDelayInterval = will.delay_s
-            self._client.will_set(
-                will.topic, will.payload, qos=will.qos, retain=will.retain, properties=will_props
-            )
+        # A factory gives every connection attempt its own will (a fresh session counter).
+        self._will_factory = will_factory or ((lambda: will) if will is not None else None)
+        self._set_will()
         self._client.max_inflight_messages_set(settings.max_inflight)
         self._client.reconnect_delay_set(settings.reconnect_min_s, settings.reconnect_max_s)
         self._client.on_connect = self._handle_connect
         self._client.on_disconnect = self._handle_disconnect
         self._client.on_message = self._handle_message
         self._client.on_publish = self._handle_publish
+
+    def _set_will(self) -> None:
+        will = self._will_factory() if self._will_factory is not None else None
+        if will is None:
+            return
+        will_props = None
+        if will.delay_s:
+            will_props = Properties(PacketTypes.WILLMESSAGE)
+            will_props.WillDelayInterval = will.delay_s
+        self._client.will_set(
+            will.topic, will.payload, qos=will.qos, retain=will.retain, properties=will_props
+        )
 
     # -- lifecycle
 
@@ -209,6 +217,8 @@ class MqttSession:
     ) -> None:
         self.connected.clear()
         self._on_disconnect(str(reason_code))
+        if self._will_factory is not None:
+            self._set_will()  # before paho's loop reconnects
 
     def _handle_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
         message = Message(msg.topic, bytes(msg.payload), msg.qos, bool(msg.retain), msg.mid)

@@ -1,0 +1,363 @@
+"""``fedge agent run``: the edge agent, wiring MQTT, the local store, deployments and inference.
+
+Threads: paho's network thread (callbacks only enqueue or do short work), a deploy thread
+(downloads never block MQTT), and a publisher thread that seals pending records into
+numbered batches and drains the outbox, deleting a batch only on the broker's PUBACK.
+"""
+
+import json
+import logging
+import threading
+import time
+import uuid
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from fedge import __version__
+from fedge.edge_agent import deployer, runtime
+from fedge.edge_agent.decisions import ConfigAction, decide, decide_config
+from fedge.edge_agent.errors import DeployError, InferenceError
+from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.settings import AgentSettings
+from fedge.protocols import codec, topics
+from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
+from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
+from fedge.protocols.errors import ProtocolError
+from fedge.protocols.liveness import EdgeState, Liveness
+from fedge.protocols.manifest import ModelManifest
+from fedge.protocols.records import MetricRecord, PredictionRecord, Stream
+from fedge.protocols.signing import open_signed, trusted
+from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
+
+log = logging.getLogger(__name__)
+
+INFLIGHT_LIMIT = 200
+RESEND_AFTER_S = 60.0
+
+
+@dataclass(frozen=True)
+class Scored:
+    record: PredictionRecord
+    scores: np.ndarray
+
+
+class EdgeAgent:
+    def __init__(self, settings: AgentSettings) -> None:
+        self.settings = settings
+        self.keys = trusted(settings.public_key())
+        self.store = LocalStore(settings.data_dir / "agent.db")
+        self.counters: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self.config: EdgeConfig | None = self._load_config()
+        self.model: runtime.LoadedModel | None = self._load_active_model()
+        self.session = self.store.get("session")
+        self._session = int(self.session) if self.session is not None else -1
+        self._stop = threading.Event()
+        self._deploy_lock = threading.Lock()
+        self._inflight: dict[int, tuple[int, float]] = {}
+        self._inflight_lock = threading.Lock()
+        self._last_config_report: bytes | None = None
+        self._last_deploy_status: bytes | None = self._stored_bytes("last_deploy_status")
+        self.mqtt = MqttSession(
+            MqttSettings(
+                host=settings.broker_host,
+                port=settings.broker_port,
+                client_id=settings.edge,
+                username=settings.edge,
+                password=settings.password,
+            ),
+            on_message=self._on_message,
+            on_connect=self._on_connect,
+            on_published=self._on_published,
+            will_factory=self._next_will,
+        )
+        self._publisher = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
+
+    # -- persistent state
+
+    def _stored_bytes(self, key: str) -> bytes | None:
+        value = self.store.get(key)
+        return None if value is None else value.encode()
+
+    def _load_config(self) -> EdgeConfig | None:
+        raw = self.store.get("applied_config")
+        return None if raw is None else codec.decode(raw.encode(), EdgeConfig)
+
+    def _load_active_model(self) -> runtime.LoadedModel | None:
+        raw = self.store.get("active_model")
+        if raw is None:
+            return None
+        pointer = json.loads(raw)
+        try:
+            manifest = codec.decode(pointer["manifest"].encode(), ModelManifest)
+            path = Path(pointer["path"])
+            if deployer._sha256(path) != manifest.sha256:
+                raise DeployError("hash_mismatch", f"{path} changed on disk since it was verified")
+            model = runtime.load(path, manifest)
+            runtime.smoke_test(model)
+            return model
+        except (DeployError, ProtocolError, OSError) as exc:
+            log.error("cannot restore the active model, serving none until a deployment: %s", exc)
+            self.counters["restore_failed"] += 1
+            return None
+
+    @property
+    def serving(self) -> str:
+        model = self.model
+        return "" if model is None else model.ref
+
+    @property
+    def applied_version(self) -> int:
+        config = self.config
+        return 0 if config is None else config.version
+
+    # -- lifecycle
+
+    def start(self) -> None:
+        self.mqtt.start()
+        self._publisher.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._publisher.join(timeout=5)
+        goodbye = Liveness(
+            self.settings.edge, max(self._session, 0), EdgeState.OFFLINE, __version__, self.serving,
+            self.applied_version, time.time(),
+        )
+        self.mqtt.stop(final=(self._topic(topics.Up.STATE), codec.encode(goodbye), True))
+        self.store.close()
+
+    def _topic(self, kind: topics.Up) -> str:
+        return topics.up(self.settings.fleet, self.settings.edge, kind)
+
+    def _next_will(self) -> Will:
+        self._session = self.store.next_session()
+        will = Liveness(self.settings.edge, self._session, EdgeState.LOST, __version__, at=0.0)
+        return Will(self._topic(topics.Up.STATE), codec.encode(will), qos=1, retain=True)
+
+    def _on_connect(self, session_present: bool) -> None:
+        # Sparkplug order: subscribe first, then the birth, then re-state what is in force.
+        self.mqtt.subscribe(topics.edge_subscription(self.settings.fleet, self.settings.edge))
+        birth = Liveness(
+            self.settings.edge, self._session, EdgeState.ONLINE, __version__, self.serving,
+            self.applied_version, time.time(),
+        )
+        self.mqtt.publish(self._topic(topics.Up.STATE), codec.encode(birth), retain=True)
+        if self._last_config_report is not None:
+            self.mqtt.publish(self._topic(topics.Up.CONFIG), self._last_config_report, retain=True)
+        if self._last_deploy_status is not None:
+            self.mqtt.publish(self._topic(topics.Up.DEPLOY), self._last_deploy_status, retain=True)
+        self.counters["connects"] += 1
+
+    # -- incoming
+
+    def _on_message(self, message: Message) -> None:
+        try:
+            parsed = topics.parse(message.topic)
+            if (
+                parsed.edge != self.settings.edge
+                or parsed.fleet != self.settings.fleet
+                or parsed.direction is not topics.Direction.DOWN
+            ):
+                raise ProtocolError(f"unexpected topic {message.topic!r}")
+            kind = topics.Down(parsed.kind)
+        except (ProtocolError, ValueError) as exc:
+            self.counters["rejected.topic"] += 1
+            log.warning("ignored message: %s", exc)
+            return
+        if kind is topics.Down.CONFIG:
+            self.handle_config(message.payload)
+        else:
+            self.handle_deploy(message.payload)
+
+    def handle_config(self, envelope: bytes) -> None:
+        try:
+            offered = open_signed(envelope, EdgeConfig, self.keys)
+        except ProtocolError as exc:
+            self.counters[f"config.rejected.{exc.reason}"] += 1
+            log.error("config rejected (%s): %s", exc.reason, exc)
+            self._report_config(ConfigStatus.REJECTED, 0, f"{exc.reason}: {exc}")
+            return
+        with self._lock:
+            decision = decide_config(self.config, offered, self.settings.fleet, self.settings.edge)
+            if decision.action is ConfigAction.APPLY:
+                # Persist first: after a crash the agent comes back with what it reported.
+                self.store.put("applied_config", codec.encode(offered).decode())
+                self.config = offered
+        if decision.action is ConfigAction.APPLY:
+            self.counters["config.applied"] += 1
+            log.info("applied config v%d (threshold %.3f)", offered.version, offered.default_threshold)
+            self._report_config(ConfigStatus.APPLIED, offered.version, "")
+        elif decision.action is ConfigAction.IGNORE:
+            self.counters["config.stale"] += 1
+            if self._last_config_report is None:
+                self._report_config(ConfigStatus.APPLIED, offered.version, "")
+        else:
+            self.counters["config.rejected.invalid"] += 1
+            log.error("config rejected: %s", decision.reason)
+            self._report_config(ConfigStatus.REJECTED, offered.version, decision.reason)
+
+    def _report_config(self, status: ConfigStatus, offered: int, reason: str) -> None:
+        report = ConfigReport(
+            self.settings.edge, status, self.applied_version, offered, reason[:1000], time.time()
+        )
+        payload = codec.encode(report)
+        self._last_config_report = payload
+        self.mqtt.publish(self._topic(topics.Up.CONFIG), payload, retain=True)
+
+    def handle_deploy(self, envelope: bytes) -> None:
+        try:
+            desired = open_signed(envelope, DeploymentDesired, self.keys)
+            if desired.edge != self.settings.edge or desired.fleet != self.settings.fleet:
+                raise ProtocolError(f"deployment is for {desired.fleet}/{desired.edge}")
+        except ProtocolError as exc:
+            self.counters[f"deploy.rejected.{exc.reason}"] += 1
+            log.error("deployment rejected (%s): %s", exc.reason, exc)
+            return
+        done = int(self.store.get("deploy_done_version") or 0)
+        if desired.version <= done:
+            self.counters["deploy.stale"] += 1
+            return
+        threading.Thread(target=self._deploy, args=(desired,), name="deploy", daemon=True).start()
+
+    def _deploy(self, desired: DeploymentDesired) -> None:
+        with self._deploy_lock:
+            if desired.version <= int(self.store.get("deploy_done_version") or 0):
+                return
+            manifest_ref = ("", 0)
+
+            def stage(stage: DeployStage, reason: str) -> None:
+                self._report_deploy(desired, manifest_ref, stage, reason)
+
+            try:
+                manifest = deployer.open_manifest(desired.manifest_envelope.encode(), self.keys)
+                manifest_ref = (manifest.name, manifest.version)
+                model = deployer.prepare(desired, self.settings, self.keys, stage)
+                with self._lock:
+                    self.store.put(
+                        "active_model",
+                        json.dumps(
+                            {"manifest": codec.encode(model.manifest).decode(), "path": str(model.path)}
+                        ),
+                    )
+                    self.model = model
+                self.counters["deploy.active"] += 1
+                log.info("now serving %s", model.ref)
+                stage(DeployStage.ACTIVE, "")
+            except DeployError as exc:
+                self.counters[f"deploy.failed.{exc.reason}"] += 1
+                log.error("deployment %s failed, still serving %r: %s", desired.deployment_id, self.serving, exc)
+                stage(DeployStage.FAILED, f"{exc.reason}: {exc.detail}")
+            self.store.put("deploy_done_version", str(desired.version))
+
+    def _report_deploy(
+        self, desired: DeploymentDesired, ref: tuple[str, int], stage: DeployStage, reason: str
+    ) -> None:
+        name, version = ref
+        status = DeployStatus(
+            self.settings.edge, desired.deployment_id, desired.version, name or "unknown",
+            version, stage, reason[:1000], self.serving, time.time(),
+        )
+        payload = codec.encode(status)
+        self._last_deploy_status = payload
+        self.store.put("last_deploy_status", payload.decode())
+        self.mqtt.publish(self._topic(topics.Up.DEPLOY), payload, retain=True)
+
+    # -- inference
+
+    def score(self, image: np.ndarray, source: str = "") -> Scored:
+        """Score one grayscale image (H x W, float in [0, 1]) and record the prediction."""
+        model, config = self.model, self.config
+        if model is None:
+            raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
+        batch = image.astype(model.input_dtype, copy=False).reshape(1, 1, *image.shape)
+        started = time.perf_counter()
+        probs = model.run(batch)[0]
+        latency_ms = (time.perf_counter() - started) * 1000.0
+        classes = model.manifest.classes
+        scores = {name: min(1.0, max(0.0, float(p))) for name, p in zip(classes, probs, strict=True)}
+        decision = decide(scores, model.manifest.positive_classes, config)
+        record = PredictionRecord(
+            prediction_id=f"p-{uuid.uuid4().hex}",
+            at=time.time(),
+            model=model.ref,
+            scores=scores,
+            decision=decision.decision,
+            threshold=decision.threshold,
+            config_version=0 if config is None else config.version,
+            latency_ms=latency_ms,
+            source=source[:512],
+        )
+        self.store.add_record(Stream.PREDICTIONS, record)
+        self.counters[f"decision.{decision.decision}"] += 1
+        return Scored(record, probs)
+
+    def add_metric(self, name: str, value: float) -> None:
+        self.store.add_record(Stream.TELEMETRY, MetricRecord(name, value, time.time()))
+
+    # -- outgoing records
+
+    def _publish_loop(self) -> None:
+        last_metrics = time.monotonic()
+        while not self._stop.wait(self.settings.flush_interval_s):
+            try:
+                config = self.config
+                batch_max = 500 if config is None else config.batch_max_records
+                self.store.seal_batches(self.settings.edge, max(self._session, 0), batch_max)
+                if self.mqtt.connected.is_set():
+                    self._drain_outbox()
+                interval = 5.0 if config is None else config.report_interval_s
+                if time.monotonic() - last_metrics >= interval:
+                    last_metrics = time.monotonic()
+                    self._emit_metrics()
+            except Exception:  # the publisher must outlive any single failure
+                log.exception("publisher iteration failed")
+
+    def _drain_outbox(self) -> None:
+        now = time.monotonic()
+        with self._inflight_lock:
+            stale = [mid for mid, (_, sent) in self._inflight.items() if now - sent > RESEND_AFTER_S]
+            for mid in stale:
+                del self._inflight[mid]
+            busy = {entry_id for entry_id, _ in self._inflight.values()}
+            room = INFLIGHT_LIMIT - len(self._inflight)
+        if room <= 0:
+            return
+        for entry in self.store.outbox(room, busy):
+            topic = self._topic(topics.Up(entry.stream.value))
+            with self._inflight_lock:
+                mid = self.mqtt.publish(topic, entry.payload, qos=1)
+                self._inflight[mid] = (entry.id, now)
+
+    def _on_published(self, result: PublishResult) -> None:
+        with self._inflight_lock:
+            entry = self._inflight.pop(result.mid, None)
+        if entry is None:
+            return
+        if result.ok:
+            self.store.acknowledge(entry[0])
+            self.counters["batches.acked"] += 1
+        else:
+            self.counters["batches.refused"] += 1
+            log.error("broker refused outbox batch %d: %s", entry[0], result.reason)
+
+    def _emit_metrics(self) -> None:
+        backlog = self.store.backlog()
+        for name, value in backlog.items():
+            self.add_metric(name, float(value))
+        self.add_metric("predictions", float(self.counters["decision.accept"] + self.counters["decision.reject"]))
+
+    def status(self) -> dict[str, object]:
+        return {
+            "edge": self.settings.edge,
+            "session": self._session,
+            "connected": self.mqtt.connected.is_set(),
+            "serving": self.serving,
+            "config_version": self.applied_version,
+            "threshold": None if self.config is None else self.config.default_threshold,
+            "backlog": self.store.backlog(),
+            "counters": dict(self.counters),
+        }

@@ -1,0 +1,196 @@
+"""The agent's own SQLite file: durable state, the outbox, and local labels.
+
+Several threads (inference, publisher, MQTT callbacks) and the ``fedge agent label``
+command share it, so each method takes the lock and commits before returning. WAL with
+``synchronous=NORMAL`` survives a SIGKILL of the agent; a record is in the file before
+``score()`` returns.
+
+Records go through two tables: ``pending`` (one row per record, written by the producer)
+and ``outbox`` (numbered batches, the exact bytes to publish). A batch row is deleted
+only when the broker acknowledged it.
+"""
+
+import json
+import sqlite3
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from fedge.protocols import codec
+from fedge.protocols.records import RECORD_TYPE, LabelRecord, Record, RecordBatch, Stream
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS pending (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, record TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, stream TEXT NOT NULL, seq INTEGER NOT NULL,
+    n_records INTEGER NOT NULL, payload BLOB NOT NULL, UNIQUE (stream, seq));
+CREATE TABLE IF NOT EXISTS labels (
+    label_id TEXT PRIMARY KEY, prediction_id TEXT NOT NULL, label TEXT NOT NULL,
+    who TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS predictions (
+    prediction_id TEXT PRIMARY KEY, at REAL NOT NULL, model TEXT NOT NULL,
+    decision TEXT NOT NULL, source TEXT NOT NULL);
+"""
+
+
+@dataclass(frozen=True)
+class OutboxEntry:
+    id: int
+    stream: Stream
+    seq: int
+    payload: bytes
+
+
+class LocalStore:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._conn = sqlite3.connect(
+            str(path), isolation_level=None, check_same_thread=False, timeout=30.0
+        )
+        self._lock = threading.Lock()
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=NORMAL")
+        self._conn.executescript(SCHEMA)
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    # -- key/value state
+
+    def get(self, key: str) -> str | None:
+        with self._lock:
+            row = self._conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def put(self, key: str, value: str) -> None:
+        with self._lock:
+            self._conn.execute(
+                "INSERT INTO kv (key, value) VALUES (?,?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (key, value),
+            )
+
+    def next_session(self) -> int:
+        """Increment and persist the session counter (one per connection attempt)."""
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            row = self._conn.execute("SELECT value FROM kv WHERE key='session'").fetchone()
+            session = 0 if row is None else int(row[0]) + 1
+            self._conn.execute(
+                "INSERT INTO kv (key, value) VALUES ('session', ?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (str(session),),
+            )
+            self._conn.execute("COMMIT")
+        return session
+
+    # -- records
+
+    def add_record(self, stream: Stream, record: Record, *, extra: tuple[str, str] = ("", "")) -> None:
+        payload = json.dumps(codec.to_plain(record), separators=(",", ":"))
+        with self._lock:
+            self._conn.execute("BEGIN")
+            self._conn.execute(
+                "INSERT INTO pending (stream, record) VALUES (?,?)", (stream.value, payload)
+            )
+            if stream is Stream.PREDICTIONS:
+                obj = json.loads(payload)
+                self._conn.execute(
+                    "INSERT OR IGNORE INTO predictions VALUES (?,?,?,?,?)",
+                    (obj["prediction_id"], obj["at"], obj["model"], obj["decision"], obj["source"]),
+                )
+            self._conn.execute("COMMIT")
+
+    def add_label(self, label_id: str, prediction_id: str, label: str, who: str, at: float) -> bool:
+        """Store a label locally (kept for local training) and queue it for reporting."""
+        record = LabelRecord(label_id, prediction_id, label, who, at)
+        with self._lock:
+            self._conn.execute("BEGIN")
+            inserted = self._conn.execute(
+                "INSERT OR IGNORE INTO labels VALUES (?,?,?,?,?)",
+                (label_id, prediction_id, label, who, at),
+            ).rowcount
+            if inserted:
+                self._conn.execute(
+                    "INSERT INTO pending (stream, record) VALUES (?,?)",
+                    (Stream.LABELS.value, json.dumps(codec.to_plain(record))),
+                )
+            self._conn.execute("COMMIT")
+        return bool(inserted)
+
+    def has_prediction(self, prediction_id: str) -> bool:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT 1 FROM predictions WHERE prediction_id=?", (prediction_id,)
+            ).fetchone()
+        return row is not None
+
+    def labels(self) -> list[dict[str, Any]]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT label_id, prediction_id, label, who, at FROM labels ORDER BY at"
+            ).fetchall()
+        keys = ("label_id", "prediction_id", "label", "who", "at")
+        return [dict(zip(keys, row, strict=True)) for row in rows]
+
+    def seal_batches(self, edge: str, session: int, max_records: int) -> int:
+        """Move pending records into numbered outbox batches; return how many were sealed.
+
+        The seq counter, the new batch and the removal of its records commit together, so
+        a crash leaves either the records pending or the batch in the outbox, never both.
+        """
+        sealed = 0
+        with self._lock:
+            for stream in Stream:
+                while True:
+                    rows = self._conn.execute(
+                        "SELECT id, record FROM pending WHERE stream=? ORDER BY id LIMIT ?",
+                        (stream.value, max_records),
+                    ).fetchall()
+                    if not rows:
+                        break
+                    decode = codec.decoder_for(RECORD_TYPE[stream])
+                    records = tuple(decode(json.loads(r[1]), "record") for r in rows)
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    key = f"seq.{stream.value}"
+                    row = self._conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+                    seq = 0 if row is None else int(row[0])
+                    batch = RecordBatch(edge, stream, session, seq, records)
+                    self._conn.execute(
+                        "INSERT INTO outbox (stream, seq, n_records, payload) VALUES (?,?,?,?)",
+                        (stream.value, seq, len(records), codec.encode(batch)),
+                    )
+                    self._conn.execute(
+                        "DELETE FROM pending WHERE stream=? AND id<=?", (stream.value, rows[-1][0])
+                    )
+                    self._conn.execute(
+                        "INSERT INTO kv (key, value) VALUES (?,?) "
+                        "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                        (key, str(seq + 1)),
+                    )
+                    self._conn.execute("COMMIT")
+                    sealed += 1
+        return sealed
+
+    def outbox(self, limit: int, exclude: set[int]) -> list[OutboxEntry]:
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT id, stream, seq, payload FROM outbox ORDER BY id LIMIT ?",
+                (limit + len(exclude),),
+            ).fetchall()
+        entries = [OutboxEntry(int(r[0]), Stream(r[1]), int(r[2]), bytes(r[3])) for r in rows]
+        return [e for e in entries if e.id not in exclude][:limit]
+
+    def acknowledge(self, entry_id: int) -> None:
+        with self._lock:
+            self._conn.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
+
+    def backlog(self) -> dict[str, int]:
+        with self._lock:
+            pending = self._conn.execute("SELECT count(*) FROM pending").fetchone()[0]
+            outbox = self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
+        return {"pending_records": int(pending), "outbox_batches": int(outbox)}

@@ -1,0 +1,84 @@
+"""ONNX Runtime adapter: load a verified model, smoke-test it, run it.
+
+The CUDA execution provider is used when this machine's ONNX Runtime offers it, else
+the CPU one; the choice is made at load time, not at install time.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+
+from fedge.edge_agent.errors import DeployError, InferenceError
+from fedge.protocols.manifest import ModelManifest
+
+_NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
+
+
+def providers() -> list[str]:
+    available = ort.get_available_providers()
+    chosen = [p for p in ("CUDAExecutionProvider",) if p in available]
+    return [*chosen, "CPUExecutionProvider"]
+
+
+@dataclass(frozen=True)
+class LoadedModel:
+    manifest: ModelManifest
+    path: Path
+    session: ort.InferenceSession
+    input_name: str
+    output_name: str
+    input_dtype: type[np.floating]
+
+    @property
+    def ref(self) -> str:
+        return self.manifest.ref
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        try:
+            outputs = self.session.run([self.output_name], {self.input_name: batch})
+        except Exception as exc:  # ORT raises untyped runtime errors
+            raise InferenceError(f"{self.ref} failed on input {batch.shape}: {exc}") from None
+        result: np.ndarray = outputs[0]
+        return result
+
+
+def load(path: Path, manifest: ModelManifest) -> LoadedModel:
+    options = ort.SessionOptions()
+    # One edge process, one model: don't let ORT spin threads for every core of a shared box.
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    try:
+        session = ort.InferenceSession(str(path), options, providers=providers())
+    except Exception as exc:
+        raise DeployError("load_failed", f"ONNX Runtime cannot load {manifest.ref}: {exc}") from None
+    inputs, outputs = session.get_inputs(), session.get_outputs()
+    expected_in, expected_out = manifest.inputs[0], manifest.outputs[0]
+    if inputs[0].name != expected_in.name or outputs[0].name != expected_out.name:
+        raise DeployError(
+            "spec_mismatch",
+            f"model has {inputs[0].name}->{outputs[0].name}, manifest says "
+            f"{expected_in.name}->{expected_out.name}",
+        )
+    dtype = _NUMPY_DTYPES.get(expected_in.dtype)
+    if dtype is None:
+        raise DeployError("spec_mismatch", f"input dtype {expected_in.dtype} is not supported")
+    return LoadedModel(manifest, path, session, inputs[0].name, outputs[0].name, dtype)
+
+
+def smoke_test(model: LoadedModel) -> None:
+    """Run one neutral input; the output must be one finite score per declared class."""
+    shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in model.manifest.inputs[0].shape)
+    probe = np.full(shape, 0.5, dtype=model.input_dtype)
+    try:
+        scores = model.run(probe)
+    except InferenceError as exc:
+        raise DeployError("smoke_test_failed", str(exc)) from None
+    n_classes = len(model.manifest.classes)
+    if scores.ndim != 2 or scores.shape[1] != n_classes:
+        raise DeployError(
+            "smoke_test_failed", f"output shape {scores.shape}, expected (batch, {n_classes})"
+        )
+    if not np.all(np.isfinite(scores)):
+        raise DeployError("smoke_test_failed", "output has NaN or infinite scores")

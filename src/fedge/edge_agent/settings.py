@@ -1,0 +1,73 @@
+"""agent.toml, read once at start-up into a typed object.
+
+    fleet = "plant-a"
+    edge = "st-01"
+    data_dir = "/var/lib/fedge/st-01"
+    broker_host = "10.0.0.5"
+    broker_port = 1883
+    password = "..."                  # or password_file = "/etc/fedge/st-01.secret"
+    grpc_target = "10.0.0.5:50551"    # default; a deployment may name another
+    manager_public_key = "base64..."  # pinned Ed25519 key of the manager
+    watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
+    http_port = 8470                  # optional local API on 127.0.0.1, 0 = off
+"""
+
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from fedge.edge_agent.errors import SettingsError
+from fedge.protocols import validate
+from fedge.protocols.errors import ProtocolError
+from fedge.protocols.signing import PublicKey
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    fleet: str
+    edge: str
+    data_dir: Path
+    broker_host: str
+    broker_port: int
+    password: str = field(repr=False)
+    grpc_target: str
+    manager_public_key: str
+    watch_dir: Path | None = None
+    http_port: int = 0
+    image_size: int = 32
+    flush_interval_s: float = 0.2
+
+    def public_key(self) -> PublicKey:
+        return PublicKey.from_text(self.manager_public_key)
+
+
+def load_settings(path: Path) -> AgentSettings:
+    try:
+        data = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise SettingsError(f"{path} not found; create it with `fedge edge enroll`") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise SettingsError(f"{path} is not valid TOML: {exc}") from None
+    if "password_file" in data:
+        secret = Path(data.pop("password_file"))
+        try:
+            data["password"] = secret.read_text().strip()
+        except OSError as exc:
+            raise SettingsError(f"cannot read password_file {secret}: {exc}") from None
+    known = {f.name for f in fields(AgentSettings)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise SettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+    for key in ("data_dir", "watch_dir"):
+        if key in data:
+            data[key] = (path.parent / data[key]).resolve()
+    try:
+        settings = AgentSettings(**data)
+        validate.identifier(settings.fleet, "fleet")
+        validate.identifier(settings.edge, "edge")
+        settings.public_key()
+    except TypeError as exc:
+        raise SettingsError(f"{path}: {exc}") from None
+    except ProtocolError as exc:
+        raise SettingsError(f"{path}: {exc}") from None
+    return settings

@@ -1,0 +1,1 @@
+"""The fleet's control plane: model registry, desired configuration, deployments, ingest."""

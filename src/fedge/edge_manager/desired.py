@@ -1,0 +1,58 @@
+"""Pure decisions about desired documents: the next config, the next deployment."""
+
+import dataclasses
+
+from fedge.protocols.config import EdgeConfig
+from fedge.protocols.deployment import DeploymentDesired
+
+
+def next_config(
+    current: EdgeConfig | None,
+    *,
+    fleet: str,
+    edge: str,
+    now: float,
+    threshold: float | None = None,
+    class_name: str | None = None,
+) -> EdgeConfig:
+    """A full new document: the current one with one change and the version bumped.
+
+    ``class_name`` sets that class's threshold; without it the default threshold changes.
+    """
+    base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
+    version = base.version + 1 if current is not None else 1
+    class_thresholds = dict(base.class_thresholds)
+    default = base.default_threshold
+    if threshold is not None:
+        if class_name is None:
+            default = threshold
+        else:
+            class_thresholds[class_name] = threshold
+    return dataclasses.replace(
+        base,
+        version=version,
+        default_threshold=default,
+        class_thresholds=class_thresholds,
+        issued_at=now,
+    )
+
+
+def next_deployment(
+    current_version: int | None,
+    *,
+    fleet: str,
+    edge: str,
+    deployment_id: str,
+    manifest_envelope: str,
+    grpc_target: str,
+    now: float,
+) -> DeploymentDesired:
+    return DeploymentDesired(
+        fleet=fleet,
+        edge=edge,
+        version=(current_version or 0) + 1,
+        deployment_id=deployment_id,
+        manifest_envelope=manifest_envelope,
+        grpc_target=grpc_target,
+        issued_at=now,
+    )

@@ -1,0 +1,249 @@
+"""Fleet operations an operator runs: enrol edges, push thresholds, deploy models, label.
+
+Every change is a new full desired document written to the store with the next version;
+the serve loop publishes it (signed, retained). Writing to the store first means a push
+made while the broker is down is published when it comes back, and nothing is lost if
+``serve`` restarts.
+"""
+
+import hashlib
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from fedge.edge_manager.desired import next_config, next_deployment
+from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
+from fedge.edge_manager.registry import Registry
+from fedge.edge_manager.store import Store
+from fedge.protocols import codec, validate
+from fedge.protocols.config import EdgeConfig
+from fedge.protocols.errors import ProtocolError
+from fedge.protocols.signing import SigningKey
+
+CONFIG = "config"
+DEPLOY = "deploy"
+
+
+@dataclass(frozen=True)
+class Pushed:
+    edge: str
+    version: int
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Fleet:
+    def __init__(
+        self, store: Store, fleet: str, key: SigningKey, registry: Registry, grpc_target: str
+    ) -> None:
+        self.store = store
+        self.fleet = fleet
+        self.key = key
+        self.registry = registry
+        self.grpc_target = grpc_target
+
+    # -- edges
+
+    def enroll(self, edge: str, token: str) -> None:
+        try:
+            validate.identifier(edge, "edge")
+        except ProtocolError as exc:
+            raise ManagerError(str(exc)) from None
+        self.store.conn.execute(
+            "INSERT INTO edges (edge, enrolled_at, token_sha256) VALUES (?,?,?) "
+            "ON CONFLICT (edge) DO UPDATE SET token_sha256=excluded.token_sha256",
+            (edge, time.time(), token_digest(token)),
+        )
+
+    def authenticate(self, edge: str, token: str) -> bool:
+        row = self.store.one("SELECT token_sha256 FROM edges WHERE edge=?", (edge,))
+        return row is not None and row["token_sha256"] == token_digest(token)
+
+    def edges(self, selector: list[str] | None = None) -> list[str]:
+        known = [r["edge"] for r in self.store.query("SELECT edge FROM edges ORDER BY edge")]
+        if selector is None:
+            return known
+        missing = sorted(set(selector) - set(known))
+        if missing:
+            raise UnknownEdgeError(
+                f"unknown edge(s) {', '.join(missing)}; enrol with `fedge edge enroll`"
+            )
+        return selector
+
+    # -- desired configuration
+
+    def desired_config(self, edge: str) -> EdgeConfig | None:
+        row = self.store.one(
+            "SELECT document FROM desired WHERE edge=? AND kind=? ORDER BY version DESC LIMIT 1",
+            (edge, CONFIG),
+        )
+        return None if row is None else codec.decode(row["document"].encode(), EdgeConfig)
+
+    def set_threshold(
+        self, edges: list[str], threshold: float, class_name: str | None = None
+    ) -> list[Pushed]:
+        self.edges(edges)
+        pushed = []
+        now = time.time()
+        with self.store.transaction():
+            for edge in edges:
+                try:
+                    config = next_config(
+                        self.desired_config(edge),
+                        fleet=self.fleet,
+                        edge=edge,
+                        now=now,
+                        threshold=threshold,
+                        class_name=class_name,
+                    )
+                except ProtocolError as exc:
+                    raise ManagerError(f"threshold for {edge}: {exc}") from None
+                self._write_desired(edge, CONFIG, config.version, codec.encode(config), now)
+                pushed.append(Pushed(edge, config.version))
+        return pushed
+
+    def _write_desired(self, edge: str, kind: str, version: int, document: bytes, now: float) -> None:
+        envelope = self.key.sign_payload(document)
+        self.store.conn.execute(
+            "UPDATE desired SET superseded=1 WHERE edge=? AND kind=? AND published_at IS NULL",
+            (edge, kind),
+        )
+        self.store.conn.execute(
+            "INSERT INTO desired (edge, kind, version, document, envelope, created_at) "
+            "VALUES (?,?,?,?,?,?)",
+            (edge, kind, version, document.decode(), envelope.decode(), now),
+        )
+
+    # -- deployments
+
+    def deploy(self, name: str, version: int, edges: list[str]) -> str:
+        model = self.registry.get(name, version)
+        self.edges(edges)
+        deployment_id = f"d-{uuid.uuid4().hex[:12]}"
+        now = time.time()
+        with self.store.transaction():
+            self.store.conn.execute(
+                "INSERT INTO deployments (deployment_id, model_name, model_version, edges, "
+                "created_at) VALUES (?,?,?,?,?)",
+                (deployment_id, name, version, json.dumps(edges), now),
+            )
+            for edge in edges:
+                current = self.store.scalar(
+                    "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, DEPLOY)
+                )
+                desired = next_deployment(
+                    current,
+                    fleet=self.fleet,
+                    edge=edge,
+                    deployment_id=deployment_id,
+                    manifest_envelope=model.envelope.decode(),
+                    grpc_target=self.grpc_target,
+                    now=now,
+                )
+                self._write_desired(edge, DEPLOY, desired.version, codec.encode(desired), now)
+        return deployment_id
+
+    # -- the serve loop's side
+
+    def unpublished(self) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT edge, kind, version, envelope FROM desired "
+            "WHERE published_at IS NULL AND superseded=0 ORDER BY created_at, edge"
+        )
+
+    def mark_published(self, edge: str, kind: str, version: int, at: float) -> None:
+        self.store.conn.execute(
+            "UPDATE desired SET published_at=? WHERE edge=? AND kind=? AND version=?",
+            (at, edge, kind, version),
+        )
+
+    # -- views
+
+    def show(self, edge: str) -> dict[str, Any]:
+        row = self.store.one("SELECT * FROM edges WHERE edge=?", (edge,))
+        if row is None:
+            raise UnknownEdgeError(f"unknown edge {edge!r}; see `fedge edge list`")
+        row.pop("token_sha256")
+        desired = self.desired_config(edge)
+        row["desired_config"] = None if desired is None else json.loads(codec.encode(desired))
+        row["desired_config_version"] = 0 if desired is None else desired.version
+        row["in_sync"] = row["desired_config_version"] == row["config_applied"]
+        counts = self.store.one(
+            "SELECT count(*) AS predictions, "
+            "coalesce(sum(decision='reject'), 0) AS rejects, "
+            "coalesce(sum(decision='accept'), 0) AS accepts FROM predictions WHERE edge=?",
+            (edge,),
+        )
+        row.update(counts or {})
+        row["labels"] = self.store.scalar("SELECT count(*) FROM labels WHERE edge=?", (edge,))
+        row["telemetry"] = self.store.scalar("SELECT count(*) FROM telemetry WHERE edge=?", (edge,))
+        row["gaps"] = self.store.query(
+            "SELECT stream, from_seq, to_seq FROM gaps WHERE edge=? ORDER BY stream, from_seq",
+            (edge,),
+        )
+        row["rejections"] = self.store.scalar(
+            "SELECT count(*) FROM rejections WHERE edge=?", (edge,)
+        )
+        row["label_agreement"] = self.label_agreement(edge)
+        return row
+
+    def list(self) -> list[dict[str, Any]]:
+        return self.store.query(
+            "SELECT e.edge, e.state, e.session, e.last_seen, e.serving, e.config_applied, "
+            "coalesce((SELECT max(version) FROM desired d WHERE d.edge=e.edge AND d.kind='config'),"
+            " 0) AS config_desired, e.deploy_stage FROM edges e ORDER BY e.edge"
+        )
+
+    def label_agreement(self, edge: str) -> float | None:
+        """Share of labelled predictions whose decision the label agrees with.
+
+        A label agrees with "reject" when it names one of the model's positive (defect)
+        classes, and with "accept" otherwise.
+        """
+        rows = self.store.query(
+            "SELECT p.model, p.decision, l.label FROM labels l "
+            "JOIN predictions p ON p.prediction_id = l.prediction_id WHERE p.edge=?",
+            (edge,),
+        )
+        if not rows:
+            return None
+        positives: dict[str, set[str]] = {}
+        agree = 0
+        for row in rows:
+            if row["model"] not in positives:
+                positives[row["model"]] = self._positive_classes(row["model"])
+            is_defect = row["label"] in positives[row["model"]]
+            agree += (row["decision"] == "reject") == is_defect
+        return agree / len(rows)
+
+    def _positive_classes(self, ref: str) -> set[str]:
+        name, _, version = ref.rpartition(":")
+        row = self.store.one(
+            "SELECT manifest FROM models WHERE name=? AND version=?",
+            (name, int(version) if version.isdigit() else -1),
+        )
+        return set() if row is None else set(json.loads(row["manifest"])["positive_classes"])
+
+    # -- operator labels
+
+    def add_label(self, prediction_id: str, label: str, who: str) -> str:
+        row = self.store.one(
+            "SELECT edge FROM predictions WHERE prediction_id=? LIMIT 1", (prediction_id,)
+        )
+        if row is None:
+            raise ManagerError(f"no prediction {prediction_id!r} has reached the manager")
+        try:
+            validate.identifier(label, "label")
+        except ProtocolError as exc:
+            raise ManagerError(str(exc)) from None
+        label_id = f"l-{uuid.uuid4().hex}"
+        self.store.conn.execute(
+            "INSERT INTO labels (label_id, prediction_id, edge, label, who, at, origin) "
+            "VALUES (?,?,?,?,?,?, 'operator')",
+            (label_id, prediction_id, row["edge"], label, who, time.time()),
+        )
+        return label_id

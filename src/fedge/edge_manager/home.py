@@ -1,0 +1,126 @@
+"""The manager's home directory: where its store, keys, artifacts and secrets live.
+
+    <home>/manager.toml          fleet id, broker and gRPC addresses (no secrets)
+    <home>/manager.db            SQLite store (WAL)
+    <home>/keys/manager.key      Ed25519 private key, 0600   (+ manager.pub)
+    <home>/secrets/              broker and edge credentials, 0600, never logged
+    <home>/artifacts/<name>/<version>/model.onnx
+"""
+
+import json
+import os
+import secrets
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedge.edge_manager.errors import ManagerError
+from fedge.protocols import validate
+from fedge.protocols.signing import SigningKey
+
+
+@dataclass(frozen=True)
+class ManagerSettings:
+    fleet: str
+    broker_host: str = "127.0.0.1"
+    broker_port: int = 1883
+    grpc_host: str = "127.0.0.1"
+    grpc_port: int = 50551
+    manager_user: str = "fedge-manager"
+
+    @property
+    def grpc_target(self) -> str:
+        return f"{self.grpc_host}:{self.grpc_port}"
+
+
+def _write_secret(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text)
+
+
+class ManagerHome:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def settings_path(self) -> Path:
+        return self.root / "manager.toml"
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "manager.db"
+
+    @property
+    def key_path(self) -> Path:
+        return self.root / "keys" / "manager.key"
+
+    @property
+    def public_key_path(self) -> Path:
+        return self.root / "keys" / "manager.pub"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.root / "artifacts"
+
+    @property
+    def secrets_dir(self) -> Path:
+        return self.root / "secrets"
+
+    def exists(self) -> bool:
+        return self.settings_path.exists()
+
+    def init(self, settings: ManagerSettings) -> None:
+        validate.identifier(settings.fleet, "fleet")
+        if self.exists():
+            raise ManagerError(f"{self.root} is already a manager home; use it or pick another")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.save_settings(settings)
+        SigningKey.generate().save(self.key_path)
+        _write_secret(self.secrets_dir / "manager.password", secrets.token_urlsafe(24))
+        _write_secret(self.secrets_dir / "edges.json", "{}")
+
+    def save_settings(self, settings: ManagerSettings) -> None:
+        self.settings_path.write_text(
+            "\n".join(
+                [
+                    f'fleet = "{settings.fleet}"',
+                    f'broker_host = "{settings.broker_host}"',
+                    f"broker_port = {settings.broker_port}",
+                    f'grpc_host = "{settings.grpc_host}"',
+                    f"grpc_port = {settings.grpc_port}",
+                    f'manager_user = "{settings.manager_user}"',
+                    "",
+                ]
+            )
+        )
+
+    def settings(self) -> ManagerSettings:
+        if not self.exists():
+            raise ManagerError(
+                f"{self.root} is not a manager home; create one with `fedge manager init`"
+            )
+        data = tomllib.loads(self.settings_path.read_text())
+        try:
+            return ManagerSettings(**data)
+        except TypeError as exc:
+            raise ManagerError(f"{self.settings_path}: {exc}") from None
+
+    def signing_key(self) -> SigningKey:
+        return SigningKey.load(self.key_path)
+
+    def manager_password(self) -> str:
+        return (self.secrets_dir / "manager.password").read_text().strip()
+
+    def edge_passwords(self) -> dict[str, str]:
+        data: dict[str, str] = json.loads((self.secrets_dir / "edges.json").read_text())
+        return data
+
+    def add_edge_password(self, edge: str) -> str:
+        """Create (or return) the edge's broker password, which is also its gRPC token."""
+        passwords = self.edge_passwords()
+        if edge not in passwords:
+            passwords[edge] = secrets.token_urlsafe(18)
+            _write_secret(self.secrets_dir / "edges.json", json.dumps(passwords, indent=1))
+        return passwords[edge]

@@ -1,0 +1,313 @@
+"""Everything edges send up, stored exactly once: records, liveness, reports.
+
+The caller (the serve loop's single writer thread) opens one transaction for many
+messages and acks them to the broker only after it commits, so a crash between the two
+means redelivery, never loss; redelivery is then absorbed by the (edge, stream, seq) key.
+
+Bad input never raises out of :meth:`Ingestor.handle`: it is logged, counted, recorded in
+the ``rejections`` table and leaves every other table untouched.
+"""
+
+import json
+import logging
+import sqlite3
+from collections import Counter
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fedge.edge_manager import gaps
+from fedge.edge_manager.store import Store
+from fedge.protocols import codec, topics
+from fedge.protocols.config import ConfigReport, ConfigStatus
+from fedge.protocols.deployment import DeployStatus
+from fedge.protocols.errors import ProtocolError, ValidationError
+from fedge.protocols.liveness import EdgeState, Liveness
+from fedge.protocols.records import (
+    LabelRecord,
+    MetricRecord,
+    PredictionRecord,
+    RecordBatch,
+    Stream,
+)
+
+log = logging.getLogger(__name__)
+
+
+class Verdict(StrEnum):
+    STORED = "stored"
+    DUPLICATE = "duplicate"
+    IGNORED = "ignored"  # valid but stale (e.g. a will from an older session)
+    REJECTED = "rejected"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    verdict: Verdict
+    reason: str = ""
+    detail: str = ""
+
+
+class Ingestor:
+    def __init__(self, store: Store, fleet: str, *, max_bytes: int = codec.DEFAULT_MAX_BYTES):
+        self.store = store
+        self.fleet = fleet
+        self.max_bytes = max_bytes
+        self.counters: Counter[str] = Counter()
+        self._seq_states: dict[tuple[str, str], gaps.SeqState] = {}
+        self._known_edges: set[str] = set()
+
+    # -- entry points
+
+    def handle(self, conn: sqlite3.Connection, topic: str, payload: bytes, now: float) -> Outcome:
+        """Ingest one MQTT message inside the caller's transaction."""
+        try:
+            parsed = topics.parse(topic)
+            if parsed.fleet != self.fleet or parsed.direction is not topics.Direction.UP:
+                raise ValidationError(f"topic {topic!r} is not an up-topic of fleet {self.fleet}")
+            return self._dispatch(conn, parsed.edge, topics.Up(parsed.kind), payload, now)
+        except ProtocolError as exc:
+            return self._reject(conn, topic, exc, now)
+
+    def handle_upload(
+        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+    ) -> Outcome:
+        """A record batch that came over gRPC instead of MQTT (same bytes, same rules)."""
+        try:
+            return self._records(conn, edge, payload, now, expected_stream=None)
+        except ProtocolError as exc:
+            return self._reject(conn, f"grpc:{edge}", exc, now)
+
+    # -- dispatch
+
+    def _dispatch(
+        self, conn: sqlite3.Connection, edge: str, kind: topics.Up, payload: bytes, now: float
+    ) -> Outcome:
+        if kind is topics.Up.STATE:
+            return self._liveness(conn, edge, payload, now)
+        if kind is topics.Up.CONFIG:
+            return self._config_report(conn, edge, payload, now)
+        if kind is topics.Up.DEPLOY:
+            return self._deploy_status(conn, edge, payload, now)
+        return self._records(conn, edge, payload, now, expected_stream=Stream(kind.value))
+
+    def _check_edge(self, conn: sqlite3.Connection, topic_edge: str, message_edge: str) -> None:
+        if message_edge != topic_edge:
+            raise ValidationError(f"message says edge {message_edge!r} but came from {topic_edge!r}")
+        if topic_edge not in self._known_edges:
+            if conn.execute("SELECT 1 FROM edges WHERE edge=?", (topic_edge,)).fetchone() is None:
+                raise ValidationError(f"edge {topic_edge!r} is not enrolled")
+            self._known_edges.add(topic_edge)
+
+    def _reject(self, conn: sqlite3.Connection, where: str, exc: ProtocolError, now: float) -> Outcome:
+        self.counters[f"rejected.{exc.reason}"] += 1
+        edge = where.split("/")[3] if where.count("/") >= 5 else where
+        detail = str(exc)[:500]
+        log.warning("rejected message on %s: %s", where[:120], detail)
+        conn.execute(
+            "INSERT INTO rejections (at, edge, topic, reason, detail) VALUES (?,?,?,?,?)",
+            (now, edge[:64], where[:200], exc.reason, detail),
+        )
+        return Outcome(Verdict.REJECTED, exc.reason, detail)
+
+    # -- liveness and reports
+
+    def _liveness(self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float) -> Outcome:
+        message = codec.decode(payload, Liveness, max_bytes=self.max_bytes)
+        self._check_edge(conn, edge, message.edge)
+        row = conn.execute("SELECT session FROM edges WHERE edge=?", (edge,)).fetchone()
+        current_session = int(row[0])
+        if message.state is EdgeState.ONLINE:
+            stale = message.session < current_session
+        else:
+            # A will or goodbye only counts for the session it belongs to: a late will must
+            # not mark an edge lost that already came back with a newer birth.
+            stale = message.session != current_session
+        if stale:
+            self.counters["ignored.stale_liveness"] += 1
+            return Outcome(Verdict.IGNORED, "stale", f"session {message.session} < current")
+        if message.state is EdgeState.ONLINE:
+            conn.execute(
+                "UPDATE edges SET state=?, session=?, last_seen=?, agent_version=?, serving=?, "
+                "config_applied=max(config_applied, ?) WHERE edge=?",
+                (
+                    message.state.value,
+                    message.session,
+                    now,
+                    message.agent_version,
+                    message.serving,
+                    message.applied_config_version,
+                    edge,
+                ),
+            )
+        else:
+            conn.execute(
+                "UPDATE edges SET state=?, last_seen=? WHERE edge=?",
+                (message.state.value, now, edge),
+            )
+        self.counters["stored.liveness"] += 1
+        return Outcome(Verdict.STORED)
+
+    def _config_report(
+        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+    ) -> Outcome:
+        report = codec.decode(payload, ConfigReport, max_bytes=self.max_bytes)
+        self._check_edge(conn, edge, report.edge)
+        conn.execute(
+            "UPDATE edges SET config_applied=max(config_applied, ?), config_status=?, "
+            "config_reason=?, config_reported_at=?, last_seen=? WHERE edge=?",
+            (
+                report.applied_version,
+                f"{report.status.value}:{report.offered_version}",
+                report.reason if report.status is ConfigStatus.REJECTED else "",
+                now,
+                now,
+                edge,
+            ),
+        )
+        self.counters["stored.config_report"] += 1
+        return Outcome(Verdict.STORED)
+
+    def _deploy_status(
+        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+    ) -> Outcome:
+        status = codec.decode(payload, DeployStatus, max_bytes=self.max_bytes)
+        self._check_edge(conn, edge, status.edge)
+        conn.execute(
+            "INSERT INTO deploy_events (edge, deployment_id, stage, reason, serving, at) "
+            "VALUES (?,?,?,?,?,?)",
+            (edge, status.deployment_id, status.stage.value, status.reason, status.serving, now),
+        )
+        conn.execute(
+            "UPDATE edges SET deploy_id=?, deploy_stage=?, deploy_reason=?, serving=?, "
+            "last_seen=? WHERE edge=?",
+            (status.deployment_id, status.stage.value, status.reason, status.serving, now, edge),
+        )
+        self.counters["stored.deploy_status"] += 1
+        return Outcome(Verdict.STORED)
+
+    # -- record batches
+
+    def _seq_state(self, conn: sqlite3.Connection, edge: str, stream: str) -> gaps.SeqState:
+        key = (edge, stream)
+        state = self._seq_states.get(key)
+        if state is None:
+            row = conn.execute(
+                "SELECT max_seq FROM streams WHERE edge=? AND stream=?", (edge, stream)
+            ).fetchone()
+            open_gaps = conn.execute(
+                "SELECT from_seq, to_seq FROM gaps WHERE edge=? AND stream=? ORDER BY from_seq",
+                (edge, stream),
+            ).fetchall()
+            state = gaps.SeqState(
+                -1 if row is None else int(row[0]), tuple((int(a), int(b)) for a, b in open_gaps)
+            )
+            self._seq_states[key] = state
+        return state
+
+    def forget_cache(self) -> None:
+        """Drop cached sequence state (after a rolled-back transaction)."""
+        self._seq_states.clear()
+
+    def _records(
+        self,
+        conn: sqlite3.Connection,
+        edge: str,
+        payload: bytes,
+        now: float,
+        *,
+        expected_stream: Stream | None,
+    ) -> Outcome:
+        batch = codec.decode(payload, RecordBatch, max_bytes=self.max_bytes)
+        self._check_edge(conn, edge, batch.edge)
+        if expected_stream is not None and batch.stream is not expected_stream:
+            raise ValidationError(
+                f"a {batch.stream.value} batch on the {expected_stream.value} topic"
+            )
+        stream = batch.stream.value
+        inserted = conn.execute(
+            "INSERT OR IGNORE INTO batches (edge, stream, seq, session, n_records, received_at) "
+            "VALUES (?,?,?,?,?,?)",
+            (edge, stream, batch.seq, batch.session, len(batch.records), now),
+        ).rowcount
+        if not inserted:
+            conn.execute(
+                "UPDATE streams SET duplicates = duplicates + 1 WHERE edge=? AND stream=?",
+                (edge, stream),
+            )
+            self.counters["duplicate.batch"] += 1
+            return Outcome(Verdict.DUPLICATE)
+        self._track_seq(conn, edge, stream, batch.seq, now)
+        if batch.stream is Stream.TELEMETRY:
+            conn.executemany(
+                "INSERT INTO telemetry (edge, seq, idx, name, value, at) VALUES (?,?,?,?,?,?)",
+                [
+                    (edge, batch.seq, i, r.name, r.value, r.at)
+                    for i, r in enumerate(batch.records)
+                    if isinstance(r, MetricRecord)
+                ],
+            )
+        elif batch.stream is Stream.PREDICTIONS:
+            conn.executemany(
+                "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
+                "threshold, config_version, latency_ms, source) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                [
+                    (
+                        r.prediction_id,
+                        edge,
+                        batch.seq,
+                        r.at,
+                        r.model,
+                        json.dumps(r.scores, sort_keys=True),
+                        r.decision,
+                        r.threshold,
+                        r.config_version,
+                        r.latency_ms,
+                        r.source,
+                    )
+                    for r in batch.records
+                    if isinstance(r, PredictionRecord)
+                ],
+            )
+        else:
+            conn.executemany(
+                "INSERT OR IGNORE INTO labels (label_id, prediction_id, edge, label, who, at, "
+                "origin) VALUES (?,?,?,?,?,?, 'edge')",
+                [
+                    (r.label_id, r.prediction_id, edge, r.label, r.who, r.at)
+                    for r in batch.records
+                    if isinstance(r, LabelRecord)
+                ],
+            )
+        self.counters[f"stored.{stream}"] += len(batch.records)
+        return Outcome(Verdict.STORED)
+
+    def _track_seq(
+        self, conn: sqlite3.Connection, edge: str, stream: str, seq: int, now: float
+    ) -> None:
+        observation = gaps.observe(self._seq_state(conn, edge, stream), seq)
+        self._seq_states[(edge, stream)] = observation.state
+        conn.execute(
+            "INSERT INTO streams (edge, stream, max_seq, batches) VALUES (?,?,?,1) "
+            "ON CONFLICT (edge, stream) DO UPDATE SET max_seq=excluded.max_seq, "
+            "batches=batches+1",
+            (edge, stream, observation.state.max_seq),
+        )
+        if observation.opened:
+            low, high = observation.opened
+            log.warning("gap on %s/%s: seq %d..%d missing", edge, stream, low, high)
+        if observation.opened or observation.filled:
+            # Few gaps per stream: rewriting them is simpler than editing ranges in SQL.
+            first_seen = dict(
+                conn.execute(
+                    "SELECT to_seq, detected_at FROM gaps WHERE edge=? AND stream=?",
+                    (edge, stream),
+                ).fetchall()
+            )
+            conn.execute("DELETE FROM gaps WHERE edge=? AND stream=?", (edge, stream))
+            conn.executemany(
+                "INSERT INTO gaps (edge, stream, from_seq, to_seq, detected_at) VALUES (?,?,?,?,?)",
+                [
+                    (edge, stream, low, high, first_seen.get(high, now))
+                    for low, high in observation.state.gaps
+                ],
+            )

@@ -1,0 +1,167 @@
+"""Model registry: immutable, signed model versions with lineage.
+
+Publishing copies the artifact into the manager's home, hashes it, reads its ONNX spec,
+and signs the manifest. A published (name, version) never changes: a second publish of
+the same version is refused, so an edge that verified ``inspect:3`` once can trust it.
+"""
+
+import hashlib
+import json
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedge.edge_manager.errors import RegistryError, UnknownModelError
+from fedge.edge_manager.onnx_spec import read_spec
+from fedge.edge_manager.store import Store
+from fedge.protocols import codec
+from fedge.protocols.errors import ProtocolError
+from fedge.protocols.manifest import Lineage, ModelManifest
+from fedge.protocols.signing import SigningKey
+
+
+@dataclass(frozen=True)
+class PublishedModel:
+    manifest: ModelManifest
+    envelope: bytes
+    path: Path
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def parse_ref(ref: str) -> tuple[str, int]:
+    """``"inspect:3"`` -> ``("inspect", 3)``."""
+    name, sep, version = ref.rpartition(":")
+    if not sep or not name or not version.isdigit():
+        raise RegistryError(f"model reference {ref!r} must look like NAME:VERSION, e.g. inspect:3")
+    return name, int(version)
+
+
+class Registry:
+    def __init__(self, store: Store, artifacts: Path, key: SigningKey) -> None:
+        self.store = store
+        self.artifacts = artifacts
+        self.key = key
+
+    def publish(
+        self,
+        source: Path,
+        *,
+        name: str,
+        version: int,
+        classes: tuple[str, ...] | None = None,
+        positive_classes: tuple[str, ...] | None = None,
+        lineage: Lineage | None = None,
+    ) -> PublishedModel:
+        if not source.is_file():
+            raise RegistryError(f"{source} does not exist or is not a file")
+        if self.store.one("SELECT 1 AS x FROM models WHERE name=? AND version=?", (name, version)):
+            raise RegistryError(
+                f"{name}:{version} is already published; versions are immutable, use a new one"
+            )
+        spec = read_spec(source)
+        if classes is None:
+            meta_classes = spec.metadata.get("classes", "")
+            classes = tuple(c for c in meta_classes.split(",") if c)
+        if not classes:
+            raise RegistryError(
+                "the model's class names are unknown: pass --classes (e.g. clean,scratch) "
+                "or set ONNX metadata 'classes'"
+            )
+        if positive_classes is None:
+            meta_positive = spec.metadata.get("positive_classes", "")
+            positive_classes = tuple(c for c in meta_positive.split(",") if c)
+        latest = self.latest_version(name)
+        if lineage is None:
+            lineage = Lineage(parent_version=latest)
+        elif lineage.parent_version is None and latest is not None:
+            lineage = Lineage(latest, lineage.run_id, lineage.data, lineage.note)
+        dest = self.artifacts / name / str(version) / "model.onnx"
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = dest.with_suffix(".tmp")
+        shutil.copyfile(source, tmp)
+        tmp.replace(dest)
+        try:
+            manifest = ModelManifest(
+                name=name,
+                version=version,
+                sha256=sha256_file(dest),
+                size=dest.stat().st_size,
+                inputs=spec.inputs,
+                outputs=spec.outputs,
+                classes=classes,
+                positive_classes=positive_classes,
+                created_at=time.time(),
+                lineage=lineage,
+            )
+        except ProtocolError as exc:
+            raise RegistryError(f"cannot publish {name}:{version}: {exc}") from None
+        envelope = self.key.sign(manifest)
+        self.store.db["models"].insert(
+            {
+                "name": name,
+                "version": version,
+                "sha256": manifest.sha256,
+                "size": manifest.size,
+                "manifest": codec.encode(manifest).decode(),
+                "envelope": envelope.decode(),
+                "path": str(dest),
+                "parent_version": lineage.parent_version,
+                "run_id": lineage.run_id,
+                "created_at": manifest.created_at,
+            }
+        )
+        return PublishedModel(manifest, envelope, dest)
+
+    def latest_version(self, name: str) -> int | None:
+        value = self.store.scalar("SELECT max(version) FROM models WHERE name=?", (name,))
+        return None if value is None else int(value)
+
+    def get(self, name: str, version: int) -> PublishedModel:
+        row = self.store.one(
+            "SELECT manifest, envelope, path FROM models WHERE name=? AND version=?",
+            (name, version),
+        )
+        if row is None:
+            raise UnknownModelError(
+                f"model {name}:{version} is not in the registry; see `fedge model list`"
+            )
+        manifest = codec.decode(row["manifest"].encode(), ModelManifest)
+        return PublishedModel(manifest, row["envelope"].encode(), Path(row["path"]))
+
+    def list(self) -> list[dict[str, object]]:
+        rows = self.store.query(
+            "SELECT name, version, sha256, size, parent_version, run_id, created_at, manifest "
+            "FROM models ORDER BY name, version"
+        )
+        for row in rows:
+            manifest = json.loads(row.pop("manifest"))
+            row["classes"] = ",".join(manifest["classes"])
+        return rows
+
+    # -- the gRPC ArtifactSource protocol
+
+    def manifest_envelope(self, name: str, version: int) -> bytes:
+        try:
+            return self.get(name, version).envelope
+        except UnknownModelError as exc:
+            raise LookupError(str(exc)) from None
+
+    def artifact_path(self, name: str, version: int) -> Path:
+        try:
+            return self.get(name, version).path
+        except UnknownModelError as exc:
+            raise LookupError(str(exc)) from None
+
+    def artifact_sha256(self, name: str, version: int) -> str:
+        try:
+            return self.get(name, version).manifest.sha256
+        except UnknownModelError as exc:
+            raise LookupError(str(exc)) from None

@@ -1,0 +1,258 @@
+"""``fedge manager serve``: the MQTT and gRPC adapters around the store.
+
+One worker thread owns the write connection. Everything that changes the store -- MQTT
+messages, gRPC uploads, publish acknowledgements -- is queued to it; it folds a burst of
+messages into one transaction and acks them to the broker only after the commit (QoS 1
+with manual acks: a SIGKILL between store and ack means redelivery, which the
+(edge, stream, seq) key absorbs). The same loop publishes desired documents that
+operators wrote to the store, signed and retained.
+"""
+
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.home import ManagerHome, ManagerSettings
+from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.edge_manager.registry import Registry
+from fedge.edge_manager.store import Store
+from fedge.protocols import topics
+from fedge.protocols.grpc.server import GrpcServices, SinkResult
+from fedge.protocols.signing import SigningKey
+from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Upload:
+    edge: str
+    payload: bytes
+    result: "Future[Outcome]"
+
+
+@dataclass(frozen=True)
+class _Published:
+    result: PublishResult
+
+
+@dataclass(frozen=True)
+class _Republish:
+    pass
+
+
+_Item = Message | _Upload | _Published | _Republish
+
+
+class _ReadSide:
+    """Per-thread read connections for gRPC handler threads (sqlite objects are per thread)."""
+
+    def __init__(self, home: ManagerHome, settings: ManagerSettings, key: SigningKey) -> None:
+        self.home = home
+        self.settings = settings
+        self.key = key
+        self._local = threading.local()
+
+    def _fleet(self) -> Fleet:
+        fleet: Fleet | None = getattr(self._local, "fleet", None)
+        if fleet is None:
+            store = Store(self.home.db_path)
+            registry = Registry(store, self.home.artifacts, self.key)
+            fleet = Fleet(store, self.settings.fleet, self.key, registry, self.settings.grpc_target)
+            self._local.fleet = fleet
+        return fleet
+
+    def manifest_envelope(self, name: str, version: int) -> bytes:
+        return self._fleet().registry.manifest_envelope(name, version)
+
+    def artifact_path(self, name: str, version: int) -> Path:
+        return self._fleet().registry.artifact_path(name, version)
+
+    def artifact_sha256(self, name: str, version: int) -> str:
+        return self._fleet().registry.artifact_sha256(name, version)
+
+    def authenticate(self, edge: str, token: str) -> bool:
+        return self._fleet().authenticate(edge, token)
+
+
+class ManagerService:
+    def __init__(
+        self,
+        home: ManagerHome,
+        *,
+        poll_interval_s: float = 0.05,
+        max_batch: int = 5000,
+        grpc_port: int | None = None,
+    ) -> None:
+        self.home = home
+        self.settings = home.settings()
+        self.key = home.signing_key()
+        self.poll_interval_s = poll_interval_s
+        self.max_batch = max_batch
+        self.grpc_port = self.settings.grpc_port if grpc_port is None else grpc_port
+        self.counters: Counter[str] = Counter()
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._inflight: dict[int, tuple[str, str, int]] = {}
+        self._worker = threading.Thread(target=self._run, name="manager-worker", daemon=True)
+        self._grpc_server: grpc.Server | None = None
+        self.grpc_services: GrpcServices | None = None
+        self.mqtt = MqttSession(
+            MqttSettings(
+                host=self.settings.broker_host,
+                port=self.settings.broker_port,
+                client_id=self.settings.manager_user,
+                username=self.settings.manager_user,
+                password=home.manager_password(),
+                manual_ack=True,
+                max_inflight=1000,
+            ),
+            on_message=self._queue.put,
+            on_connect=self._on_connect,
+            on_published=lambda result: self._queue.put(_Published(result)),
+        )
+
+    # -- lifecycle
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self._worker.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError("manager worker did not start")
+        reader = _ReadSide(self.home, self.settings, self.key)
+        self.grpc_services = GrpcServices(reader, self, reader.authenticate)
+        self._grpc_server, self.grpc_port = self.grpc_services.start(
+            self.settings.grpc_host, self.grpc_port
+        )
+        self.mqtt.start()
+
+    def stop(self) -> None:
+        self.mqtt.stop()
+        if self._grpc_server is not None:
+            self._grpc_server.stop(grace=1.0)
+        self._stop.set()
+        self._worker.join(timeout=10)
+
+    def _on_connect(self, session_present: bool) -> None:
+        self.mqtt.subscribe(topics.fleet_up_subscription(self.settings.fleet), qos=1)
+        if not session_present:
+            # The broker may have lost retained documents (a wiped store): publish the
+            # latest again; edges ignore versions they already applied.
+            self._queue.put(_Republish())
+
+    # -- gRPC ReportSink (called on gRPC threads)
+
+    def ingest_payload(self, edge: str, payload: bytes) -> SinkResult:
+        future: Future[Outcome] = Future()
+        self._queue.put(_Upload(edge, payload, future))
+        outcome = future.result(timeout=30)
+        return SinkResult(
+            accepted=outcome.verdict in (Verdict.STORED, Verdict.DUPLICATE),
+            duplicate=outcome.verdict is Verdict.DUPLICATE,
+            error=outcome.detail or None if outcome.verdict is Verdict.REJECTED else None,
+        )
+
+    # -- the worker
+
+    def _run(self) -> None:
+        store = Store(self.home.db_path)
+        registry = Registry(store, self.home.artifacts, self.key)
+        fleet = Fleet(store, self.settings.fleet, self.key, registry, self.settings.grpc_target)
+        ingestor = Ingestor(store, self.settings.fleet)
+        self.ingestor = ingestor
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                items = self._drain()
+                if items:
+                    self._process(store, fleet, ingestor, items)
+                self._publish_pending(fleet)
+        finally:
+            store.close()
+
+    def _drain(self) -> list[_Item]:
+        items: list[_Item] = []
+        try:
+            items.append(self._queue.get(timeout=self.poll_interval_s))
+            while len(items) < self.max_batch:
+                items.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _process(self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[_Item]) -> None:
+        now = time.time()
+        to_ack: list[Message] = []
+        uploads: list[tuple[_Upload, Outcome]] = []
+        try:
+            with store.transaction() as conn:
+                for item in items:
+                    if isinstance(item, Message):
+                        outcome = ingestor.handle(conn, item.topic, item.payload, now)
+                        self.counters[outcome.verdict.value] += 1
+                        to_ack.append(item)
+                    elif isinstance(item, _Upload):
+                        outcome = ingestor.handle_upload(conn, item.edge, item.payload, now)
+                        self.counters[outcome.verdict.value] += 1
+                        uploads.append((item, outcome))
+                    elif isinstance(item, _Published):
+                        self._mark_published(fleet, item.result, now)
+                    else:
+                        self._republish_latest(fleet)
+        except Exception as exc:
+            # Nothing is acked: the broker redelivers, and the cache may hold rolled-back state.
+            log.exception("ingest transaction failed; messages will be redelivered")
+            ingestor.forget_cache()
+            for upload in (i for i in items if isinstance(i, _Upload)):
+                upload.result.set_exception(exc)
+            return
+        for message in to_ack:
+            self.mqtt.ack(message)
+        for upload, outcome in uploads:
+            upload.result.set_result(outcome)
+
+    # -- publishing desired documents
+
+    def _publish_pending(self, fleet: Fleet) -> None:
+        if not self.mqtt.connected.is_set():
+            return
+        busy = set(self._inflight.values())
+        for row in fleet.unpublished():
+            key = (row["edge"], row["kind"], int(row["version"]))
+            if key in busy:
+                continue
+            self._publish(key, row["envelope"].encode())
+
+    def _publish(self, key: tuple[str, str, int], envelope: bytes) -> None:
+        edge, kind, _ = key
+        topic = topics.down(self.settings.fleet, edge, topics.Down(kind))
+        mid = self.mqtt.publish(topic, envelope, qos=1, retain=True)
+        self._inflight[mid] = key
+
+    def _mark_published(self, fleet: Fleet, result: PublishResult, now: float) -> None:
+        key = self._inflight.pop(result.mid, None)
+        if key is None:
+            return
+        if result.ok:
+            fleet.mark_published(*key, at=now)
+            self.counters["published"] += 1
+        else:
+            log.error("broker refused desired document %s: %s", key, result.reason)
+
+    def _republish_latest(self, fleet: Fleet) -> None:
+        rows = fleet.store.query(
+            "SELECT d.edge, d.kind, d.version, d.envelope FROM desired d "
+            "JOIN (SELECT edge, kind, max(version) AS v FROM desired "
+            "WHERE published_at IS NOT NULL GROUP BY edge, kind) m "
+            "ON d.edge=m.edge AND d.kind=m.kind AND d.version=m.v"
+        )
+        for row in rows:
+            self._publish((row["edge"], row["kind"], int(row["version"])), row["envelope"].encode())

@@ -1,0 +1,119 @@
+"""The manager's SQLite store (sqlite-utils), the source of truth of the control plane.
+
+One writer per process (the serve loop's worker thread, or a CLI command); WAL lets the
+CLI and ``serve`` share the file. No sqlite row leaves this module: readers get dicts of
+plain values or dataclasses.
+"""
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS models (
+    name TEXT NOT NULL, version INTEGER NOT NULL, sha256 TEXT NOT NULL, size INTEGER NOT NULL,
+    manifest TEXT NOT NULL, envelope TEXT NOT NULL, path TEXT NOT NULL,
+    parent_version INTEGER, run_id TEXT, created_at REAL NOT NULL,
+    PRIMARY KEY (name, version));
+CREATE TABLE IF NOT EXISTS edges (
+    edge TEXT PRIMARY KEY, enrolled_at REAL NOT NULL, token_sha256 TEXT NOT NULL,
+    state TEXT NOT NULL DEFAULT 'never-seen', session INTEGER NOT NULL DEFAULT -1,
+    last_seen REAL, agent_version TEXT NOT NULL DEFAULT '', serving TEXT NOT NULL DEFAULT '',
+    config_applied INTEGER NOT NULL DEFAULT 0, config_status TEXT NOT NULL DEFAULT '',
+    config_reason TEXT NOT NULL DEFAULT '', config_reported_at REAL,
+    deploy_id TEXT NOT NULL DEFAULT '', deploy_stage TEXT NOT NULL DEFAULT '',
+    deploy_reason TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS desired (
+    edge TEXT NOT NULL, kind TEXT NOT NULL, version INTEGER NOT NULL,
+    document TEXT NOT NULL, envelope TEXT NOT NULL, created_at REAL NOT NULL,
+    published_at REAL, superseded INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (edge, kind, version));
+CREATE TABLE IF NOT EXISTS deployments (
+    deployment_id TEXT PRIMARY KEY, model_name TEXT NOT NULL, model_version INTEGER NOT NULL,
+    edges TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS deploy_events (
+    edge TEXT NOT NULL, deployment_id TEXT NOT NULL, stage TEXT NOT NULL,
+    reason TEXT NOT NULL, serving TEXT NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS batches (
+    edge TEXT NOT NULL, stream TEXT NOT NULL, seq INTEGER NOT NULL, session INTEGER NOT NULL,
+    n_records INTEGER NOT NULL, received_at REAL NOT NULL,
+    PRIMARY KEY (edge, stream, seq)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS streams (
+    edge TEXT NOT NULL, stream TEXT NOT NULL, max_seq INTEGER NOT NULL,
+    batches INTEGER NOT NULL, duplicates INTEGER NOT NULL DEFAULT 0,
+    PRIMARY KEY (edge, stream));
+CREATE TABLE IF NOT EXISTS gaps (
+    edge TEXT NOT NULL, stream TEXT NOT NULL, from_seq INTEGER NOT NULL, to_seq INTEGER NOT NULL,
+    detected_at REAL NOT NULL, PRIMARY KEY (edge, stream, from_seq));
+-- Records are stored without a unique key on purpose: exactly-once is enforced by the
+-- batches table, and a duplicate would show up here (the ingest benchmark counts them).
+CREATE TABLE IF NOT EXISTS telemetry (
+    edge TEXT NOT NULL, seq INTEGER NOT NULL, idx INTEGER NOT NULL,
+    name TEXT NOT NULL, value REAL NOT NULL, at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS predictions (
+    prediction_id TEXT NOT NULL, edge TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL,
+    model TEXT NOT NULL, scores TEXT NOT NULL, decision TEXT NOT NULL, threshold REAL NOT NULL,
+    config_version INTEGER NOT NULL, latency_ms REAL NOT NULL, source TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS predictions_id ON predictions (prediction_id);
+CREATE INDEX IF NOT EXISTS predictions_edge ON predictions (edge);
+CREATE TABLE IF NOT EXISTS labels (
+    label_id TEXT PRIMARY KEY, prediction_id TEXT NOT NULL, edge TEXT NOT NULL,
+    label TEXT NOT NULL, who TEXT NOT NULL, at REAL NOT NULL, origin TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS labels_prediction ON labels (prediction_id);
+CREATE TABLE IF NOT EXISTS rejections (
+    at REAL NOT NULL, edge TEXT NOT NULL, topic TEXT NOT NULL, reason TEXT NOT NULL,
+    detail TEXT NOT NULL);
+"""
+
+
+class Store:
+    def __init__(self, path: Path | str) -> None:
+        self.path = path
+        # Autocommit mode: transactions are explicit (see `transaction`).
+        conn = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
+        self.db = sqlite_utils.Database(conn)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        # NORMAL in WAL mode survives a process crash (SIGKILL); only an OS crash can lose
+        # the last transactions, which QoS 1 redelivery then fills in.
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        self.db.execute("PRAGMA foreign_keys=ON")
+        self.db.conn.executescript(SCHEMA)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        return self.db.conn
+
+    def transaction(self, immediate: bool = True) -> "_Transaction":
+        return _Transaction(self.conn, immediate)
+
+    def query(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+        return list(self.db.query(sql, params))
+
+    def one(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> dict[str, Any] | None:
+        rows = self.query(sql, params)
+        return rows[0] if rows else None
+
+    def scalar(self, sql: str, params: tuple[Any, ...] = ()) -> Any:
+        row = self.conn.execute(sql, params).fetchone()
+        return None if row is None else row[0]
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+class _Transaction:
+    def __init__(self, conn: sqlite3.Connection, immediate: bool) -> None:
+        self.conn = conn
+        self.immediate = immediate
+
+    def __enter__(self) -> sqlite3.Connection:
+        self.conn.execute("BEGIN IMMEDIATE" if self.immediate else "BEGIN")
+        return self.conn
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.conn.execute("COMMIT")
+        else:
+            self.conn.execute("ROLLBACK")

@@ -1,0 +1,1 @@
+"""gRPC transport for fedge: resumable model download and streamed report upload."""

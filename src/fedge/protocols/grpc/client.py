@@ -1,0 +1,204 @@
+"""Edge-side gRPC client: resumable model download and batched report upload.
+
+Checks nothing about content: the caller verifies the sha256 and the manifest
+signature that :func:`download_artifact` returns, and owns retries.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+import grpc
+
+from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
+from fedge.protocols.grpc.server import EDGE_KEY, TOKEN_KEY, SinkResult
+
+PART_SUFFIX = ".part"
+# Room for the header (manifest envelope) and protobuf framing around a data chunk.
+_RECV_SLACK = 1024 * 1024
+
+
+class DownloadError(Exception):
+    """A download failed; ``code`` is the gRPC status name when the server gave one."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class UploadError(Exception):
+    """An upload batch failed as a whole; ``code`` is the gRPC status name if any."""
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class DownloadResult:
+    manifest_envelope: bytes
+    total_size: int
+    sha256: str
+    resumed_from: int
+
+
+def _metadata(edge: str, token: str) -> tuple[tuple[str, str], ...]:
+    return ((EDGE_KEY, edge), (TOKEN_KEY, token))
+
+
+def _status(exc: grpc.RpcError) -> tuple[str | None, str]:
+    """(status code name, "CODE: details") of an RpcError."""
+    if isinstance(exc, grpc.Call):
+        code = exc.code()
+        name = code.name if code is not None else None
+        return name, f"{name}: {exc.details()}"
+    return None, str(exc)
+
+
+def _fsync_dir(path: Path) -> None:
+    # Makes the rename itself durable, not just the file's bytes.
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def download_artifact(
+    target: str,
+    edge: str,
+    token: str,
+    name: str,
+    version: int,
+    dest: Path,
+    *,
+    chunk_size: int = 256 * 1024,
+    timeout_s: float = 60.0,
+) -> DownloadResult:
+    """Download a model artifact to ``dest``, resuming from ``dest`` + ``.part``.
+
+    Bytes go to the ``.part`` file, which is renamed to ``dest`` only once complete.
+    A cut stream raises :class:`DownloadError` and keeps the ``.part`` so the next
+    call resumes from its size.
+    """
+    part = dest.with_name(dest.name + PART_SUFFIX)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    offset = part.stat().st_size if part.exists() else 0
+    what = f"download of {name!r} v{version} from {target}"
+    options = [("grpc.max_receive_message_length", max(chunk_size, 4 * 1024 * 1024) + _RECV_SLACK)]
+    request = fedge_pb2.DownloadRequest(
+        edge=edge, model_name=name, model_version=version, offset=offset, chunk_size=chunk_size
+    )
+    have = offset
+    with grpc.insecure_channel(target, options=options) as channel:
+        stub = fedge_pb2_grpc.ModelDownloadStub(channel)
+        try:
+            stream = stub.Download(request, timeout=timeout_s, metadata=_metadata(edge, token))
+            first = next(stream, None)
+            if first is None or first.WhichOneof("kind") != "header":
+                raise DownloadError(f"{what}: stream did not start with a header")
+            header = first.header
+            total = int(header.total_size)
+            if header.offset != offset or total < offset:
+                raise DownloadError(
+                    f"{what}: server answered offset {header.offset}/{total}, asked {offset}"
+                )
+            with part.open("ab") as f:
+                try:
+                    for msg in stream:
+                        if msg.WhichOneof("kind") != "data":
+                            raise DownloadError(f"{what}: unexpected message after header")
+                        have += len(msg.data)
+                        if have > total:
+                            raise DownloadError(f"{what}: server sent more than {total} bytes")
+                        f.write(msg.data)
+                finally:
+                    # Whatever arrived stays on disk so a retry resumes after it.
+                    f.flush()
+                    os.fsync(f.fileno())
+        except grpc.RpcError as exc:
+            code, status = _status(exc)
+            if code == grpc.StatusCode.OUT_OF_RANGE.name and offset > 0:
+                # The .part is longer than the artifact: it cannot be resumed.
+                part.unlink(missing_ok=True)
+                status += " (partial file discarded)"
+            raise DownloadError(f"{what} failed at byte {have}: {status}", code) from exc
+    if have != total:
+        raise DownloadError(f"{what}: stream ended at byte {have} of {total}")
+    os.replace(part, dest)
+    _fsync_dir(dest.parent)
+    return DownloadResult(
+        manifest_envelope=bytes(header.manifest_envelope),
+        total_size=total,
+        sha256=str(header.sha256),
+        resumed_from=offset,
+    )
+
+
+class ReportUploader:
+    """Uploads record-batch payloads over one channel; one bidi call per batch."""
+
+    def __init__(self, target: str, edge: str, token: str) -> None:
+        self.target = target
+        self.edge = edge
+        self._metadata = _metadata(edge, token)
+        self._channel = grpc.insecure_channel(target)
+        self._stub = fedge_pb2_grpc.ReportUploadStub(self._channel)
+        self._ids = itertools.count(1)
+        self._ids_lock = threading.Lock()
+
+    def upload(self, payloads: Sequence[bytes], timeout_s: float = 30.0) -> list[SinkResult]:
+        """Send ``payloads``; returns one result per payload, in the same order.
+
+        Raises :class:`UploadError` if the call fails or ends before every payload is
+        acked; the whole batch should then be resent (the sink flags duplicates).
+        """
+        with self._ids_lock:
+            ids = [next(self._ids) for _ in payloads]
+        requests = [
+            fedge_pb2.UploadRequest(edge=self.edge, payload=p, request_id=i)
+            for i, p in zip(ids, payloads, strict=True)
+        ]
+        wanted = set(ids)
+        acks: dict[int, SinkResult] = {}
+        try:
+            for ack in self._stub.Upload(
+                iter(requests), timeout=timeout_s, metadata=self._metadata
+            ):
+                rid = int(ack.request_id)
+                if rid not in wanted:
+                    raise UploadError(f"upload to {self.target}: ack for unknown request {rid}")
+                acks[rid] = SinkResult(
+                    accepted=bool(ack.accepted),
+                    duplicate=bool(ack.duplicate),
+                    error=str(ack.error) or None,
+                )
+        except grpc.RpcError as exc:
+            code, status = _status(exc)
+            raise UploadError(
+                f"upload of {len(ids)} payloads to {self.target}: {status}", code
+            ) from exc
+        missing = [i for i in ids if i not in acks]
+        if missing:
+            raise UploadError(f"upload to {self.target}: no ack for {len(missing)} payloads")
+        return [acks[i] for i in ids]
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> ReportUploader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

@@ -1,0 +1,279 @@
+"""Cloud-side gRPC adapter: serves model downloads and accepts report uploads.
+
+Thin on purpose: artifacts come from an :class:`ArtifactSource`, payloads go to a
+:class:`ReportSink` and edges are checked by an :class:`EdgeAuthenticator`. Storage,
+parsing and MQTT live elsewhere; this module only speaks gRPC.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn, Protocol
+
+import grpc
+
+from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
+
+log = logging.getLogger(__name__)
+
+TOKEN_KEY = "x-fedge-token"
+EDGE_KEY = "x-fedge-edge"
+
+COUNTER_NAMES = (
+    "unauthenticated",
+    "permission_denied",
+    "not_found",
+    "out_of_range",
+    "oversized",
+    "rejected",
+    "sink_errors",
+)
+
+
+@dataclass(frozen=True)
+class SinkResult:
+    """What became of one uploaded payload."""
+
+    accepted: bool
+    duplicate: bool = False
+    error: str | None = None
+
+
+class ArtifactSource(Protocol):
+    """Where model artifacts come from; every method raises ``LookupError`` if unknown."""
+
+    def manifest_envelope(self, name: str, version: int) -> bytes: ...
+
+    def artifact_path(self, name: str, version: int) -> Path: ...
+
+    def artifact_sha256(self, name: str, version: int) -> str: ...
+
+
+class ReportSink(Protocol):
+    """Takes one record-batch payload (the MQTT JSON bytes) from an authenticated edge."""
+
+    def ingest_payload(self, edge: str, payload: bytes) -> SinkResult: ...
+
+
+class EdgeAuthenticator(Protocol):
+    """True if ``token`` proves the caller is ``edge``."""
+
+    def __call__(self, edge: str, token: str) -> bool: ...
+
+
+class Counters:
+    """Thread-safe rejection counters; gRPC handlers run on a thread pool."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(COUNTER_NAMES, 0)
+
+    def incr(self, name: str) -> None:
+        with self._lock:
+            self._counts[name] = self._counts.get(name, 0) + 1
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self._counts)
+
+
+@dataclass(frozen=True)
+class _Artifact:
+    manifest_envelope: bytes
+    path: Path
+    sha256: str
+    size: int
+
+
+class GrpcServices:
+    """The ModelDownload and ReportUpload servicers, sharing config and counters."""
+
+    def __init__(
+        self,
+        source: ArtifactSource,
+        sink: ReportSink,
+        authenticate: EdgeAuthenticator,
+        *,
+        chunk_size_default: int = 256 * 1024,
+        max_chunk: int = 4 * 1024 * 1024,
+        max_payload: int = 1 * 1024 * 1024,
+    ) -> None:
+        if not 0 < chunk_size_default <= max_chunk:
+            raise ValueError("need 0 < chunk_size_default <= max_chunk")
+        self.source = source
+        self.sink = sink
+        self.authenticate = authenticate
+        self.chunk_size_default = chunk_size_default
+        self.max_chunk = max_chunk
+        self.max_payload = max_payload
+        self._counters = Counters()
+
+    @property
+    def counters(self) -> dict[str, int]:
+        """A snapshot of the rejection counters."""
+        return self._counters.snapshot()
+
+    def add_to_server(self, server: grpc.Server) -> None:
+        fedge_pb2_grpc.add_ModelDownloadServicer_to_server(self, server)
+        fedge_pb2_grpc.add_ReportUploadServicer_to_server(self, server)
+
+    def server_options(self) -> list[tuple[str, int]]:
+        # Let payloads somewhat over max_payload through gRPC so they get a polite
+        # "too large" ack instead of killing the whole stream with RESOURCE_EXHAUSTED.
+        limit = max(4 * 1024 * 1024, 4 * self.max_payload) + 64 * 1024
+        return [("grpc.max_receive_message_length", limit)]
+
+    def start(self, host: str, port: int, *, max_workers: int = 8) -> tuple[grpc.Server, int]:
+        """Bind (port 0 picks a free one), start, and return the server and its port."""
+        server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="fedge-grpc"),
+            options=self.server_options(),
+        )
+        self.add_to_server(server)
+        bound = server.add_insecure_port(f"{host}:{port}")
+        if bound == 0:
+            raise OSError(f"cannot bind gRPC server to {host}:{port}")
+        server.start()
+        return server, bound
+
+    # -- auth ---------------------------------------------------------------
+
+    def _abort(self, context: grpc.ServicerContext, code: grpc.StatusCode, msg: str) -> NoReturn:
+        self._counters.incr(code.name.lower())
+        context.abort(code, msg)
+
+    def _authenticated_edge(self, context: grpc.ServicerContext) -> str:
+        meta: dict[str, str] = {}
+        for key, value in context.invocation_metadata():
+            meta[key] = value.decode() if isinstance(value, bytes) else value
+        edge, token = meta.get(EDGE_KEY, ""), meta.get(TOKEN_KEY, "")
+        if not edge or not token:
+            self._abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing edge or token metadata")
+        try:
+            ok = self.authenticate(edge, token)
+        except Exception:
+            # Fail closed: a broken authenticator must not let anyone in.
+            log.exception("authenticator failed for edge %r", edge)
+            ok = False
+        if not ok:
+            self._abort(
+                context, grpc.StatusCode.UNAUTHENTICATED, f"invalid token for edge {edge!r}"
+            )
+        return edge
+
+    def _check_edge(self, context: grpc.ServicerContext, authed: str, claimed: str) -> None:
+        if claimed != authed:
+            msg = f"edge {claimed!r} in request, but authenticated as {authed!r}"
+            self._abort(context, grpc.StatusCode.PERMISSION_DENIED, msg)
+
+    # -- ModelDownload ------------------------------------------------------
+
+    def _lookup(self, name: str, version: int) -> _Artifact:
+        path = self.source.artifact_path(name, version)
+        return _Artifact(
+            manifest_envelope=self.source.manifest_envelope(name, version),
+            path=path,
+            sha256=self.source.artifact_sha256(name, version),
+            size=path.stat().st_size,
+        )
+
+    def Download(  # method name fixed by the proto
+        self, request: fedge_pb2.DownloadRequest, context: grpc.ServicerContext
+    ) -> Iterator[fedge_pb2.DownloadChunk]:
+        edge = self._authenticated_edge(context)
+        self._check_edge(context, edge, request.edge)
+        name, version, offset = request.model_name, request.model_version, request.offset
+        try:
+            art = self._lookup(name, version)
+        except (LookupError, OSError) as exc:
+            msg = f"unknown model {name!r} version {version}: {exc}"
+            self._abort(context, grpc.StatusCode.NOT_FOUND, msg)
+        if not 0 <= offset <= art.size:
+            msg = f"offset {offset} outside 0..{art.size} for model {name!r} version {version}"
+            self._abort(context, grpc.StatusCode.OUT_OF_RANGE, msg)
+        chunk = request.chunk_size if request.chunk_size > 0 else self.chunk_size_default
+        chunk = min(chunk, self.max_chunk)
+
+        yield fedge_pb2.DownloadChunk(
+            header=fedge_pb2.DownloadHeader(
+                manifest_envelope=art.manifest_envelope,
+                total_size=art.size,
+                offset=offset,
+                sha256=art.sha256,
+            )
+        )
+        with art.path.open("rb") as f:
+            f.seek(offset)
+            remaining = art.size - offset
+            while remaining > 0:
+                data = f.read(min(chunk, remaining))
+                if not data:
+                    # The file shrank under us; the header promised more bytes.
+                    context.abort(grpc.StatusCode.DATA_LOSS, f"artifact {name!r} truncated")
+                remaining -= len(data)
+                yield fedge_pb2.DownloadChunk(data=data)
+
+    # -- ReportUpload -------------------------------------------------------
+
+    def _ingest(self, edge: str, request: fedge_pb2.UploadRequest) -> fedge_pb2.UploadAck:
+        rid, payload = request.request_id, request.payload
+        if len(payload) > self.max_payload:
+            self._counters.incr("oversized")
+            error = f"payload too large ({len(payload)} bytes > {self.max_payload})"
+            return fedge_pb2.UploadAck(request_id=rid, accepted=False, error=error)
+        try:
+            result = self.sink.ingest_payload(edge, payload)
+        except Exception as exc:
+            # One bad payload must not cost the edge the rest of its stream.
+            log.exception("sink failed on payload %d from edge %r", rid, edge)
+            self._counters.incr("sink_errors")
+            error = f"sink error: {type(exc).__name__}: {exc}"
+            return fedge_pb2.UploadAck(request_id=rid, accepted=False, error=error)
+        if not result.accepted:
+            self._counters.incr("rejected")
+        return fedge_pb2.UploadAck(
+            request_id=rid,
+            accepted=result.accepted,
+            duplicate=result.duplicate,
+            error=result.error or "",
+        )
+
+    def Upload(  # method name fixed by the proto
+        self, request_iterator: Iterator[fedge_pb2.UploadRequest], context: grpc.ServicerContext
+    ) -> Iterator[fedge_pb2.UploadAck]:
+        edge = self._authenticated_edge(context)
+        for request in request_iterator:
+            self._check_edge(context, edge, request.edge)
+            yield self._ingest(edge, request)
+
+
+def start_grpc_server(
+    host: str,
+    port: int,
+    source: ArtifactSource,
+    sink: ReportSink,
+    authenticate: EdgeAuthenticator,
+    max_workers: int = 8,
+    chunk_size_default: int = 256 * 1024,
+    max_chunk: int = 4 * 1024 * 1024,
+    max_payload: int = 1 * 1024 * 1024,
+) -> tuple[grpc.Server, int]:
+    """Start both services; returns the running server and the bound port.
+
+    Build a :class:`GrpcServices` and call its ``start`` instead when you need its
+    ``counters``.
+    """
+    services = GrpcServices(
+        source,
+        sink,
+        authenticate,
+        chunk_size_default=chunk_size_default,
+        max_chunk=max_chunk,
+        max_payload=max_payload,
+    )
+    return services.start(host, port, max_workers=max_workers)
