@@ -124,8 +124,13 @@ class EdgeAgent:
         self._stop.set()
         self._publisher.join(timeout=5)
         goodbye = Liveness(
-            self.settings.edge, max(self._session, 0), EdgeState.OFFLINE, __version__, self.serving,
-            self.applied_version, time.time(),
+            self.settings.edge,
+            max(self._session, 0),
+            EdgeState.OFFLINE,
+            __version__,
+            self.serving,
+            self.applied_version,
+            time.time(),
         )
         self.mqtt.stop(final=(self._topic(topics.Up.STATE), codec.encode(goodbye), True))
         self.store.close()
@@ -142,8 +147,13 @@ class EdgeAgent:
         # Sparkplug order: subscribe first, then the birth, then re-state what is in force.
         self.mqtt.subscribe(topics.edge_subscription(self.settings.fleet, self.settings.edge))
         birth = Liveness(
-            self.settings.edge, self._session, EdgeState.ONLINE, __version__, self.serving,
-            self.applied_version, time.time(),
+            self.settings.edge,
+            self._session,
+            EdgeState.ONLINE,
+            __version__,
+            self.serving,
+            self.applied_version,
+            time.time(),
         )
         self.mqtt.publish(self._topic(topics.Up.STATE), codec.encode(birth), retain=True)
         if self._last_config_report is not None:
@@ -189,7 +199,9 @@ class EdgeAgent:
                 self.config = offered
         if decision.action is ConfigAction.APPLY:
             self.counters["config.applied"] += 1
-            log.info("applied config v%d (threshold %.3f)", offered.version, offered.default_threshold)
+            log.info(
+                "applied config v%d (threshold %.3f)", offered.version, offered.default_threshold
+            )
             self._report_config(ConfigStatus.APPLIED, offered.version, "")
         elif decision.action is ConfigAction.IGNORE:
             self.counters["config.stale"] += 1
@@ -240,7 +252,10 @@ class EdgeAgent:
                     self.store.put(
                         "active_model",
                         json.dumps(
-                            {"manifest": codec.encode(model.manifest).decode(), "path": str(model.path)}
+                            {
+                                "manifest": codec.encode(model.manifest).decode(),
+                                "path": str(model.path),
+                            }
                         ),
                     )
                     self.model = model
@@ -249,7 +264,12 @@ class EdgeAgent:
                 stage(DeployStage.ACTIVE, "")
             except DeployError as exc:
                 self.counters[f"deploy.failed.{exc.reason}"] += 1
-                log.error("deployment %s failed, still serving %r: %s", desired.deployment_id, self.serving, exc)
+                log.error(
+                    "deployment %s failed, still serving %r: %s",
+                    desired.deployment_id,
+                    self.serving,
+                    exc,
+                )
                 stage(DeployStage.FAILED, f"{exc.reason}: {exc.detail}")
             self.store.put("deploy_done_version", str(desired.version))
 
@@ -258,8 +278,15 @@ class EdgeAgent:
     ) -> None:
         name, version = ref
         status = DeployStatus(
-            self.settings.edge, desired.deployment_id, desired.version, name or "unknown",
-            version, stage, reason[:1000], self.serving, time.time(),
+            self.settings.edge,
+            desired.deployment_id,
+            desired.version,
+            name or "unknown",
+            version,
+            stage,
+            reason[:1000],
+            self.serving,
+            time.time(),
         )
         payload = codec.encode(status)
         self._last_deploy_status = payload
@@ -278,7 +305,9 @@ class EdgeAgent:
         probs = model.run(batch)[0]
         latency_ms = (time.perf_counter() - started) * 1000.0
         classes = model.manifest.classes
-        scores = {name: min(1.0, max(0.0, float(p))) for name, p in zip(classes, probs, strict=True)}
+        scores = {
+            name: min(1.0, max(0.0, float(p))) for name, p in zip(classes, probs, strict=True)
+        }
         decision = decide(scores, model.manifest.positive_classes, config)
         record = PredictionRecord(
             prediction_id=f"p-{uuid.uuid4().hex}",
@@ -319,7 +348,9 @@ class EdgeAgent:
     def _drain_outbox(self) -> None:
         now = time.monotonic()
         with self._inflight_lock:
-            stale = [mid for mid, (_, sent) in self._inflight.items() if now - sent > RESEND_AFTER_S]
+            stale = [
+                mid for mid, (_, sent) in self._inflight.items() if now - sent > RESEND_AFTER_S
+            ]
             for mid in stale:
                 del self._inflight[mid]
             busy = {entry_id for entry_id, _ in self._inflight.values()}
@@ -348,7 +379,10 @@ class EdgeAgent:
         backlog = self.store.backlog()
         for name, value in backlog.items():
             self.add_metric(name, float(value))
-        self.add_metric("predictions", float(self.counters["decision.accept"] + self.counters["decision.reject"]))
+        self.add_metric(
+            "predictions",
+            float(self.counters["decision.accept"] + self.counters["decision.reject"]),
+        )
 
     def status(self) -> dict[str, object]:
         return {

@@ -18,7 +18,9 @@ class ConfigDecision:
     reason: str = ""
 
 
-def decide_config(applied: EdgeConfig | None, offered: EdgeConfig, fleet: str, edge: str) -> ConfigDecision:
+def decide_config(
+    applied: EdgeConfig | None, offered: EdgeConfig, fleet: str, edge: str
+) -> ConfigDecision:
     if offered.fleet != fleet or offered.edge != edge:
         return ConfigDecision(
             ConfigAction.REJECT,

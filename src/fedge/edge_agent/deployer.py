@@ -79,15 +79,22 @@ def prepare(
         served = open_manifest(result.manifest_envelope, keys)
         if served != manifest:
             download.unlink(missing_ok=True)
-            raise DeployError("manifest_mismatch", "the server's manifest differs from the deployment's")
+            raise DeployError(
+                "manifest_mismatch", "the server's manifest differs from the deployment's"
+            )
         size = download.stat().st_size
         if size != manifest.size:
             download.unlink(missing_ok=True)
-            raise DeployError("size_mismatch", f"artifact is {size} bytes, manifest says {manifest.size}")
+            raise DeployError(
+                "size_mismatch", f"artifact is {size} bytes, manifest says {manifest.size}"
+            )
         digest = _sha256(download)
         if digest != manifest.sha256:
             download.unlink(missing_ok=True)
-            raise DeployError("hash_mismatch", f"artifact sha256 {digest[:12]}… != manifest {manifest.sha256[:12]}…")
+            raise DeployError(
+                "hash_mismatch",
+                f"artifact sha256 {digest[:12]}… != manifest {manifest.sha256[:12]}…",
+            )
         download.replace(final)
     else:
         on_stage(DeployStage.VERIFYING, "already on disk")

@@ -1,5 +1,6 @@
 """Image decoding on the edge (Pillow + NumPy only)."""
 
+import io
 from pathlib import Path
 
 import numpy as np
@@ -16,12 +17,10 @@ def decode_image(data: bytes | Path, size: int) -> np.ndarray:
         if isinstance(data, Path):
             if data.stat().st_size > MAX_IMAGE_BYTES:
                 raise InferenceError(f"{data} is larger than {MAX_IMAGE_BYTES} bytes")
-            image = Image.open(data)
+            image: Image.Image = Image.open(data)
         else:
             if len(data) > MAX_IMAGE_BYTES:
                 raise InferenceError(f"image is larger than {MAX_IMAGE_BYTES} bytes")
-            import io
-
             image = Image.open(io.BytesIO(data))
         image = image.convert("L")
         if image.size != (size, size):

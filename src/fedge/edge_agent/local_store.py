@@ -33,6 +33,7 @@ CREATE TABLE IF NOT EXISTS labels (
 CREATE TABLE IF NOT EXISTS predictions (
     prediction_id TEXT PRIMARY KEY, at REAL NOT NULL, model TEXT NOT NULL,
     decision TEXT NOT NULL, source TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS predictions_source ON predictions (source);
 """
 
 
@@ -90,7 +91,9 @@ class LocalStore:
 
     # -- records
 
-    def add_record(self, stream: Stream, record: Record, *, extra: tuple[str, str] = ("", "")) -> None:
+    def add_record(
+        self, stream: Stream, record: Record, *, extra: tuple[str, str] = ("", "")
+    ) -> None:
         payload = json.dumps(codec.to_plain(record), separators=(",", ":"))
         with self._lock:
             self._conn.execute("BEGIN")
@@ -126,6 +129,13 @@ class LocalStore:
         with self._lock:
             row = self._conn.execute(
                 "SELECT 1 FROM predictions WHERE prediction_id=?", (prediction_id,)
+            ).fetchone()
+        return row is not None
+
+    def has_source(self, source: str) -> bool:
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT 1 FROM predictions WHERE source=? LIMIT 1", (source,)
             ).fetchone()
         return row is not None
 

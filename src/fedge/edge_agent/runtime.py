@@ -13,7 +13,11 @@ import onnxruntime as ort
 from fedge.edge_agent.errors import DeployError, InferenceError
 from fedge.protocols.manifest import ModelManifest
 
-_NUMPY_DTYPES = {"float32": np.float32, "float16": np.float16, "float64": np.float64}
+_NUMPY_DTYPES: dict[str, type[np.floating]] = {
+    "float32": np.float32,
+    "float16": np.float16,
+    "float64": np.float64,
+}
 
 
 def providers() -> list[str]:
@@ -52,7 +56,9 @@ def load(path: Path, manifest: ModelManifest) -> LoadedModel:
     try:
         session = ort.InferenceSession(str(path), options, providers=providers())
     except Exception as exc:
-        raise DeployError("load_failed", f"ONNX Runtime cannot load {manifest.ref}: {exc}") from None
+        raise DeployError(
+            "load_failed", f"ONNX Runtime cannot load {manifest.ref}: {exc}"
+        ) from None
     inputs, outputs = session.get_inputs(), session.get_outputs()
     expected_in, expected_out = manifest.inputs[0], manifest.outputs[0]
     if inputs[0].name != expected_in.name or outputs[0].name != expected_out.name:

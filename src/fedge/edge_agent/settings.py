@@ -1,15 +1,15 @@
 """agent.toml, read once at start-up into a typed object.
 
-    fleet = "plant-a"
-    edge = "st-01"
-    data_dir = "/var/lib/fedge/st-01"
-    broker_host = "10.0.0.5"
-    broker_port = 1883
-    password = "..."                  # or password_file = "/etc/fedge/st-01.secret"
-    grpc_target = "10.0.0.5:50551"    # default; a deployment may name another
-    manager_public_key = "base64..."  # pinned Ed25519 key of the manager
-    watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
-    http_port = 8470                  # optional local API on 127.0.0.1, 0 = off
+fleet = "plant-a"
+edge = "st-01"
+data_dir = "/var/lib/fedge/st-01"
+broker_host = "10.0.0.5"
+broker_port = 1883
+password = "..."                  # or password_file = "/etc/fedge/st-01.secret"
+grpc_target = "10.0.0.5:50551"    # default; a deployment may name another
+manager_public_key = "base64..."  # pinned Ed25519 key of the manager
+watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
+http_port = 8470                  # optional local API on 127.0.0.1, 0 = off
 """
 
 import tomllib

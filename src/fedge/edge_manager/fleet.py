@@ -106,7 +106,9 @@ class Fleet:
                 pushed.append(Pushed(edge, config.version))
         return pushed
 
-    def _write_desired(self, edge: str, kind: str, version: int, document: bytes, now: float) -> None:
+    def _write_desired(
+        self, edge: str, kind: str, version: int, document: bytes, now: float
+    ) -> None:
         envelope = self.key.sign_payload(document)
         self.store.conn.execute(
             "UPDATE desired SET superseded=1 WHERE edge=? AND kind=? AND published_at IS NULL",

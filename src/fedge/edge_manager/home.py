@@ -1,10 +1,10 @@
 """The manager's home directory: where its store, keys, artifacts and secrets live.
 
-    <home>/manager.toml          fleet id, broker and gRPC addresses (no secrets)
-    <home>/manager.db            SQLite store (WAL)
-    <home>/keys/manager.key      Ed25519 private key, 0600   (+ manager.pub)
-    <home>/secrets/              broker and edge credentials, 0600, never logged
-    <home>/artifacts/<name>/<version>/model.onnx
+<home>/manager.toml          fleet id, broker and gRPC addresses (no secrets)
+<home>/manager.db            SQLite store (WAL)
+<home>/keys/manager.key      Ed25519 private key, 0600   (+ manager.pub)
+<home>/secrets/              broker and edge credentials, 0600, never logged
+<home>/artifacts/<name>/<version>/model.onnx
 """
 
 import json

@@ -92,13 +92,17 @@ class Ingestor:
 
     def _check_edge(self, conn: sqlite3.Connection, topic_edge: str, message_edge: str) -> None:
         if message_edge != topic_edge:
-            raise ValidationError(f"message says edge {message_edge!r} but came from {topic_edge!r}")
+            raise ValidationError(
+                f"message says edge {message_edge!r} but came from {topic_edge!r}"
+            )
         if topic_edge not in self._known_edges:
             if conn.execute("SELECT 1 FROM edges WHERE edge=?", (topic_edge,)).fetchone() is None:
                 raise ValidationError(f"edge {topic_edge!r} is not enrolled")
             self._known_edges.add(topic_edge)
 
-    def _reject(self, conn: sqlite3.Connection, where: str, exc: ProtocolError, now: float) -> Outcome:
+    def _reject(
+        self, conn: sqlite3.Connection, where: str, exc: ProtocolError, now: float
+    ) -> Outcome:
         self.counters[f"rejected.{exc.reason}"] += 1
         edge = where.split("/")[3] if where.count("/") >= 5 else where
         detail = str(exc)[:500]

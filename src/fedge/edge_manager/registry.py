@@ -104,7 +104,7 @@ class Registry:
         except ProtocolError as exc:
             raise RegistryError(f"cannot publish {name}:{version}: {exc}") from None
         envelope = self.key.sign(manifest)
-        self.store.db["models"].insert(
+        self.store.db.table("models").insert(
             {
                 "name": name,
                 "version": version,

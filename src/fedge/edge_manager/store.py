@@ -88,7 +88,9 @@ class Store:
     def transaction(self, immediate: bool = True) -> "_Transaction":
         return _Transaction(self.conn, immediate)
 
-    def query(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> list[dict[str, Any]]:
+    def query(
+        self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()
+    ) -> list[dict[str, Any]]:
         return list(self.db.query(sql, params))
 
     def one(self, sql: str, params: tuple[Any, ...] | dict[str, Any] = ()) -> dict[str, Any] | None:

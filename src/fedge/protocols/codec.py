@@ -18,7 +18,6 @@ import types
 import typing
 from collections.abc import Callable
 from enum import Enum
-from functools import cache
 from typing import Any, TypeVar
 
 from fedge.protocols.config import ConfigReport, EdgeConfig
@@ -26,7 +25,7 @@ from fedge.protocols.deployment import DeploymentDesired, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.manifest import ModelManifest
-from fedge.protocols.records import RECORD_TYPE, RecordBatch, Stream
+from fedge.protocols.records import RECORD_TYPE, RecordBatch
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_BYTES = 256 * 1024
@@ -190,8 +189,17 @@ def _converter(hint: Any) -> _Conv:
     raise TypeError(f"no wire converter for {hint!r}")
 
 
-@cache
+_DECODERS: dict[type[Any], _Conv] = {}
+
+
 def _decoder(cls: type[Any]) -> _Conv:
+    cached = _DECODERS.get(cls)
+    if cached is None:
+        cached = _DECODERS[cls] = _compile_decoder(cls)
+    return cached
+
+
+def _compile_decoder(cls: type[Any]) -> _Conv:
     hints = typing.get_type_hints(cls)
     fields = [f for f in dataclasses.fields(cls) if f.init]
     required = frozenset(

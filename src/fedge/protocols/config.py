@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fedge.protocols import validate
+from fedge.protocols.errors import ValidationError
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class EdgeConfig:
         validate.probability_map(self.class_thresholds, "class_thresholds")
         validate.finite(self.report_interval_s, "report_interval_s", minimum=0.05)
         if not 1 <= self.batch_max_records <= 10_000:
-            raise validate.ValidationError(
+            raise ValidationError(
                 f"batch_max_records must be in [1, 10000], got {self.batch_max_records}"
             )
         validate.finite(self.issued_at, "issued_at", minimum=0.0)

@@ -52,7 +52,9 @@ def mosquitto_binary() -> str:
         "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None
     )
     if found is None:
-        raise BrokerError("mosquitto is not installed; run `make setup` (apt-get install mosquitto)")
+        raise BrokerError(
+            "mosquitto is not installed; run `make setup` (apt-get install mosquitto)"
+        )
     return found
 
 
@@ -66,6 +68,7 @@ class MosquittoBroker:
         self.host = "127.0.0.1"
         self._process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "mosquitto.log"
+        self.pid_path = workdir / "mosquitto.pid"
 
     def _write_config(self) -> Path:
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -104,6 +107,7 @@ class MosquittoBroker:
                     "max_queued_messages 1000000",
                     "max_inflight_messages 200",
                     "max_connections -1",
+                    f"pid_file {self.pid_path}",
                     f"log_dest file {self.log_path}",
                     "log_type error",
                     "log_type warning",
@@ -115,9 +119,7 @@ class MosquittoBroker:
         return conf
 
     def start(self, timeout_s: float = 10.0) -> None:
-        conf = self.workdir / "mosquitto.conf"
-        if not conf.exists():
-            conf = self._write_config()
+        conf = self._write_config()
         with open(self.workdir / "mosquitto.stderr", "ab") as stderr:
             self._process = subprocess.Popen(
                 [mosquitto_binary(), "-c", str(conf)], stdout=subprocess.DEVNULL, stderr=stderr
@@ -151,6 +153,21 @@ class MosquittoBroker:
         self._write_config()
         if self._process is not None:
             self._process.send_signal(signal.SIGHUP)
+
+    def reload_running(self) -> None:
+        """Rewrite passwords and ACL and signal a broker started by another process."""
+        self._write_config()
+        try:
+            pid = int(self.pid_path.read_text().strip())
+            os.kill(pid, signal.SIGHUP)
+        except (OSError, ValueError):
+            pass  # not running: it reads the new files when it starts
+
+    def wait(self) -> int:
+        """Block until the broker exits (foreground ``fedge manager broker``)."""
+        if self._process is None:
+            return 0
+        return self._process.wait()
 
     @property
     def running(self) -> bool:

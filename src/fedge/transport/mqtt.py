@@ -123,7 +123,7 @@ class MqttSession:
             return
         will_props = None
         if will.delay_s:
-            will_props = Properties(PacketTypes.WILLMESSAGE)
+            will_props = Properties(PacketTypes.WILLMESSAGE)  # type: ignore[no-untyped-call]
             will_props.WillDelayInterval = will.delay_s
         self._client.will_set(
             will.topic, will.payload, qos=will.qos, retain=will.retain, properties=will_props
@@ -133,7 +133,7 @@ class MqttSession:
 
     def start(self) -> None:
         """Connect in the background; reconnects forever. Use ``connected.wait()`` to block."""
-        props = Properties(PacketTypes.CONNECT)
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.settings.session_expiry_s
         try:
             self._client.connect_async(

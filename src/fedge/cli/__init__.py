@@ -1,0 +1,1 @@
+"""The ``fedge`` command: wiring only -- parse, build a config object, call the library, render."""

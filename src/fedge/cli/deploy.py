@@ -1,0 +1,52 @@
+"""``fedge deploy``: roll a registry model out to edges."""
+
+import time
+from typing import Annotated
+
+import typer
+
+from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, open_fleet
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.registry import parse_ref
+
+
+@friendly_errors
+def deploy(
+    model: Annotated[str, typer.Argument(help="NAME:VERSION, e.g. inspect:3")],
+    edges: Annotated[str | None, typer.Option(help="Comma-separated edge ids.")] = None,
+    all_edges: Annotated[bool, typer.Option("--all", help="Every enrolled edge.")] = False,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for every edge to finish.")] = 0.0,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Deploy a model version; each edge downloads, verifies, smoke-tests and swaps.
+
+    Example: fedge deploy inspect:3 --edges st-01,st-02 --wait 30
+    """
+    if not edges and not all_edges:
+        raise ManagerError("say which edges: --edges st-01,st-02 or --all")
+    name, version = parse_ref(model)
+    _, fleet = open_fleet(home)
+    targets = fleet.edges() if all_edges else [e.strip() for e in (edges or "").split(",")]
+    deployment_id = fleet.deploy(name, version, targets)
+    console.print(f"deployment {deployment_id}: {model} -> {', '.join(targets)}")
+    if wait <= 0:
+        return
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        rows = fleet.store.query(
+            "SELECT edge, deploy_stage, deploy_reason FROM edges WHERE deploy_id=?",
+            (deployment_id,),
+        )
+        finished = [r for r in rows if r["deploy_stage"] in ("active", "failed")]
+        if len(finished) == len(targets):
+            for row in finished:
+                colour = "green" if row["deploy_stage"] == "active" else "red"
+                console.print(
+                    f"  {row['edge']}: [{colour}]{row['deploy_stage']}[/{colour}] "
+                    f"{row['deploy_reason']}"
+                )
+            if any(r["deploy_stage"] == "failed" for r in finished):
+                raise typer.Exit(1)
+            return
+        time.sleep(0.2)
+    raise ManagerError(f"deployment {deployment_id} not finished on all edges after {wait}s")

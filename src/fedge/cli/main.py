@@ -1,0 +1,51 @@
+"""The ``fedge`` command."""
+
+from typing import Annotated
+
+import typer
+
+from fedge import __version__
+from fedge.cli import agent, bench, deploy, edge, labels, manager, model
+
+app = typer.Typer(
+    help="fedge: federated, edge-to-cloud learning for factory fleets.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(manager.app, name="manager")
+app.add_typer(agent.app, name="agent")
+app.add_typer(model.app, name="model")
+app.add_typer(edge.app, name="edge")
+app.add_typer(labels.app, name="labels")
+app.add_typer(bench.app, name="bench")
+app.command("deploy")(deploy.deploy)
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"fedge {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="Show the version.")
+    ] = False,
+) -> None:
+    """fedge: federated, edge-to-cloud learning for factory fleets."""
+
+
+@app.command()
+def demo(
+    out: Annotated[str, typer.Option(help="Output directory.")] = "demo-out",
+) -> None:
+    """Run the whole fleet on this machine: broker, manager, agents, model, threshold, images.
+
+    Example: fedge demo --out demo-out
+    """
+    from pathlib import Path
+
+    from fedge.sim.fleet_demo import run_demo
+
+    raise typer.Exit(run_demo(Path(out)))

@@ -1,0 +1,97 @@
+"""A small local HTTP API on 127.0.0.1 for the station's own software.
+
+    POST /v1/score   body: image bytes (PNG/JPEG/BMP)   -> the prediction record (JSON)
+    POST /v1/labels  {"prediction_id", "label", "who"}   -> {"label_id"}
+    GET  /v1/status                                      -> agent status
+
+Bound to loopback only: whoever can reach it is already on the station.
+"""
+
+import json
+import logging
+import threading
+import time
+import uuid
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.errors import AgentError
+from fedge.edge_agent.images import MAX_IMAGE_BYTES, decode_image
+from fedge.protocols import codec, validate
+from fedge.protocols.errors import ProtocolError
+
+log = logging.getLogger(__name__)
+
+
+def add_label(agent: EdgeAgent, prediction_id: str, label: str, who: str) -> str:
+    """Validate and store an operator label on the device; returns its id."""
+    try:
+        validate.identifier(prediction_id, "prediction_id")
+        validate.identifier(label, "label")
+        validate.bounded_text(who, "who", 128)
+    except ProtocolError as exc:
+        raise AgentError(str(exc)) from None
+    if not agent.store.has_prediction(prediction_id):
+        raise AgentError(f"no prediction {prediction_id!r} on this edge")
+    label_id = f"l-{uuid.uuid4().hex}"
+    agent.store.add_label(label_id, prediction_id, label, who, time.time())
+    return label_id
+
+
+class _Handler(BaseHTTPRequestHandler):
+    agent: EdgeAgent
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("local api: " + format, *args)
+
+    def _reply(self, status: HTTPStatus, body: object) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def _body(self) -> bytes:
+        length = int(self.headers.get("Content-Length") or 0)
+        if length > MAX_IMAGE_BYTES:
+            raise AgentError(f"request body of {length} bytes is over {MAX_IMAGE_BYTES}")
+        return self.rfile.read(length)
+
+    def do_GET(self) -> None:
+        if self.path == "/v1/status":
+            self._reply(HTTPStatus.OK, self.agent.status())
+        else:
+            self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+
+    def do_POST(self) -> None:
+        try:
+            if self.path == "/v1/score":
+                image = decode_image(self._body(), self.agent.settings.image_size)
+                scored = self.agent.score(image, source=self.headers.get("X-Source", "api"))
+                self._reply(HTTPStatus.OK, codec.to_plain(scored.record))
+            elif self.path == "/v1/labels":
+                body = json.loads(self._body())
+                if not isinstance(body, dict):
+                    raise AgentError("expected a JSON object")
+                label_id = add_label(
+                    self.agent,
+                    str(body.get("prediction_id", "")),
+                    str(body.get("label", "")),
+                    str(body.get("who", "operator")),
+                )
+                self._reply(HTTPStatus.OK, {"label_id": label_id})
+            else:
+                self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+        except (AgentError, json.JSONDecodeError, ValueError) as exc:
+            self.agent.counters["api.bad_request"] += 1
+            self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+
+
+def serve_local_api(agent: EdgeAgent, port: int) -> ThreadingHTTPServer:
+    handler = type("Handler", (_Handler,), {"agent": agent})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    threading.Thread(target=server.serve_forever, name="local-api", daemon=True).start()
+    return server

@@ -1,0 +1,52 @@
+"""Enrolling an edge: its broker account, its gRPC token, and the agent.toml it runs with."""
+
+from pathlib import Path
+
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.home import ManagerHome
+from fedge.transport.broker import FleetAccess, MosquittoBroker
+
+
+def fleet_access(home: ManagerHome) -> FleetAccess:
+    settings = home.settings()
+    return FleetAccess(
+        fleet=settings.fleet,
+        manager_user=settings.manager_user,
+        manager_password=home.manager_password(),
+        edge_passwords=home.edge_passwords(),
+    )
+
+
+def managed_broker(home: ManagerHome) -> MosquittoBroker:
+    """The Mosquitto this home runs (``fedge manager broker``), on the configured port."""
+    return MosquittoBroker(home.root / "broker", fleet_access(home), home.settings().broker_port)
+
+
+def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> str:
+    settings = home.settings()
+    public_key = home.public_key_path.read_text().strip()
+    return "\n".join(
+        [
+            f'fleet = "{settings.fleet}"',
+            f'edge = "{edge}"',
+            f'data_dir = "{data_dir}"',
+            f'broker_host = "{settings.broker_host}"',
+            f"broker_port = {settings.broker_port}",
+            f'password = "{password}"',
+            f'grpc_target = "{settings.grpc_target}"',
+            f'manager_public_key = "{public_key}"',
+            f'watch_dir = "{data_dir / "inbox"}"',
+            "http_port = 0",
+            "",
+        ]
+    )
+
+
+def enroll(home: ManagerHome, fleet: Fleet, edge: str, data_dir: Path) -> str:
+    """Register ``edge`` and return its agent.toml (which holds its secret: write it 0600)."""
+    password = home.add_edge_password(edge)
+    fleet.enroll(edge, password)
+    broker = managed_broker(home)
+    if broker.workdir.exists():
+        broker.reload_running()
+    return agent_toml(home, edge, password, data_dir)

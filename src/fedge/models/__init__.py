@@ -1,0 +1,1 @@
+"""Model families and their export to ONNX (training side; imports torch)."""

@@ -1,0 +1,1 @@
+"""Heterogeneous fleets simulated on one machine."""
