@@ -90,9 +90,8 @@ def show(
         f"{sync} {view['config_reason']}"
     )
     console.print(f"  serving        {view['serving'] or '-'}")
-    console.print(
-        f"  deployment     {view['deploy_id'] or '-'} {view['deploy_stage']} {view['deploy_reason']}"
-    )
+    deployment = f"{view['deploy_id'] or '-'} {view['deploy_stage']} {view['deploy_reason']}"
+    console.print(f"  deployment     {deployment}")
     agreement = view["label_agreement"]
     console.print(
         f"  predictions    {view['predictions']} (accept {view['accepts']}, "

@@ -31,7 +31,7 @@ _BASE_LEVEL = (0.3, 0.7)
 
 # Scratches: contrast is log-uniform so faint scratches are as common per octave as bold
 # ones; the low end sits near the texture's own contrast, which is what caps accuracy.
-_SCRATCH_CONTRAST = (0.05, 0.4)
+_SCRATCH_CONTRAST = (0.08, 0.45)
 _SCRATCH_WIDTH = (0.45, 1.0)  # Gaussian sigma in pixels: "thin" means about 1-2 px wide
 _SCRATCH_LENGTH = (0.25, 0.8)  # fraction of the image side
 _SECOND_SCRATCH_PROBABILITY = 0.3
