@@ -61,6 +61,7 @@ class EdgeAgent:
         self._inflight_lock = threading.Lock()
         self._last_config_report: bytes | None = None
         self._last_deploy_status: bytes | None = self._stored_bytes("last_deploy_status")
+        # Built here, connected in start(): offline tools (label, score) never touch the broker.
         self.mqtt = MqttSession(
             MqttSettings(
                 host=settings.broker_host,
@@ -73,6 +74,7 @@ class EdgeAgent:
             on_connect=self._on_connect,
             on_published=self._on_published,
             will_factory=self._next_will,
+            lazy_will=True,
         )
         self._publisher = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
 
@@ -117,7 +119,7 @@ class EdgeAgent:
     # -- lifecycle
 
     def start(self) -> None:
-        self.mqtt.start()
+        self.mqtt.start()  # takes the first will (a new session number) now
         self._publisher.start()
 
     def stop(self) -> None:

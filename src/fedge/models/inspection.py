@@ -153,8 +153,9 @@ def _augment(x: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     flips and 90-degree turns; this multiplies the effective data for free. One draw per
     batch keeps the cost negligible and the stream deterministic.
     """
-    k, flip = torch.randint(0, 8, (1,), generator=generator).item().__divmod__(2)
-    x = torch.rot90(x, int(k), dims=(2, 3))
+    choice = int(torch.randint(0, 8, (1,), generator=generator).item())
+    quarter_turns, flip = divmod(choice, 2)
+    x = torch.rot90(x, quarter_turns, dims=(2, 3))
     return torch.flip(x, dims=(3,)) if flip else x
 
 

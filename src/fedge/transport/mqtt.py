@@ -92,6 +92,7 @@ class MqttSession:
         on_disconnect: OnDisconnect = _noop,
         will: Will | None = None,
         will_factory: Callable[[], Will] | None = None,
+        lazy_will: bool = False,
     ) -> None:
         self.settings = settings
         self._on_message = on_message
@@ -109,7 +110,10 @@ class MqttSession:
             self._client.username_pw_set(settings.username, settings.password)
         # A factory gives every connection attempt its own will (a fresh session counter).
         self._will_factory = will_factory or ((lambda: will) if will is not None else None)
-        self._set_will()
+        # lazy: take the first will in start(), so a session that never connects costs nothing.
+        self._lazy_will = lazy_will
+        if not lazy_will:
+            self._set_will()
         self._client.max_inflight_messages_set(settings.max_inflight)
         self._client.reconnect_delay_set(settings.reconnect_min_s, settings.reconnect_max_s)
         self._client.on_connect = self._handle_connect
@@ -133,6 +137,8 @@ class MqttSession:
 
     def start(self) -> None:
         """Connect in the background; reconnects forever. Use ``connected.wait()`` to block."""
+        if self._lazy_will:
+            self._set_will()
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.settings.session_expiry_s
         try:

@@ -1,0 +1,21 @@
+"""Benchmarks of the fleet control plane, run with real components (``fedge bench ...``).
+
+Each benchmark is a library function returning a JSON-ready dict that names the machine
+it ran on (:mod:`fedge.bench.machine`); the CLI in :mod:`fedge.cli.bench` only parses
+options, calls it and prints. Numbers measured so far are in BENCHMARKS.md.
+
+- :mod:`fedge.bench.config_push`: signed threshold push to N edges until the manager
+  stores every edge's report (edges simulated by :mod:`fedge.bench.config_push_worker`).
+- :mod:`fedge.bench.ingest`: telemetry batches into the manager's store, exactly once
+  (publishers in :mod:`fedge.bench.ingest_publisher`).
+- :mod:`fedge.bench.inference`: the agent's scoring path against a bare ONNX Runtime loop.
+"""
+
+from collections.abc import Callable
+
+Progress = Callable[[str], None]
+"""Receives a short human line about what a benchmark is doing (the CLI shows it)."""
+
+
+def no_progress(_: str) -> None:
+    return None
