@@ -26,6 +26,7 @@ from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
+from fedge.protocols.grpc.client import ReportUploader, UploadError
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import ModelManifest
 from fedge.protocols.records import MetricRecord, PredictionRecord, Stream
@@ -76,6 +77,7 @@ class EdgeAgent:
             will_factory=self._next_will,
             lazy_will=True,
         )
+        self._uploader: ReportUploader | None = None
         self._publisher = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
 
     # -- persistent state
@@ -338,7 +340,9 @@ class EdgeAgent:
                 config = self.config
                 batch_max = 500 if config is None else config.batch_max_records
                 self.store.seal_batches(self.settings.edge, max(self._session, 0), batch_max)
-                if self.mqtt.connected.is_set():
+                if self.settings.report_via == "grpc":
+                    self._upload_outbox()
+                elif self.mqtt.connected.is_set():
                     self._drain_outbox()
                 interval = 5.0 if config is None else config.report_interval_s
                 if time.monotonic() - last_metrics >= interval:
@@ -364,6 +368,31 @@ class EdgeAgent:
             with self._inflight_lock:
                 mid = self.mqtt.publish(topic, entry.payload, qos=1)
                 self._inflight[mid] = (entry.id, now)
+
+    def _upload_outbox(self) -> None:
+        """Drain the outbox over gRPC: a batch is deleted once the manager stored it."""
+        if self._uploader is None:
+            self._uploader = ReportUploader(
+                self.settings.grpc_target, self.settings.edge, self.settings.password
+            )
+        while entries := self.store.outbox(INFLIGHT_LIMIT, set()):
+            try:
+                results = self._uploader.upload([e.payload for e in entries])
+            except UploadError as exc:
+                self.counters["upload.failed"] += 1
+                log.warning("report upload failed, will retry: %s", exc)
+                return
+            for entry, result in zip(entries, results, strict=True):
+                if result.accepted:
+                    self.store.acknowledge(entry.id)
+                    self.counters["batches.acked"] += 1
+                else:
+                    # Refused for good (malformed): keeping it would block the outbox forever.
+                    self.store.acknowledge(entry.id)
+                    self.counters["batches.refused"] += 1
+                    log.error(
+                        "manager refused batch %s/%d: %s", entry.stream, entry.seq, result.error
+                    )
 
     def _on_published(self, result: PublishResult) -> None:
         with self._inflight_lock:

@@ -36,6 +36,8 @@ class AgentSettings:
     http_port: int = 0
     image_size: int = 32
     flush_interval_s: float = 0.2
+    # "mqtt", or "grpc" for sites where MQTT is blocked (records go over ReportUpload).
+    report_via: str = "mqtt"
 
     def public_key(self) -> PublicKey:
         return PublicKey.from_text(self.manager_public_key)
@@ -66,6 +68,8 @@ def load_settings(path: Path) -> AgentSettings:
         validate.identifier(settings.fleet, "fleet")
         validate.identifier(settings.edge, "edge")
         settings.public_key()
+        if settings.report_via not in ("mqtt", "grpc"):
+            raise SettingsError(f"{path}: report_via must be 'mqtt' or 'grpc'")
     except TypeError as exc:
         raise SettingsError(f"{path}: {exc}") from None
     except ProtocolError as exc:

@@ -18,13 +18,14 @@ import grpc
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 from fedge.protocols.grpc.server import EDGE_KEY, TOKEN_KEY, SinkResult
+from fedge.transport.errors import TransportError
 
 PART_SUFFIX = ".part"
 # Room for the header (manifest envelope) and protobuf framing around a data chunk.
 _RECV_SLACK = 1024 * 1024
 
 
-class DownloadError(Exception):
+class DownloadError(TransportError):
     """A download failed; ``code`` is the gRPC status name when the server gave one."""
 
     def __init__(self, message: str, code: str | None = None) -> None:
@@ -32,7 +33,7 @@ class DownloadError(Exception):
         self.code = code
 
 
-class UploadError(Exception):
+class UploadError(TransportError):
     """An upload batch failed as a whole; ``code`` is the gRPC status name if any."""
 
     def __init__(self, message: str, code: str | None = None) -> None:
