@@ -78,6 +78,7 @@ class EdgeAgent:
             lazy_will=True,
         )
         self._uploader: ReportUploader | None = None
+        self._refused: set[int] = set()
         self._publisher = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
 
     # -- persistent state
@@ -359,7 +360,7 @@ class EdgeAgent:
             ]
             for mid in stale:
                 del self._inflight[mid]
-            busy = {entry_id for entry_id, _ in self._inflight.values()}
+            busy = {entry_id for entry_id, _ in self._inflight.values()} | self._refused
             room = INFLIGHT_LIMIT - len(self._inflight)
         if room <= 0:
             return
@@ -375,7 +376,7 @@ class EdgeAgent:
             self._uploader = ReportUploader(
                 self.settings.grpc_target, self.settings.edge, self.settings.password
             )
-        while entries := self.store.outbox(INFLIGHT_LIMIT, set()):
+        while entries := self.store.outbox(INFLIGHT_LIMIT, self._refused):
             try:
                 results = self._uploader.upload([e.payload for e in entries])
             except UploadError as exc:
@@ -387,12 +388,7 @@ class EdgeAgent:
                     self.store.acknowledge(entry.id)
                     self.counters["batches.acked"] += 1
                 else:
-                    # Refused for good (malformed): keeping it would block the outbox forever.
-                    self.store.acknowledge(entry.id)
-                    self.counters["batches.refused"] += 1
-                    log.error(
-                        "manager refused batch %s/%d: %s", entry.stream, entry.seq, result.error
-                    )
+                    self._refuse(entry.id, str(result.error))
 
     def _on_published(self, result: PublishResult) -> None:
         with self._inflight_lock:
@@ -403,8 +399,14 @@ class EdgeAgent:
             self.store.acknowledge(entry[0])
             self.counters["batches.acked"] += 1
         else:
-            self.counters["batches.refused"] += 1
-            log.error("broker refused outbox batch %d: %s", entry[0], result.reason)
+            self._refuse(entry[0], result.reason)
+
+    def _refuse(self, entry_id: int, reason: str) -> None:
+        """A batch the far side refused stays in the outbox (no data is dropped on the edge)
+        but is not retried by this process, so it cannot block the batches behind it."""
+        self._refused.add(entry_id)
+        self.counters["batches.refused"] += 1
+        log.error("outbox batch %d refused, kept for inspection: %s", entry_id, reason)
 
     def _emit_metrics(self) -> None:
         backlog = self.store.backlog()
