@@ -24,8 +24,8 @@ demo: setup
 	$(BIN)/fedge demo
 
 lint: setup
-	$(BIN)/ruff check src tests bench
-	$(BIN)/ruff format --check src tests bench
+	$(BIN)/ruff check src tests
+	$(BIN)/ruff format --check src tests
 
 typecheck: setup
 	$(BIN)/mypy

@@ -9,6 +9,7 @@ values in [0, 1] (uint8 / 255, as ``fedge.sim.defects.load_image`` produces), ou
 from __future__ import annotations
 
 import copy
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -106,6 +107,9 @@ def train_inspection_model(
 ) -> InspectionNet:
     """Train an ``InspectionNet`` with Adam on mini-batches of 64.
 
+    ``images`` are uint8 (scaled by 1/255) or float in [0, 1], shaped ``(n, h, w)`` or
+    ``(n, 1, h, w)``; each batch gets a random flip / quarter turn (see ``_augment``).
+
     ``device`` defaults to CUDA when available, else CPU. On CPU the result is
     deterministic for a seed (and a fixed thread count). The global torch RNG is left as
     it was, so training does not perturb the caller's randomness. The returned model is
@@ -197,16 +201,20 @@ def export_onnx(model: nn.Module, path: Path) -> None:
     dummy = torch.zeros(1, 1, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.float32)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        torch.onnx.export(
-            wrapped,
-            (dummy,),
-            str(path),
-            dynamo=False,
-            opset_version=OPSET_VERSION,
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
-        )
+        # The TorchScript exporter (dynamo=False) is chosen on purpose: it needs no
+        # onnxscript and gives a plain opset-17 graph. Its deprecation notice is noise.
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            torch.onnx.export(
+                wrapped,
+                (dummy,),
+                str(path),
+                dynamo=False,
+                opset_version=OPSET_VERSION,
+                input_names=[INPUT_NAME],
+                output_names=[OUTPUT_NAME],
+                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+            )
     except Exception as exc:  # the exporter raises many unrelated types
         raise ModelExportError(f"torch.onnx.export failed for {path}: {exc}") from exc
     _verify_onnx(wrapped, path)

@@ -99,10 +99,12 @@ def _brushed_metal(rng: np.random.Generator, n: int, size: int) -> npt.NDArray[n
     half = int(np.ceil(size / np.sqrt(2.0))) + 2
     profile_len = 2 * half + 1
     profile = rng.normal(size=(n, profile_len))
-    # A 3-tap blur gives streaks 1-3 px wide instead of single-pixel salt.
-    profile = (np.roll(profile, 1, axis=1) + 2.0 * profile + np.roll(profile, -1, axis=1)) / 2.45
+    # A [1, 2, 1] blur gives streaks 1-3 px wide instead of single-pixel salt; dividing
+    # by sqrt(6) keeps unit variance so streak_amp is the streaks' standard deviation.
+    blurred = np.roll(profile, 1, axis=1) + 2.0 * profile + np.roll(profile, -1, axis=1)
+    profile = blurred / np.sqrt(6.0)
     streak_amp = rng.uniform(*_STREAK_AMPLITUDE, size=(n, 1, 1))
-    pos = (across + half).reshape(n, -1)
+    pos = (across + half).reshape(n, size * size)
     lo = np.floor(pos).astype(np.int64)
     frac = pos - lo
     left = np.take_along_axis(profile, lo, axis=1)

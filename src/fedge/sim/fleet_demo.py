@@ -52,9 +52,9 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
 def _train_model(out: Path) -> tuple[Path, float]:
     from fedge.models.inspection import evaluate, export_onnx, train_inspection_model
 
-    images, labels = make_defect_images(1500, seed=1)
+    images, labels = make_defect_images(3000, seed=1)
     test_images, test_labels = make_defect_images(500, seed=2)
-    model = train_inspection_model(images, labels, epochs=6, seed=0)
+    model = train_inspection_model(images, labels, epochs=8, seed=0)
     accuracy = evaluate(model, test_images, test_labels)
     path = out / "inspect-v1.onnx"
     export_onnx(model, path)
