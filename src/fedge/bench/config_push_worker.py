@@ -19,6 +19,7 @@ worker applied ``version``), ``error``, and on the ``stop`` command ``timings`` 
 ``[edge, version, received_at, reported_at, acked_at]`` (wall-clock seconds).
 """
 
+import contextlib
 import json
 import os
 import selectors
@@ -44,6 +45,7 @@ from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.signing import PublicKey, TrustedKeys, open_signed, trusted
 
 MISC_INTERVAL_S = 1.0  # keepalive bookkeeping (loop_misc) and reconnects
+STDIN_FD = 0
 
 
 @dataclass(frozen=True)
@@ -134,22 +136,16 @@ class Worker:
         self.selector.register(sock, selectors.EVENT_READ, client)
 
     def _on_socket_close(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.unregister(sock)
-        except (KeyError, ValueError):
-            pass
 
     def _on_register_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.modify(sock, selectors.EVENT_READ | selectors.EVENT_WRITE, client)
-        except (KeyError, ValueError):
-            pass
 
     def _on_unregister_write(self, client: paho.Client, userdata: Any, sock: Any) -> None:
-        try:
+        with contextlib.suppress(KeyError, ValueError):
             self.selector.modify(sock, selectors.EVENT_READ, client)
-        except (KeyError, ValueError):
-            pass
 
     def _up(self, edge: str, kind: topics.Up) -> str:
         return topics.up(self.spec.fleet, edge, kind)
@@ -283,7 +279,10 @@ class Worker:
             emit({"event": "ready", "edges": len(self.edges), "at": time.time()})
 
     def _read_commands(self) -> None:
-        chunk = os.read(sys.stdin.fileno(), 65536)
+        try:
+            chunk = os.read(STDIN_FD, 65536)
+        except BlockingIOError:
+            return
         if not chunk:  # the parent went away: stop rather than linger
             self.running = False
             return
@@ -294,7 +293,7 @@ class Worker:
                 self.running = False
 
     def run(self) -> None:
-        stdin_fd = sys.stdin.fileno()
+        stdin_fd = STDIN_FD
         os.set_blocking(stdin_fd, False)
         self.selector.register(stdin_fd, selectors.EVENT_READ, None)
         self.connect_all()
@@ -329,18 +328,34 @@ class Worker:
         for sim in self.edges.values():
             if sim.client.socket() is not None:
                 sim.client.disconnect()
-                sim.client.loop_write()  # flush DISCONNECT so the broker sends no will
-        for sim in self.edges.values():
-            sock = sim.client.socket()
-            if sock is not None:
-                sim.client.loop_read()
+                # Flush DISCONNECT now (paho closes the socket once it is written) so the
+                # broker publishes no will.
+                sim.client.loop_write()
         self.store.close()
         emit({"event": "stopped"})
 
 
+def read_spec_line() -> tuple[str, bytes]:
+    """The first stdin line, read from the descriptor itself (no buffered reader).
+
+    Commands arrive on the same descriptor later; a buffered ``sys.stdin`` could swallow
+    them where the selector never sees them. Returns the line and any bytes after it.
+    """
+    buffer = b""
+    while b"\n" not in buffer:
+        chunk = os.read(STDIN_FD, 65536)
+        if not chunk:
+            raise SystemExit("config_push_worker: no spec on stdin")
+        buffer += chunk
+    line, rest = buffer.split(b"\n", 1)
+    return line.decode(), rest
+
+
 def main() -> None:
-    spec = WorkerSpec.from_json(sys.stdin.readline())
-    Worker(spec).run()
+    line, rest = read_spec_line()
+    worker = Worker(WorkerSpec.from_json(line))
+    worker.stdin_buffer = rest
+    worker.run()
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge import __version__
+from fedge.transport.broker import mosquitto_binary
 from fedge.transport.errors import BrokerError
 
 
@@ -42,8 +43,6 @@ def _package_version(name: str) -> str | None:
 
 
 def _mosquitto_version() -> str | None:
-    from fedge.transport.broker import mosquitto_binary
-
     try:
         binary = mosquitto_binary()
     except BrokerError:

@@ -1,0 +1,202 @@
+"""Config push: how long from a threshold change to every edge's report in the manager's store.
+
+Set-up (not measured): a temporary manager home with N enrolled edges, a real Mosquitto
+with the fleet's passwords and ACLs, :class:`ManagerService` in this process, and N
+simulated edges (real MQTT sessions, one per edge, authenticated as that edge) spread
+over worker processes (:mod:`fedge.bench.config_push_worker`). Every edge first receives
+and applies the retained config v1, so each measured push is a change, not a first
+connect.
+
+Measured, per repeat: ``fleet.set_threshold(all_edges, t)`` commits the new version for
+every edge in one store transaction (t0 = when it returns); the manager's serve loop
+signs-and-publishes the retained documents, each edge verifies, decides, persists and
+reports, and the manager ingests the report. An edge's latency is the manager's ingest
+time of its report (``edges.config_reported_at``) minus t0. The breakdown says where the
+time goes: t0 -> manager's publish acknowledged by the broker, -> edge received the
+document, -> edge published its report, -> manager stored it.
+"""
+
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+
+from fedge.bench import Progress, no_progress
+from fedge.bench.config_push_worker import WorkerSpec
+from fedge.bench.machine import machine_info
+from fedge.bench.testbed import BenchError, HelperProcess, Testbed, wait_until
+
+TARGET_P99_S = 2.0
+WORKER_MODULE = "fedge.bench.config_push_worker"
+# Latencies come from the store's own timestamps, so polling only decides when a push is
+# over; polling slowly keeps this thread from taking the GIL from the manager it measures.
+POLL_S = 0.025
+
+
+def _stats(values: list[float]) -> dict[str, float | None]:
+    if not values:
+        return {"p50_s": None, "p99_s": None, "max_s": None}
+    array = np.asarray(values, dtype=np.float64)
+    return {
+        "p50_s": round(float(np.percentile(array, 50)), 4),
+        "p99_s": round(float(np.percentile(array, 99)), 4),
+        "max_s": round(float(array.max()), 4),
+    }
+
+
+def _median(values: list[float | None]) -> float | None:
+    present = [v for v in values if v is not None]
+    return None if not present else round(statistics.median(present), 4)
+
+
+def _split(items: list[str], parts: int) -> list[list[str]]:
+    return [items[i::parts] for i in range(parts) if items[i::parts]]
+
+
+def run_config_push(
+    edges: int = 1000,
+    *,
+    repeats: int = 3,
+    workers: int = 4,
+    threshold: float = 0.72,
+    timeout_s: float = 60.0,
+    progress: Progress = no_progress,
+) -> dict[str, Any]:
+    """Run the benchmark and return its JSON-ready result (see the module docstring)."""
+    if edges < 1 or repeats < 1 or workers < 1:
+        raise BenchError("edges, repeats and workers must all be at least 1")
+    machine = machine_info()
+    with Testbed(edges, progress=progress) as bed:
+        bed.start_broker()
+        # v1 is in the store before the service starts: its first loop publishes it.
+        bed.fleet.set_threshold(bed.edges, 0.5)
+        bed.start_service()
+        helpers: list[HelperProcess] = []
+        runs: list[dict[str, Any]] = []
+        try:
+            progress(f"connecting {edges} simulated edges in {workers} worker processes")
+            assert bed.broker is not None
+            for index, group in enumerate(_split(bed.edges, workers)):
+                spec = WorkerSpec(
+                    host=bed.broker.host,
+                    port=bed.broker.port,
+                    fleet=bed.settings.fleet,
+                    public_key=bed.public_key,
+                    edges=[(edge, bed.passwords[edge]) for edge in group],
+                    store_path=str(bed.root / f"worker-{index}" / "agent.db"),
+                )
+                helpers.append(
+                    HelperProcess(WORKER_MODULE, spec.to_json(), bed.root / f"worker-{index}.log")
+                )
+            for helper in helpers:
+                helper.wait_event("ready", timeout_s)
+                helper.wait_event("applied", timeout_s, version=1)
+            progress("waiting for the manager to store every edge's v1 report")
+            wait_until(
+                lambda: bed.scalar("SELECT count(*) FROM edges WHERE config_applied >= 1") == edges,
+                timeout_s,
+                "the v1 reports",
+            )
+            wait_until(
+                lambda: bed.scalar("SELECT count(*) FROM desired WHERE published_at IS NULL") == 0,
+                timeout_s,
+                "the v1 publish acknowledgements",
+            )
+            for repeat in range(repeats):
+                value = round(threshold + 0.01 * repeat, 4)
+                progress(f"push {repeat + 1}/{repeats}: threshold {value} to {edges} edges")
+                runs.append(_one_push(bed, value, timeout_s))
+        finally:
+            timings: list[list[Any]] = []
+            errors = 0
+            for helper in helpers:
+                helper.stop()
+                event = helper.find("timings")
+                if event is not None:
+                    timings.extend(event["rows"])
+                    errors += int(event.get("errors", 0))
+        _add_edge_breakdown(runs, timings)
+    result: dict[str, Any] = {
+        "benchmark": "config-push",
+        "edges": edges,
+        "workers": len(helpers),
+        "repeats": repeats,
+        "p50_s": _median([r["p50_s"] for r in runs]),
+        "p99_s": _median([r["p99_s"] for r in runs]),
+        "max_s": _median([r["max_s"] for r in runs]),
+        "converged": min(r["converged"] for r in runs),
+        "target_p99_s": TARGET_P99_S,
+        "met_target": all(r["converged"] == edges for r in runs)
+        and (_median([r["p99_s"] for r in runs]) or float("inf")) <= TARGET_P99_S,
+        "edge_errors": errors,
+        "runs": runs,
+        "measured": (
+            "per edge: manager's ingest time of the edge's ConfigReport (edges."
+            "config_reported_at) minus the commit of fleet.set_threshold; figures are "
+            "medians over repeats"
+        ),
+        "machine": machine,
+    }
+    return result
+
+
+def _one_push(bed: Testbed, value: float, timeout_s: float) -> dict[str, Any]:
+    n = len(bed.edges)
+    pushed = bed.fleet.set_threshold(bed.edges, value)
+    t0 = time.time()  # set_threshold returns once its transaction committed
+    versions = {p.edge: p.version for p in pushed}
+    version = max(versions.values())
+    if min(versions.values()) != version:
+        raise BenchError(f"edges are at different desired versions: {sorted(set(versions))}")
+    try:
+        wait_until(
+            lambda: (
+                bed.scalar("SELECT count(*) FROM edges WHERE config_applied >= ?", (version,)) == n
+            ),
+            timeout_s,
+            f"all edges to report v{version}",
+            POLL_S,
+        )
+        all_visible_s: float | None = time.time() - t0
+    except BenchError:
+        all_visible_s = None  # reported below as converged < edges
+    rows = (
+        bed.reader()
+        .execute("SELECT edge, config_applied, config_reported_at FROM edges")
+        .fetchall()
+    )
+    converged = [r for r in rows if int(r[1]) == version]
+    stored = [float(r[2]) - t0 for r in converged]
+    published = [
+        float(r[0]) - t0
+        for r in bed.reader()
+        .execute(
+            "SELECT published_at FROM desired WHERE kind='config' AND version=? "
+            "AND published_at IS NOT NULL",
+            (version,),
+        )
+        .fetchall()
+    ]
+    return {
+        "version": version,
+        "threshold": value,
+        "t0": t0,
+        **_stats(stored),
+        "converged": len(converged),
+        "all_visible_s": None if all_visible_s is None else round(all_visible_s, 4),
+        "breakdown": {"manager_publish_acked": _stats(published)},
+    }
+
+
+def _add_edge_breakdown(runs: list[dict[str, Any]], timings: list[list[Any]]) -> None:
+    """Add the edge side (received, reported, report acked) to each run's breakdown."""
+    by_version: dict[int, list[list[Any]]] = {}
+    for row in timings:
+        by_version.setdefault(int(row[1]), []).append(row)
+    for run in runs:
+        rows = by_version.get(run["version"], [])
+        t0 = run.pop("t0")
+        for name, column in (("edge_received", 2), ("edge_reported", 3), ("edge_report_acked", 4)):
+            run["breakdown"][name] = _stats([r[column] - t0 for r in rows if r[column] is not None])
+        run["breakdown"]["manager_stored"] = {k: run[k] for k in ("p50_s", "p99_s", "max_s")}
