@@ -9,6 +9,7 @@ import typer
 
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, setup_logging
 from fedge.edge_manager.enrollment import managed_broker
+from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.service import ManagerService
 
@@ -45,11 +46,15 @@ def broker(home: HomeOption = DEFAULT_HOME) -> None:
     mosquitto = managed_broker(ManagerHome(home))
     mosquitto.start()
     console.print(f"mosquitto listening on {mosquitto.host}:{mosquitto.port}")
-    signal.signal(signal.SIGTERM, lambda *_: mosquitto.stop())
-    try:
-        mosquitto.wait()
-    except KeyboardInterrupt:
-        mosquitto.stop()
+    # The handler only sets a flag: stopping from inside it would re-enter Popen's lock,
+    # held by the wait below, and deadlock.
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    while not stop.wait(0.5):
+        if not mosquitto.running:
+            raise ManagerError(f"mosquitto exited; see {mosquitto.log_path}")
+    mosquitto.stop()
 
 
 @app.command()

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any
 
 from fedge.protocols import codec
-from fedge.protocols.records import RECORD_TYPE, LabelRecord, Record, RecordBatch, Stream
+from fedge.protocols.records import (
+    RECORD_TYPE,
+    LabelRecord,
+    PredictionRecord,
+    Record,
+    RecordBatch,
+    Stream,
+)
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -91,22 +98,24 @@ class LocalStore:
 
     # -- records
 
-    def add_record(
-        self, stream: Stream, record: Record, *, extra: tuple[str, str] = ("", "")
-    ) -> None:
-        payload = json.dumps(codec.to_plain(record), separators=(",", ":"))
+    def add_record(self, stream: Stream, record: Record) -> None:
+        # Records are flat dataclasses of plain values: their __dict__ is their JSON form.
+        payload = json.dumps(vars(record), separators=(",", ":"))
         with self._lock:
-            self._conn.execute("BEGIN")
-            self._conn.execute(
-                "INSERT INTO pending (stream, record) VALUES (?,?)", (stream.value, payload)
-            )
-            if stream is Stream.PREDICTIONS:
-                obj = json.loads(payload)
+            if isinstance(record, PredictionRecord):
+                self._conn.execute("BEGIN")
+                self._conn.execute(
+                    "INSERT INTO pending (stream, record) VALUES (?,?)", (stream.value, payload)
+                )
                 self._conn.execute(
                     "INSERT OR IGNORE INTO predictions VALUES (?,?,?,?,?)",
-                    (obj["prediction_id"], obj["at"], obj["model"], obj["decision"], obj["source"]),
+                    (record.prediction_id, record.at, record.model, record.decision, record.source),
                 )
-            self._conn.execute("COMMIT")
+                self._conn.execute("COMMIT")
+            else:
+                self._conn.execute(
+                    "INSERT INTO pending (stream, record) VALUES (?,?)", (stream.value, payload)
+                )
 
     def add_label(self, label_id: str, prediction_id: str, label: str, who: str, at: float) -> bool:
         """Store a label locally (kept for local training) and queue it for reporting."""

@@ -151,10 +151,26 @@ class Fleet:
 
     # -- the serve loop's side
 
-    def unpublished(self) -> list[dict[str, Any]]:
-        return self.store.query(
-            "SELECT edge, kind, version, envelope FROM desired "
+    def unpublished(self, skip: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
+        """Desired documents still to publish, minus ``skip`` (already in flight)."""
+        keys = self.store.conn.execute(
+            "SELECT edge, kind, version FROM desired "
             "WHERE published_at IS NULL AND superseded=0 ORDER BY created_at, edge"
+        ).fetchall()
+        todo = [(e, k, int(v)) for e, k, v in keys if (e, k, int(v)) not in skip]
+        if not todo:
+            return []
+        return [
+            {"edge": e, "kind": k, "version": v, "envelope": self._envelope(e, k, v)}
+            for e, k, v in todo
+        ]
+
+    def _envelope(self, edge: str, kind: str, version: int) -> str:
+        return str(
+            self.store.scalar(
+                "SELECT envelope FROM desired WHERE edge=? AND kind=? AND version=?",
+                (edge, kind, version),
+            )
         )
 
     def mark_published(self, edge: str, kind: str, version: int, at: float) -> None:

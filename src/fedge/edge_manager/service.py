@@ -224,12 +224,8 @@ class ManagerService:
     def _publish_pending(self, fleet: Fleet) -> None:
         if not self.mqtt.connected.is_set():
             return
-        busy = set(self._inflight.values())
-        for row in fleet.unpublished():
-            key = (row["edge"], row["kind"], int(row["version"]))
-            if key in busy:
-                continue
-            self._publish(key, row["envelope"].encode())
+        for row in fleet.unpublished(skip=set(self._inflight.values())):
+            self._publish((row["edge"], row["kind"], row["version"]), row["envelope"].encode())
 
     def _publish(self, key: tuple[str, str, int], envelope: bytes) -> None:
         edge, kind, _ = key

@@ -30,6 +30,8 @@ CREATE TABLE IF NOT EXISTS desired (
     document TEXT NOT NULL, envelope TEXT NOT NULL, created_at REAL NOT NULL,
     published_at REAL, superseded INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (edge, kind, version));
+CREATE INDEX IF NOT EXISTS desired_unpublished ON desired (created_at)
+    WHERE published_at IS NULL AND superseded = 0;
 CREATE TABLE IF NOT EXISTS deployments (
     deployment_id TEXT PRIMARY KEY, model_name TEXT NOT NULL, model_version INTEGER NOT NULL,
     edges TEXT NOT NULL, created_at REAL NOT NULL);
