@@ -1,0 +1,1 @@
+"""Federated rounds: Flower strategies (tiered, deadline-aware), run store, jobs."""

@@ -1,0 +1,143 @@
+"""An in-process Flower ``Grid``: the ServerApp's strategy talks to ClientApps directly.
+
+Flower's simulation runtime routes every message through a link state, queues and a Ray
+actor; for a laptop-sized fleet of small models that orchestration dominates the run.
+This Grid keeps Flower's contract -- the same ``Message`` objects in and out, the same
+``Context`` per node (``partition-id``, ``num-partitions``, ``run_config``), an exception
+in the ClientApp becomes an error reply -- and calls the ClientApp on a small thread
+pool instead. Any Flower ClientApp works with it, fedge's or not.
+"""
+
+import threading
+import time
+import traceback
+from collections.abc import Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from uuid import uuid4
+
+from flwr.app import Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+
+# Flower's own code for "the ClientApp raised" (flwr.common.constant.ErrorCode).
+CLIENT_APP_RAISED_EXCEPTION = 2
+UserConfig = Mapping[str, bool | int | float | str]
+
+
+class InProcessGrid(Grid):
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        *,
+        run_config: UserConfig | None = None,
+        workers: int = 2,
+        run_id: int = 1,
+    ) -> None:
+        self._client_app = client_app
+        self._run = Run.create_empty(run_id)
+        self._run.override_config = dict(run_config or {})
+        # Node ids start at 1 (0 is the SuperLink's own id); partition-id = node_id - 1.
+        self._contexts = {
+            node_id: Context(
+                run_id=run_id,
+                node_id=node_id,
+                node_config={"partition-id": node_id - 1, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for node_id in range(1, num_nodes + 1)
+        }
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="party")
+        self._pending: dict[str, Future[Message]] = {}
+        self._lock = threading.Lock()
+        # Real seconds each message spent in its ClientApp (for callers without a clock).
+        self.elapsed_s: dict[str, float] = {}
+
+    # -- Grid contract
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return list(self._contexts)
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        ids = []
+        for message in messages:
+            node_id = message.metadata.dst_node_id
+            if node_id not in self._contexts:
+                raise ValueError(f"no node {node_id} in this grid")
+            message_id = str(uuid4())
+            message.metadata.__dict__["_message_id"] = message_id
+            message.metadata.__dict__["_run_id"] = self._run.run_id
+            with self._lock:
+                self._pending[message_id] = self._pool.submit(self._call, message)
+            ids.append(message_id)
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        replies = []
+        with self._lock:
+            for message_id in message_ids:
+                future = self._pending.get(message_id)
+                if future is not None and future.done():
+                    del self._pending[message_id]
+                    replies.append(future.result())
+        return replies
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        ids = list(self.push_messages(messages))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        waiting = set(ids)
+        while waiting:
+            with self._lock:
+                futures = [self._pending[i] for i in waiting if i in self._pending]
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            for future in futures:
+                if not future.done():
+                    future.exception(timeout=remaining)
+                    break
+            got = list(self.pull_messages(waiting))
+            replies.extend(got)
+            waiting -= {r.metadata.reply_to_message_id for r in got}
+            if deadline is not None and time.monotonic() >= deadline:
+                break
+        return replies
+
+    # -- the party side
+
+    def _call(self, message: Message) -> Message:
+        context = self._contexts[message.metadata.dst_node_id]
+        started = time.perf_counter()
+        try:
+            reply = self._client_app(message, context)
+        except Exception as exc:  # a failing party is data, not a crash (as in Flower)
+            reason = f"{type(exc).__name__}: {exc}\n{traceback.format_exc(limit=3)}"
+            reply = Message(
+                Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=reason), reply_to=message
+            )
+        reply.metadata.__dict__["_message_id"] = str(uuid4())
+        self.elapsed_s[message.metadata.message_id] = time.perf_counter() - started
+        return reply
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
