@@ -44,13 +44,13 @@ def broker(home: HomeOption = DEFAULT_HOME) -> None:
     Example: fedge manager broker --home ./fedge-home
     """
     mosquitto = managed_broker(ManagerHome(home))
-    mosquitto.start()
-    console.print(f"mosquitto listening on {mosquitto.host}:{mosquitto.port}")
-    # The handler only sets a flag: stopping from inside it would re-enter Popen's lock,
-    # held by the wait below, and deadlock.
+    # Handlers first (a SIGTERM during start must still stop the broker), and they only
+    # set a flag: stopping from inside one would re-enter Popen's lock and deadlock.
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
+    mosquitto.start()
+    console.print(f"mosquitto listening on {mosquitto.host}:{mosquitto.port}")
     while not stop.wait(0.5):
         if not mosquitto.running:
             raise ManagerError(f"mosquitto exited; see {mosquitto.log_path}")

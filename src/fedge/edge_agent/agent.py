@@ -70,6 +70,12 @@ class EdgeAgent:
                 client_id=settings.edge,
                 username=settings.edge,
                 password=settings.password,
+                # Clean start: desired documents are retained, so a reconnecting edge gets
+                # exactly the latest of each; a persistent session would also replay every
+                # version it missed. Up-going records do not need the broker's session:
+                # the outbox resends whatever was not acknowledged.
+                clean_start=True,
+                session_expiry_s=0,
             ),
             on_message=self._on_message,
             on_connect=self._on_connect,

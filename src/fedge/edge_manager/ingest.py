@@ -31,6 +31,7 @@ from fedge.protocols.records import (
 )
 
 log = logging.getLogger(__name__)
+SQLITE_INT_MAX = 2**63 - 1
 
 
 class Verdict(StrEnum):
@@ -66,7 +67,8 @@ class Ingestor:
                 raise ValidationError(f"topic {topic!r} is not an up-topic of fleet {self.fleet}")
             return self._dispatch(conn, parsed.edge, topics.Up(parsed.kind), payload, now)
         except ProtocolError as exc:
-            return self._reject(conn, topic, exc, now)
+            edge = topic.split("/")[3] if topic.count("/") >= 5 else ""
+            return self._reject(conn, edge, topic, exc, now)
 
     def handle_upload(
         self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
@@ -75,7 +77,7 @@ class Ingestor:
         try:
             return self._records(conn, edge, payload, now, expected_stream=None)
         except ProtocolError as exc:
-            return self._reject(conn, f"grpc:{edge}", exc, now)
+            return self._reject(conn, edge, f"grpc:{edge}", exc, now)
 
     # -- dispatch
 
@@ -90,6 +92,13 @@ class Ingestor:
             return self._deploy_status(conn, edge, payload, now)
         return self._records(conn, edge, payload, now, expected_stream=Stream(kind.value))
 
+    @staticmethod
+    def _storable(value: int, what: str) -> None:
+        # The wire allows u64; SQLite's INTEGER is signed 64-bit. An agent needs 2^63
+        # batches to get there, so a larger value is bad input, not data.
+        if value > SQLITE_INT_MAX:
+            raise ValidationError(f"{what} {value} is beyond what this manager stores (2^63-1)")
+
     def _check_edge(self, conn: sqlite3.Connection, topic_edge: str, message_edge: str) -> None:
         if message_edge != topic_edge:
             raise ValidationError(
@@ -101,10 +110,9 @@ class Ingestor:
             self._known_edges.add(topic_edge)
 
     def _reject(
-        self, conn: sqlite3.Connection, where: str, exc: ProtocolError, now: float
+        self, conn: sqlite3.Connection, edge: str, where: str, exc: ProtocolError, now: float
     ) -> Outcome:
         self.counters[f"rejected.{exc.reason}"] += 1
-        edge = where.split("/")[3] if where.count("/") >= 5 else where
         detail = str(exc)[:500]
         log.warning("rejected message on %s: %s", where[:120], detail)
         conn.execute(
@@ -118,6 +126,8 @@ class Ingestor:
     def _liveness(self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float) -> Outcome:
         message = codec.decode(payload, Liveness, max_bytes=self.max_bytes)
         self._check_edge(conn, edge, message.edge)
+        self._storable(message.session, "session")
+        self._storable(message.applied_config_version, "applied_config_version")
         row = conn.execute("SELECT session FROM edges WHERE edge=?", (edge,)).fetchone()
         current_session = int(row[0])
         if message.state is EdgeState.ONLINE:
@@ -156,6 +166,8 @@ class Ingestor:
     ) -> Outcome:
         report = codec.decode(payload, ConfigReport, max_bytes=self.max_bytes)
         self._check_edge(conn, edge, report.edge)
+        self._storable(report.applied_version, "applied_version")
+        self._storable(report.offered_version, "offered_version")
         conn.execute(
             "UPDATE edges SET config_applied=max(config_applied, ?), config_status=?, "
             "config_reason=?, config_reported_at=?, last_seen=? WHERE edge=?",
@@ -176,6 +188,8 @@ class Ingestor:
     ) -> Outcome:
         status = codec.decode(payload, DeployStatus, max_bytes=self.max_bytes)
         self._check_edge(conn, edge, status.edge)
+        self._storable(status.version, "version")
+        self._storable(status.model_version, "model_version")
         conn.execute(
             "INSERT INTO deploy_events (edge, deployment_id, stage, reason, serving, at) "
             "VALUES (?,?,?,?,?,?)",
@@ -223,6 +237,11 @@ class Ingestor:
     ) -> Outcome:
         batch = codec.decode(payload, RecordBatch, max_bytes=self.max_bytes)
         self._check_edge(conn, edge, batch.edge)
+        self._storable(batch.seq, "seq")
+        self._storable(batch.session, "session")
+        for record in batch.records:
+            if isinstance(record, PredictionRecord):
+                self._storable(record.config_version, "config_version")
         if expected_stream is not None and batch.stream is not expected_stream:
             raise ValidationError(
                 f"a {batch.stream.value} batch on the {expected_stream.value} topic"

@@ -10,11 +10,14 @@ operators wrote to the store, signed and retained.
 
 import logging
 import queue
+import sqlite3
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import grpc
@@ -196,11 +199,19 @@ class ManagerService:
             with store.transaction() as conn:
                 for item in items:
                     if isinstance(item, Message):
-                        outcome = ingestor.handle(conn, item.topic, item.payload, now)
+                        outcome = self._isolated(
+                            conn,
+                            ingestor,
+                            partial(ingestor.handle, conn, item.topic, item.payload, now),
+                        )
                         self.counters[outcome.verdict.value] += 1
                         to_ack.append(item)
                     elif isinstance(item, _Upload):
-                        outcome = ingestor.handle_upload(conn, item.edge, item.payload, now)
+                        outcome = self._isolated(
+                            conn,
+                            ingestor,
+                            partial(ingestor.handle_upload, conn, item.edge, item.payload, now),
+                        )
                         self.counters[outcome.verdict.value] += 1
                         uploads.append((item, outcome))
                     elif isinstance(item, _Published):
@@ -218,6 +229,23 @@ class ManagerService:
             self.mqtt.ack(message)
         for upload, outcome in uploads:
             upload.result.set_result(outcome)
+
+    def _isolated(
+        self, conn: sqlite3.Connection, ingestor: Ingestor, handle: Callable[[], Outcome]
+    ) -> Outcome:
+        """One message's writes in a savepoint: a bug it triggers cannot take the batch
+        of other edges' messages down with it (they commit and are acked as usual)."""
+        conn.execute("SAVEPOINT message")
+        try:
+            outcome = handle()
+        except Exception as exc:
+            conn.execute("ROLLBACK TO message")
+            ingestor.forget_cache()
+            log.exception("internal error on one message; it is recorded and dropped")
+            self.counters["internal_error"] += 1
+            outcome = Outcome(Verdict.REJECTED, "internal", f"{type(exc).__name__}: {exc}")
+        conn.execute("RELEASE message")
+        return outcome
 
     # -- publishing desired documents
 

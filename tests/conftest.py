@@ -1,0 +1,640 @@
+"""Shared test plumbing: ONNX models, manager homes, ``fedge`` subprocesses, polling.
+
+Helpers are plain functions (import them with ``from conftest import ...``); fixtures wrap
+them with teardown. Nothing here sleeps to wait for a state: :func:`wait_until` polls.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import numpy as np
+import paho.mqtt.client as paho
+import pytest
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from PIL import Image
+
+from fedge.edge_agent.settings import AgentSettings, load_settings
+from fedge.edge_manager.enrollment import enroll, managed_broker
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.home import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry import PublishedModel, Registry
+from fedge.edge_manager.store import Store
+from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
+from fedge.protocols.signing import SigningKey
+from fedge.transport.broker import MosquittoBroker
+
+# Test modules import the helpers below with ``from conftest import ...``. Under
+# ``--import-mode=importlib`` pytest loads this file under a package-style name and puts
+# no test directory on sys.path, so register the plain name for this very module (one
+# copy of every helper and class, whatever the import mode).
+sys.modules.setdefault("conftest", sys.modules[__name__])
+
+T = TypeVar("T")
+
+FEDGE = Path(sys.executable).parent / "fedge"
+FLEET = "plant-a"
+EDGES = ("st-01", "st-02")
+POLL_S = 0.05
+
+
+# ---------------------------------------------------------------- environment
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flower_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """No Flower telemetry, and a throw-away FLWR_HOME, for this process and its children."""
+    saved = {key: os.environ.get(key) for key in ("FLWR_TELEMETRY_ENABLED", "FLWR_HOME")}
+    os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+    os.environ["FLWR_HOME"] = str(tmp_path_factory.mktemp("flwr-home"))
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+# ---------------------------------------------------------------- small helpers
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_until(
+    predicate: Callable[[], T],
+    timeout_s: float,
+    what: str,
+    *,
+    expect: Callable[[T], bool] | None = None,
+) -> T:
+    """Poll ``predicate`` every 50 ms until it holds; return its last value.
+
+    Without ``expect`` the predicate holds when it returns something truthy; with it,
+    the predicate returns an observation and ``expect(observation)`` decides. On timeout
+    the test fails naming ``what`` and the last value observed (an exception raised by the
+    predicate counts as an observation, so a locked database or a file that is not there
+    yet is simply retried).
+    """
+    deadline = time.monotonic() + timeout_s
+    last: object = None
+    while True:
+        try:
+            value = predicate()
+        except Exception as exc:
+            last = exc
+        else:
+            holds = expect(value) if expect is not None else value
+            if holds is NotImplemented:  # e.g. Counter.__eq__(dict): a broken expectation
+                raise TypeError(f"expectation for {what} returned NotImplemented")
+            if holds:
+                return value
+            last = value
+        if time.monotonic() >= deadline:
+            pytest.fail(f"timed out after {timeout_s}s waiting for {what}; last observed: {last!r}")
+        time.sleep(POLL_S)
+
+
+def port_open(port: int, host: str = "127.0.0.1") -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def http_json(url: str, timeout_s: float = 2.0) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:
+        return json.loads(response.read())
+
+
+def agent_status(port: int) -> dict[str, Any]:
+    """The agent's ``GET /v1/status`` on its local API."""
+    status: dict[str, Any] = http_json(f"http://127.0.0.1:{port}/v1/status")
+    return status
+
+
+# ---------------------------------------------------------------- ONNX models and images
+
+
+def build_onnx_model(
+    path: Path, *, n_outputs: int = 2, seed: int = 0, broken: bool = False
+) -> Path:
+    """Flatten -> Gemm -> Softmax on ``image`` float32 [batch,1,32,32] -> ``probs``.
+
+    ``n_outputs`` sets the width of ``probs`` (declare fewer classes to fail a smoke
+    test); ``broken`` gives a model that loads but fails on every run.
+    """
+    if broken:
+        return build_broken_model(path, n_classes=n_outputs)
+    return build_linear_classifier(path, n_classes=n_outputs, seed=seed)
+
+
+@pytest.fixture
+def onnx_model(tmp_path: Path) -> Path:
+    return build_onnx_model(tmp_path / "model.onnx")
+
+
+def write_images(directory: Path, names: Iterable[str], seed: int = 0) -> list[Path]:
+    """Small random grayscale PNGs, written where the agent is not looking."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    paths = []
+    for name in names:
+        pixels = (rng.random((32, 32)) * 255).astype(np.uint8)
+        path = directory / name
+        Image.fromarray(pixels).save(path)
+        paths.append(path)
+    return paths
+
+
+def stage_images(inbox: Path, prefix: str, count: int, seed: int = 0) -> list[Path]:
+    """``count`` PNGs named ``PREFIX-NNNN.png``, staged beside ``inbox`` (same file system)."""
+    names = [f"{prefix}-{i:04d}.png" for i in range(count)]
+    return write_images(inbox.parent / f".staging-{prefix}", names, seed)
+
+
+def drop_images(inbox: Path, prefix: str, count: int, seed: int = 0) -> list[str]:
+    """Write ``count`` PNGs and move each into ``inbox`` atomically; return their names."""
+    staged = stage_images(inbox, prefix, count, seed)
+    inbox.mkdir(parents=True, exist_ok=True)
+    for path in staged:
+        os.replace(path, inbox / path.name)
+    return [path.name for path in staged]
+
+
+class Feeder(threading.Thread):
+    """Moves staged images into an inbox a few at a time, like a camera that keeps going."""
+
+    def __init__(self, staged: list[Path], inbox: Path, *, chunk: int, every_s: float) -> None:
+        super().__init__(name=f"feeder-{inbox.parent.parent.name}", daemon=True)
+        self.staged = staged
+        self.inbox = inbox
+        self.chunk = chunk
+        self.every_s = every_s
+        self.fed = 0
+        self.halt = threading.Event()
+
+    def run(self) -> None:
+        self.inbox.mkdir(parents=True, exist_ok=True)
+        for start in range(0, len(self.staged), self.chunk):
+            for path in self.staged[start : start + self.chunk]:
+                os.replace(path, self.inbox / path.name)
+                self.fed += 1
+            if self.halt.wait(self.every_s):  # pacing the camera, not waiting for a state
+                return
+
+
+def done_count(inbox: Path, prefix: str) -> int:
+    """Images of ``prefix`` the watcher has finished with (scored or skipped)."""
+    return len(list((inbox / "done").glob(f"{prefix}-*.png")))
+
+
+# ---------------------------------------------------------------- manager homes
+
+
+@dataclass
+class FleetHome:
+    """A manager home plus the agent.toml of every enrolled edge."""
+
+    root: Path
+    home: ManagerHome
+    agents: dict[str, Path] = field(default_factory=dict)
+    _db: Store | None = None
+
+    @property
+    def settings(self) -> ManagerSettings:
+        return self.home.settings()
+
+    def agent_settings(self, edge: str) -> AgentSettings:
+        return load_settings(self.agents[edge])
+
+    def data_dir(self, edge: str) -> Path:
+        return self.agent_settings(edge).data_dir
+
+    def inbox(self, edge: str) -> Path:
+        watch_dir = self.agent_settings(edge).watch_dir
+        assert watch_dir is not None
+        return watch_dir
+
+    def enroll(self, edge: str) -> Path:
+        out = self.root / edge / "agent.toml"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        with self.fleet() as fleet:
+            text = enroll(self.home, fleet, edge, (out.parent / "data").resolve())
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        self.agents[edge] = out
+        return out
+
+    def set_agent_option(self, edge: str, key: str, value: int | float) -> None:
+        """Change (or add) one scalar setting in the edge's agent.toml."""
+        path = self.agents[edge]
+        lines = [ln for ln in path.read_text().splitlines() if not ln.startswith(f"{key} =")]
+        path.write_text("\n".join([*lines, f"{key} = {value}", ""]))
+
+    @contextmanager
+    def fleet(self) -> Iterator[Fleet]:
+        """The operator's library view (a fresh store connection, closed afterwards)."""
+        store = Store(self.home.db_path)
+        try:
+            key = self.home.signing_key()
+            registry = Registry(store, self.home.artifacts, key)
+            yield Fleet(store, self.settings.fleet, key, registry, self.settings.grpc_target)
+        finally:
+            store.close()
+
+    @property
+    def db(self) -> Store:
+        """One long-lived read connection (autocommit: every query sees the latest commit)."""
+        if self._db is None:
+            self._db = Store(self.home.db_path)
+        return self._db
+
+    def row(self, sql: str, params: tuple[Any, ...] = ()) -> dict[str, Any]:
+        """The first row of a query, or ``{}`` (falsy) when there is none."""
+        return self.db.one(sql, params) or {}
+
+    def edge_row(self, edge: str) -> dict[str, Any]:
+        return self.row("SELECT * FROM edges WHERE edge=?", (edge,))
+
+    def broker(self) -> MosquittoBroker:
+        return managed_broker(self.home)
+
+    def close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None
+
+
+def make_fleet_home(root: Path, edges: Iterable[str] = EDGES, fleet: str = FLEET) -> FleetHome:
+    """An initialised manager home on free ports with ``edges`` enrolled."""
+    home = ManagerHome(root / "home")
+    home.init(ManagerSettings(fleet, broker_port=free_port(), grpc_port=free_port()))
+    fleet_home = FleetHome(root, home)
+    for edge in edges:
+        fleet_home.enroll(edge)
+    return fleet_home
+
+
+def publish_model(
+    fh: FleetHome,
+    version: int,
+    *,
+    seed: int = 0,
+    n_outputs: int = 2,
+    broken: bool = False,
+    key: SigningKey | None = None,
+) -> PublishedModel:
+    """Build and publish ``inspect:VERSION`` (classes clean,scratch; scratch is a defect).
+
+    ``key`` signs the manifest instead of the manager's own key (a foreign registry).
+    """
+    source = build_onnx_model(
+        fh.root / "models" / f"inspect-{version}.onnx",
+        n_outputs=n_outputs,
+        seed=seed,
+        broken=broken,
+    )
+    with fh.fleet() as fleet:
+        registry = fleet.registry if key is None else Registry(fleet.store, fh.home.artifacts, key)
+        return registry.publish(
+            source,
+            name="inspect",
+            version=version,
+            classes=("clean", "scratch"),
+            positive_classes=("scratch",),
+        )
+
+
+def deploy(fh: FleetHome, version: int, edges: Iterable[str]) -> str:
+    with fh.fleet() as fleet:
+        return fleet.deploy("inspect", version, list(edges))
+
+
+def set_threshold(fh: FleetHome, edge: str, value: float) -> int:
+    """Push a threshold through the library; returns the new desired config version."""
+    with fh.fleet() as fleet:
+        return fleet.set_threshold([edge], value)[0].version
+
+
+def wait_deploy_done(
+    fh: FleetHome, deployment_id: str, edge: str, timeout_s: float = 40.0
+) -> dict[str, Any]:
+    """Wait until ``edge`` reported ``deployment_id`` active or failed; return its row."""
+    return wait_until(
+        lambda: fh.edge_row(edge),
+        timeout_s,
+        f"{edge} to finish deployment {deployment_id}",
+        expect=lambda r: (
+            r.get("deploy_id") == deployment_id and r.get("deploy_stage") in ("active", "failed")
+        ),
+    )
+
+
+def wait_config_applied(fh: FleetHome, edge: str, version: int, timeout_s: float = 20.0) -> None:
+    wait_until(
+        lambda: fh.edge_row(edge),
+        timeout_s,
+        f"{edge} to report config v{version} applied",
+        expect=lambda r: (
+            r.get("config_applied") == version and r.get("config_status") == f"applied:{version}"
+        ),
+    )
+
+
+def prediction_for(
+    fh: FleetHome, edge: str, source: str, timeout_s: float = 20.0
+) -> dict[str, Any]:
+    """Wait for the manager to hold the prediction of ``source``; return its row."""
+    return wait_until(
+        lambda: fh.row("SELECT * FROM predictions WHERE edge=? AND source=?", (edge, source)),
+        timeout_s,
+        f"the prediction of {source} from {edge} in the manager store",
+    )
+
+
+def count_predictions(fh: FleetHome, edge: str) -> dict[str, int]:
+    row = fh.row(
+        "SELECT count(*) AS n, count(DISTINCT prediction_id) AS ids, "
+        "count(DISTINCT source) AS sources FROM predictions WHERE edge=?",
+        (edge,),
+    )
+    return {key: int(value) for key, value in row.items()}
+
+
+@pytest.fixture
+def fleet_home(tmp_path: Path) -> Iterator[FleetHome]:
+    fleet_home = make_fleet_home(tmp_path)
+    yield fleet_home
+    fleet_home.close()
+
+
+class RawClient:
+    """A bare paho MQTT v5 client that records every acknowledgement's reason code."""
+
+    def __init__(self, port: int, username: str, password: str, client_id: str = "") -> None:
+        self.messages: list[tuple[str, bytes]] = []
+        self.pubacks: dict[int, int] = {}
+        self.subacks: dict[int, list[int]] = {}
+        self.disconnects = 0
+        self.connect_code: int | None = None
+        self._connected = threading.Event()
+        self.client = paho.Client(
+            CallbackAPIVersion.VERSION2, client_id=client_id or username, protocol=paho.MQTTv5
+        )
+        self.client.username_pw_set(username, password)
+        self.client.on_connect = self._on_connect
+        self.client.on_disconnect = self._on_disconnect
+        self.client.on_message = self._on_message
+        self.client.on_publish = self._on_publish
+        self.client.on_subscribe = self._on_subscribe
+        self.client.reconnect_delay_set(30, 30)  # no reconnect storm once refused
+        self.client.connect("127.0.0.1", port, clean_start=True)
+        self.client.loop_start()
+
+    def _on_connect(
+        self,
+        client: paho.Client,
+        userdata: object,
+        flags: paho.ConnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.connect_code = int(reason_code.value)
+        if not reason_code.is_failure:
+            self._connected.set()
+
+    def _on_disconnect(
+        self,
+        client: paho.Client,
+        userdata: object,
+        flags: paho.DisconnectFlags,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.disconnects += 1
+
+    def _on_message(self, client: paho.Client, userdata: object, msg: paho.MQTTMessage) -> None:
+        self.messages.append((msg.topic, bytes(msg.payload)))
+
+    def _on_publish(
+        self,
+        client: paho.Client,
+        userdata: object,
+        mid: int,
+        reason_code: ReasonCode,
+        properties: Properties | None,
+    ) -> None:
+        self.pubacks[mid] = int(reason_code.value)
+
+    def _on_subscribe(
+        self,
+        client: paho.Client,
+        userdata: object,
+        mid: int,
+        reason_codes: list[ReasonCode],
+        properties: Properties | None,
+    ) -> None:
+        self.subacks[mid] = [int(rc.value) for rc in reason_codes]
+
+    def wait_connected(self) -> None:
+        wait_until(self._connected.is_set, 10, "the MQTT connection")
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False) -> int:
+        """Publish at QoS 1; return the PUBACK reason code."""
+        mid = self.client.publish(topic, payload, qos=1, retain=retain).mid
+        code = wait_until(
+            lambda: self.pubacks.get(mid),
+            10,
+            f"the PUBACK for {topic}",
+            expect=lambda rc: rc is not None,
+        )
+        assert code is not None
+        return code
+
+    def subscribe(self, topic: str) -> list[int]:
+        _, mid = self.client.subscribe(topic, qos=1)
+        assert mid is not None
+        return wait_until(lambda: self.subacks.get(mid, []), 10, f"the SUBACK for {topic}")
+
+    def received(self, prefix: str) -> list[tuple[str, bytes]]:
+        return [m for m in list(self.messages) if m[0].startswith(prefix)]
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+
+
+def connect_code(port: int, username: str, password: str) -> int:
+    """Open a connection, return the CONNACK reason code (0 = accepted), and close it."""
+    client = RawClient(port, username, password)
+    try:
+        code = wait_until(
+            lambda: client.connect_code,
+            10,
+            f"a CONNACK for {username}",
+            expect=lambda c: c is not None,
+        )
+        assert code is not None
+        return code
+    finally:
+        client.close()
+
+
+# ---------------------------------------------------------------- fedge subprocesses
+
+
+@dataclass
+class Proc:
+    name: str
+    args: tuple[str, ...]
+    popen: subprocess.Popen[bytes]
+    stdout_path: Path
+    stderr_path: Path
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def running(self) -> bool:
+        return self.popen.poll() is None
+
+    def output(self) -> str:
+        out = self.stdout_path.read_text(errors="replace")
+        err = self.stderr_path.read_text(errors="replace")
+        return f"--- {self.name} stdout\n{out}\n--- {self.name} stderr\n{err}"
+
+
+class Processes:
+    """Starts ``fedge`` commands with their output in files; stops every one at the end."""
+
+    def __init__(self, log_dir: Path, env: dict[str, str] | None = None) -> None:
+        self.log_dir = log_dir
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.procs: list[Proc] = []
+        # mosquitto pid files of brokers that a `fedge manager broker` started: if that
+        # wrapper dies before its mosquitto, the broker is stopped through its pid file.
+        self.pidfiles: list[Path] = []
+        self._counter = 0
+
+    def _paths(self, name: str) -> tuple[Path, Path]:
+        self._counter += 1
+        stem = f"{self._counter:02d}-{name}"
+        return self.log_dir / f"{stem}.out", self.log_dir / f"{stem}.err"
+
+    def start(self, name: str, *args: str) -> Proc:
+        out_path, err_path = self._paths(name)
+        with out_path.open("wb") as out, err_path.open("wb") as err:
+            popen = subprocess.Popen(
+                [str(FEDGE), *args], stdout=out, stderr=err, env=self.env, start_new_session=True
+            )
+        proc = Proc(name, args, popen, out_path, err_path)
+        self.procs.append(proc)
+        return proc
+
+    def cli(
+        self, *args: str, expect: int = 0, timeout_s: float = 60.0
+    ) -> subprocess.CompletedProcess[str]:
+        """Run ``fedge ARGS`` to completion and assert its exit code."""
+        result = subprocess.run(
+            [str(FEDGE), *args],
+            capture_output=True,
+            text=True,
+            env=self.env,
+            timeout=timeout_s,
+            check=False,
+        )
+        assert result.returncode == expect, (
+            f"`fedge {' '.join(args)}` exited {result.returncode}, expected {expect}\n"
+            f"stdout: {result.stdout}\nstderr: {result.stderr}"
+        )
+        return result
+
+    def signal(self, proc: Proc, sig: signal.Signals) -> None:
+        if proc.running():
+            proc.popen.send_signal(sig)
+
+    def stop(self, proc: Proc, timeout_s: float = 5.0) -> int | None:
+        """SIGTERM, then SIGKILL if it is still running after ``timeout_s``.
+
+        Returns the exit code after SIGTERM, or None if SIGKILL was needed.
+        """
+        self.signal(proc, signal.SIGTERM)
+        try:
+            return proc.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.popen.kill()
+            proc.popen.wait()
+            return None
+
+    def kill(self, proc: Proc) -> None:
+        self.signal(proc, signal.SIGKILL)
+        proc.popen.wait()
+
+    def close(self) -> None:
+        alive = [p for p in self.procs if p.running()]
+        for proc in alive:
+            proc.popen.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5.0
+        for proc in alive:
+            try:
+                proc.popen.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.popen.kill()
+                proc.popen.wait()
+        for pidfile in self.pidfiles:
+            stop_pidfile(pidfile)
+
+
+def stop_pidfile(pidfile: Path, timeout_s: float = 5.0) -> None:
+    """Stop the mosquitto whose pid ``pidfile`` holds, if it is still ours and running."""
+    try:
+        pid = int(pidfile.read_text().strip())
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except (OSError, ValueError):
+        return
+    if b"mosquitto" not in cmdline or str(pidfile.parent).encode() not in cmdline:
+        return
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            status = Path(f"/proc/{pid}/stat")
+            try:
+                if status.read_text().split(") ")[1].startswith("Z"):
+                    return  # dead; its parent (not us) reaps it
+            except (OSError, IndexError):
+                return
+            time.sleep(POLL_S)
+
+
+@pytest.fixture
+def processes(tmp_path: Path) -> Iterator[Processes]:
+    procs = Processes(tmp_path / "logs")
+    yield procs
+    procs.close()
