@@ -17,11 +17,14 @@ from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import SUPERLINK_NODE_ID
 from flwr.serverapp import Grid
 from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
 
 # Flower's own code for "the ClientApp raised" (flwr.common.constant.ErrorCode).
 CLIENT_APP_RAISED_EXCEPTION = 2
+NODE_ID_BASE = 1000
 UserConfig = Mapping[str, bool | int | float | str]
 
 
@@ -36,18 +39,22 @@ class InProcessGrid(Grid):
         run_id: int = 1,
     ) -> None:
         self._client_app = client_app
+        # What Flower's ServerApp runtime sets for the process: messages read it.
+        TaskIdentity.task_id = 1
+        TaskIdentity.run_id = run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config or {})
-        # Node ids start at 1 (0 is the SuperLink's own id); partition-id = node_id - 1.
+        # Node ids are NODE_ID_BASE + partition-id (Flower reserves 0 and 1).
         self._contexts = {
-            node_id: Context(
+            NODE_ID_BASE + partition: Context(
                 run_id=run_id,
-                node_id=node_id,
-                node_config={"partition-id": node_id - 1, "num-partitions": num_nodes},
+                node_id=NODE_ID_BASE + partition,
+                node_config={"partition-id": partition, "num-partitions": num_nodes},
                 state=RecordDict(),
                 run_config=dict(run_config or {}),
             )
-            for node_id in range(1, num_nodes + 1)
+            for partition in range(num_nodes)
         }
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="party")
         self._pending: dict[str, Future[Message]] = {}

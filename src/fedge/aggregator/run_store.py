@@ -1,0 +1,167 @@
+"""The aggregator's run store (SQLite via sqlite-utils): runs, rounds, party profiles.
+
+Every round is recorded as it ends -- who was selected, who replied on time, who was late
+and who failed (with the reason), the tier, the round's time and its metrics -- so an
+operator can answer "why was round 41 slow?" after the fact, and a resumed job knows
+where it stopped.
+"""
+
+import json
+import sqlite3
+import time
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import sqlite_utils
+
+from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.tiers import LatencyProfile, Tiers
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY, manifest TEXT NOT NULL, state TEXT NOT NULL,
+    created_at REAL NOT NULL, updated_at REAL NOT NULL, last_round INTEGER NOT NULL DEFAULT 0,
+    error TEXT NOT NULL DEFAULT '');
+CREATE TABLE IF NOT EXISTS rounds (
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, tier INTEGER,
+    selected TEXT NOT NULL, on_time TEXT NOT NULL, late TEXT NOT NULL, failed TEXT NOT NULL,
+    failures TEXT NOT NULL, round_time_s REAL NOT NULL, elapsed_s REAL NOT NULL,
+    quorum INTEGER NOT NULL, quorum_met INTEGER NOT NULL, deadline_s REAL,
+    stale_folded INTEGER NOT NULL, train_metrics TEXT NOT NULL, eval_metrics TEXT NOT NULL,
+    recorded_at REAL NOT NULL, PRIMARY KEY (run_id, round));
+CREATE TABLE IF NOT EXISTS profiles (
+    run_id TEXT NOT NULL, party INTEGER NOT NULL, mean_s REAL NOT NULL, count INTEGER NOT NULL,
+    last_s REAL NOT NULL, timeouts INTEGER NOT NULL, tier INTEGER,
+    PRIMARY KEY (run_id, party));
+"""
+
+
+_JSON_COLUMNS = (
+    "selected",
+    "on_time",
+    "late",
+    "failed",
+    "failures",
+    "train_metrics",
+    "eval_metrics",
+)
+
+
+class RunState(StrEnum):
+    QUEUED = "queued"
+    RUNNING = "running"
+    HALTED = "halted"
+    COMPLETED = "completed"
+    FAILED = "failed"
+
+
+class RunStore:
+    def __init__(self, path: Path | str) -> None:
+        conn = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
+        self.db = sqlite_utils.Database(conn)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")
+        conn.executescript(SCHEMA)
+
+    @property
+    def conn(self) -> sqlite3.Connection:
+        return self.db.conn
+
+    def close(self) -> None:
+        self.conn.close()
+
+    # -- runs
+
+    def create_run(self, run_id: str, manifest: str, state: RunState = RunState.QUEUED) -> None:
+        now = time.time()
+        self.conn.execute(
+            "INSERT INTO runs (run_id, manifest, state, created_at, updated_at) VALUES (?,?,?,?,?)",
+            (run_id, manifest, state.value, now, now),
+        )
+
+    def set_state(self, run_id: str, state: RunState, error: str = "") -> None:
+        self.conn.execute(
+            "UPDATE runs SET state=?, error=?, updated_at=? WHERE run_id=?",
+            (state.value, error[:2000], time.time(), run_id),
+        )
+
+    def run(self, run_id: str) -> dict[str, Any] | None:
+        rows = list(self.db.query("SELECT * FROM runs WHERE run_id=?", (run_id,)))
+        return rows[0] if rows else None
+
+    def runs(self) -> list[dict[str, Any]]:
+        return list(
+            self.db.query(
+                "SELECT run_id, state, last_round, created_at, updated_at, error FROM runs "
+                "ORDER BY created_at"
+            )
+        )
+
+    # -- rounds
+
+    def record_round(self, run_id: str, record: RoundRecord) -> None:
+        """Idempotent per (run, round): a resumed run re-recording a round overwrites it."""
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.execute(
+                "INSERT OR REPLACE INTO rounds VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+                (
+                    run_id,
+                    record.server_round,
+                    record.tier,
+                    json.dumps(record.selected),
+                    json.dumps(record.on_time),
+                    json.dumps(record.late),
+                    json.dumps(record.failed),
+                    json.dumps({str(k): v for k, v in record.failures.items()}),
+                    record.round_time_s,
+                    record.elapsed_s,
+                    record.quorum,
+                    int(record.quorum_met),
+                    record.deadline_s,
+                    record.stale_folded,
+                    json.dumps(record.train_metrics),
+                    json.dumps(record.eval_metrics),
+                    time.time(),
+                ),
+            )
+            self.conn.execute(
+                "UPDATE runs SET last_round=max(last_round, ?), updated_at=? WHERE run_id=?",
+                (record.server_round, time.time(), run_id),
+            )
+
+    def rounds(self, run_id: str) -> list[dict[str, Any]]:
+        rows = list(self.db.query("SELECT * FROM rounds WHERE run_id=? ORDER BY round", (run_id,)))
+        for row in rows:
+            for key in _JSON_COLUMNS:
+                row[key] = json.loads(row[key])
+        return rows
+
+    # -- profiles
+
+    def save_profiles(
+        self, run_id: str, profiles: dict[int, LatencyProfile], tiers: Tiers | None
+    ) -> None:
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO profiles VALUES (?,?,?,?,?,?,?)",
+                [
+                    (
+                        run_id,
+                        party,
+                        p.mean_s,
+                        p.count,
+                        p.last_s,
+                        p.timeouts,
+                        None if tiers is None else tiers.tier_of(party),
+                    )
+                    for party, p in profiles.items()
+                ],
+            )
+
+    def profiles(self, run_id: str) -> list[dict[str, Any]]:
+        return list(
+            self.db.query("SELECT * FROM profiles WHERE run_id=? ORDER BY party", (run_id,))
+        )

@@ -1,0 +1,246 @@
+"""Run a scenario's strategies over seeds and compare them by time to accuracy.
+
+Each run is one Flower strategy driving the scenario's parties (fedge's ClientApp) on a
+Grid: the in-process one by default, Flower's simulation runtime with ``backend="flower"``.
+The clock is virtual: a round lasts as long as its parties' reported device times say
+(see :mod:`fedge.aggregator.streaming`), so results are deterministic for a seed.
+"""
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+
+from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.factory import build_strategy
+from fedge.aggregator.rounds import RoundRecord
+from fedge.models import digits
+from fedge.sim.data import Partitions, make_partitions
+from fedge.sim.scenario import Scenario
+
+ProgressFn = Callable[[str, int, int], None]  # (run label, round, total rounds)
+
+
+@dataclass(frozen=True)
+class Curve:
+    strategy: str
+    seed: int
+    times_s: tuple[float, ...]  # virtual time at the end of each round (round 0 = 0)
+    accuracy: tuple[float, ...]
+    target: float
+    group_accuracy: tuple[float, ...]  # final model on each speed group's local data
+    wall_s: float
+    rounds: tuple[RoundRecord, ...] = field(repr=False, default=())
+
+    @property
+    def final_accuracy(self) -> float:
+        return self.accuracy[-1]
+
+    @property
+    def time_to_target_s(self) -> float | None:
+        """First virtual time the test accuracy reached the target; None = censored."""
+        for t, acc in zip(self.times_s, self.accuracy, strict=True):
+            if acc >= self.target:
+                return t
+        return None
+
+
+def run_config(scenario: Scenario, seed: int) -> dict[str, bool | int | float | str]:
+    return {"scenario": scenario.source or scenario.name, "seed": seed}
+
+
+def evaluator(scenario: Scenario, data: Partitions) -> Callable[[int, ArrayRecord], MetricRecord]:
+    model = digits.make_model(scenario.training.arch)
+    test_x, test_y = data.test
+
+    def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        digits.load_arrays(model, arrays)
+        return MetricRecord({"accuracy": digits.accuracy(model, test_x, test_y)})
+
+    return evaluate
+
+
+def group_accuracy(scenario: Scenario, data: Partitions, arrays: ArrayRecord) -> tuple[float, ...]:
+    """Accuracy of a model on each speed group's parties' data (TiFL's per-tier view)."""
+    model = digits.make_model(scenario.training.arch)
+    digits.load_arrays(model, arrays)
+    result = []
+    for group in range(len(scenario.fleet.groups) or 1):
+        members = [p for p in range(data.num_parties) if scenario.fleet.group_of(p) == group]
+        xs = [data.parties[p][0] for p in members if len(data.parties[p][1])]
+        ys = [data.parties[p][1] for p in members if len(data.parties[p][1])]
+        if xs:
+            result.append(digits.accuracy(model, np.concatenate(xs), np.concatenate(ys)))
+    return tuple(result)
+
+
+def train_config(scenario: Scenario, extra: dict[str, float]) -> ConfigRecord:
+    training = scenario.training
+    config: dict[str, int | float | str] = {
+        "lr": training.lr,
+        "local-epochs": training.local_epochs,
+        "batch-size": training.batch_size,
+        "arch": training.arch,
+    }
+    config.update(extra)
+    return ConfigRecord(config)  # type: ignore[arg-type]
+
+
+def run_one(
+    scenario: Scenario,
+    strategy_name: str,
+    seed: int,
+    *,
+    backend: str = "inprocess",
+    progress: ProgressFn | None = None,
+    workers: int = 2,
+) -> Curve:
+    if backend == "flower":
+        from fedge.sim.flower_backend import run_on_flower
+
+        return run_on_flower(scenario, strategy_name, seed, progress=progress)
+    if backend != "inprocess":
+        raise ValueError(f"unknown backend {backend!r} (inprocess or flower)")
+    from fedge.aggregator.client_app import app as client_app
+    from fedge.sim.grid import InProcessGrid
+
+    data = make_partitions(scenario, seed)
+    grid = InProcessGrid(
+        client_app, scenario.fleet.parties, run_config=run_config(scenario, seed), workers=workers
+    )
+    try:
+        return drive(scenario, strategy_name, seed, grid, data, progress)
+    finally:
+        grid.close()
+
+
+def drive(
+    scenario: Scenario,
+    strategy_name: str,
+    seed: int,
+    grid: object,
+    data: Partitions,
+    progress: ProgressFn | None,
+) -> Curve:
+    """Run one strategy on a ready grid (shared by both backends)."""
+    from flwr.serverapp import Grid
+
+    assert isinstance(grid, Grid)
+    started = time.perf_counter()
+    strategy, extra = build_strategy(
+        strategy_name,
+        scenario.strategy(strategy_name),
+        per_round=scenario.fleet.per_round,
+        seed=seed,
+        clock=ClockMode.VIRTUAL,
+    )
+    records: list[RoundRecord] = []
+    total = scenario.training.rounds
+    label = f"{strategy_name} seed {seed}"
+
+    def observe(record: RoundRecord) -> None:
+        records.append(record)
+        if progress is not None:
+            progress(label, record.server_round, total)
+
+    strategy.observers.append(observe)
+    initial = digits.to_arrays(digits.make_model(scenario.training.arch, seed=seed))
+    result = strategy.start(
+        grid,
+        initial,
+        num_rounds=total,
+        timeout=600,
+        train_config=train_config(scenario, extra),
+        evaluate_fn=evaluator(scenario, data),
+    )
+    accuracies = [float(result.evaluate_metrics_serverapp[0]["accuracy"])]  # type: ignore[arg-type]
+    accuracies += [r.eval_metrics["accuracy"] for r in records]
+    return Curve(
+        strategy=strategy_name,
+        seed=seed,
+        times_s=(0.0, *(r.elapsed_s for r in records)),
+        accuracy=tuple(accuracies),
+        target=scenario.training.target_accuracy,
+        group_accuracy=group_accuracy(scenario, data, result.arrays),
+        wall_s=time.perf_counter() - started,
+        rounds=tuple(records),
+    )
+
+
+@dataclass(frozen=True)
+class Comparison:
+    scenario: str
+    curves: tuple[Curve, ...]
+    baseline: str
+
+    def by(self, strategy: str) -> list[Curve]:
+        return [c for c in self.curves if c.strategy == strategy]
+
+    def speedups(self, strategy: str) -> dict[int, float | None]:
+        """Baseline TTA / strategy TTA per seed (None when either is censored)."""
+        result: dict[int, float | None] = {}
+        base = {c.seed: c.time_to_target_s for c in self.by(self.baseline)}
+        for curve in self.by(strategy):
+            ours, theirs = curve.time_to_target_s, base.get(curve.seed)
+            result[curve.seed] = (
+                None if ours is None or theirs is None or ours == 0 else theirs / ours
+            )
+        return result
+
+    def summary(self) -> dict[str, object]:
+        strategies = sorted({c.strategy for c in self.curves}, key=self._order)
+        summary: dict[str, object] = {
+            "scenario": self.scenario,
+            "baseline": self.baseline,
+            "final_accuracy": {
+                s: _median([c.final_accuracy for c in self.by(s)]) for s in strategies
+            },
+            "worst_tier_accuracy": {
+                s: _median([min(c.group_accuracy) for c in self.by(s) if c.group_accuracy])
+                for s in strategies
+            },
+            "censored": {
+                s: sum(c.time_to_target_s is None for c in self.by(s)) for s in strategies
+            },
+            "time_to_target_s": {
+                s: {str(c.seed): c.time_to_target_s for c in self.by(s)} for s in strategies
+            },
+            "wall_s": {s: round(sum(c.wall_s for c in self.by(s)), 2) for s in strategies},
+        }
+        others = [s for s in strategies if s != self.baseline]
+        if others:
+            speedups = self.speedups(others[0])
+            values = [v for v in speedups.values() if v is not None]
+            summary["tta_speedup"] = {
+                "strategy": others[0],
+                "median": _median(values) if values else None,
+                "min": min(values) if values else None,
+                "per_seed": {str(k): v for k, v in speedups.items()},
+            }
+        return summary
+
+    def _order(self, strategy: str) -> tuple[int, str]:
+        return (0 if strategy == self.baseline else 1, strategy)
+
+
+def _median(values: Sequence[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def compare(
+    scenario: Scenario,
+    strategies: Sequence[str],
+    seeds: Sequence[int],
+    *,
+    backend: str = "inprocess",
+    progress: ProgressFn | None = None,
+) -> Comparison:
+    curves = [
+        run_one(scenario, name, seed, backend=backend, progress=progress)
+        for seed in seeds
+        for name in strategies
+    ]
+    return Comparison(scenario.name, tuple(curves), baseline=strategies[0])
