@@ -5,7 +5,7 @@ from typing import Annotated
 import typer
 
 from fedge import __version__
-from fedge.cli import agent, bench, deploy, edge, labels, manager, model
+from fedge.cli import agent, bench, deploy, edge, labels, manager, model, sim
 
 app = typer.Typer(
     help="fedge: federated, edge-to-cloud learning for factory fleets.",
@@ -19,6 +19,7 @@ app.add_typer(edge.app, name="edge")
 app.add_typer(labels.app, name="labels")
 app.add_typer(bench.app, name="bench")
 app.command("deploy")(deploy.deploy)
+app.command("sim")(sim.sim)
 
 
 def _version(value: bool) -> None:

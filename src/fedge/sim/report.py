@@ -1,0 +1,92 @@
+"""The simulator's report: a Markdown summary and a PNG of accuracy against virtual time."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedge.sim.runner import Comparison, Curve
+
+COLOURS = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
+
+
+def _on_grid(curve: Curve, grid: np.ndarray) -> np.ndarray:
+    """Accuracy as a step function of virtual time (the model changes at round ends)."""
+    times = np.asarray(curve.times_s)
+    index = np.searchsorted(times, grid, side="right") - 1
+    return np.asarray(curve.accuracy)[np.clip(index, 0, len(times) - 1)]
+
+
+def plot(comparison: Comparison, path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    strategies = sorted({c.strategy for c in comparison.curves}, key=comparison._order)
+    horizon = max(c.times_s[-1] for c in comparison.curves)
+    grid = np.linspace(0.0, horizon, 600)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for colour, strategy in zip(COLOURS, strategies, strict=False):
+        curves = comparison.by(strategy)
+        stacked = np.vstack([_on_grid(c, grid) for c in curves])
+        ax.plot(grid, np.median(stacked, axis=0), color=colour, label=f"{strategy} (median)")
+        if len(curves) > 1:
+            ax.fill_between(
+                grid, stacked.min(axis=0), stacked.max(axis=0), color=colour, alpha=0.2, lw=0
+            )
+    target = comparison.curves[0].target
+    ax.axhline(target, color="black", linestyle="--", linewidth=0.8, label=f"target {target}")
+    ax.set_xlabel("virtual time (s)")
+    ax.set_ylabel("test accuracy")
+    ax.set_ylim(max(0.0, target - 0.3), 1.0)
+    ax.set_title(f"{comparison.scenario}: accuracy vs virtual time (band: min-max over seeds)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _fmt(value: object, digits: int = 3) -> str:
+    if value is None:
+        return "censored"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def markdown(comparison: Comparison, summary: dict[str, object], plot_name: str) -> str:
+    strategies = sorted({c.strategy for c in comparison.curves}, key=comparison._order)
+    seeds = sorted({c.seed for c in comparison.curves})
+    lines = [
+        f"# Simulation report: {comparison.scenario}",
+        "",
+        f"Strategies {', '.join(strategies)}; seeds {seeds}; baseline {comparison.baseline}.",
+        "Time is virtual: each round lasts as long as its parties' device profiles say.",
+        "",
+        "| strategy | seed | time to target (s) | rounds to target | final accuracy "
+        "| worst group accuracy | virtual time (s) | wall (s) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for strategy in strategies:
+        for curve in comparison.by(strategy):
+            tta = curve.time_to_target_s
+            rounds = None if tta is None else curve.times_s.index(tta)
+            lines.append(
+                f"| {strategy} | {curve.seed} | {_fmt(tta, 1)} | {_fmt(rounds)} "
+                f"| {curve.final_accuracy:.4f} | {min(curve.group_accuracy):.4f} "
+                f"| {curve.times_s[-1]:.1f} | {curve.wall_s:.1f} |"
+            )
+    lines += ["", "## Summary", "", "```json", json.dumps(summary, indent=1), "```", ""]
+    lines += [f"![accuracy vs virtual time]({plot_name})", ""]
+    return "\n".join(lines)
+
+
+def write_report(comparison: Comparison, out_dir: Path) -> tuple[Path, Path, dict[str, object]]:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary = comparison.summary()
+    png = plot(comparison, out_dir / f"{comparison.scenario}.png")
+    md = out_dir / f"{comparison.scenario}.md"
+    md.write_text(markdown(comparison, summary, png.name))
+    return md, png, summary
