@@ -13,32 +13,42 @@ from fedge.aggregator.tiered import TieredFedAvg
 from fedge.errors import FedgeError
 
 KINDS = ("fedavg", "fedprox", "tiered")
-_DEADLINE = {
+_DEADLINE: dict[str, type | tuple[type, ...]] = {
     "over_selection": float,
     "quorum_fraction": float,
     "deadline_factor": float,
     "late_policy": str,
     "staleness_exponent": float,
 }
-_TIERED = {
+_TIERED: dict[str, type | tuple[type, ...]] = {
     "tiers": int,
     "profiling_rounds": int,
     "profiling_deadline_s": float,
     "adaptive": bool,
     "interval": int,
-    "credits_per_tier": int,
+    "credits_per_tier": (int, list),
     "static_probabilities": list,
     "retier_interval": int,
     "dropout_threshold_s": float,
 }
-_FEDPROX = {"proximal_mu": float}
+_FEDPROX: dict[str, type | tuple[type, ...]] = {"proximal_mu": float}
 
 
 class StrategyConfigError(FedgeError):
     """A strategy table names an unknown kind or parameter, or a bad value."""
 
 
-def _typed(table: str, key: str, value: object, kind: type) -> Any:
+def _typed(table: str, key: str, value: object, kind: type | tuple[type, ...]) -> Any:
+    if isinstance(kind, tuple):
+        for option in kind:
+            try:
+                return _typed(table, key, value, option)
+            except StrategyConfigError:
+                continue
+        names = " or ".join(k.__name__ for k in kind)
+        raise StrategyConfigError(
+            f"{table}.{key}: expected {names}, got {type(value).__name__} ({value!r})"
+        )
     if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     if kind is int and isinstance(value, int) and not isinstance(value, bool):
