@@ -86,6 +86,8 @@ def test_inference_compares_agent_with_raw_ort(tmp_path: Path) -> None:
         "3",
         "--per-round",
         "20",
+        "--image-size",
+        "32",
         "--epochs",
         "1",
         "--train-images",
@@ -93,6 +95,9 @@ def test_inference_compares_agent_with_raw_ort(tmp_path: Path) -> None:
     )
     assert {"agent_ms_per_image", "raw_ort_ms_per_image", "ratio", "images", "model"} <= set(data)
     assert data["images"] == 20
+    assert data["image_size"] == 32
+    assert data["image_shape"] == [32, 32]
+    assert data["model"]["image_size"] == 32
     assert data["agent_ms_per_image"] > 0
     assert data["raw_ort_ms_per_image"] > 0
     assert data["ratio"] > 0

@@ -108,16 +108,30 @@ def ingest(
 @app.command()
 @friendly_errors
 def inference(
-    images: Annotated[int, typer.Option(help="Distinct decoded 32x32 images.")] = 500,
+    images: Annotated[int, typer.Option(help="Distinct decoded images.")] = 500,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds (agent vs raw).")] = 7,
     per_round: Annotated[int, typer.Option(help="Images timed per side per round.")] = 200,
-    epochs: Annotated[int, typer.Option(help="Training epochs of the benchmark CNN.")] = 3,
-    train_images: Annotated[int, typer.Option(help="Training images for the CNN.")] = 4000,
+    image_size: Annotated[
+        int,
+        typer.Option(
+            help="Side in pixels of the square grayscale images (training, model input, "
+            "decoded images, the agent's image_size); 32 shows the agent's fixed overhead.",
+            min=8,
+        ),
+    ] = 128,
+    epochs: Annotated[
+        int | None,
+        typer.Option(help="Training epochs of the benchmark CNN (default: 3 up to 32 px, else 2)."),
+    ] = None,
+    train_images: Annotated[
+        int | None,
+        typer.Option(help="Training images for the CNN (default: 4000 up to 32 px, else 1500)."),
+    ] = None,
     json_path: JsonOption = None,
 ) -> None:
     """Time agent.score against a bare ONNX Runtime loop on the same images.
 
-    Example: fedge bench inference --json out.json
+    Example: fedge bench inference --json out.json   (--image-size 32 for tiny images)
     """
     from fedge.bench.inference import run_inference
 
@@ -128,8 +142,32 @@ def inference(
             images,
             rounds=rounds,
             per_round=per_round,
+            image_size=image_size,
             epochs=epochs,
             train_images=train_images,
             progress=progress,
         ),
+    )
+
+
+@app.command()
+@friendly_errors
+def aggregate(
+    updates: Annotated[int, typer.Option(help="Replies aggregated in the round.", min=1)] = 200,
+    params: Annotated[
+        int, typer.Option(help="Parameters of the float32 model in each reply.", min=100)
+    ] = 10_000_000,
+    seed: Annotated[int, typer.Option(help="Seed of the generated replies.")] = 0,
+    json_path: JsonOption = None,
+) -> None:
+    """Peak memory and time of our streaming fold vs Flower's FedAvg on the same replies.
+
+    Example: fedge bench aggregate --updates 200 --params 10000000 --json out.json
+    """
+    from fedge.bench.aggregate import run_aggregate
+
+    _run(
+        "aggregate",
+        json_path,
+        lambda progress: run_aggregate(updates, params, seed=seed, progress=progress),
     )

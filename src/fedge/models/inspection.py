@@ -188,17 +188,18 @@ def evaluate(
     return float(np.mean(predicted == np.asarray(labels)))
 
 
-def export_onnx(model: nn.Module, path: Path) -> None:
+def export_onnx(model: nn.Module, path: Path, *, image_size: int = IMAGE_SIZE) -> None:
     """Export ``model`` to ONNX at ``path`` with a softmax output, then verify it.
 
-    The graph takes ``image`` float32 ``[batch, 1, 32, 32]`` and returns ``probs``
+    The graph takes ``image`` float32 ``[batch, 1, image_size, image_size]`` (32 unless
+    told otherwise; ``InspectionNet`` itself is size-agnostic) and returns ``probs``
     ``[batch, n_classes]``. After writing, the file is run with onnxruntime on the CPU
     and compared with torch; a difference above 1e-4 raises ``ModelExportError`` (the
     file is left in place for inspection).
     """
     # A CPU copy keeps the caller's model where it was (device, train/eval mode).
     wrapped = _ProbabilityHead(copy.deepcopy(model).cpu()).eval()
-    dummy = torch.zeros(1, 1, IMAGE_SIZE, IMAGE_SIZE, dtype=torch.float32)
+    dummy = torch.zeros(1, 1, image_size, image_size, dtype=torch.float32)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         # The TorchScript exporter (dynamo=False) is chosen on purpose: it needs no
@@ -217,10 +218,10 @@ def export_onnx(model: nn.Module, path: Path) -> None:
             )
     except Exception as exc:  # the exporter raises many unrelated types
         raise ModelExportError(f"torch.onnx.export failed for {path}: {exc}") from exc
-    _verify_onnx(wrapped, path)
+    _verify_onnx(wrapped, path, image_size)
 
 
-def _verify_onnx(wrapped: nn.Module, path: Path) -> None:
+def _verify_onnx(wrapped: nn.Module, path: Path, image_size: int) -> None:
     """Run the exported file with onnxruntime and compare with torch on a few inputs."""
     import onnxruntime as ort  # local: only needed for this check
 
@@ -233,9 +234,9 @@ def _verify_onnx(wrapped: nn.Module, path: Path) -> None:
     # Batch sizes 1 and 3 exercise the dynamic batch axis; random pixels plus a
     # constant image cover both busy and flat inputs.
     probes = [
-        rng.random((1, 1, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32),
-        rng.random((3, 1, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32),
-        np.full((1, 1, IMAGE_SIZE, IMAGE_SIZE), 0.5, dtype=np.float32),
+        rng.random((1, 1, image_size, image_size), dtype=np.float32),
+        rng.random((3, 1, image_size, image_size), dtype=np.float32),
+        np.full((1, 1, image_size, image_size), 0.5, dtype=np.float32),
     ]
     for probe in probes:
         with torch.no_grad():
