@@ -76,10 +76,11 @@ def test_the_tifl_digits_scenario_matches_tifl_setup() -> None:
     assert scenario.strategy("tiered") == {
         "tiers": 5,
         "profiling_rounds": 1,
-        "adaptive": True,
-        "interval": 10,
-        "credits_per_tier": 100,
+        "adaptive": False,
+        "static_probabilities": [0.3, 0.25, 0.2, 0.15, 0.1],
     }
+    assert scenario.strategy("tiered-adaptive")["credits_per_tier"] == [300, 300, 300, 300, 10]
+    assert scenario.strategy("tiered-deadline")["late_policy"] == "stale"
     assert Path(scenario.source) == scenario_path("tifl-digits")
 
 

@@ -5,7 +5,7 @@ from typing import Annotated
 import typer
 
 from fedge import __version__
-from fedge.cli import agent, bench, deploy, edge, labels, manager, model, sim
+from fedge.cli import agent, aggregator, bench, deploy, edge, labels, manager, model, sim
 
 app = typer.Typer(
     help="fedge: federated, edge-to-cloud learning for factory fleets.",
@@ -18,6 +18,7 @@ app.add_typer(model.app, name="model")
 app.add_typer(edge.app, name="edge")
 app.add_typer(labels.app, name="labels")
 app.add_typer(bench.app, name="bench")
+app.add_typer(aggregator.app, name="aggregator")
 app.command("deploy")(deploy.deploy)
 app.command("sim")(sim.sim)
 

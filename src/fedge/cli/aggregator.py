@@ -1,0 +1,182 @@
+"""``fedge aggregator``: run, watch, halt and resume federated training jobs.
+
+The commands only parse options and call :mod:`fedge.aggregator.jobs`; a job lives in its
+directory (``--dir``), so any command can follow up on a job another one started.
+"""
+
+import json
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from fedge.cli.common import console, friendly_errors
+
+if TYPE_CHECKING:
+    from fedge.aggregator.jobs import JobResult, ProgressFn
+
+app = typer.Typer(
+    help="Federated training jobs: run a job manifest, watch, halt and resume it.",
+    no_args_is_help=True,
+)
+
+DirOption = Annotated[
+    Path,
+    typer.Option(
+        "--dir",
+        envvar="FEDGE_JOB_DIR",
+        help="Job directory (manifest copy, run store, checkpoints, final model).",
+        show_default=True,
+    ),
+]
+DEFAULT_DIR = Path("fedge-job")
+VerboseOption = Annotated[
+    bool, typer.Option("--verbose", "-v", help="Also show Flower's per-round log lines.")
+]
+
+
+@app.command()
+@friendly_errors
+def run(
+    manifest: Annotated[Path, typer.Argument(help="Job manifest (TOML).", show_default=False)],
+    job_dir: DirOption = DEFAULT_DIR,
+    verbose: VerboseOption = False,
+) -> None:
+    """Validate a job manifest, then run it to the end, checkpointing every round.
+
+    Exit code 0 when the job completed or was halted, 1 on a bad manifest or a failure.
+
+    Example: fedge aggregator run examples/jobs/tiered-digits.toml --dir jobs/tiered
+    """
+    from fedge.aggregator.jobs import run_job
+
+    _quiet_flower(verbose)
+    with _progress_bar("training") as progress:
+        result = run_job(manifest, job_dir, progress=progress)
+    _report(result)
+
+
+@app.command()
+@friendly_errors
+def resume(job_dir: DirOption = DEFAULT_DIR, verbose: VerboseOption = False) -> None:
+    """Continue a halted, failed or killed job from its newest checkpoint.
+
+    Example: fedge aggregator resume --dir jobs/tiered
+    """
+    from fedge.aggregator.jobs import resume_job
+
+    _quiet_flower(verbose)
+    with _progress_bar("resuming") as progress:
+        result = resume_job(job_dir, progress=progress)
+    _report(result)
+
+
+@app.command()
+@friendly_errors
+def halt(job_dir: DirOption = DEFAULT_DIR) -> None:
+    """Ask a running job to stop after its current round (its checkpoint is kept).
+
+    A job whose process was killed is marked halted at once. Resume it with
+    `fedge aggregator resume`.
+
+    Example: fedge aggregator halt --dir jobs/tiered
+    """
+    from fedge.aggregator.jobs import halt_job
+    from fedge.aggregator.run_store import RunState
+
+    state = halt_job(job_dir)
+    if state is RunState.HALTED:
+        console.print(f"job in {job_dir} halted (nobody was running it)")
+    else:
+        console.print(f"halt requested: the job in {job_dir} stops after its current round")
+
+
+@app.command()
+@friendly_errors
+def status(
+    job_dir: DirOption = DEFAULT_DIR,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """Show the job's runs: state, last round, last test accuracy, newest checkpoint.
+
+    Example: fedge aggregator status --dir jobs/tiered --json
+    """
+    from fedge.aggregator.jobs import job_status
+
+    statuses = job_status(job_dir)
+    if as_json:
+        typer.echo(json.dumps([s.to_dict() for s in statuses], indent=2))
+        return
+    table = Table("run", "state", "round", "accuracy", "ckpt", "updated", "error")
+    table.columns[0].no_wrap = True
+    for s in statuses:
+        state = s.state.value
+        if s.live:
+            state += " (live)"
+        elif s.state.value in ("queued", "running"):
+            state += " (no process: resume it)"
+        if s.halt_requested and s.live:
+            state += ", halt requested"
+        table.add_row(
+            s.run_id,
+            state,
+            f"{s.last_round}/{s.rounds}",
+            "-" if s.accuracy is None else f"{s.accuracy:.4f}",
+            "-" if s.checkpoint_round is None else str(s.checkpoint_round),
+            datetime.fromtimestamp(s.updated_at).strftime("%m-%d %H:%M"),
+            s.error or "-",
+        )
+    console.print(table)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+@contextmanager
+def _progress_bar(title: str) -> "Iterator[ProgressFn]":
+    """A per-round progress bar, shown from the job's first report (not on early errors)."""
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rounds  acc {task.fields[accuracy]}"),
+        TimeElapsedColumn(),
+    )
+    bar = Progress(*columns, console=console)
+    task = bar.add_task(title, total=None, accuracy="-")
+
+    def update(done: int, total: int, accuracy: float | None) -> None:
+        shown = "-" if accuracy is None else f"{accuracy:.4f}"
+        bar.update(task, completed=done, total=total, accuracy=shown)
+        if not bar.live.is_started:
+            bar.start()
+
+    try:
+        yield update
+    finally:
+        if bar.live.is_started:
+            bar.stop()
+
+
+def _report(result: "JobResult") -> None:
+    accuracy = "-" if result.accuracy is None else f"{result.accuracy:.4f}"
+    line = (
+        f"job {result.run_id} {result.state.value} after round "
+        f"{result.last_round}/{result.rounds}, test accuracy {accuracy}"
+    )
+    if result.final_model is not None:
+        line += f"; final model: {result.final_model}"
+    else:
+        line += f"; resume with: fedge aggregator resume --dir {result.job_dir}"
+    console.print(line, highlight=False, soft_wrap=True)
+
+
+def _quiet_flower(verbose: bool) -> None:
+    if not verbose:
+        logging.getLogger("flwr").setLevel(logging.WARNING)
