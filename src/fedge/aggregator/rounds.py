@@ -1,8 +1,8 @@
 """What a round was: the record every strategy emits and observers (run store, simulator)
 consume. Plain values only, so it serialises to SQLite and JSON as is."""
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
 
 
 @dataclass(frozen=True)
@@ -24,5 +24,4 @@ class RoundRecord:
     failures: dict[int, str] = field(default_factory=dict)
 
 
-class RoundObserver(Protocol):
-    def __call__(self, record: RoundRecord) -> None: ...
+RoundObserver = Callable[[RoundRecord], None]
