@@ -1,6 +1,7 @@
 """The simulator's report: a Markdown summary and a PNG of accuracy against virtual time."""
 
 import json
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +15,9 @@ def _on_grid(curve: Curve, grid: np.ndarray) -> np.ndarray:
     """Accuracy as a step function of virtual time (the model changes at round ends)."""
     times = np.asarray(curve.times_s)
     index = np.searchsorted(times, grid, side="right") - 1
-    return np.asarray(curve.accuracy)[np.clip(index, 0, len(times) - 1)]
+    values = np.asarray(curve.accuracy, dtype=float)[np.clip(index, 0, len(times) - 1)]
+    values[grid > times[-1]] = np.nan  # the run ended: draw nothing rather than a flat line
+    return values
 
 
 def plot(comparison: Comparison, path: Path) -> Path:
@@ -30,11 +33,16 @@ def plot(comparison: Comparison, path: Path) -> Path:
     for colour, strategy in zip(COLOURS, strategies, strict=False):
         curves = comparison.by(strategy)
         stacked = np.vstack([_on_grid(c, grid) for c in curves])
-        ax.plot(grid, np.median(stacked, axis=0), color=colour, label=f"{strategy} (median)")
+        # Median and band only where at least half of the seeds are still running.
+        alive = np.sum(~np.isnan(stacked), axis=0) * 2 >= len(curves)
+        with np.errstate(all="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            median = np.where(alive, np.nanmedian(stacked, axis=0), np.nan)
+            low = np.where(alive, np.nanmin(stacked, axis=0), np.nan)
+            high = np.where(alive, np.nanmax(stacked, axis=0), np.nan)
+        ax.plot(grid, median, color=colour, label=f"{strategy} (median)")
         if len(curves) > 1:
-            ax.fill_between(
-                grid, stacked.min(axis=0), stacked.max(axis=0), color=colour, alpha=0.2, lw=0
-            )
+            ax.fill_between(grid, low, high, color=colour, alpha=0.2, lw=0)
     target = comparison.curves[0].target
     ax.axhline(target, color="black", linestyle="--", linewidth=0.8, label=f"target {target}")
     ax.set_xlabel("virtual time (s)")
