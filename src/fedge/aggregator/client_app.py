@@ -23,7 +23,10 @@ A train reply carries ``"arrays"`` (the trained model) and ``"metrics"``:
 ==================  =========================================================================
 
 An evaluate reply carries ``"metrics"`` with ``eval-loss``, ``eval-acc`` and
-``num-examples`` on the party's local validation split.
+``num-examples`` on the party's local validation split. A query reply carries
+``"metrics"`` with ``partition-id``: which party a node is (Flower's runtimes give nodes
+random ids). The optional node config key ``delay-s`` makes a deployed party sleep that
+many real seconds before its train reply (a test knob for slow parties).
 
 A party that is switched off this round, or that drops out mid-way, raises
 :class:`~fedge.sim.profiles.PartyUnavailableError` /
@@ -87,6 +90,8 @@ TRAIN_METRICS = (
     "partition-id",
 )
 EVALUATE_METRICS = ("eval-loss", "eval-acc", "num-examples")
+PARTITION_ID_KEY = "partition-id"
+DELAY_KEY = "delay-s"
 
 _TRAIN_SEED_STREAM = 7
 
@@ -272,6 +277,9 @@ def train(msg: Message, context: Context) -> Message:
     party = party_from_context(context)
     settings = round_settings(msg, party.scenario)
     arrays, metrics = train_party(party, _arrays(msg), settings)
+    delay_s = _deployment_delay_s(context)
+    if delay_s:
+        time.sleep(delay_s)  # a deliberately slow party (deployment tests only)
     content = RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: _metric_record(metrics)})
     return Message(content=content, reply_to=msg)
 
@@ -285,7 +293,32 @@ def evaluate_(msg: Message, context: Context) -> Message:
     return Message(content=RecordDict({METRICS_KEY: _metric_record(metrics)}), reply_to=msg)
 
 
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """Say which party this node is: ``{"partition-id": ...}`` from its node config.
+
+    A Grid whose node ids carry no meaning (Flower's runtimes draw them at random) asks
+    every node once and orders the fleet by partition id (``PartitionOrderedGrid``).
+    """
+    partition_id = _as_int(
+        context.node_config.get("partition-id"), "node_config['partition-id']", minimum=0
+    )
+    content = RecordDict({METRICS_KEY: MetricRecord({PARTITION_ID_KEY: partition_id})})
+    return Message(content=content, reply_to=msg)
+
+
 # ---------------------------------------------------------------- helpers
+
+
+def _deployment_delay_s(context: Context) -> float:
+    """``node_config["delay-s"]``: real seconds a party sleeps before replying to train.
+
+    A deployment-only knob for tests of slow parties (a SuperNode started with
+    ``--node-config "... delay-s=30"``); simulated slowness is ``virtual-time-s``.
+    """
+    if DELAY_KEY not in context.node_config:
+        return 0.0
+    return _as_float(context.node_config[DELAY_KEY], f"node_config['{DELAY_KEY}']", zero_ok=True)
 
 
 @functools.lru_cache(maxsize=8)

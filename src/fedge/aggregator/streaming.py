@@ -120,6 +120,7 @@ class StreamingFedAvg(FedAvg):
         self.elapsed_s = 0.0
         self.observers: list[RoundObserver] = []
         self._late: list[_Late] = []
+        self._sent: ArrayRecord | None = None  # the model sent this round
         self._pending: dict[str, tuple[int, int, float]] = {}  # wall mode: id -> node, round, t0
 
     # -- hooks for subclasses
@@ -190,6 +191,7 @@ class StreamingFedAvg(FedAvg):
         round_config["server-round"] = server_round
         for key, value in self.round_config(server_round, plan).items():
             round_config[key] = value
+        self._sent = arrays
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: round_config})
         return [
             Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
@@ -306,7 +308,22 @@ class StreamingFedAvg(FedAvg):
         return new_arrays, record
 
     def _arrays(self, message: Message) -> dict[str, np.ndarray]:
-        return arrays_of(message.content.array_records[self.arrayrecord_key])
+        """Decode a reply's model, emptying the reply as it goes.
+
+        ``content[key]``, not ``content.array_records[key]``: the latter is a view that
+        refers to itself, so the reply's arrays would outlive it until the cyclic GC ran.
+        Popping each array as it is decoded keeps one array's bytes, not the model's,
+        alongside the decoded copy (the aggregation benchmark measures this).
+        """
+        record = message.content[self.arrayrecord_key]
+        if not isinstance(record, ArrayRecord):
+            raise ValueError(f"reply's {self.arrayrecord_key!r} is not an ArrayRecord")
+        if record is self._sent:  # an in-process party echoed what we sent: don't empty it
+            return arrays_of(record)
+        arrays: dict[str, np.ndarray] = {}
+        for key in list(record.keys()):
+            arrays[key] = record.pop(key).numpy()
+        return arrays
 
     # -- collection
 
@@ -385,7 +402,6 @@ class StreamingFedAvg(FedAvg):
                 on_time.append(node)
                 # Fold now and let the reply go: memory stays at one model.
                 fold.add(self._arrays(reply), _weight(reply))
-                reply.content[self.arrayrecord_key] = ArrayRecord()
             outstanding = [m for m in this_round if m in self._pending]
             # The round ends at its quorum, when nobody is left, or at the deadline.
             if len(on_time) >= plan.quorum or not outstanding or time.monotonic() >= end:

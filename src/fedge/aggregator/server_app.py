@@ -1,0 +1,255 @@
+"""The aggregator side of a deployed federation: a Flower ``ServerApp``.
+
+``flwr run`` starts it on a SuperLink; it reads everything from its run config (flat keys,
+as ``[tool.flwr.app.config]`` and ``flwr run --run-config`` give them):
+
+=======================  ==================================================================
+``strategy``             ``fedavg``, ``fedprox`` or ``tiered`` (:mod:`.factory`)
+``scenario``             the scenario the parties train (name or path; also read by the
+                         ClientApp): model, recipe, test set for server-side evaluation
+``seed``                 int; the model's initialisation, sampling, the parties' data
+``rounds``               rounds to run (0: the scenario's ``training.rounds``)
+``per-round``            parties per round (0: the scenario's ``fleet.per_round``)
+``run-store``            path of the SQLite run store (:class:`.run_store.RunStore`)
+``run-id``               the run's name in the store ("": ``flwr-<Flower run id>``)
+``round-timeout-s``      wall seconds a round may last at most (default 600)
+``min-nodes``            wait until this many nodes are connected before round 1
+``node-wait-s``          ... for at most this long (default 120)
+deadline keys            ``over-selection``, ``quorum-fraction``, ``deadline-factor``,
+                         ``late-policy``, ``staleness-exponent``
+tiered keys              ``tiers``, ``profiling-rounds``, ``profiling-deadline-s``,
+                         ``adaptive``, ``interval``, ``credits-per-tier``, ``retier-interval``,
+                         ``dropout-threshold-s``
+fedprox keys             ``proximal-mu``
+=======================  ==================================================================
+
+A Flower run config has no "unset": a deadline or threshold key set to 0 means *off*
+(``deadline-factor``, ``profiling-deadline-s``, ``dropout-threshold-s``,
+``retier-interval``, ``credits-per-tier``). Keys of another strategy kind are ignored, so
+one app config can hold them all.
+
+The strategy runs on the wall clock: a round ends at its quorum or its deadline, and
+parties still working are *late*, parties that answered with an error *failed*. Every
+round is recorded in the run store as it ends; the parties' latency profiles (and tiers)
+are saved when the run ends, however it ends. Nodes are shown to the strategy as
+``1000 + partition-id`` (:class:`~fedge.sim.flower_backend.PartitionOrderedGrid`), so the
+store names parties the same way in deployment and in simulation.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from logging import INFO
+from pathlib import Path
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore import log
+
+from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.factory import build_strategy
+from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.tiered import TieredFedAvg
+from fedge.errors import FedgeError
+
+UserConfigValue = bool | int | float | str
+
+DEADLINE_KEYS = (
+    "over-selection",
+    "quorum-fraction",
+    "deadline-factor",
+    "late-policy",
+    "staleness-exponent",
+)
+TIERED_KEYS = (
+    "tiers",
+    "profiling-rounds",
+    "profiling-deadline-s",
+    "adaptive",
+    "interval",
+    "credits-per-tier",
+    "retier-interval",
+    "dropout-threshold-s",
+)
+FEDPROX_KEYS = ("proximal-mu",)
+OFF_WHEN_ZERO = frozenset(
+    (
+        "deadline-factor",
+        "profiling-deadline-s",
+        "dropout-threshold-s",
+        "retier-interval",
+        "credits-per-tier",
+    )
+)
+DEFAULT_ROUND_TIMEOUT_S = 600.0
+DEFAULT_NODE_WAIT_S = 120.0
+DISCOVERY_TIMEOUT_S = 60.0
+
+
+class ServerConfigError(FedgeError):
+    """The ServerApp's run config is missing a key or holds an unusable value."""
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What one deployed run is: strategy, rounds, store -- parsed from the run config."""
+
+    strategy: str
+    strategy_params: dict[str, UserConfigValue]
+    scenario: str
+    seed: int
+    rounds: int  # 0: the scenario's
+    per_round: int  # 0: the scenario's
+    run_store: Path
+    run_id: str  # "": derived from Flower's run id
+    round_timeout_s: float = DEFAULT_ROUND_TIMEOUT_S
+    min_nodes: int = 0
+    node_wait_s: float = DEFAULT_NODE_WAIT_S
+    manifest: dict[str, UserConfigValue] = field(default_factory=dict)
+
+    @classmethod
+    def from_run_config(cls, config: Mapping[str, UserConfigValue]) -> ServerSettings:
+        strategy = _text(config, "strategy")
+        keys: tuple[str, ...] = DEADLINE_KEYS
+        if strategy == "tiered":
+            keys += TIERED_KEYS
+        if strategy == "fedprox":
+            keys += FEDPROX_KEYS
+        params: dict[str, UserConfigValue] = {}
+        for key in keys:
+            if key not in config:
+                continue
+            value = config[key]
+            if key in OFF_WHEN_ZERO and not isinstance(value, bool) and value == 0:
+                continue
+            params[key.replace("-", "_")] = value
+        return cls(
+            strategy=strategy,
+            strategy_params=params,
+            scenario=_text(config, "scenario"),
+            seed=_integer(config, "seed", minimum=0),
+            rounds=_integer(config, "rounds", minimum=0, default=0),
+            per_round=_integer(config, "per-round", minimum=0, default=0),
+            run_store=Path(_text(config, "run-store")),
+            run_id=str(config.get("run-id", "")),
+            round_timeout_s=_number(config, "round-timeout-s", DEFAULT_ROUND_TIMEOUT_S),
+            min_nodes=_integer(config, "min-nodes", minimum=0, default=0),
+            node_wait_s=_number(config, "node-wait-s", DEFAULT_NODE_WAIT_S),
+            manifest=dict(config),
+        )
+
+
+def run_server(grid: Grid, context: Context) -> None:
+    """Run one deployed job on ``grid`` as the run config in ``context`` says."""
+    # Heavy imports (torch, the scenario's data) stay out of module import.
+    from fedge.models import digits
+    from fedge.sim.data import make_partitions
+    from fedge.sim.flower_backend import PartitionOrderedGrid
+    from fedge.sim.runner import evaluator, train_config
+    from fedge.sim.scenario import load_scenario
+
+    settings = ServerSettings.from_run_config(context.run_config)
+    scenario = load_scenario(settings.scenario)
+    run_id = settings.run_id or f"flwr-{context.run_id}"
+    rounds = settings.rounds or scenario.training.rounds
+    strategy, extra = build_strategy(
+        settings.strategy,
+        settings.strategy_params,
+        per_round=settings.per_round or scenario.fleet.per_round,
+        seed=settings.seed,
+        clock=ClockMode.WALL,
+    )
+    settings.run_store.parent.mkdir(parents=True, exist_ok=True)
+    store = RunStore(settings.run_store)
+    try:
+        if store.run(run_id) is None:
+            store.create_run(run_id, json.dumps(settings.manifest), RunState.RUNNING)
+        else:
+            store.set_state(run_id, RunState.RUNNING)
+
+        def on_round(record: RoundRecord) -> None:
+            store.record_round(run_id, record)
+
+        strategy.observers.append(on_round)
+        ordered = PartitionOrderedGrid(grid, discovery_timeout_s=DISCOVERY_TIMEOUT_S)
+        try:
+            _wait_for_nodes(ordered, settings.min_nodes, settings.node_wait_s)
+            data = make_partitions(scenario, settings.seed)
+            strategy.start(
+                ordered,
+                digits.to_arrays(digits.make_model(scenario.training.arch, seed=settings.seed)),
+                num_rounds=rounds,
+                timeout=settings.round_timeout_s,
+                train_config=train_config(scenario, extra),
+                evaluate_fn=evaluator(scenario, data),
+            )
+        except BaseException as exc:
+            store.set_state(run_id, RunState.FAILED, f"{type(exc).__name__}: {exc}")
+            raise
+        finally:
+            tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
+            store.save_profiles(run_id, strategy.profiles, tiers)
+        store.set_state(run_id, RunState.COMPLETED)
+        log(INFO, "run %s completed: %d rounds recorded in %s", run_id, rounds, settings.run_store)
+    finally:
+        store.close()
+
+
+def _wait_for_nodes(grid: Grid, count: int, wait_s: float) -> None:
+    if count <= 0:
+        return
+    end = time.monotonic() + wait_s
+    while True:
+        seen = len(list(grid.get_node_ids()))
+        if seen >= count:
+            return
+        if time.monotonic() >= end:
+            raise ServerConfigError(
+                f"only {seen} of min-nodes = {count} nodes connected within {wait_s:.0f}s"
+            )
+        time.sleep(0.5)
+
+
+# ---------------------------------------------------------------- run config values
+
+
+def _text(config: Mapping[str, UserConfigValue], key: str) -> str:
+    value = config.get(key)
+    if not isinstance(value, str) or not value:
+        raise ServerConfigError(f"run_config[{key!r}] must be a non-empty string, got {value!r}")
+    return value
+
+
+def _integer(
+    config: Mapping[str, UserConfigValue], key: str, *, minimum: int, default: int | None = None
+) -> int:
+    if key not in config and default is not None:
+        return default
+    value = config.get(key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ServerConfigError(
+            f"run_config[{key!r}] must be an integer >= {minimum}, got {value!r}"
+        )
+    return value
+
+
+def _number(config: Mapping[str, UserConfigValue], key: str, default: float) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ServerConfigError(f"run_config[{key!r}] must be a number > 0, got {value!r}")
+    return float(value)
+
+
+# ---------------------------------------------------------------- the Flower adapter
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the job the run config describes (see the module docstring)."""
+    run_server(grid, context)

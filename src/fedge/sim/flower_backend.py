@@ -1,0 +1,396 @@
+"""Run a scenario on Flower's own simulation runtime (Ray), with the same strategy and
+ClientApp as the in-process backend, and the same result for the same seed.
+
+Two things differ between Flower's runtime and :class:`~fedge.sim.grid.InProcessGrid`, and
+both are bridged here:
+
+* **Node ids.** Flower gives its nodes random 64-bit ids (partition ids 0..n-1 follow
+  registration order), while fedge's strategies sample from ``sorted(grid.get_node_ids())``.
+  :class:`PartitionOrderedGrid` asks every node once which partition it is (a
+  ``MessageType.QUERY`` message, answered by the ClientApp's ``@app.query()``) and shows
+  the strategy ``1000 + partition-id`` -- the ids the in-process grid uses -- translating
+  destinations on push and sources on pull. The deployment ServerApp uses it too, so run
+  records name parties the same way everywhere.
+* **Run config.** ``flwr.simulation.run_simulation`` starts every node with an EMPTY
+  ``run_config`` (it has no parameter for one: nodes get the fused config of an app
+  directory or an installed FAB, and it passes neither). The ClientApp needs ``scenario``
+  and ``seed``, so :func:`run_on_flower` does what Flower's own ``flwr-simulation`` process
+  does: it writes a minimal Flower app directory whose ``[tool.flwr.app.config]`` holds
+  the run config, and starts the runtime through ``_run_simulation(app_dir=...,
+  is_app=True, run=...)`` with ``Run.override_config`` set. Each node's ``Context`` is
+  built from that in the driver and shipped to the Ray actors with every message, so the
+  values reach every worker process.
+
+Ray is started with 2 CPUs (one actor per CPU, ``client_resources.num_cpus = 1``), no
+dashboard, a small object store, its servers on 127.0.0.1, ERROR-level logging, no worker
+output on the driver, usage stats off, and a private temp dir that is removed afterwards.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from logging import ERROR, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import Context, Message, MessageType, RecordDict
+from flwr.app.message import make_message
+from flwr.serverapp import Grid, ServerApp
+from flwr.supercore import log
+from flwr.supercore.run import Run
+
+from fedge.aggregator.client_app import METRICS_KEY, PARTITION_ID_KEY
+from fedge.sim.data import make_partitions
+from fedge.sim.grid import NODE_ID_BASE
+from fedge.sim.runner import Curve, ProgressFn, drive, run_config
+from fedge.sim.scenario import Scenario
+
+RAY_CPUS = 2
+RAY_OBJECT_STORE_BYTES = 200 * 1024 * 1024
+DISCOVERY_TIMEOUT_S = 120.0
+
+
+class PartitionOrderedGrid(Grid):
+    """A Flower ``Grid`` whose node ids are ``1000 + partition-id``, whatever the runtime's.
+
+    Wraps another Grid (Flower's in-memory grid in simulation, its HTTP grid in
+    deployment). Every node is asked its partition id once, the first time it is seen;
+    nodes that have not answered yet are not shown. Messages stay Flower ``Message``
+    objects: a pushed message is copied with the real destination (the caller's object
+    keeps the id it was given and gets the message id), and a pulled reply's source is
+    rewritten to the id the strategy knows.
+    """
+
+    def __init__(
+        self,
+        grid: Grid,
+        *,
+        discovery_timeout_s: float = DISCOVERY_TIMEOUT_S,
+        pull_interval_s: float = 0.02,
+    ) -> None:
+        self._grid = grid
+        self.discovery_timeout_s = discovery_timeout_s
+        self.pull_interval_s = pull_interval_s
+        self._shown_of: dict[int, int] = {}  # real node id -> 1000 + partition id
+        self._real_of: dict[int, int] = {}  # 1000 + partition id -> real node id
+        self._asked: dict[str, int] = {}  # query message id -> real node id
+        self._unusable: dict[int, str] = {}  # real node id -> why it cannot be placed
+
+    # -- what the strategy sees
+
+    @property
+    def partition_map(self) -> dict[int, int]:
+        """Shown node id -> the runtime's real node id, for every node placed so far."""
+        return dict(self._real_of)
+
+    def real_node_id(self, node_id: int) -> int:
+        try:
+            return self._real_of[node_id]
+        except KeyError:
+            raise ValueError(f"no node {node_id} in this grid") from None
+
+    def shown_node_id(self, real_node_id: int) -> int:
+        return self._shown_of.get(real_node_id, real_node_id)
+
+    # -- Grid contract
+
+    def set_run(self, run: Run) -> None:
+        self._grid.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self._grid.run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+    def get_node_ids(self) -> Iterable[int]:
+        real = list(self._grid.get_node_ids())
+        self._discover(real)
+        # A party that came back as a new node is shown once, as its newest node.
+        return sorted(
+            self._shown_of[node]
+            for node in real
+            if node in self._shown_of and self._real_of[self._shown_of[node]] == node
+        )
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        originals = list(messages)
+        copies = [
+            self._with_destination(m, self.real_node_id(m.metadata.dst_node_id)) for m in originals
+        ]
+        message_ids = list(self._grid.push_messages(copies))
+        for original, sent in zip(originals, copies, strict=True):
+            original.metadata.__dict__["_message_id"] = sent.metadata.message_id
+        return message_ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        replies = list(self._grid.pull_messages(message_ids))
+        for reply in replies:
+            self._translate_reply(reply)
+        return replies
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        waiting = {m for m in self.push_messages(messages) if m}
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        while waiting:
+            got = list(self.pull_messages(waiting))
+            replies.extend(got)
+            waiting -= {r.metadata.reply_to_message_id for r in got}
+            if not waiting or (end is not None and time.monotonic() >= end):
+                break
+            time.sleep(self.pull_interval_s)
+        return replies
+
+    # -- discovery
+
+    def _discover(self, real_ids: list[int]) -> None:
+        asked = set(self._asked.values())
+        new = [
+            n
+            for n in real_ids
+            if n not in self._shown_of and n not in asked and n not in self._unusable
+        ]
+        sent: set[str] = set()
+        if new:
+            queries = [
+                Message(RecordDict(), dst_node_id=node, message_type=MessageType.QUERY)
+                for node in new
+            ]
+            pushed = {m for m in self._grid.push_messages(queries) if m}
+            # Flower's grids set each message's id on the object they push (and leave out
+            # of the returned ids a message they could not store).
+            for node, query in zip(new, queries, strict=True):
+                message_id = query.metadata.message_id
+                if message_id and message_id in pushed:
+                    self._asked[message_id] = node
+                    sent.add(message_id)
+                else:
+                    self._unusable[node] = "the query could not be pushed"
+        # Wait for the queries just sent; answers to older ones are taken as they come.
+        end = time.monotonic() + self.discovery_timeout_s
+        while True:
+            if self._asked:
+                for reply in self._grid.pull_messages(list(self._asked)):
+                    self._place(reply)
+            if not sent & set(self._asked) or time.monotonic() >= end:
+                break
+            time.sleep(self.pull_interval_s)
+        for message_id in sent & set(self._asked):
+            log(
+                WARNING,
+                "node %s did not say its partition id within %.0fs",
+                self._asked[message_id],
+                self.discovery_timeout_s,
+            )
+
+    def _place(self, reply: Message) -> None:
+        node = self._asked.pop(reply.metadata.reply_to_message_id, None)
+        if node is None:
+            return
+        if reply.has_error():
+            self._unusable[node] = f"query failed: {reply.error.reason}"
+            log(WARNING, "node %s cannot be placed: %s", node, self._unusable[node])
+            return
+        value = None
+        for key, record in reply.content.metric_records.items():
+            if key == METRICS_KEY or PARTITION_ID_KEY in record:
+                value = record.get(PARTITION_ID_KEY)
+                break
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            self._unusable[node] = f"query reply has no partition id ({value!r})"
+            log(WARNING, "node %s cannot be placed: %s", node, self._unusable[node])
+            return
+        shown = NODE_ID_BASE + value
+        previous = self._real_of.get(shown)
+        if previous is not None and previous != node:
+            # The same party came back as a new node (a restarted SuperNode): it replaces
+            # the old one, whose late replies are still recognised.
+            log(WARNING, "partition %d moved from node %s to node %s", value, previous, node)
+        self._real_of[shown] = node
+        self._shown_of[node] = shown
+
+    # -- message translation
+
+    @staticmethod
+    def _with_destination(message: Message, real_node_id: int) -> Message:
+        metadata = copy.copy(message.metadata)
+        metadata.dst_node_id = real_node_id
+        return make_message(metadata, content=message.content)
+
+    def _translate_reply(self, reply: Message) -> None:
+        fields = reply.metadata.__dict__
+        for key in ("_src_node_id", "_dst_node_id"):
+            if fields[key] in self._shown_of:
+                fields[key] = self._shown_of[fields[key]]
+
+
+# ---------------------------------------------------------------- the simulation runtime
+
+
+def backend_config(num_cpus: int = RAY_CPUS, temp_dir: str | None = None) -> dict[str, Any]:
+    """Flower's backend config: ``num_cpus`` one-CPU actors on a quiet, bounded Ray."""
+    init_args: dict[str, Any] = {
+        "num_cpus": num_cpus,
+        "num_gpus": 0,
+        "include_dashboard": False,
+        "logging_level": ERROR,
+        "log_to_driver": False,
+        "object_store_memory": RAY_OBJECT_STORE_BYTES,
+        "_node_ip_address": "127.0.0.1",  # Ray's servers on loopback only
+    }
+    if temp_dir is not None:
+        init_args["_temp_dir"] = temp_dir
+    return {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
+
+
+def write_app_dir(directory: Path, config: dict[str, bool | int | float | str]) -> Path:
+    """A minimal Flower app (``pyproject.toml``) whose run config defaults are ``config``.
+
+    Flower's runtimes build a node's ``run_config`` from an app directory's
+    ``[tool.flwr.app.config]`` fused with ``Run.override_config``; only the ClientApp
+    and ServerApp objects passed in code are run, the components named here are not loaded.
+    """
+    lines = [
+        "[project]",
+        'name = "fedge-sim"',
+        'version = "0.1.0"',
+        'description = "fedge scenario on the Flower simulation runtime"',
+        'license = "Apache-2.0"',
+        "",
+        "[tool.flwr.app]",
+        'publisher = "fedge"',
+        "",
+        "[tool.flwr.app.components]",
+        'serverapp = "fedge.sim.flower_backend:unused"',
+        'clientapp = "fedge.aggregator.client_app:app"',
+        "",
+        "[tool.flwr.app.config]",
+        *(f"{json.dumps(key)} = {_toml_value(value)}" for key, value in config.items()),
+        "",
+    ]
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "pyproject.toml"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return directory
+
+
+def _toml_value(value: bool | int | float | str) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(value)  # a TOML basic string is a JSON string
+
+
+def run_on_flower(
+    scenario: Scenario,
+    strategy_name: str,
+    seed: int,
+    *,
+    progress: ProgressFn | None = None,
+    num_cpus: int = RAY_CPUS,
+) -> Curve:
+    """One strategy on ``scenario`` with Flower's simulation runtime (Ray actors)."""
+    return run_strategies_on_flower(
+        scenario, (strategy_name,), seed, progress=progress, num_cpus=num_cpus
+    )[0]
+
+
+def run_strategies_on_flower(
+    scenario: Scenario,
+    strategy_names: Sequence[str],
+    seed: int,
+    *,
+    progress: ProgressFn | None = None,
+    num_cpus: int = RAY_CPUS,
+) -> list[Curve]:
+    """Several strategies, one after the other, in ONE Flower simulation (one Ray start).
+
+    Each strategy is built afresh and starts from the same initial model; the parties
+    keep nothing between messages, so each curve is what :func:`run_on_flower` gives.
+    """
+    if not strategy_names:
+        return []
+    # Imported here: the simulation runtime pulls in Ray, which the deployment path
+    # (PartitionOrderedGrid in the ServerApp) does not need.
+    from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
+    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
+    from fedge.aggregator.client_app import app as client_app
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    data = make_partitions(scenario, seed)
+    config = run_config(scenario, seed)
+    curves: list[Curve] = []
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        ordered = PartitionOrderedGrid(grid)
+        for name in strategy_names:
+            curves.append(drive(scenario, name, seed, ordered, data, progress))
+
+    workdir = Path(tempfile.mkdtemp(prefix="fedge-flwr-"))
+    try:
+        app_dir = write_app_dir(workdir / "app", config)
+        ray_dir = workdir / "ray"
+        ray_dir.mkdir()
+        run_id = generate_rand_int_from_bytes(RUN_ID_NUM_BYTES)
+        run = Run.create_empty(run_id=run_id)
+        run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
+        run.federation_id = NOOP_FEDERATION_ID
+        run.override_config = dict(config)
+        # What Flower's ServerApp runtime sets for its process: new Messages read it.
+        TaskIdentity.task_id = 1
+        TaskIdentity.run_id = run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        context = Context(
+            run_id=run_id,
+            node_id=0,
+            node_config={},
+            state=RecordDict(),
+            run_config=dict(config),
+        )
+        _run_simulation(
+            num_supernodes=scenario.fleet.parties,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            backend_name="ray",
+            backend_config=backend_config(num_cpus, str(ray_dir)),
+            server_app_context=context,
+            app_dir=str(app_dir),
+            run=run,
+            is_app=True,
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if len(curves) != len(strategy_names):
+        raise RuntimeError(
+            f"the Flower simulation of {', '.join(strategy_names)} (seed {seed}) returned "
+            f"{len(curves)} curves"
+        )
+    return curves
