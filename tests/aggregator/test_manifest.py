@@ -162,7 +162,7 @@ BAD = [
     pytest.param(edited("seed = 7\n", ""), "missing field job.seed", id="missing-seed"),
     pytest.param(
         edited("seed = 7\n", "seed = 7\ncolour = 'blue'\n"),
-        "unknown field job.colour",
+        "unknown field 'job.colour'",
         id="unknown-field",
     ),
     pytest.param(
@@ -203,7 +203,7 @@ BAD = [
     ),
     pytest.param(edited("workers = 3", "workers = 0"), "federation.workers must be >= 1", id="w0"),
     pytest.param(edited("every = 2", "every = 0"), "checkpoint.every must be >= 1", id="every0"),
-    pytest.param(GOOD.replace("[task]", "[tasks]"), "unknown field tasks", id="unknown-section"),
+    pytest.param(GOOD.replace("[task]", "[tasks]"), "unknown field 'tasks'", id="unknown-section"),
     pytest.param(GOOD + "\n[job\n", "is not valid TOML", id="bad-toml"),
 ]
 

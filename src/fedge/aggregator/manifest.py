@@ -50,6 +50,7 @@ from fedge.aggregator.factory import KINDS, StrategyConfigError, build_strategy
 from fedge.errors import FedgeError
 from fedge.models.digits import ARCHITECTURES
 from fedge.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_path
+from fedge.toml_table import TomlTable
 
 Backend = Literal["inprocess", "flower", "deployment"]
 BACKENDS: tuple[Backend, ...] = ("inprocess", "flower", "deployment")
@@ -173,14 +174,14 @@ def parse_manifest(
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ManifestError(f"job manifest {source or '<text>'} is not valid TOML: {exc}") from exc
-    top = _Table(document, "", _TOP_FIELDS)
+    top = TomlTable(document, "", _TOP_FIELDS, error=ManifestError)
     job_table = top.table("job", _JOB_FIELDS)
     task_table = top.table("task", _TASK_FIELDS)
     strategy_table = top.table("strategy", _STRATEGY_FIELDS)
     federation_table = top.optional_table("federation", _FEDERATION_FIELDS)
     checkpoint_table = top.optional_table("checkpoint", _CHECKPOINT_FIELDS)
 
-    name = job_table.text("name")
+    name = job_table.text("name", non_empty=True)
     if not _NAME.match(name):
         raise ManifestError(
             f"job.name must be 1-64 letters, digits, '.', '_' or '-' "
@@ -192,13 +193,13 @@ def parse_manifest(
         seed=job_table.integer("seed", minimum=0),
     )
 
-    reference = task_table.text("scenario")
+    reference = task_table.text("scenario", non_empty=True)
     resolved = scenario_file or _resolve_scenario(reference, base_dir)
     try:
         loaded = load_scenario(str(resolved))
     except ScenarioError as exc:
         raise ManifestError(f"task.scenario: {exc}") from None
-    arch = task_table.text("arch", loaded.training.arch)
+    arch = task_table.text("arch", loaded.training.arch, non_empty=True)
     if arch not in ARCHITECTURES:
         raise ManifestError(
             f"task.arch: unknown architecture {arch!r} (known: {', '.join(sorted(ARCHITECTURES))})"
@@ -208,7 +209,7 @@ def parse_manifest(
         loaded, training=dataclasses.replace(loaded.training, rounds=job.rounds, arch=arch)
     )
 
-    kind = strategy_table.text("kind")
+    kind = strategy_table.text("kind", non_empty=True)
     if kind not in KINDS:
         raise ManifestError(f"strategy.kind: unknown strategy {kind!r} (known: {', '.join(KINDS)})")
     params_table = strategy_table.optional_table("params", None)
@@ -217,7 +218,7 @@ def parse_manifest(
 
     federation = FederationSpec()
     if federation_table is not None:
-        backend = federation_table.text("backend", "inprocess")
+        backend = federation_table.text("backend", "inprocess", non_empty=True)
         if backend not in BACKENDS:
             raise ManifestError(
                 f"federation.backend must be one of {', '.join(BACKENDS)}, got {backend!r}"
@@ -280,56 +281,3 @@ _TASK_FIELDS = frozenset(("scenario", "arch"))
 _STRATEGY_FIELDS = frozenset(("kind", "params"))
 _FEDERATION_FIELDS = frozenset(("backend", "workers"))
 _CHECKPOINT_FIELDS = frozenset(("every", "keep"))
-
-
-class _Table:
-    """One TOML table: unknown keys are rejected up front, getters name the field."""
-
-    def __init__(
-        self, data: Mapping[str, object], path: str, allowed: frozenset[str] | None
-    ) -> None:
-        self._data = data
-        self._path = path
-        if allowed is not None:
-            unknown = sorted(set(data) - allowed)
-            if unknown:
-                known = ", ".join(sorted(allowed))
-                raise ManifestError(f"unknown field {self._name(unknown[0])} (known: {known})")
-
-    def _name(self, key: str) -> str:
-        return f"{self._path}.{key}" if self._path else key
-
-    def items(self) -> list[tuple[str, object]]:
-        return list(self._data.items())
-
-    def _get(self, key: str) -> object:
-        if key not in self._data:
-            raise ManifestError(f"missing field {self._name(key)}")
-        return self._data[key]
-
-    def text(self, key: str, default: str | None = None) -> str:
-        if default is not None and key not in self._data:
-            return default
-        value = self._get(key)
-        if not isinstance(value, str) or not value:
-            raise ManifestError(f"{self._name(key)} must be a non-empty string, got {value!r}")
-        return value
-
-    def integer(self, key: str, *, minimum: int, default: int | None = None) -> int:
-        if default is not None and key not in self._data:
-            return default
-        value = self._get(key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ManifestError(f"{self._name(key)} must be an integer, got {value!r}")
-        if value < minimum:
-            raise ManifestError(f"{self._name(key)} must be >= {minimum}, got {value}")
-        return value
-
-    def table(self, key: str, allowed: frozenset[str] | None) -> _Table:
-        value = self._get(key)
-        if not isinstance(value, dict):
-            raise ManifestError(f"{self._name(key)} must be a table ([{self._name(key)}])")
-        return _Table(value, self._name(key), allowed)
-
-    def optional_table(self, key: str, allowed: frozenset[str] | None) -> _Table | None:
-        return self.table(key, allowed) if key in self._data else None

@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import math
 import tomllib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 from fedge.errors import FedgeError
+from fedge.toml_table import TomlTable
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the shipped scenarios live (installed as package data)."""
@@ -261,7 +261,7 @@ def parse_scenario(text: str, *, source: str = "") -> Scenario:
         document = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ScenarioError(f"scenario {source or '<text>'} is not valid TOML: {exc}") from exc
-    top = _Table(document, "", _TOP_FIELDS)
+    top = TomlTable(document, "", _TOP_FIELDS, error=ScenarioError)
     data = top.table("data", _DATA_FIELDS)
     fleet = top.table("fleet", _FLEET_FIELDS)
     device = top.table("device", _DEVICE_FIELDS)
@@ -326,7 +326,7 @@ _TRAINING_FIELDS = frozenset(
 )
 
 
-def _group(table: _Table) -> GroupSpec:
+def _group(table: TomlTable) -> GroupSpec:
     return GroupSpec(
         count=table.integer("count"),
         cpus=table.number("cpus"),
@@ -335,90 +335,10 @@ def _group(table: _Table) -> GroupSpec:
     )
 
 
-def _strategies(table: _Table | None) -> dict[str, dict[str, object]]:
+def _strategies(table: TomlTable | None) -> dict[str, dict[str, object]]:
     if table is None:
         return {}
     return {name: dict(table.table(name, None).items()) for name in table.names()}
-
-
-class _Table:
-    """One TOML table: unknown keys are rejected up front, getters name the field.
-
-    Checking unknown keys first means a typo (``trainig``) is reported as the typo rather
-    than as the missing ``training`` it causes. ``allowed=None`` accepts any key.
-    """
-
-    def __init__(
-        self, data: Mapping[str, object], path: str, allowed: frozenset[str] | None
-    ) -> None:
-        self._data = data
-        self._path = path
-        if allowed is not None:
-            unknown = sorted(set(data) - allowed)
-            if unknown:
-                known = ", ".join(sorted(allowed))
-                raise ScenarioError(f"unknown field {self._name(unknown[0])!r} (known: {known})")
-
-    def _name(self, key: str) -> str:
-        return f"{self._path}.{key}" if self._path else key
-
-    def names(self) -> list[str]:
-        return list(self._data)
-
-    def items(self) -> list[tuple[str, object]]:
-        return list(self._data.items())
-
-    def _get(self, key: str) -> object:
-        if key not in self._data:
-            raise ScenarioError(f"missing field {self._name(key)}")
-        return self._data[key]
-
-    def text(self, key: str, default: str | None = None) -> str:
-        if default is not None and key not in self._data:
-            return default
-        value = self._get(key)
-        if not isinstance(value, str):
-            raise ScenarioError(f"{self._name(key)} must be a string, got {value!r}")
-        return value
-
-    def integer(self, key: str) -> int:
-        value = self._get(key)
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ScenarioError(f"{self._name(key)} must be an integer, got {value!r}")
-        return value
-
-    def number(self, key: str, default: float | None = None) -> float:
-        if default is not None and key not in self._data:
-            return default
-        value = self._get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise ScenarioError(f"{self._name(key)} must be a number, got {value!r}")
-        if not math.isfinite(value):
-            raise ScenarioError(f"{self._name(key)} must be finite, got {value!r}")
-        return float(value)
-
-    def optional_number(self, key: str) -> float | None:
-        return self.number(key) if key in self._data else None
-
-    def table(self, key: str, allowed: frozenset[str] | None) -> _Table:
-        value = self._get(key)
-        if not isinstance(value, dict):
-            raise ScenarioError(f"{self._name(key)} must be a table ([{self._name(key)}])")
-        return _Table(value, self._name(key), allowed)
-
-    def optional_table(self, key: str, allowed: frozenset[str] | None) -> _Table | None:
-        return self.table(key, allowed) if key in self._data else None
-
-    def tables(self, key: str, allowed: frozenset[str]) -> list[_Table]:
-        """An optional array of tables (``[[fleet.groups]]``); absent means empty."""
-        value = self._data.get(key, [])
-        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
-            raise ScenarioError(
-                f"{self._name(key)} must be an array of tables ([[{self._name(key)}]])"
-            )
-        return [
-            _Table(item, f"{self._name(key)}[{index}]", allowed) for index, item in enumerate(value)
-        ]
 
 
 # ---------------------------------------------------------------- range checks
