@@ -945,7 +945,7 @@ def test_constructors_enforce_the_same_rules() -> None:
         MetricRecord("m", math.nan, 0.0)
 
 
-# ---------------------------------------------------------------- regressions: bugs found in review, now fixed
+# ---------------------------------------------------- regressions: bugs found in review, now fixed
 
 
 def test_bug_huge_integer_in_float_field_escapes_as_overflow_error() -> None:

@@ -424,7 +424,7 @@ def test_public_key_from_text_not_base64(text: str) -> None:
         PublicKey.from_text(text)
 
 
-# ---------------------------------------------------------------- regressions: bugs found in review, now fixed
+# ---------------------------------------------------- regressions: bugs found in review, now fixed
 
 
 def test_bug_public_key_from_non_ascii_text() -> None:

@@ -274,7 +274,7 @@ class StreamingFedAvg(FedAvg):
                     )
                 )
         self._update_profiles(arrivals, settlement, plan)
-        new_arrays = to_array_record(fold.result()) if fold.count else arrays
+        new_arrays = _serialise(fold) if fold.count else arrays
         metrics = _weighted_metrics([replies[n] for n in settlement.on_time if n in replies])
         self.elapsed_s += settlement.round_time_s
         record = RoundRecord(
@@ -459,6 +459,15 @@ class StreamingFedAvg(FedAvg):
         for node in settlement.late:
             if arrivals.get(node) is None:
                 self.profiles[node] = tiers.observe_timeout(self.profiles.get(node), t_max)
+
+
+def _serialise(fold: StreamingMean) -> ArrayRecord:
+    """The fold's mean as an ArrayRecord, one array at a time (no second full copy)."""
+    record = ArrayRecord()
+    for key, mean in fold.take_result():
+        record[key] = Array(np.ascontiguousarray(mean))
+        del mean
+    return record
 
 
 def _floats(record: MetricRecord) -> dict[str, float]:

@@ -3,7 +3,8 @@
 A file is scored only once it has stopped changing (same size and mtime on two scans,
 and older than ``settle_s``): a camera or ``cp`` writing a large image must not be caught
 half-way. A file that still does not decode is retried until it has been quiet for
-``give_up_s``, then moved to ``failed/``. Writers that can should still write elsewhere and rename into the inbox.
+``give_up_s``, then moved to ``failed/``. Writers that can should still write elsewhere
+and rename into the inbox.
 
 A file's prediction is recorded with the file name as its source; a file that is still
 in the inbox after a crash is moved on without scoring it again.
