@@ -99,8 +99,6 @@ def run_demo(out: Path) -> int:
         ).start()
         for e in EDGES
     ]
-    for process in processes[1:]:
-        process.start()
     try:
         status = _fleet_flow(out, home, fleet, store, trained_accuracy)
     finally:

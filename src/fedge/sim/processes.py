@@ -22,6 +22,8 @@ class FedgeProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "FedgeProcess":
+        if self.alive:
+            raise RuntimeError(f"fedge {' '.join(self.args)} is already running")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
