@@ -336,13 +336,15 @@ class StreamingFedAvg(FedAvg):
         replies: dict[int, Message] = {}
         wall: dict[int, float] = {}
         started = time.monotonic()
+        backoff = _Backoff(self.pull_interval_s)
         while len(replies) < len(ids) and time.monotonic() < started + timeout:
-            for reply in grid.pull_messages([i for i in ids if ids[i] not in replies]):
+            got = list(grid.pull_messages([i for i in ids if ids[i] not in replies]))
+            for reply in got:
                 node = ids[reply.metadata.reply_to_message_id]
                 replies[node] = reply
                 wall[node] = time.monotonic() - started
             if len(replies) < len(ids):
-                time.sleep(self.pull_interval_s)
+                backoff.wait(progressed=bool(got))
         arrivals: dict[int, float | None] = {}
         failures: dict[int, str] = {}
         for node in ids.values():
@@ -386,9 +388,11 @@ class StreamingFedAvg(FedAvg):
         limit = plan.deadline_s if plan.deadline_s is not None else timeout
         end = started + min(limit, timeout)
         this_round = set(message_ids)
+        backoff = _Backoff(self.pull_interval_s)
         while True:
             now = time.monotonic()
-            for reply in grid.pull_messages(list(self._pending)):
+            pulled = list(grid.pull_messages(list(self._pending)))
+            for reply in pulled:
                 node, origin, t0 = self._pending.pop(reply.metadata.reply_to_message_id)
                 if origin != server_round:  # a straggler from an earlier round
                     self._late_arrival(reply, origin)
@@ -406,7 +410,7 @@ class StreamingFedAvg(FedAvg):
             # The round ends at its quorum, when nobody is left, or at the deadline.
             if len(on_time) >= plan.quorum or not outstanding or time.monotonic() >= end:
                 break
-            time.sleep(self.pull_interval_s)
+            backoff.wait(progressed=bool(pulled))
         late = tuple(self._pending[m][0] for m in this_round if m in self._pending)
         if self.deadline.late_policy == "drop":
             for mid in [m for m in this_round if m in self._pending]:
@@ -459,6 +463,26 @@ class StreamingFedAvg(FedAvg):
         for node in settlement.late:
             if arrivals.get(node) is None:
                 self.profiles[node] = tiers.observe_timeout(self.profiles.get(node), t_max)
+
+
+class _Backoff:
+    """Poll fast while replies are coming, then back off to ``ceiling_s``.
+
+    A fixed interval costs up to a whole interval per round even when the replies are
+    already there (in-process rounds take a few milliseconds); starting at 0.5 ms and
+    doubling keeps idle polling cheap in a long deployment round.
+    """
+
+    def __init__(self, ceiling_s: float, floor_s: float = 0.0005) -> None:
+        self.floor_s = min(floor_s, ceiling_s)
+        self.ceiling_s = ceiling_s
+        self.current_s = self.floor_s
+
+    def wait(self, *, progressed: bool) -> None:
+        if progressed:
+            self.current_s = self.floor_s
+        time.sleep(self.current_s)
+        self.current_s = min(self.current_s * 2, self.ceiling_s)
 
 
 def _serialise(fold: StreamingMean) -> ArrayRecord:

@@ -171,3 +171,41 @@ def aggregate(
         json_path,
         lambda progress: run_aggregate(updates, params, seed=seed, progress=progress),
     )
+
+
+@app.command("sim-overhead")
+@friendly_errors
+def sim_overhead(
+    parties: Annotated[
+        int, typer.Option(help="Simulated parties (Flower supernodes).", min=2)
+    ] = 20,
+    per_round: Annotated[int, typer.Option(help="Parties asked per round.", min=1)] = 10,
+    rounds: Annotated[
+        int, typer.Option(help="Timed rounds per run (after 1 untimed warm-up round).", min=1)
+    ] = 20,
+    repeats: Annotated[int, typer.Option(help="Runs per side (medians reported).", min=1)] = 5,
+    params: Annotated[int, typer.Option(help="Parameters of the echoed model.", min=2)] = 10_000,
+    seed: Annotated[int, typer.Option(help="Seed of the strategy and the model.")] = 0,
+    cpus: Annotated[int, typer.Option(help="Ray CPUs (one ClientApp actor each).", min=1)] = 2,
+    json_path: JsonOption = None,
+) -> None:
+    """Seconds per party-round: in-process grid vs Flower's runtime (ours and FedAvg).
+
+    Example: fedge bench sim-overhead --json out.json
+    """
+    from fedge.bench.sim_overhead import run_sim_overhead
+
+    _run(
+        "sim-overhead",
+        json_path,
+        lambda progress: run_sim_overhead(
+            parties,
+            per_round,
+            rounds,
+            repeats,
+            params=params,
+            seed=seed,
+            num_cpus=cpus,
+            progress=progress,
+        ),
+    )
