@@ -42,13 +42,10 @@ from __future__ import annotations
 import importlib.metadata
 import logging
 import os
-import shutil
 import statistics
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -64,7 +61,6 @@ from flwr.app import (
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.run import Run
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import build_strategy
@@ -335,14 +331,8 @@ def _flower_phase(
     work: Workload, repeats: int, num_cpus: int, progress: Progress
 ) -> tuple[list[RunTiming], float]:
     """Both Flower sides, ``repeats`` times each, alternating, in one Ray simulation."""
-    from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
-    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
-    from flwr.simulation.run_simulation import _run_simulation
-    from flwr.supercore.constant import NOOP_FEDERATION_ID
-    from flwr.supercore.task_identity import TaskIdentity
-    from flwr.supercore.telemetry import EventType
 
-    from fedge.sim.flower_backend import PartitionOrderedGrid, backend_config, write_app_dir
+    from fedge.sim.flower_backend import PartitionOrderedGrid, launch_simulation
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
@@ -376,38 +366,9 @@ def _flower_phase(
                 else:
                     timings.append(run_flower_fedavg(repetition, grid, work))
 
-    workdir = Path(tempfile.mkdtemp(prefix="fedge-bench-sim-overhead-"))
-    try:
-        app_dir = write_app_dir(workdir / "app", config)
-        ray_dir = workdir / "ray"
-        ray_dir.mkdir()
-        run_id = generate_rand_int_from_bytes(RUN_ID_NUM_BYTES)
-        run = Run.create_empty(run_id=run_id)
-        run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
-        run.federation_id = NOOP_FEDERATION_ID
-        run.override_config = dict(config)
-        TaskIdentity.task_id = 1
-        TaskIdentity.run_id = run_id
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        context = Context(
-            run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=dict(config)
-        )
-        progress(f"starting Flower's simulation runtime (Ray, {num_cpus} actors)")
-        started = time.perf_counter()
-        _run_simulation(
-            num_supernodes=work.parties,
-            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-            client_app=echo_app,
-            server_app=server_app,
-            backend_name="ray",
-            backend_config=backend_config(num_cpus, str(ray_dir)),
-            server_app_context=context,
-            app_dir=str(app_dir),
-            run=run,
-            is_app=True,
-        )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    progress(f"starting Flower's simulation runtime (Ray, {num_cpus} actors)")
+    started = time.perf_counter()
+    launch_simulation(server_app, echo_app, work.parties, config, num_cpus=num_cpus)
     if len(timings) != 2 * repeats or not ready:
         raise BenchError(
             f"the Flower simulation returned {len(timings)} of {2 * repeats} runs "

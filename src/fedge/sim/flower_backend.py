@@ -41,6 +41,7 @@ from typing import Any
 
 from flwr.app import Context, Message, MessageType, RecordDict
 from flwr.app.message import make_message
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 from flwr.supercore.run import Run
@@ -299,6 +300,64 @@ def _toml_value(value: bool | int | float | str) -> str:
     return json.dumps(value)  # a TOML basic string is a JSON string
 
 
+def launch_simulation(
+    server_app: ServerApp,
+    client_app: ClientApp,
+    num_supernodes: int,
+    config: dict[str, bool | int | float | str],
+    *,
+    num_cpus: int = RAY_CPUS,
+) -> None:
+    """Run ``server_app`` against ``client_app`` on Flower's simulation runtime (Ray).
+
+    The public ``run_simulation`` cannot pass a run config to the nodes, so this does what
+    Flower's own ``flwr-simulation`` does: a small app directory holding the config, a
+    ``Run`` with ``override_config``, and the private ``_run_simulation``.
+    """
+    from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
+    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+    from flwr.simulation.run_simulation import _run_simulation
+    from flwr.supercore.constant import NOOP_FEDERATION_ID
+    from flwr.supercore.task_identity import TaskIdentity
+    from flwr.supercore.telemetry import EventType
+
+    workdir = Path(tempfile.mkdtemp(prefix="fedge-flwr-"))
+    try:
+        app_dir = write_app_dir(workdir / "app", config)
+        ray_dir = workdir / "ray"
+        ray_dir.mkdir()
+        run_id = generate_rand_int_from_bytes(RUN_ID_NUM_BYTES)
+        run = Run.create_empty(run_id=run_id)
+        run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
+        run.federation_id = NOOP_FEDERATION_ID
+        run.override_config = dict(config)
+        # What Flower's ServerApp runtime sets for its process: new Messages read it.
+        TaskIdentity.task_id = 1
+        TaskIdentity.run_id = run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        context = Context(
+            run_id=run_id,
+            node_id=0,
+            node_config={},
+            state=RecordDict(),
+            run_config=dict(config),
+        )
+        _run_simulation(
+            num_supernodes=num_supernodes,
+            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
+            client_app=client_app,
+            server_app=server_app,
+            backend_name="ray",
+            backend_config=backend_config(num_cpus, str(ray_dir)),
+            server_app_context=context,
+            app_dir=str(app_dir),
+            run=run,
+            is_app=True,
+        )
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
 def run_on_flower(
     scenario: Scenario,
     strategy_name: str,
@@ -330,12 +389,6 @@ def run_strategies_on_flower(
         return []
     # Imported here: the simulation runtime pulls in Ray, which the deployment path
     # (PartitionOrderedGrid in the ServerApp) does not need.
-    from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
-    from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
-    from flwr.simulation.run_simulation import _run_simulation
-    from flwr.supercore.constant import NOOP_FEDERATION_ID
-    from flwr.supercore.task_identity import TaskIdentity
-    from flwr.supercore.telemetry import EventType
 
     from fedge.aggregator.client_app import app as client_app
 
@@ -353,41 +406,7 @@ def run_strategies_on_flower(
         for name in strategy_names:
             curves.append(drive(scenario, name, seed, ordered, data, progress))
 
-    workdir = Path(tempfile.mkdtemp(prefix="fedge-flwr-"))
-    try:
-        app_dir = write_app_dir(workdir / "app", config)
-        ray_dir = workdir / "ray"
-        ray_dir.mkdir()
-        run_id = generate_rand_int_from_bytes(RUN_ID_NUM_BYTES)
-        run = Run.create_empty(run_id=run_id)
-        run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
-        run.federation_id = NOOP_FEDERATION_ID
-        run.override_config = dict(config)
-        # What Flower's ServerApp runtime sets for its process: new Messages read it.
-        TaskIdentity.task_id = 1
-        TaskIdentity.run_id = run_id
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        context = Context(
-            run_id=run_id,
-            node_id=0,
-            node_config={},
-            state=RecordDict(),
-            run_config=dict(config),
-        )
-        _run_simulation(
-            num_supernodes=scenario.fleet.parties,
-            exit_event=EventType.PYTHON_API_RUN_SIMULATION_LEAVE,
-            client_app=client_app,
-            server_app=server_app,
-            backend_name="ray",
-            backend_config=backend_config(num_cpus, str(ray_dir)),
-            server_app_context=context,
-            app_dir=str(app_dir),
-            run=run,
-            is_app=True,
-        )
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    launch_simulation(server_app, client_app, scenario.fleet.parties, config)
     if len(curves) != len(strategy_names):
         raise RuntimeError(
             f"the Flower simulation of {', '.join(strategy_names)} (seed {seed}) returned "
