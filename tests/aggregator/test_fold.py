@@ -179,3 +179,31 @@ def test_staleness_weight_values() -> None:
 def test_staleness_weight_rejects_negative_staleness() -> None:
     with pytest.raises(ValueError, match="staleness_rounds"):
         staleness_weight(-1)
+
+
+def test_streamed_updates_fold_like_whole_ones() -> None:
+    rng = np.random.default_rng(5)
+    updates = [
+        {
+            "w": rng.normal(size=(3, 4)).astype(np.float32),
+            "b": rng.normal(size=4).astype(np.float32),
+        }
+        for _ in range(4)
+    ]
+    weights = [1.0, 2.5, 0.0, 7.0]
+    whole, streamed = StreamingMean(), StreamingMean()
+    for update, weight in zip(updates, weights, strict=True):
+        whole.add(update, weight)
+        layout = {k: (v.shape, v.dtype) for k, v in update.items()}
+        streamed.add_streamed(layout, iter(update.items()), weight)
+    for key, value in whole.result().items():
+        np.testing.assert_array_equal(streamed.result()[key], value)
+
+
+def test_streamed_update_with_a_wrong_layout_changes_nothing() -> None:
+    fold = StreamingMean()
+    fold.add({"w": np.ones(3, np.float32)}, 1.0)
+    with pytest.raises(ValueError, match="'w'"):
+        fold.add_streamed({"w": ((4,), np.dtype(np.float32))}, iter([]), 1.0)
+    assert fold.count == 1
+    np.testing.assert_array_equal(fold.result()["w"], np.ones(3, np.float32))

@@ -30,7 +30,7 @@ to their dtype by ``result``.
 """
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -90,6 +90,55 @@ class StreamingMean:
         if weight != 0:
             for key, update in named.items():
                 self._fold(self._acc[key], update, float(weight))
+        self._count += 1
+        self._total_weight += float(weight)
+
+    def add_streamed(
+        self,
+        layout: Mapping[str, tuple[tuple[int, ...], np.dtype[Any]]],
+        arrays: Iterable[tuple[str, npt.NDArray[Any]]],
+        weight: float,
+    ) -> None:
+        """Fold an update that is decoded one array at a time.
+
+        ``layout`` (name -> shape, dtype, known without decoding) is checked first, so a
+        mismatched update changes nothing; then each array from ``arrays`` is folded and
+        can be dropped before the next is decoded -- peak memory is the accumulator plus
+        one array, not plus one model. An array that contradicts its own layout entry
+        (a corrupt reply) raises mid-way; the fold is then unusable and says so.
+        """
+        if not (math.isfinite(weight) and weight >= 0):
+            raise ValueError(f"weight must be a finite number >= 0, got {weight}")
+        if self._count == 0:
+            for key, (shape, dtype) in layout.items():
+                self._shapes[key] = tuple(shape)
+                self._dtypes[key] = np.dtype(dtype)
+                acc_dtype = accumulator_dtype(np.dtype(dtype))
+                self._acc[key] = np.zeros(shape, acc_dtype)
+                if acc_dtype not in self._buffers:
+                    self._buffers[acc_dtype] = np.empty(self._chunk, acc_dtype)
+        else:
+            missing = [k for k in self._acc if k not in layout]
+            extra = [k for k in layout if k not in self._acc]
+            if missing or extra:
+                raise ValueError(
+                    f"update does not match the model: missing arrays {missing}, unexpected {extra}"
+                )
+            for key, (shape, dtype) in layout.items():
+                if tuple(shape) != self._shapes[key] or np.dtype(dtype) != self._dtypes[key]:
+                    raise ValueError(
+                        f"array {key!r}: {tuple(shape)} {np.dtype(dtype)}, expected "
+                        f"{self._shapes[key]} {self._dtypes[key]}"
+                    )
+        seen = 0
+        for key, update in arrays:
+            if update.shape != self._shapes[key] or update.dtype != self._dtypes[key]:
+                raise ValueError(f"array {key!r} contradicts its declared layout (corrupt reply)")
+            if weight != 0:
+                self._fold(self._acc[key], update, float(weight))
+            seen += 1
+        if seen != len(layout):
+            raise ValueError(f"update declared {len(layout)} arrays but yielded {seen}")
         self._count += 1
         self._total_weight += float(weight)
 

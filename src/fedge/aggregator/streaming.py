@@ -23,7 +23,7 @@ time from push to pull is the party's latency.
 import dataclasses
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from logging import INFO
 from typing import Any
@@ -307,6 +307,23 @@ class StreamingFedAvg(FedAvg):
         self.after_round(record, {n: replies[n] for n in settlement.on_time if n in replies})
         return new_arrays, record
 
+    def _fold_reply(self, fold: StreamingMean, message: Message) -> None:
+        """Decode and fold a reply one array at a time, emptying the reply as it goes."""
+        record = message.content[self.arrayrecord_key]
+        if not isinstance(record, ArrayRecord):
+            raise ValueError(f"reply's {self.arrayrecord_key!r} is not an ArrayRecord")
+        weight = _weight(message)
+        if record is self._sent:  # an in-process party echoed what we sent: don't empty it
+            fold.add(arrays_of(record), weight)
+            return
+        layout = {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in record.items()}
+
+        def decoded() -> Iterator[tuple[str, np.ndarray]]:
+            for key in list(record.keys()):
+                yield key, record.pop(key).numpy()
+
+        fold.add_streamed(layout, decoded(), weight)
+
     def _arrays(self, message: Message) -> dict[str, np.ndarray]:
         """Decode a reply's model, emptying the reply as it goes.
 
@@ -404,8 +421,8 @@ class StreamingFedAvg(FedAvg):
                     continue
                 replies[node] = reply
                 on_time.append(node)
-                # Fold now and let the reply go: memory stays at one model.
-                fold.add(self._arrays(reply), _weight(reply))
+                # Fold now, array by array, and let the reply go: memory stays at one model.
+                self._fold_reply(fold, reply)
             outstanding = [m for m in this_round if m in self._pending]
             # The round ends at its quorum, when nobody is left, or at the deadline.
             if len(on_time) >= plan.quorum or not outstanding or time.monotonic() >= end:
