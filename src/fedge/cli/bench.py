@@ -209,3 +209,29 @@ def sim_overhead(
             progress=progress,
         ),
     )
+
+
+@app.command()
+@friendly_errors
+def distill(
+    scenario: Annotated[str, typer.Option(help="Scenario name or path.")] = "tifl-digits",
+    seed: Annotated[int, typer.Option(help="Seed of the split and of every model.")] = 0,
+    rounds: Annotated[
+        int | None,
+        typer.Option(
+            help="FedAvg rounds of the student-alone baseline (default: scenario's).", min=1
+        ),
+    ] = None,
+    json_path: JsonOption = None,
+) -> None:
+    """Distil mlp-large into mlp-small on the proxy split; compare with FedAvg mlp-small.
+
+    Example: fedge bench distill --json out.json
+    """
+    from fedge.bench.distill import run_distill
+
+    _run(
+        "distill",
+        json_path,
+        lambda progress: run_distill(scenario, seed, rounds=rounds, progress=progress),
+    )

@@ -70,3 +70,96 @@ def list_models(home: HomeOption = DEFAULT_HOME) -> None:
             str(row["run_id"] or "-"),
         )
     console.print(table)
+
+
+@app.command("train-teacher")
+@friendly_errors
+def train_teacher(
+    arch: Annotated[str, typer.Option(help="Teacher architecture.")] = "mlp-large",
+    scenario: Annotated[str, typer.Option(help="Scenario name or path.")] = "tifl-digits",
+    seed: Annotated[int, typer.Option(help="Seed of the split and the model.")] = 0,
+    out: Annotated[Path, typer.Option(help="Where to write the torch state.")] = Path("teacher.pt"),
+) -> None:
+    """Train a teacher centrally on the scenario's pooled party data; save it for distill.
+
+    Example: fedge model train-teacher --arch mlp-large --scenario tifl-digits --out teacher.pt
+    """
+    from fedge.models import digits, edge_student
+    from fedge.sim.data import make_partitions
+    from fedge.sim.scenario import load_scenario
+
+    loaded = load_scenario(scenario)
+    teacher = edge_student.train_teacher(loaded, seed, arch)
+    edge_student.save_teacher(teacher, out)
+    test_x, test_y = make_partitions(loaded, seed).test
+    console.print(
+        f"teacher {teacher.arch}: {digits.count_parameters(teacher.model)} parameters, "
+        f"test accuracy {digits.accuracy(teacher.model, test_x, test_y, device='cpu'):.4f} "
+        f"-> {out}"
+    )
+
+
+@app.command()
+@friendly_errors
+def distill(
+    teacher: Annotated[
+        str, typer.Option(help="A teacher .pt from train-teacher, or an arch to train first.")
+    ],
+    arch: Annotated[str, typer.Option(help="Student architecture.")] = "mlp-small",
+    scenario: Annotated[str, typer.Option(help="Scenario name or path.")] = "tifl-digits",
+    seed: Annotated[int, typer.Option(help="Seed of the split and the student.")] = 0,
+    temperature: Annotated[float, typer.Option(help="Distillation temperature T.")] = 4.0,
+    out: Annotated[Path, typer.Option(help="Where to write the student ONNX.")] = Path(
+        "student.onnx"
+    ),
+    publish_to_registry: Annotated[
+        bool, typer.Option("--publish", help="Publish the student to the registry.")
+    ] = False,
+    name: Annotated[str, typer.Option(help="Registry name (with --publish).")] = "digits-student",
+    version: Annotated[
+        int | None, typer.Option(help="Registry version (required with --publish).")
+    ] = None,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Distil a teacher into a small student on the scenario's unlabeled proxy split.
+
+    Example: fedge model distill --teacher mlp-large --arch mlp-small --out student.onnx
+    --publish --name digits-student --version 1
+    """
+    from fedge.models import edge_student
+    from fedge.sim.scenario import load_scenario
+
+    if publish_to_registry and version is None:
+        raise typer.BadParameter("--publish needs --version N", param_hint="--version")
+    if temperature <= 0:
+        raise typer.BadParameter("must be > 0", param_hint="--temperature")
+    # Open the registry first: a wrong --home fails before any training.
+    fleet = open_fleet(home)[1] if publish_to_registry else None
+    loaded = load_scenario(scenario)
+    resolved = edge_student.resolve_teacher(teacher, loaded, seed)
+    student, report = edge_student.distill_student(
+        resolved, loaded, seed, arch, temperature=temperature
+    )
+    check = edge_student.export_student(student, out, loaded, seed)
+    console.print(
+        f"teacher: {report.teacher}\n"
+        f"  {report.teacher_arch}: {report.teacher_params} parameters, "
+        f"test accuracy {report.teacher_accuracy:.4f}\n"
+        f"student {report.student_arch}: {report.student_params} parameters "
+        f"({report.compression:.1f}x fewer), test accuracy {report.student_accuracy:.4f} "
+        f"(before distillation {report.student_init_accuracy:.4f})\n"
+        f"distilled on {report.data} ({report.proxy_samples} unlabeled samples, "
+        f"T={report.temperature:g})\n"
+        f"exported {out}: ONNX Runtime vs torch max |diff| probs "
+        f"{check.probs_max_abs_diff:.2g}, logits {check.logits_max_abs_diff:.2g}",
+        highlight=False,
+    )
+    if fleet is not None and version is not None:
+        published = edge_student.publish_student(
+            fleet.registry, out, name=name, version=version, report=report
+        )
+        manifest = published.manifest
+        console.print(
+            f"published [bold]{manifest.ref}[/bold] sha256={manifest.sha256[:12]}… "
+            f"parent={manifest.lineage.parent_version} note={manifest.lineage.note!r}"
+        )

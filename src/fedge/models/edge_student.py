@@ -1,0 +1,226 @@
+"""The cloud -> edge flow around :mod:`fedge.models.distill`: teacher, student, registry.
+
+1. A **teacher** is either a saved torch state (``.pt``, :func:`save_teacher`) or trained
+   here on a scenario's pooled party data (:func:`train_teacher`, a centrally trained
+   stand-in for a federated teacher).
+2. The **student** (``mlp-small`` by default) is distilled on the scenario's unlabeled
+   proxy split (:func:`distill_student`); the test split only measures both models.
+3. The student is exported to ONNX (the edge contract of
+   :func:`fedge.models.distill.export_student_onnx`) and can be published to the edge
+   manager's registry with its lineage (:func:`publish_student`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from fedge.edge_manager.registry import PublishedModel, Registry
+from fedge.errors import FedgeError
+from fedge.models import digits
+from fedge.models.distill import ExportCheck, distill, export_student_onnx
+from fedge.protocols.manifest import Lineage
+from fedge.sim.data import Partitions, Split, make_partitions
+from fedge.sim.scenario import Scenario
+
+TEACHER_ARCH = "mlp-large"
+STUDENT_ARCH = "mlp-small"
+
+# Central teacher training: SGD on the pooled party data (~1,165 samples on tifl-digits).
+TEACHER_EPOCHS = 40
+TEACHER_LR = 0.1
+TEACHER_BATCH = 32
+
+# Distillation defaults, chosen on tifl-digits seed 0 from T in {1, 2, 4, 8} x lr in
+# {3e-3, 1e-2} (BENCHMARKS.md section 7 says so); Hinton's note: small students like
+# T = 2.5-4.
+DISTILL_EPOCHS = 300
+DISTILL_LR = 1e-2
+DISTILL_BATCH = 32
+TEMPERATURE = 4.0
+
+_TEACHER_FORMAT = "fedge-teacher/1"
+
+
+class TeacherError(FedgeError):
+    """A teacher file cannot be read, or a teacher spec is neither a file nor an arch."""
+
+
+@dataclass(frozen=True)
+class Teacher:
+    model: nn.Module
+    arch: str
+    description: str
+    """Where it came from, e.g. ``mlp-large trained on pooled parties of tifl-digits seed 0``."""
+
+
+@dataclass(frozen=True)
+class StudentReport:
+    teacher: str
+    teacher_arch: str
+    student_arch: str
+    teacher_params: int
+    student_params: int
+    teacher_accuracy: float
+    student_accuracy: float
+    student_init_accuracy: float
+    """The student before distillation (random init): what distillation added."""
+    proxy_samples: int
+    temperature: float
+    data: str
+    """``proxy split of <scenario> seed <s>``: the registry lineage's data field."""
+    first_epoch_loss: float
+    last_epoch_loss: float
+
+    @property
+    def compression(self) -> float:
+        return self.teacher_params / self.student_params
+
+    @property
+    def note(self) -> str:
+        return f"distilled from {self.teacher} (T={self.temperature:g})"
+
+
+def pooled_party_data(partitions: Partitions) -> Split:
+    """Every party's training split, concatenated (what a central teacher may train on)."""
+    xs = [x for x, _ in partitions.parties]
+    ys = [y for _, y in partitions.parties]
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def train_teacher(
+    scenario: Scenario,
+    seed: int = 0,
+    arch: str = TEACHER_ARCH,
+    *,
+    epochs: int = TEACHER_EPOCHS,
+) -> Teacher:
+    """Train ``arch`` centrally on the scenario's pooled party data (CPU, deterministic)."""
+    X, y = pooled_party_data(make_partitions(scenario, seed))
+    model = digits.make_model(arch, seed)
+    digits.train_local(
+        model, X, y, epochs=epochs, lr=TEACHER_LR, batch_size=TEACHER_BATCH, seed=seed,
+        device="cpu",
+    )  # fmt: skip
+    model.eval()
+    description = f"{arch} trained on pooled parties of {scenario.name} seed {seed}"
+    return Teacher(model, arch, description)
+
+
+def save_teacher(teacher: Teacher, path: Path) -> None:
+    """Write the teacher's arch, description and ``state_dict`` to ``path`` (torch.save)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save(
+        {
+            "format": _TEACHER_FORMAT,
+            "arch": teacher.arch,
+            "description": teacher.description,
+            "state_dict": teacher.model.state_dict(),
+        },
+        path,
+    )
+
+
+def load_teacher(path: Path) -> Teacher:
+    """Read a file written by :func:`save_teacher` (weights only: no code is unpickled)."""
+    try:
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise TeacherError(f"teacher file {path} does not exist") from None
+    except Exception as exc:  # torch raises many types for a bad file
+        raise TeacherError(f"cannot read teacher file {path}: {exc}") from None
+    if not isinstance(blob, dict) or blob.get("format") != _TEACHER_FORMAT:
+        raise TeacherError(
+            f"{path} is not a fedge teacher file; write one with `fedge model train-teacher`"
+        )
+    arch, description = blob["arch"], blob["description"]
+    if not isinstance(arch, str) or not isinstance(description, str):
+        raise TeacherError(f"{path}: arch and description must be strings")
+    model = digits.make_model(arch)
+    try:
+        model.load_state_dict(blob["state_dict"], strict=True)
+    except (RuntimeError, KeyError) as exc:
+        raise TeacherError(f"{path}: the weights do not fit a {arch} model: {exc}") from None
+    model.eval()
+    return Teacher(model, arch, f"{description} ({path.name})")
+
+
+def resolve_teacher(spec: str, scenario: Scenario, seed: int = 0) -> Teacher:
+    """``spec`` is a ``.pt`` file from :func:`save_teacher`, or an arch to train here."""
+    if spec in digits.ARCHITECTURES:
+        return train_teacher(scenario, seed, spec)
+    path = Path(spec)
+    if path.suffix == ".pt" or path.exists():
+        return load_teacher(path)
+    known = ", ".join(sorted(digits.ARCHITECTURES))
+    raise TeacherError(
+        f"--teacher {spec!r} is neither a teacher file (.pt) nor an architecture ({known})"
+    )
+
+
+def distill_student(
+    teacher: Teacher,
+    scenario: Scenario,
+    seed: int = 0,
+    arch: str = STUDENT_ARCH,
+    *,
+    epochs: int = DISTILL_EPOCHS,
+    lr: float = DISTILL_LR,
+    temperature: float = TEMPERATURE,
+) -> tuple[nn.Module, StudentReport]:
+    """Distil ``teacher`` into a fresh ``arch`` on the scenario's proxy split; measure both."""
+    from fedge.models.distill import DistillStats
+
+    partitions = make_partitions(scenario, seed)
+    test_X, test_y = partitions.test
+    student = digits.make_model(arch, seed)
+    init_accuracy = digits.accuracy(student, test_X, test_y, device="cpu")
+    stats: list[DistillStats] = []
+    distill(
+        teacher.model,
+        student,
+        partitions.proxy_X,
+        epochs=epochs,
+        lr=lr,
+        batch_size=DISTILL_BATCH,
+        temperature=temperature,
+        seed=seed,
+        stats=stats,
+    )
+    report = StudentReport(
+        teacher=teacher.description,
+        teacher_arch=teacher.arch,
+        student_arch=arch,
+        teacher_params=digits.count_parameters(teacher.model),
+        student_params=digits.count_parameters(student),
+        teacher_accuracy=digits.accuracy(teacher.model, test_X, test_y, device="cpu"),
+        student_accuracy=digits.accuracy(student, test_X, test_y, device="cpu"),
+        student_init_accuracy=init_accuracy,
+        proxy_samples=len(partitions.proxy_X),
+        temperature=temperature,
+        data=f"proxy split of {scenario.name} seed {seed}",
+        first_epoch_loss=stats[0].first_epoch_loss,
+        last_epoch_loss=stats[0].last_epoch_loss,
+    )
+    return student, report
+
+
+def export_student(
+    student: nn.Module, path: Path, scenario: Scenario, seed: int = 0
+) -> ExportCheck:
+    """Export to ONNX and verify against torch on the scenario's proxy split."""
+    return export_student_onnx(student, path, verify_X=make_partitions(scenario, seed).proxy_X)
+
+
+def publish_student(
+    registry: Registry, onnx_path: Path, *, name: str, version: int, report: StudentReport
+) -> PublishedModel:
+    """Publish the exported student with its lineage (teacher, proxy data, temperature)."""
+    lineage = Lineage(
+        parent_version=None, run_id=report.teacher, data=report.data, note=report.note
+    )
+    return registry.publish(onnx_path, name=name, version=version, lineage=lineage)
