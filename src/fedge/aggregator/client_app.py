@@ -22,6 +22,9 @@ A train reply carries ``"arrays"`` (the trained model) and ``"metrics"``:
 ``partition-id``    which party answered (int)
 ==================  =========================================================================
 
+The compute part of ``virtual-time-s`` scales with the trained arch's parameter count
+relative to ``"mlp"`` (``device.seconds_per_example`` is for ``"mlp"``).
+
 An evaluate reply carries ``"metrics"`` with ``eval-loss``, ``eval-acc`` and
 ``num-examples`` on the party's local validation split. A query reply carries
 ``"metrics"`` with ``partition-id``: which party a node is (Flower's runtimes give nodes
@@ -58,6 +61,7 @@ from flwr.clientapp import ClientApp
 from fedge.errors import FedgeError
 from fedge.models.digits import (
     accuracy,
+    count_parameters,
     evaluate,
     load_arrays,
     make_model,
@@ -217,7 +221,11 @@ def train_party(
         n_examples=len(y),
         epochs=settings.local_epochs,
         model_bytes=model_bytes(model),
-        seconds_per_example=party.scenario.device.seconds_per_example,
+        # device.seconds_per_example is for the reference "mlp"; compute scales with the
+        # parameter count (an MLP's FLOPs per example), so a smaller arch costs less.
+        seconds_per_example=party.scenario.device.seconds_per_example
+        * count_parameters(model)
+        / _reference_parameters(),
         rng=round_rng(party.seed, pid, round_),
     )
     if drops_out(party.profile, party.seed, pid, round_):
@@ -319,6 +327,15 @@ def _deployment_delay_s(context: Context) -> float:
     if DELAY_KEY not in context.node_config:
         return 0.0
     return _as_float(context.node_config[DELAY_KEY], f"node_config['{DELAY_KEY}']", zero_ok=True)
+
+
+REFERENCE_ARCH = "mlp"
+
+
+@functools.cache
+def _reference_parameters() -> int:
+    """Parameters of :data:`REFERENCE_ARCH`, the arch ``seconds_per_example`` is for."""
+    return count_parameters(make_model(REFERENCE_ARCH))
 
 
 @functools.lru_cache(maxsize=8)

@@ -5,14 +5,20 @@ anything starts.
 """
 
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.streaming import DeadlineConfig, StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.errors import FedgeError
 
+if TYPE_CHECKING:
+    import numpy as np
+
 KINDS = ("fedavg", "fedprox", "tiered")
+# distill needs the server's proxy set, which only the simulator passes in (not job
+# manifests, whose validation uses KINDS): it is a kind of build_strategy, not of KINDS.
+ALL_KINDS = (*KINDS, "distill")
 _DEADLINE: dict[str, type | tuple[type, ...]] = {
     "over_selection": float,
     "quorum_fraction": float,
@@ -32,6 +38,15 @@ _TIERED: dict[str, type | tuple[type, ...]] = {
     "dropout_threshold_s": float,
 }
 _FEDPROX: dict[str, type | tuple[type, ...]] = {"proximal_mu": float}
+_DISTILL: dict[str, type | tuple[type, ...]] = {
+    "tier_archs": list,
+    "temperature": float,
+    "distill_epochs": int,
+    "distill_lr": float,
+    "distill_batch_size": int,
+}
+# Every kind but distill (whose architectures follow the tiers) may set the trained arch.
+_ARCH: dict[str, type | tuple[type, ...]] = {"arch": str}
 
 
 class StrategyConfigError(FedgeError):
@@ -67,15 +82,24 @@ def build_strategy(
     per_round: int,
     seed: int,
     clock: ClockMode,
-) -> tuple[StreamingFedAvg, dict[str, float]]:
-    """The strategy and the extra train config it needs (e.g. FedProx's mu)."""
+    proxy_X: "np.ndarray | None" = None,
+) -> tuple[StreamingFedAvg, dict[str, float | str]]:
+    """The strategy and the extra train config it needs (e.g. FedProx's mu, the arch).
+
+    ``proxy_X`` is the server's unlabeled proxy set; kind ``distill`` needs it. When the
+    train config carries ``"arch"``, the initial and evaluated model must be that arch.
+    """
     table = f"strategies.{name}"
     kind = str(params.get("kind", name))
-    if kind not in KINDS:
-        raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
+    if kind not in ALL_KINDS:
+        raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {ALL_KINDS})")
     allowed = dict(_DEADLINE)
-    if kind == "tiered":
+    if kind in ("tiered", "distill"):
         allowed |= _TIERED
+    if kind == "distill":
+        allowed |= _DISTILL
+    else:
+        allowed |= _ARCH
     if kind == "fedprox":
         allowed |= _FEDPROX
     values: dict[str, Any] = {}
@@ -89,13 +113,38 @@ def build_strategy(
         values[key] = _typed(table, key, value, allowed[key])
     try:
         deadline = DeadlineConfig(**{k: values.pop(k) for k in list(values) if k in _DEADLINE})
-        train_config: dict[str, float] = {}
+        train_config: dict[str, float | str] = {}
+        if "arch" in values:
+            from fedge.models.digits import ARCHITECTURES  # torch: only when asked for
+
+            if values["arch"] not in ARCHITECTURES:
+                raise ValueError(
+                    f"arch: unknown architecture {values['arch']!r} "
+                    f"(known: {sorted(ARCHITECTURES)})"
+                )
+            train_config["arch"] = values.pop("arch")
         if kind == "fedprox":
             train_config["proximal-mu"] = values.pop("proximal_mu", 0.01)
-        if kind == "tiered":
-            if "tiers" in values:
-                values["n_tiers"] = values.pop("tiers")
-            strategy: StreamingFedAvg = TieredFedAvg(
+        if kind in ("tiered", "distill") and "tiers" in values:
+            values["n_tiers"] = values.pop("tiers")
+        if kind == "distill":
+            if proxy_X is None:
+                raise ValueError("distill needs the server's unlabeled proxy set (proxy_X)")
+            # The training stack (torch) is imported only for this kind.
+            from fedge.aggregator.feddf import DistillingTieredFedAvg
+
+            distilling = DistillingTieredFedAvg(
+                per_round=per_round,
+                seed=seed,
+                clock=clock,
+                deadline=deadline,
+                proxy_X=proxy_X,
+                **values,
+            )
+            train_config["arch"] = distilling.evaluation_arch
+            strategy: StreamingFedAvg = distilling
+        elif kind == "tiered":
+            strategy = TieredFedAvg(
                 per_round=per_round, seed=seed, clock=clock, deadline=deadline, **values
             )
         else:

@@ -8,7 +8,7 @@ The clock is virtual: a round lasts as long as its parties' reported device time
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -52,8 +52,11 @@ def run_config(scenario: Scenario, seed: int) -> dict[str, bool | int | float | 
     return {"scenario": scenario.source or scenario.name, "seed": seed}
 
 
-def evaluator(scenario: Scenario, data: Partitions) -> Callable[[int, ArrayRecord], MetricRecord]:
-    model = digits.make_model(scenario.training.arch)
+def evaluator(
+    scenario: Scenario, data: Partitions, *, arch: str | None = None
+) -> Callable[[int, ArrayRecord], MetricRecord]:
+    """Test accuracy of an ``arch`` model (default: the scenario's ``training.arch``)."""
+    model = digits.make_model(arch or scenario.training.arch)
     test_x, test_y = data.test
 
     def evaluate(server_round: int, arrays: ArrayRecord) -> MetricRecord:
@@ -63,9 +66,11 @@ def evaluator(scenario: Scenario, data: Partitions) -> Callable[[int, ArrayRecor
     return evaluate
 
 
-def group_accuracy(scenario: Scenario, data: Partitions, arrays: ArrayRecord) -> tuple[float, ...]:
+def group_accuracy(
+    scenario: Scenario, data: Partitions, arrays: ArrayRecord, *, arch: str | None = None
+) -> tuple[float, ...]:
     """Accuracy of a model on each speed group's parties' data (TiFL's per-tier view)."""
-    model = digits.make_model(scenario.training.arch)
+    model = digits.make_model(arch or scenario.training.arch)
     digits.load_arrays(model, arrays)
     result = []
     for group in range(len(scenario.fleet.groups) or 1):
@@ -77,7 +82,7 @@ def group_accuracy(scenario: Scenario, data: Partitions, arrays: ArrayRecord) ->
     return tuple(result)
 
 
-def train_config(scenario: Scenario, extra: dict[str, float]) -> ConfigRecord:
+def train_config(scenario: Scenario, extra: Mapping[str, float | str]) -> ConfigRecord:
     training = scenario.training
     config: dict[str, int | float | str] = {
         "lr": training.lr,
@@ -136,7 +141,11 @@ def drive(
         per_round=scenario.fleet.per_round,
         seed=seed,
         clock=ClockMode.VIRTUAL,
+        proxy_X=data.proxy_X,
     )
+    # A strategy may train another arch than the scenario's (fedavg's arch, distill's
+    # largest tier arch): the initial and evaluated model follow the train config.
+    arch = str(extra.get("arch", scenario.training.arch))
     records: list[RoundRecord] = []
     total = scenario.training.rounds
     label = f"{strategy_name} seed {seed}"
@@ -147,14 +156,14 @@ def drive(
             progress(label, record.server_round, total)
 
     strategy.observers.append(observe)
-    initial = digits.to_arrays(digits.make_model(scenario.training.arch, seed=seed))
+    initial = digits.to_arrays(digits.make_model(arch, seed=seed))
     result = strategy.start(
         grid,
         initial,
         num_rounds=total,
         timeout=600,
         train_config=train_config(scenario, extra),
-        evaluate_fn=evaluator(scenario, data),
+        evaluate_fn=evaluator(scenario, data, arch=arch),
     )
     accuracies = [float(result.evaluate_metrics_serverapp[0]["accuracy"])]  # type: ignore[arg-type]
     accuracies += [r.eval_metrics["accuracy"] for r in records]
@@ -164,7 +173,7 @@ def drive(
         times_s=(0.0, *(r.elapsed_s for r in records)),
         accuracy=tuple(accuracies),
         target=scenario.training.target_accuracy,
-        group_accuracy=group_accuracy(scenario, data, result.arrays),
+        group_accuracy=group_accuracy(scenario, data, result.arrays, arch=arch),
         wall_s=time.perf_counter() - started,
         rounds=tuple(records),
     )

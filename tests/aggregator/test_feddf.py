@@ -1,0 +1,294 @@
+"""FedDF-style distillation across per-tier architectures (DistillingTieredFedAvg)."""
+
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message
+
+from fedge.aggregator import ensemble
+from fedge.aggregator.client_app import app as client_app
+from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.factory import StrategyConfigError, build_strategy
+from fedge.aggregator.feddf import DistillingTieredFedAvg
+from fedge.models import digits
+from fedge.sim import runner
+from fedge.sim.data import make_partitions
+from fedge.sim.grid import NODE_ID_BASE, InProcessGrid
+from fedge.sim.scenario import Scenario, load_scenario
+
+TINY = """
+name = "tiny-mixed"
+description = "6 parties in 3 speed groups, one architecture per tier"
+
+[data]
+dataset = "digits"
+alpha = 0.5
+test_fraction = 0.2
+proxy_fraction = 0.1
+
+[fleet]
+parties = 6
+per_round = 2
+speed_distribution = "groups"
+
+[[fleet.groups]]
+count = 2
+cpus = 4.0
+data_share = 0.3
+
+[[fleet.groups]]
+count = 2
+cpus = 1.0
+data_share = 0.3
+
+[[fleet.groups]]
+count = 2
+cpus = 0.1
+data_share = 0.4
+
+[device]
+seconds_per_example = 0.05
+bandwidth_mbps = 10.0
+jitter_sigma = 0.0
+availability = 1.0
+dropout = 0.0
+
+[training]
+rounds = 10
+lr = 0.2
+local_epochs = 1
+batch_size = 10
+target_accuracy = 0.5
+arch = "mlp"
+
+[strategies.fedavg-large]
+kind = "fedavg"
+arch = "mlp-large"
+
+[strategies.distill]
+tiers = 3
+profiling_rounds = 1
+adaptive = false
+static_probabilities = [0.2, 0.2, 0.6]
+tier_archs = ["mlp-large", "mlp", "mlp-small"]
+distill_epochs = 2
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Scenario:
+    path = tmp_path / "tiny-mixed.toml"
+    path.write_text(TINY, encoding="utf-8")
+    return load_scenario(str(path))
+
+
+class RecordingGrid(InProcessGrid):
+    """An InProcessGrid that keeps every message pushed to it."""
+
+    pushed: list[Message]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        batch = list(messages)
+        if not hasattr(self, "pushed"):
+            self.pushed = []
+        self.pushed.extend(batch)
+        return super().push_messages(batch)
+
+
+def _distill(scenario: Scenario, seed: int = 0) -> DistillingTieredFedAvg:
+    strategy, _ = build_strategy(
+        "distill",
+        scenario.strategy("distill"),
+        per_round=scenario.fleet.per_round,
+        seed=seed,
+        clock=ClockMode.VIRTUAL,
+        proxy_X=make_partitions(scenario, seed).proxy_X,
+    )
+    assert isinstance(strategy, DistillingTieredFedAvg)
+    return strategy
+
+
+# ---------------------------------------------------------------- the distillation itself
+
+
+def test_distillation_moves_the_student_towards_the_ensemble() -> None:
+    rng = np.random.default_rng(0)
+    X = torch.tensor(rng.random((96, digits.N_FEATURES)), dtype=torch.float32)
+    teachers = [digits.make_model("mlp", seed=1), digits.make_model("mlp-large", seed=2)]
+    target = ensemble.ensemble_logits(teachers, X)
+    student = digits.make_model("mlp-small", seed=3)
+    settings = ensemble.DistillSettings(temperature=2.0, epochs=20, lr=1e-2, batch_size=16)
+    before, after = ensemble.distill(student, target, X, settings, seed=0)
+    assert before > 0
+    assert after < 0.5 * before
+    assert after == pytest.approx(ensemble.divergence(student, target, X, 2.0))
+    # Seeded: the same call gives the same student.
+    again = digits.make_model("mlp-small", seed=3)
+    assert ensemble.distill(again, target, X, settings, seed=0) == (before, after)
+
+
+def test_kd_loss_is_zero_for_the_teacher_itself_and_scaled_by_t_squared() -> None:
+    logits = torch.tensor([[1.0, 2.0, 0.5], [0.1, -1.0, 3.0]])
+    assert float(ensemble.kd_loss(logits, logits, 3.0)) == pytest.approx(0.0, abs=1e-6)
+    other = logits.flip(1)
+    manual = torch.nn.functional.kl_div(
+        torch.log_softmax(other / 2, 1), torch.softmax(logits / 2, 1), reduction="batchmean"
+    )
+    assert float(ensemble.kd_loss(other, logits, 2.0)) == pytest.approx(4 * float(manual))
+
+
+def test_distill_into_each_reduces_every_architecture_divergence() -> None:
+    proxy = np.random.default_rng(1).random((64, digits.N_FEATURES)).astype(np.float32)
+    models = {
+        arch: digits.to_arrays(digits.make_model(arch, seed=i))
+        for i, arch in enumerate(("mlp-large", "mlp", "mlp-small"))
+    }
+    settings = ensemble.DistillSettings(epochs=10, lr=1e-2, batch_size=16)
+    out, losses = ensemble.distill_into_each(models, proxy, settings, seed=0)
+    assert set(out) == set(models)
+    for arch, (before, after) in losses.items():
+        assert after < before, arch
+        digits.load_arrays(digits.make_model(arch), out[arch])  # still that architecture
+
+
+# ---------------------------------------------------------------- the strategy
+
+
+def test_parties_of_a_slow_tier_receive_the_small_architecture(tiny: Scenario) -> None:
+    strategy = _distill(tiny)
+    grid = RecordingGrid(client_app, 6, run_config=runner.run_config(tiny, 0), workers=2)
+    rounds: list[int] = []
+    strategy.observers.append(lambda record: rounds.append(record.server_round))
+    try:
+        strategy.start(
+            grid,
+            digits.to_arrays(digits.make_model("mlp-large", seed=0)),
+            num_rounds=6,
+            timeout=60,
+            train_config=runner.train_config(tiny, {}),
+        )
+    finally:
+        grid.close()
+    assert rounds == [1, 2, 3, 4, 5, 6]
+    assert strategy.tiers is not None
+    slow = set(strategy.tiers.members[2])
+    # Tiers follow the device groups: the 0.1-CPU parties are partitions 4 and 5.
+    assert slow == {NODE_ID_BASE + 4, NODE_ID_BASE + 5}
+    by_round: dict[int, list[Message]] = {}
+    for message in grid.pushed:
+        sent = message.content.config_records["config"]
+        by_round.setdefault(int(sent["server-round"]), []).append(message)  # type: ignore[arg-type]
+    # Profiling: everyone, largest architecture.
+    assert len(by_round[1]) == 6
+    seen_slow = False
+    for server_round, messages in by_round.items():
+        for message in messages:
+            config: ConfigRecord = message.content.config_records["config"]
+            arrays: ArrayRecord = message.content.array_records["arrays"]
+            arch = str(config["arch"])
+            digits.load_arrays(digits.make_model(arch), arrays)  # arrays match the arch
+            node = message.metadata.dst_node_id
+            if server_round == 1:
+                assert arch == "mlp-large"
+            elif node in slow:
+                assert arch == "mlp-small"
+                seen_slow = True
+            else:
+                assert arch == ("mlp-large" if node in strategy.tiers.members[0] else "mlp")
+    assert seen_slow, "the slow tier was never selected: pick another seed"
+    assert set(strategy.models) == {"mlp-large", "mlp", "mlp-small"}
+    assert "mlp-small" in strategy.trained
+
+
+def test_a_mixed_run_completes_and_records_accuracy(tiny: Scenario) -> None:
+    curve = runner.run_one(tiny, "distill", seed=0)
+    assert len(curve.accuracy) == tiny.training.rounds + 1
+    assert all(0.0 <= a <= 1.0 for a in curve.accuracy)
+    assert curve.final_accuracy > 0.3  # well above chance (0.1) after 10 rounds
+    assert curve.times_s[-1] > 0
+    distilled = [r.train_metrics for r in curve.rounds if "distill-kl-after/mlp" in r.train_metrics]
+    assert distilled, "no round distilled"
+    # A smaller arch costs less virtual compute: the slow tier trained mlp-large in the
+    # profiling round (which it dominates) and mlp-small afterwards.
+    slow_rounds = [r for r in curve.rounds[1:] if r.tier == 2]
+    assert slow_rounds
+    assert max(r.round_time_s for r in slow_rounds) < curve.rounds[0].round_time_s / 5
+
+
+def test_fedavg_arch_param_trains_and_evaluates_that_arch(tiny: Scenario) -> None:
+    _, extra = build_strategy(
+        "fedavg-large",
+        tiny.strategy("fedavg-large"),
+        per_round=2,
+        seed=0,
+        clock=ClockMode.VIRTUAL,
+    )
+    assert extra == {"arch": "mlp-large"}
+    with pytest.raises(StrategyConfigError, match="arch: unknown architecture 'nope'"):
+        build_strategy(
+            "f", {"kind": "fedavg", "arch": "nope"}, per_round=2, seed=0, clock=ClockMode.VIRTUAL
+        )
+
+
+# ---------------------------------------------------------------- refused up front
+
+
+@pytest.mark.parametrize(
+    ("proxy", "problem"),
+    [
+        (np.zeros((0, digits.N_FEATURES), dtype=np.float32), "empty"),
+        (np.zeros((5, 8), dtype=np.float32), r"shape \[n, 64\]"),
+        (np.zeros(64, dtype=np.float32), r"shape \[n, 64\]"),
+        (np.zeros((5, digits.N_FEATURES), dtype=np.int64), "floats"),
+        (np.full((5, digits.N_FEATURES), np.nan, dtype=np.float32), "NaN"),
+        ([[0.0] * 64], "numpy array"),
+    ],
+)
+def test_bad_proxy_is_refused_before_any_round(tiny: Scenario, proxy: object, problem: str) -> None:
+    with pytest.raises(StrategyConfigError, match=problem):
+        build_strategy(
+            "distill",
+            tiny.strategy("distill"),
+            per_round=2,
+            seed=0,
+            clock=ClockMode.VIRTUAL,
+            proxy_X=proxy,  # type: ignore[arg-type]
+        )
+    with pytest.raises(ensemble.ProxyDataError, match=problem):
+        DistillingTieredFedAvg(
+            proxy_X=proxy,  # type: ignore[arg-type]
+            tier_archs=["mlp-large", "mlp", "mlp-small"],
+            n_tiers=3,
+            per_round=2,
+            clock=ClockMode.VIRTUAL,
+        )
+
+
+def test_distill_without_proxy_or_with_bad_archs_is_refused(tiny: Scenario) -> None:
+    params = tiny.strategy("distill")
+    with pytest.raises(StrategyConfigError, match="proxy_X"):
+        build_strategy("distill", params, per_round=2, seed=0, clock=ClockMode.VIRTUAL)
+    proxy = np.zeros((4, digits.N_FEATURES), dtype=np.float32)
+    with pytest.raises(StrategyConfigError, match="one architecture per tier"):
+        build_strategy(
+            "distill",
+            {**params, "tier_archs": ["mlp", "mlp-small"]},
+            per_round=2,
+            seed=0,
+            clock=ClockMode.VIRTUAL,
+            proxy_X=proxy,
+        )
+    with pytest.raises(StrategyConfigError, match="unknown architecture"):
+        build_strategy(
+            "distill",
+            {**params, "tier_archs": ["mlp", "mlp", "cnn"]},
+            per_round=2,
+            seed=0,
+            clock=ClockMode.VIRTUAL,
+            proxy_X=proxy,
+        )
+    with pytest.raises(StrategyConfigError, match="virtual clock"):
+        build_strategy("distill", params, per_round=2, seed=0, clock=ClockMode.WALL, proxy_X=proxy)
