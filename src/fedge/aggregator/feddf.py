@@ -24,13 +24,11 @@ Virtual clock only: with the wall clock, streaming.py folds replies into a singl
 """
 
 from collections.abc import Sequence
-from logging import INFO
 from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from flwr.serverapp import Grid
-from flwr.supercore import log
 
 from fedge.aggregator import deadline as deadlines
 from fedge.aggregator import ensemble
@@ -193,7 +191,6 @@ class DistillingTieredFedAvg(TieredFedAvg):
                 message = replies[node]
                 late = _Late(self._arrays(message), _weight(message), server_round)
                 self._late_arch.append((self._node_arch[node], late))
-        self._update_profiles(arrivals, settlement, plan)
         for arch, fold in folds.items():
             if fold.count and fold.total_weight > 0:
                 self.models[arch] = _serialise(fold)
@@ -210,36 +207,9 @@ class DistillingTieredFedAvg(TieredFedAvg):
             for arch, (before, after) in self.distill_losses.items():
                 metrics[f"distill-kl-before/{arch}"] = before
                 metrics[f"distill-kl-after/{arch}"] = after
-        self.elapsed_s += settlement.round_time_s
-        record = RoundRecord(
-            server_round=server_round,
-            selected=tuple(plan.selected),
-            on_time=tuple(settlement.on_time),
-            late=tuple(settlement.late),
-            failed=tuple(settlement.failed),
-            round_time_s=settlement.round_time_s,
-            elapsed_s=self.elapsed_s,
-            quorum=plan.quorum,
-            quorum_met=settlement.quorum_met,
-            deadline_s=plan.deadline_s,
-            tier=tier,
-            stale_folded=stale_folded,
-            train_metrics=metrics,
-            failures=failures,
+        record = self.close_round(
+            server_round, plan, tier, settlement, arrivals, replies, failures, stale_folded, metrics
         )
-        log(
-            INFO,
-            "round %d: tier %s (%s), %d/%d on time, %d late, %d failed, %.2fs",
-            server_round,
-            tier,
-            ",".join(sorted(set(self._node_arch.values()))),
-            len(settlement.on_time),
-            len(plan.selected),
-            len(settlement.late),
-            len(settlement.failed),
-            settlement.round_time_s,
-        )
-        self.after_round(record, {n: replies[n] for n in settlement.on_time if n in replies})
         return self.models[self.evaluation_arch], record
 
     def _fold_late_by_arch(self, folds: dict[str, StreamingMean], server_round: int) -> int:

@@ -273,9 +273,27 @@ class StreamingFedAvg(FedAvg):
                         server_round,
                     )
                 )
-        self._update_profiles(arrivals, settlement, plan)
         new_arrays = _serialise(fold) if fold.count else arrays
         metrics = _weighted_metrics([replies[n] for n in settlement.on_time if n in replies])
+        record = self.close_round(
+            server_round, plan, tier, settlement, arrivals, replies, failures, stale_folded, metrics
+        )
+        return new_arrays, record
+
+    def close_round(
+        self,
+        server_round: int,
+        plan: deadlines.RoundPlan,
+        tier: int | None,
+        settlement: deadlines.Settlement,
+        arrivals: dict[int, float | None],
+        replies: dict[int, Message],
+        failures: dict[int, str],
+        stale_folded: int,
+        metrics: dict[str, float],
+    ) -> RoundRecord:
+        """What every round ends with, whatever it folded: profiles, clock, record, hooks."""
+        self._update_profiles(arrivals, settlement, plan)
         self.elapsed_s += settlement.round_time_s
         record = RoundRecord(
             server_round=server_round,
@@ -305,7 +323,7 @@ class StreamingFedAvg(FedAvg):
             settlement.round_time_s,
         )
         self.after_round(record, {n: replies[n] for n in settlement.on_time if n in replies})
-        return new_arrays, record
+        return record
 
     def _fold_reply(self, fold: StreamingMean, message: Message) -> None:
         """Decode and fold a reply one array at a time, emptying the reply as it goes."""
