@@ -43,7 +43,7 @@ import numpy as np
 import numpy.typing as npt
 from flwr.app import ArrayRecord
 
-from fedge.aggregator.streaming import StreamingFedAvg, _Late, arrays_of, to_array_record
+from fedge.aggregator.streaming import StreamingFedAvg, arrays_of, to_array_record
 from fedge.errors import FedgeError
 
 log = logging.getLogger(__name__)
@@ -177,8 +177,8 @@ def save_checkpoint(
     model = arrays_of(arrays)
     _check_keys(model)
     late = [
-        LateReply(entry.arrays, entry.weight, entry.origin_round)
-        for entry in strategy._late  # held outside state_dict(): see the module docstring
+        LateReply(arrays, weight, origin)
+        for arrays, weight, origin in strategy.late_replies()  # whole models: beside the JSON
     ]
     meta: dict[str, Any] = {
         "format": FORMAT,
@@ -261,9 +261,9 @@ def restore_strategy(strategy: StreamingFedAvg, checkpoint: Checkpoint) -> None:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} does not fit a {type(strategy).__name__}: {exc}"
         ) from exc
-    strategy._late = [
-        _Late(dict(entry.arrays), entry.weight, entry.origin_round) for entry in checkpoint.late
-    ]
+    strategy.restore_late_replies(
+        (entry.arrays, entry.weight, entry.origin_round) for entry in checkpoint.late
+    )
 
 
 # ---------------------------------------------------------------- helpers

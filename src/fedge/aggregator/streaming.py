@@ -157,6 +157,19 @@ class StreamingFedAvg(FedAvg):
         self.elapsed_s = float(state["elapsed_s"])
         self.profiles = {int(k): tiers.LatencyProfile(**v) for k, v in state["profiles"].items()}
 
+    def late_replies(self) -> list[tuple[dict[str, np.ndarray], float, int]]:
+        """Late replies held for staleness folding: (arrays, weight, origin round).
+
+        Kept out of :meth:`state_dict` because they are whole models: checkpoints store
+        them as arrays beside the JSON state.
+        """
+        return [(late.arrays, late.weight, late.origin_round) for late in self._late]
+
+    def restore_late_replies(
+        self, replies: Iterable[tuple[dict[str, np.ndarray], float, int]]
+    ) -> None:
+        self._late = [_Late(dict(arrays), weight, origin) for arrays, weight, origin in replies]
+
     # -- the loop
 
     def plan(self, server_round: int, grid: Grid) -> tuple[deadlines.RoundPlan, int | None]:
