@@ -345,7 +345,7 @@ def busy(strategy: StreamingFedAvg) -> None:
     strategy._form_tiers()
     strategy.candidates(3, sorted(strategy.profiles))
     strategy.rng.random(17)
-    strategy._late = [_Late({"0.bias": np.full(4, 0.25, dtype=np.float32)}, 12.0, 2)]
+    strategy._late = [_Late({"0.bias": np.full(4, 0.25, dtype=np.float32)}, 12.0, 2, "")]
 
 
 def test_checkpoint_restores_the_strategy_exactly(tmp_path: Path) -> None:

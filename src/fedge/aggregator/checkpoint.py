@@ -8,10 +8,14 @@ One checkpoint is one file, ``<job_dir>/checkpoints/round-000042.npz`` (``np.sav
 ``__late__.<i>.<key>``   late replies held for staleness folding (``late_policy =
                          "stale"``): they are folded into the NEXT round, so a resumed
                          job needs them to continue identically
+``__extra__.<n>.<key>``  models the strategy keeps besides the global one
+                         (``StreamingFedAvg.extra_arrays``: FedDF's one model per
+                         architecture)
 ``__checkpoint__``       UTF-8 JSON (as uint8): format, round, key order, the strategy's
                          ``state_dict()`` (numpy RNG state, latency profiles, tiers, tier
-                         selection, virtual clock), each late reply's weight and origin
-                         round, and the caller's sim-side state (seed, scenario hash...)
+                         selection, virtual clock), each late reply's weight, origin
+                         round and fold group, the extra models' names, and the
+                         caller's sim-side state (seed, scenario hash...)
 =======================  ==============================================================
 
 It is written to a temporary file in the same directory, flushed and fsync'd, then
@@ -52,6 +56,7 @@ CHECKPOINT_DIR = "checkpoints"
 FORMAT = 1
 META_KEY = "__checkpoint__"
 LATE_PREFIX = "__late__."
+EXTRA_PREFIX = "__extra__."
 _RESERVED = ("file", "allow_pickle")  # np.savez's own keyword arguments
 _NAME = re.compile(r"^round-(\d{6,})\.npz$")
 
@@ -69,6 +74,7 @@ class LateReply:
     arrays: Arrays = field(repr=False)
     weight: float
     origin_round: int
+    group: str = ""
 
 
 @dataclass(frozen=True)
@@ -80,6 +86,7 @@ class Checkpoint:
     arrays: Arrays = field(repr=False)
     strategy_state: dict[str, Any] = field(repr=False)
     late: tuple[LateReply, ...] = ()
+    extra: dict[str, Arrays] = field(default_factory=dict, repr=False)
     sim: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
 
@@ -177,9 +184,10 @@ def save_checkpoint(
     model = arrays_of(arrays)
     _check_keys(model)
     late = [
-        LateReply(arrays, weight, origin)
-        for arrays, weight, origin in strategy.late_replies()  # whole models: beside the JSON
+        LateReply(arrays, weight, origin, group)
+        for arrays, weight, origin, group in strategy.late_replies()  # models: beside the JSON
     ]
+    extra = strategy.extra_arrays()
     meta: dict[str, Any] = {
         "format": FORMAT,
         "round": server_round,
@@ -187,9 +195,15 @@ def save_checkpoint(
         "model_keys": list(model),
         "strategy": strategy.state_dict(),
         "late": [
-            {"weight": entry.weight, "origin_round": entry.origin_round, "keys": list(entry.arrays)}
+            {
+                "weight": entry.weight,
+                "origin_round": entry.origin_round,
+                "group": entry.group,
+                "keys": list(entry.arrays),
+            }
             for entry in late
         ],
+        "extra": [{"name": name, "keys": list(kept)} for name, kept in extra.items()],
         "sim": dict(sim or {}),
     }
     try:
@@ -200,6 +214,9 @@ def save_checkpoint(
     for index, entry in enumerate(late):
         for key, value in entry.arrays.items():
             entries[f"{LATE_PREFIX}{index}.{key}"] = value
+    for index, kept in enumerate(extra.values()):
+        for key, value in kept.items():
+            entries[f"{EXTRA_PREFIX}{index}.{key}"] = value
     entries[META_KEY] = np.frombuffer(meta_bytes, dtype=np.uint8)
     path = checkpoint_path(job_dir, server_round)
     atomic_write(path, lambda handle: _savez(handle, entries))
@@ -224,9 +241,16 @@ def load_checkpoint(path: Path) -> Checkpoint:
                     arrays={key: npz[f"{LATE_PREFIX}{index}.{key}"] for key in entry["keys"]},
                     weight=float(entry["weight"]),
                     origin_round=int(entry["origin_round"]),
+                    group=str(entry.get("group", "")),
                 )
                 for index, entry in enumerate(meta["late"])
             )
+            extra = {
+                str(entry["name"]): {
+                    key: npz[f"{EXTRA_PREFIX}{index}.{key}"] for key in entry["keys"]
+                }
+                for index, entry in enumerate(meta.get("extra", []))
+            }
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
@@ -237,6 +261,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         arrays=model,
         strategy_state=meta["strategy"],
         late=late,
+        extra=extra,
         sim=dict(meta.get("sim", {})),
         created_at=float(meta.get("created_at", 0.0)),
     )
@@ -257,12 +282,13 @@ def restore_strategy(strategy: StreamingFedAvg, checkpoint: Checkpoint) -> None:
     """Put ``strategy`` back in the state it was in when ``checkpoint`` was written."""
     try:
         strategy.load_state_dict(checkpoint.strategy_state)
+        strategy.restore_extra_arrays(checkpoint.extra)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} does not fit a {type(strategy).__name__}: {exc}"
         ) from exc
     strategy.restore_late_replies(
-        (entry.arrays, entry.weight, entry.origin_round) for entry in checkpoint.late
+        (entry.arrays, entry.weight, entry.origin_round, entry.group) for entry in checkpoint.late
     )
 
 

@@ -140,10 +140,7 @@ def distill_into_each(
     X = torch.tensor(proxy_X, dtype=torch.float32)
     built: dict[str, nn.Module] = {}
     for index, name in enumerate(names):
-        model = digits.make_model(name, seed=seed + index)
-        digits.load_arrays(model, models[name])
-        model.to("cpu")
-        built[name] = model
+        built[name] = _built(name, models[name], seed + index)
     target = ensemble_logits([built[n] for n in teacher_names], X)
     out: dict[str, ArrayRecord] = {}
     losses: dict[str, tuple[float, float]] = {}
@@ -151,3 +148,9 @@ def distill_into_each(
         losses[name] = distill(built[name], target, X, settings, seed=seed * 31 + index)
         out[name] = digits.to_arrays(built[name])
     return out, losses
+
+
+def _built(arch: str, arrays: ArrayRecord, seed: int) -> nn.Module:
+    model = digits.make_model(arch, seed=seed)
+    digits.load_arrays(model, arrays)
+    return model.to("cpu")

@@ -19,8 +19,10 @@ The "global" arrays the loop returns (what ``evaluate_fn`` and ``Result`` see) a
 largest architecture's model, :attr:`DistillingTieredFedAvg.evaluation_arch`. Server-side
 distillation time is not charged to the virtual clock (the clock models the parties).
 
-Virtual clock only: with the wall clock, streaming.py folds replies into a single
-:class:`~fedge.aggregator.fold.StreamingMean` inside ``_collect_streaming``.
+Both clocks: the round loop is :class:`~fedge.aggregator.streaming.StreamingFedAvg`'s,
+which folds each reply into its architecture's running mean as it arrives
+(:meth:`DistillingTieredFedAvg.fold_group`) and hands the folds to
+:meth:`DistillingTieredFedAvg.aggregate`. Checkpoints keep every architecture's model.
 """
 
 from collections.abc import Sequence
@@ -28,20 +30,11 @@ from typing import Any
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
-from flwr.serverapp import Grid
 
 from fedge.aggregator import deadline as deadlines
 from fedge.aggregator import ensemble
-from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.fold import StreamingMean
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.streaming import (
-    _Late,
-    _serialise,
-    _weight,
-    _weighted_metrics,
-    arrays_of,
-)
+from fedge.aggregator.streaming import arrays_of, serialise, to_array_record
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.models import digits
 
@@ -61,11 +54,6 @@ class DistillingTieredFedAvg(TieredFedAvg):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if self.clock is not ClockMode.VIRTUAL:
-            raise ValueError(
-                "distill runs on the virtual clock only (wall-clock rounds fold every "
-                "reply into one model in StreamingFedAvg._collect_streaming)"
-            )
         archs = tuple(tier_archs)
         if not archs:
             raise ValueError("tier_archs must name one architecture per tier, got none")
@@ -95,8 +83,6 @@ class DistillingTieredFedAvg(TieredFedAvg):
         self.trained: set[str] = set()  # architectures that received replies (teachers)
         self.distill_losses: dict[str, tuple[float, float]] = {}
         self._node_arch: dict[int, str] = {}
-        self._sent_records: list[ArrayRecord] = []
-        self._late_arch: list[tuple[str, _Late]] = []
 
     # -- who trains what
 
@@ -156,46 +142,26 @@ class DistillingTieredFedAvg(TieredFedAvg):
             messages.append(
                 Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
             )
-        self._sent_records = [self.models[arch] for arch in contents]
-        self._sent = self.models[self.evaluation_arch]
+        self._sent = tuple(self.models[arch] for arch in contents)
         return messages
 
-    def _arrays(self, message: Message) -> dict[str, np.ndarray]:
-        record = message.content[self.arrayrecord_key]
-        if isinstance(record, ArrayRecord) and any(record is r for r in self._sent_records):
-            return arrays_of(record)  # an echo of a global model: never empty it
-        return super()._arrays(message)
+    # -- the round (StreamingFedAvg's loop folds each reply into its architecture's mean)
 
-    # -- the round
+    def fold_group(self, node: int) -> str:
+        return self._node_arch[node]
 
-    def run_round(
+    def aggregate(
         self,
         server_round: int,
         arrays: ArrayRecord,
-        config: ConfigRecord,
-        grid: Grid,
-        timeout: float,
-    ) -> tuple[ArrayRecord, RoundRecord]:
-        plan, tier = self.plan(server_round, grid)
-        messages = self._messages(server_round, arrays, config, plan)
-        replies, arrivals, failures = self._collect_all(grid, messages, timeout)
-        settlement = deadlines.settle(plan, arrivals)
-        folds: dict[str, StreamingMean] = {}
-        stale_folded = self._fold_late_by_arch(folds, server_round)
-        for node in settlement.on_time:  # in virtual arrival order
-            message = replies[node]
-            arch = self._node_arch[node]
-            folds.setdefault(arch, StreamingMean()).add(self._arrays(message), _weight(message))
-        if self.deadline.late_policy == "stale":
-            for node in settlement.late:
-                message = replies[node]
-                late = _Late(self._arrays(message), _weight(message), server_round)
-                self._late_arch.append((self._node_arch[node], late))
+        folds: dict[str, StreamingMean],
+        metrics: dict[str, float],
+    ) -> ArrayRecord:
+        """Per-architecture averages, then the ensemble distilled into every architecture."""
         for arch, fold in folds.items():
             if fold.count and fold.total_weight > 0:
-                self.models[arch] = _serialise(fold)
+                self.models[arch] = serialise(fold)
                 self.trained.add(arch)
-        metrics = _weighted_metrics([replies[n] for n in settlement.on_time if n in replies])
         if folds and self.trained:
             self.models, self.distill_losses = ensemble.distill_into_each(
                 self.models,
@@ -207,17 +173,22 @@ class DistillingTieredFedAvg(TieredFedAvg):
             for arch, (before, after) in self.distill_losses.items():
                 metrics[f"distill-kl-before/{arch}"] = before
                 metrics[f"distill-kl-after/{arch}"] = after
-        record = self.close_round(
-            server_round, plan, tier, settlement, arrivals, replies, failures, stale_folded, metrics
-        )
-        return self.models[self.evaluation_arch], record
+        return self.models[self.evaluation_arch]
 
-    def _fold_late_by_arch(self, folds: dict[str, StreamingMean], server_round: int) -> int:
-        for arch, late in self._late_arch:
-            weight = late.weight * deadlines.staleness_weight(
-                server_round - late.origin_round, exponent=self.deadline.staleness_exponent
-            )
-            folds.setdefault(arch, StreamingMean()).add(late.arrays, weight)
-        folded = len(self._late_arch)
-        self._late_arch.clear()
-        return folded
+    # -- checkpoints: every architecture's model, and which have been trained
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "trained": sorted(self.trained)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.trained = set(state["trained"])
+
+    def extra_arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        return {arch: arrays_of(record) for arch, record in self.models.items()}
+
+    def restore_extra_arrays(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
+        unknown = sorted(set(arrays) - set(self.tier_archs))
+        if unknown:
+            raise ValueError(f"checkpoint holds models of {unknown}, not in tier_archs")
+        self.models = {arch: to_array_record(values) for arch, values in arrays.items()}

@@ -77,6 +77,7 @@ class _Late:
     arrays: dict[str, np.ndarray]
     weight: float
     origin_round: int
+    group: str = ""  # the fold it belongs to (see StreamingFedAvg.fold_group)
 
 
 def arrays_of(record: ArrayRecord) -> dict[str, np.ndarray]:
@@ -120,8 +121,9 @@ class StreamingFedAvg(FedAvg):
         self.elapsed_s = 0.0
         self.observers: list[RoundObserver] = []
         self._late: list[_Late] = []
-        self._sent: ArrayRecord | None = None  # the model sent this round
-        self._pending: dict[str, tuple[int, int, float]] = {}  # wall mode: id -> node, round, t0
+        self._sent: tuple[ArrayRecord, ...] = ()  # the model(s) sent this round
+        # wall mode: message id -> node, round, t0, fold group
+        self._pending: dict[str, tuple[int, int, float, str]] = {}
 
     # -- hooks for subclasses
 
@@ -143,6 +145,38 @@ class StreamingFedAvg(FedAvg):
     def after_round(self, record: RoundRecord, replies: dict[int, Message]) -> None:
         """Called once a round is settled (TiFL updates tier accuracies here)."""
 
+    def fold_group(self, node: int) -> str:
+        """Which running mean ``node``'s reply this round is folded into.
+
+        FedAvg has one (``""``); a strategy that trains several models at once (one per
+        architecture, :mod:`fedge.aggregator.feddf`) names one group per model. Called when
+        the round's messages exist, so it may depend on what was sent to ``node``.
+        """
+        return ""
+
+    def aggregate(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        folds: dict[str, StreamingMean],
+        metrics: dict[str, float],
+    ) -> ArrayRecord:
+        """The round's new global model from its folds (``arrays``: what was sent).
+
+        ``metrics`` are the round's training metrics; an override may add its own.
+        """
+        fold = folds.get("")
+        return serialise(fold) if fold is not None and fold.count else arrays
+
+    def extra_arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """Models a checkpoint must keep besides the global one (name -> arrays)."""
+        return {}
+
+    def restore_extra_arrays(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
+        """Take back what :meth:`extra_arrays` gave to a checkpoint."""
+        if arrays:
+            raise ValueError(f"{type(self).__name__} keeps no extra models, got {sorted(arrays)}")
+
     # -- state for checkpoints
 
     def state_dict(self) -> dict[str, Any]:
@@ -157,18 +191,20 @@ class StreamingFedAvg(FedAvg):
         self.elapsed_s = float(state["elapsed_s"])
         self.profiles = {int(k): tiers.LatencyProfile(**v) for k, v in state["profiles"].items()}
 
-    def late_replies(self) -> list[tuple[dict[str, np.ndarray], float, int]]:
-        """Late replies held for staleness folding: (arrays, weight, origin round).
+    def late_replies(self) -> list[tuple[dict[str, np.ndarray], float, int, str]]:
+        """Late replies held for staleness folding: (arrays, weight, origin round, group).
 
         Kept out of :meth:`state_dict` because they are whole models: checkpoints store
         them as arrays beside the JSON state.
         """
-        return [(late.arrays, late.weight, late.origin_round) for late in self._late]
+        return [(late.arrays, late.weight, late.origin_round, late.group) for late in self._late]
 
     def restore_late_replies(
-        self, replies: Iterable[tuple[dict[str, np.ndarray], float, int]]
+        self, replies: Iterable[tuple[dict[str, np.ndarray], float, int, str]]
     ) -> None:
-        self._late = [_Late(dict(arrays), weight, origin) for arrays, weight, origin in replies]
+        self._late = [
+            _Late(dict(arrays), weight, origin, group) for arrays, weight, origin, group in replies
+        ]
 
     # -- the loop
 
@@ -204,7 +240,7 @@ class StreamingFedAvg(FedAvg):
         round_config["server-round"] = server_round
         for key, value in self.round_config(server_round, plan).items():
             round_config[key] = value
-        self._sent = arrays
+        self._sent = (arrays,)
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: round_config})
         return [
             Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
@@ -263,31 +299,28 @@ class StreamingFedAvg(FedAvg):
     ) -> tuple[ArrayRecord, RoundRecord]:
         plan, tier = self.plan(server_round, grid)
         messages = self._messages(server_round, arrays, config, plan)
+        folds: dict[str, StreamingMean] = {}
         if self.clock is ClockMode.VIRTUAL:
             replies, arrivals, failures = self._collect_all(grid, messages, timeout)
             settlement = deadlines.settle(plan, arrivals)
-            fold = StreamingMean()
-            on_time = [replies[n] for n in settlement.on_time]
+            on_time = list(settlement.on_time)
         else:
-            replies, arrivals, failures, settlement, fold = self._collect_streaming(
-                server_round, grid, messages, plan, timeout
+            replies, arrivals, failures, settlement = self._collect_streaming(
+                server_round, grid, messages, plan, timeout, folds
             )
             on_time = []
-        stale_folded = self._fold_late(fold, server_round)
-        for message in on_time:  # virtual mode: in virtual arrival order
-            fold.add(self._arrays(message), _weight(message))
+        stale_folded = self._fold_late(folds, server_round)
+        for node in on_time:  # virtual mode: in virtual arrival order
+            fold = folds.setdefault(self.fold_group(node), StreamingMean())
+            fold.add(self._arrays(replies[node]), _weight(replies[node]))
         if self.deadline.late_policy == "stale" and self.clock is ClockMode.VIRTUAL:
             for node in settlement.late:
-                message = replies[node]
+                late = replies[node]
                 self._late.append(
-                    _Late(
-                        self._arrays(message),
-                        _weight(message),
-                        server_round,
-                    )
+                    _Late(self._arrays(late), _weight(late), server_round, self.fold_group(node))
                 )
-        new_arrays = _serialise(fold) if fold.count else arrays
         metrics = _weighted_metrics([replies[n] for n in settlement.on_time if n in replies])
+        new_arrays = self.aggregate(server_round, arrays, folds, metrics)
         record = self.close_round(
             server_round, plan, tier, settlement, arrivals, replies, failures, stale_folded, metrics
         )
@@ -344,7 +377,7 @@ class StreamingFedAvg(FedAvg):
         if not isinstance(record, ArrayRecord):
             raise ValueError(f"reply's {self.arrayrecord_key!r} is not an ArrayRecord")
         weight = _weight(message)
-        if record is self._sent:  # an in-process party echoed what we sent: don't empty it
+        if self._is_echo(record):  # an in-process party echoed what we sent: don't empty it
             fold.add(arrays_of(record), weight)
             return
         layout = {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in record.items()}
@@ -354,6 +387,9 @@ class StreamingFedAvg(FedAvg):
                 yield key, record.pop(key).numpy()
 
         fold.add_streamed(layout, decoded(), weight)
+
+    def _is_echo(self, record: ArrayRecord) -> bool:
+        return any(record is sent for sent in self._sent)
 
     def _arrays(self, message: Message) -> dict[str, np.ndarray]:
         """Decode a reply's model, emptying the reply as it goes.
@@ -366,7 +402,7 @@ class StreamingFedAvg(FedAvg):
         record = message.content[self.arrayrecord_key]
         if not isinstance(record, ArrayRecord):
             raise ValueError(f"reply's {self.arrayrecord_key!r} is not an ArrayRecord")
-        if record is self._sent:  # an in-process party echoed what we sent: don't empty it
+        if self._is_echo(record):  # an in-process party echoed what we sent: don't empty it
             return arrays_of(record)
         arrays: dict[str, np.ndarray] = {}
         for key in list(record.keys()):
@@ -416,19 +452,20 @@ class StreamingFedAvg(FedAvg):
         messages: list[Message],
         plan: deadlines.RoundPlan,
         timeout: float,
+        folds: dict[str, StreamingMean],
     ) -> tuple[
         dict[int, Message],
         dict[int, float | None],
         dict[int, str],
         deadlines.Settlement,
-        StreamingMean,
     ]:
-        """Wall clock: fold each reply as it is pulled; stop at quorum or deadline."""
+        """Wall clock: fold each reply into ``folds`` as it is pulled; stop at quorum or
+        deadline."""
         started = time.monotonic()
         message_ids = list(grid.push_messages(messages))
         for mid, message in zip(message_ids, messages, strict=True):
-            self._pending[mid] = (message.metadata.dst_node_id, server_round, started)
-        fold = StreamingMean()
+            node = message.metadata.dst_node_id
+            self._pending[mid] = (node, server_round, started, self.fold_group(node))
         replies: dict[int, Message] = {}
         arrivals: dict[int, float | None] = {}
         failures: dict[int, str] = {}
@@ -441,9 +478,9 @@ class StreamingFedAvg(FedAvg):
             now = time.monotonic()
             pulled = list(grid.pull_messages(list(self._pending)))
             for reply in pulled:
-                node, origin, t0 = self._pending.pop(reply.metadata.reply_to_message_id)
+                node, origin, t0, group = self._pending.pop(reply.metadata.reply_to_message_id)
                 if origin != server_round:  # a straggler from an earlier round
-                    self._late_arrival(reply, origin)
+                    self._late_arrival(reply, origin, group)
                     continue
                 arrivals[node] = now - t0
                 if reply.has_error():
@@ -453,7 +490,7 @@ class StreamingFedAvg(FedAvg):
                 replies[node] = reply
                 on_time.append(node)
                 # Fold now, array by array, and let the reply go: memory stays at one model.
-                self._fold_reply(fold, reply)
+                self._fold_reply(folds.setdefault(group, StreamingMean()), reply)
             outstanding = [m for m in this_round if m in self._pending]
             # The round ends at its quorum, when nobody is left, or at the deadline.
             if len(on_time) >= plan.quorum or not outstanding or time.monotonic() >= end:
@@ -471,27 +508,21 @@ class StreamingFedAvg(FedAvg):
             round_time_s=elapsed,
             quorum_met=len(on_time) >= plan.quorum,
         )
-        return replies, arrivals, failures, settlement, fold
+        return replies, arrivals, failures, settlement
 
-    def _late_arrival(self, reply: Message, origin_round: int) -> None:
+    def _late_arrival(self, reply: Message, origin_round: int, group: str) -> None:
         if reply.has_error() or self.deadline.late_policy != "stale":
             return
-        self._late.append(
-            _Late(
-                self._arrays(reply),
-                _weight(reply),
-                origin_round,
-            )
-        )
+        self._late.append(_Late(self._arrays(reply), _weight(reply), origin_round, group))
 
-    def _fold_late(self, fold: StreamingMean, server_round: int) -> int:
+    def _fold_late(self, folds: dict[str, StreamingMean], server_round: int) -> int:
         folded = 0
         for late in self._late:
             staleness = server_round - late.origin_round
             weight = late.weight * deadlines.staleness_weight(
                 staleness, exponent=self.deadline.staleness_exponent
             )
-            fold.add(late.arrays, weight)
+            folds.setdefault(late.group, StreamingMean()).add(late.arrays, weight)
             folded += 1
         self._late.clear()
         return folded
@@ -533,7 +564,7 @@ class _Backoff:
         self.current_s = min(self.current_s * 2, self.ceiling_s)
 
 
-def _serialise(fold: StreamingMean) -> ArrayRecord:
+def serialise(fold: StreamingMean) -> ArrayRecord:
     """The fold's mean as an ArrayRecord, one array at a time (no second full copy)."""
     record = ArrayRecord()
     for key, mean in fold.take_result():
