@@ -7,6 +7,7 @@ nodes random ids, which :class:`PartitionOrderedGrid` maps back to ``1000 + part
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from collections.abc import Iterable
 from pathlib import Path
@@ -201,3 +202,20 @@ def test_runner_dispatches_to_the_flower_backend(
     monkeypatch.setattr(flower_backend, "run_on_flower", fake)
     assert run_one(scenario, "tiered", SEED, backend="flower").strategy == "tiered"
     assert calls == [("tiered", SEED)]
+
+
+def test_converged_accuracy_is_the_mean_over_the_last_tenth_of_the_rounds() -> None:
+    accuracy = (0.1, *[0.5] * 18, 0.8, 0.9)  # round 0 + 20 rounds: the tail is 2 rounds
+    curve = Curve(
+        strategy="s",
+        seed=0,
+        times_s=tuple(float(t) for t in range(21)),
+        accuracy=accuracy,
+        target=0.7,
+        group_accuracy=(0.5,),
+        wall_s=1.0,
+    )
+    assert curve.final_accuracy == 0.9
+    assert curve.converged_accuracy == pytest.approx(0.85)
+    short = dataclasses.replace(curve, times_s=(0.0, 1.0), accuracy=(0.1, 0.6))
+    assert short.converged_accuracy == pytest.approx(0.6)

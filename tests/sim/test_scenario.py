@@ -180,3 +180,17 @@ def test_building_in_code_validates_too() -> None:
         parties=3, per_round=1, groups=(GroupSpec(1, 1.0, 0.5), GroupSpec(2, 2.0, 0.5))
     )
     assert [fleet.group_of(pid) for pid in range(3)] == [0, 1, 1]
+
+
+def test_a_strategy_may_run_its_own_number_of_rounds() -> None:
+    scenario = parse_scenario(VALID + '\n[strategies.fedavg]\nkind = "fedavg"\nrounds = 25\n')
+    assert scenario.rounds_for("fedavg") == 25
+    assert scenario.rounds_for("tiered") == 10  # training.rounds
+    assert "rounds" not in scenario.strategy("fedavg")  # not a strategy parameter
+    assert scenario.strategy("fedavg") == {"kind": "fedavg"}
+    # `fedge sim --rounds N` runs every strategy N rounds.
+    everyone = scenario.with_rounds(3)
+    assert (everyone.rounds_for("fedavg"), everyone.rounds_for("tiered")) == (3, 3)
+    for bad in ("0", "2.5", '"25"', "true"):
+        with pytest.raises(ScenarioError, match=r"strategies\.fedavg\.rounds"):
+            parse_scenario(VALID + f"\n[strategies.fedavg]\nrounds = {bad}\n")

@@ -1,6 +1,5 @@
 """``fedge sim``: compare strategies on a simulated heterogeneous fleet."""
 
-import dataclasses
 import json
 import logging
 from pathlib import Path
@@ -36,13 +35,11 @@ def sim(
     logging.getLogger("flwr").setLevel(logging.WARNING)
     loaded = load_scenario(scenario)
     if rounds is not None:
-        loaded = dataclasses.replace(
-            loaded, training=dataclasses.replace(loaded.training, rounds=rounds)
-        )
+        loaded = loaded.with_rounds(rounds)
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     for name in names:
         loaded.strategy(name)  # unknown names fail before anything runs
-    total = len(names) * seeds * loaded.training.rounds
+    total = seeds * sum(loaded.rounds_for(name) for name in names)
     columns = (
         TextColumn("{task.description}"),
         BarColumn(),
@@ -56,8 +53,10 @@ def sim(
             progress.update(task, advance=1, description=label)
 
         comparison = compare(loaded, names, range(seeds), backend=backend, progress=advance)
-    md, png, summary = write_report(comparison, out)
-    table = Table("strategy", "median TTA (s)", "censored", "final acc", "worst group acc")
+    md, png, summary = write_report(comparison, out, loaded)
+    table = Table(
+        "strategy", "median TTA (s)", "censored", "final acc", "converged acc", "worst group acc"
+    )
     tta = summary["time_to_target_s"]
     assert isinstance(tta, dict)
     for name in names:
@@ -68,6 +67,7 @@ def sim(
             "-" if median is None else f"{median:.1f}",
             str(summary["censored"][name]),  # type: ignore[index]
             f"{summary['final_accuracy'][name]:.4f}",  # type: ignore[index]
+            f"{summary['converged_accuracy'][name]:.4f}",  # type: ignore[index]
             f"{summary['worst_tier_accuracy'][name]:.4f}",  # type: ignore[index]
         )
     console.print(table)

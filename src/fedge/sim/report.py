@@ -1,12 +1,15 @@
 """The simulator's report: a Markdown summary and a PNG of accuracy against virtual time."""
 
+import dataclasses
 import json
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from fedge.sim.runner import Comparison, Curve
+from fedge.sim.scenario import Scenario
 
 COLOURS = ("tab:gray", "tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple")
 
@@ -64,7 +67,51 @@ def _fmt(value: object, digits: int = 3) -> str:
     return str(value)
 
 
-def markdown(comparison: Comparison, summary: dict[str, object], plot_name: str) -> str:
+@dataclass(frozen=True)
+class ArchitectureRow:
+    arch: str
+    parameters: int
+    seconds_per_example: float
+    trained_by: tuple[str, ...]
+
+
+def architectures(scenario: Scenario, strategies: list[str]) -> list[ArchitectureRow]:
+    """Each trained architecture's size and compute, and which strategies train it.
+
+    Compute is the virtual seconds one example costs per local epoch on one CPU: the
+    scenario's ``device.seconds_per_example`` is for the reference ``mlp`` and scales with
+    the parameter count (an MLP's FLOPs per example), as the party's clock does.
+    """
+    from fedge.aggregator.client_app import REFERENCE_ARCH
+    from fedge.models import digits
+
+    users: dict[str, list[str]] = {}
+    for name in strategies:
+        params = scenario.strategy(name)
+        tier_archs = params.get("tier_archs")
+        archs = (
+            [str(a) for a in tier_archs]
+            if isinstance(tier_archs, list)
+            else [str(params.get("arch", scenario.training.arch))]
+        )
+        for index, arch in enumerate(archs):
+            where = f"{name} (tier {index})" if isinstance(tier_archs, list) else name
+            users.setdefault(arch, []).append(where)
+    reference = digits.count_parameters(digits.make_model(REFERENCE_ARCH))
+    rows = []
+    for arch, used_by in users.items():
+        size = digits.count_parameters(digits.make_model(arch))
+        seconds = scenario.device.seconds_per_example * size / reference
+        rows.append(ArchitectureRow(arch, size, seconds, tuple(used_by)))
+    return sorted(rows, key=lambda row: -row.parameters)
+
+
+def markdown(
+    comparison: Comparison,
+    summary: dict[str, object],
+    plot_name: str,
+    archs: list[ArchitectureRow] | None = None,
+) -> str:
     strategies = sorted({c.strategy for c in comparison.curves}, key=comparison._order)
     seeds = sorted({c.seed for c in comparison.curves})
     lines = [
@@ -74,8 +121,8 @@ def markdown(comparison: Comparison, summary: dict[str, object], plot_name: str)
         "Time is virtual: each round lasts as long as its parties' device profiles say.",
         "",
         "| strategy | seed | time to target (s) | rounds to target | final accuracy "
-        "| worst group accuracy | virtual time (s) | wall (s) |",
-        "|---|---|---|---|---|---|---|---|",
+        "| converged accuracy | worst group accuracy | rounds | virtual time (s) | wall (s) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for strategy in strategies:
         for curve in comparison.by(strategy):
@@ -83,18 +130,44 @@ def markdown(comparison: Comparison, summary: dict[str, object], plot_name: str)
             rounds = None if tta is None else curve.times_s.index(tta)
             lines.append(
                 f"| {strategy} | {curve.seed} | {_fmt(tta, 1)} | {_fmt(rounds)} "
-                f"| {curve.final_accuracy:.4f} | {min(curve.group_accuracy):.4f} "
+                f"| {curve.final_accuracy:.4f} | {curve.converged_accuracy:.4f} "
+                f"| {min(curve.group_accuracy):.4f} | {len(curve.times_s) - 1} "
                 f"| {curve.times_s[-1]:.1f} | {curve.wall_s:.1f} |"
+            )
+    lines += [
+        "",
+        "Converged accuracy: the mean over the last tenth of the run's rounds.",
+    ]
+    if archs:
+        lines += [
+            "",
+            "## Architectures",
+            "",
+            "| arch | parameters | compute (virtual s per example and epoch, 1 CPU) | trained by |",
+            "|---|---|---|---|",
+        ]
+        for row in archs:
+            lines.append(
+                f"| {row.arch} | {row.parameters:,} | {row.seconds_per_example:.4f} "
+                f"| {', '.join(row.trained_by)} |"
             )
     lines += ["", "## Summary", "", "```json", json.dumps(summary, indent=1), "```", ""]
     lines += [f"![accuracy vs virtual time]({plot_name})", ""]
     return "\n".join(lines)
 
 
-def write_report(comparison: Comparison, out_dir: Path) -> tuple[Path, Path, dict[str, object]]:
+def write_report(
+    comparison: Comparison, out_dir: Path, scenario: Scenario | None = None
+) -> tuple[Path, Path, dict[str, object]]:
+    """Markdown + PNG in ``out_dir``; with ``scenario``, also its architectures table."""
     out_dir.mkdir(parents=True, exist_ok=True)
     summary = comparison.summary()
+    archs = None
+    if scenario is not None:
+        strategies = sorted({c.strategy for c in comparison.curves}, key=comparison._order)
+        archs = architectures(scenario, strategies)
+        summary["architectures"] = [dataclasses.asdict(row) for row in archs]
     png = plot(comparison, out_dir / f"{comparison.scenario}.png")
     md = out_dir / f"{comparison.scenario}.md"
-    md.write_text(markdown(comparison, summary, png.name))
+    md.write_text(markdown(comparison, summary, png.name, archs))
     return md, png, summary

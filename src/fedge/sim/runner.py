@@ -40,6 +40,16 @@ class Curve:
         return self.accuracy[-1]
 
     @property
+    def converged_accuracy(self) -> float:
+        """Mean test accuracy over the last tenth of the rounds (at least one round).
+
+        Round-to-round accuracy of a federated model jitters by a point or more (each
+        round is a few parties' data); the mean over the run's tail is what it converged to.
+        """
+        tail = self.accuracy[1:][-max(1, (len(self.accuracy) - 1) // 10) :] or self.accuracy
+        return sum(tail) / len(tail)
+
+    @property
     def time_to_target_s(self) -> float | None:
         """First virtual time the test accuracy reached the target; None = censored."""
         for t, acc in zip(self.times_s, self.accuracy, strict=True):
@@ -147,7 +157,7 @@ def drive(
     # largest tier arch): the initial and evaluated model follow the train config.
     arch = str(extra.get("arch", scenario.training.arch))
     records: list[RoundRecord] = []
-    total = scenario.training.rounds
+    total = scenario.rounds_for(strategy_name)
     label = f"{strategy_name} seed {seed}"
 
     def observe(record: RoundRecord) -> None:
@@ -206,6 +216,9 @@ class Comparison:
             "baseline": self.baseline,
             "final_accuracy": {
                 s: _median([c.final_accuracy for c in self.by(s)]) for s in strategies
+            },
+            "converged_accuracy": {
+                s: _median([c.converged_accuracy for c in self.by(s)]) for s in strategies
             },
             "worst_tier_accuracy": {
                 s: _median([min(c.group_accuracy) for c in self.by(s) if c.group_accuracy])

@@ -16,6 +16,7 @@ Every problem raises :class:`ScenarioError` naming the offending field by its do
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import tomllib
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from fedge.errors import FedgeError
 from fedge.toml_table import TomlTable
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
+ROUNDS_KEY = "rounds"  # [strategies.<name>] rounds: that strategy's own number of rounds
 """Where the shipped scenarios live (installed as package data)."""
 
 DATASETS: tuple[str, ...] = ("digits",)
@@ -215,7 +217,33 @@ class Scenario:
             raise ScenarioError("name must not be empty")
 
     def strategy(self, name: str) -> dict[str, object]:
-        """The parameters of ``[strategies.<name>]``."""
+        """The strategy parameters of ``[strategies.<name>]`` (without its ``rounds``)."""
+        return {k: v for k, v in self._table(name).items() if k != ROUNDS_KEY}
+
+    def rounds_for(self, name: str) -> int:
+        """Rounds ``name`` runs: its table's ``rounds``, else ``training.rounds``.
+
+        A strategy whose rounds are much cheaper in virtual time (small models on slow
+        tiers) needs more of them to converge; accuracy "at convergence" compares each
+        strategy at the end of its own run.
+        """
+        rounds = self._table(name).get(ROUNDS_KEY, self.training.rounds)
+        assert isinstance(rounds, int)  # checked when the scenario was read
+        return rounds
+
+    def with_rounds(self, rounds: int) -> Scenario:
+        """Every strategy runs ``rounds`` rounds (``fedge sim --rounds``)."""
+        _at_least(rounds, 1, "rounds")
+        return dataclasses.replace(
+            self,
+            training=dataclasses.replace(self.training, rounds=rounds),
+            strategies={
+                name: {k: v for k, v in table.items() if k != ROUNDS_KEY}
+                for name, table in self.strategies.items()
+            },
+        )
+
+    def _table(self, name: str) -> dict[str, object]:
         try:
             return self.strategies[name]
         except KeyError:
@@ -338,7 +366,12 @@ def _group(table: TomlTable) -> GroupSpec:
 def _strategies(table: TomlTable | None) -> dict[str, dict[str, object]]:
     if table is None:
         return {}
-    return {name: dict(table.table(name, None).items()) for name in table.names()}
+    strategies = {name: dict(table.table(name, None).items()) for name in table.names()}
+    for name, params in strategies.items():
+        rounds = params.get(ROUNDS_KEY)
+        if rounds is not None and (type(rounds) is not int or rounds < 1):
+            raise ScenarioError(f"strategies.{name}.rounds must be an integer >= 1, got {rounds!r}")
+    return strategies
 
 
 # ---------------------------------------------------------------- range checks
