@@ -43,6 +43,7 @@ from fedge.aggregator.jobs import (
     resume_job,
     run_job,
 )
+from fedge.aggregator.manifest import ManifestError
 from fedge.aggregator.run_store import RunState, RunStore
 from fedge.aggregator.streaming import StreamingFedAvg, _Late, to_array_record
 from fedge.aggregator.tiered import TieredFedAvg
@@ -290,6 +291,37 @@ def test_late_replies_held_for_staleness_survive_a_resume(tmp_path: Path) -> Non
     assert rows[3]["stale_folded"] == 3
     assert_same_model(final_arrays(job_dir), final_arrays(straight))
     assert decisions(rows) == decisions(store_rounds(straight))
+
+
+DISTILL = (
+    'tiers = 2\nprofiling_rounds = 1\ntier_archs = ["mlp-large", "mlp-small"]\ndistill_epochs = 2'
+)
+
+
+def test_a_distillation_job_halts_and_resumes_to_the_same_models(tmp_path: Path) -> None:
+    rounds = 4
+    straight = tmp_path / "straight"
+    manifest = write_job(tmp_path / "a", kind="distill", params=DISTILL, rounds=rounds)
+    assert run_job(manifest, straight).state is RunState.COMPLETED
+    job_dir = tmp_path / "halted"
+    manifest = write_job(tmp_path / "b", kind="distill", params=DISTILL, rounds=rounds)
+    assert run_job(manifest, job_dir, progress=halt_after(job_dir, 2)).state is RunState.HALTED
+    latest = latest_checkpoint(job_dir)
+    assert latest is not None and latest.round == 2
+    assert set(latest.extra) == {"mlp-large", "mlp-small"}  # both architectures' models
+
+    assert resume_job(job_dir).state is RunState.COMPLETED
+    final = final_arrays(job_dir)
+    assert final["0.weight"].shape == (256, 64)  # the global model is the largest arch
+    assert_same_model(final, final_arrays(straight))
+    assert decisions(store_rounds(job_dir)) == decisions(store_rounds(straight))
+
+
+def test_a_distillation_job_names_its_bad_parameter(tmp_path: Path) -> None:
+    bad = DISTILL.replace('"mlp-small"', '"mlp-huge"')
+    with pytest.raises(ManifestError, match=r"strategy\.params.*mlp-huge"):
+        run_job(write_job(tmp_path, kind="distill", params=bad), tmp_path / "job")
+    assert not (tmp_path / "job").exists()
 
 
 def test_resume_refuses_a_changed_scenario(tmp_path: Path) -> None:

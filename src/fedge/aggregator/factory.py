@@ -15,10 +15,9 @@ from fedge.errors import FedgeError
 if TYPE_CHECKING:
     import numpy as np
 
-KINDS = ("fedavg", "fedprox", "tiered")
-# distill needs the server's proxy set, which only the simulator passes in (not job
-# manifests, whose validation uses KINDS): it is a kind of build_strategy, not of KINDS.
-ALL_KINDS = (*KINDS, "distill")
+# distill also needs the server's unlabeled proxy set (``proxy_X``): the simulator and jobs
+# pass their scenario's proxy split.
+KINDS = ("fedavg", "fedprox", "tiered", "distill")
 _DEADLINE: dict[str, type | tuple[type, ...]] = {
     "over_selection": float,
     "quorum_fraction": float,
@@ -91,8 +90,8 @@ def build_strategy(
     """
     table = f"strategies.{name}"
     kind = str(params.get("kind", name))
-    if kind not in ALL_KINDS:
-        raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {ALL_KINDS})")
+    if kind not in KINDS:
+        raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
     allowed = dict(_DEADLINE)
     if kind in ("tiered", "distill"):
         allowed |= _TIERED

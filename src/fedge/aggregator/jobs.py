@@ -314,17 +314,19 @@ def _train(
 
     scenario = manifest.scenario
     total = manifest.rounds
+    data = make_partitions(scenario, manifest.seed)
     strategy, extra = build_strategy(
         manifest.strategy.kind,
         manifest.strategy_params(),
         per_round=scenario.fleet.per_round,
         seed=manifest.seed,
         clock=ClockMode.VIRTUAL,
+        proxy_X=data.proxy_X,
     )
+    # distill trains one model per tier architecture; the global one is the largest.
+    arch = str(extra.get("arch", manifest.task.arch))
     if checkpoint is None:
-        arrays: ArrayRecord = digits.to_arrays(
-            digits.make_model(manifest.task.arch, seed=manifest.seed)
-        )
+        arrays: ArrayRecord = digits.to_arrays(digits.make_model(arch, seed=manifest.seed))
         first_round = 1
     else:
         restore_strategy(strategy, checkpoint)
@@ -365,7 +367,6 @@ def _train(
             raise _Halted(server_round)
 
     strategy.observers.append(observe)
-    data = make_partitions(scenario, manifest.seed)
     grid = InProcessGrid(
         client_app,
         scenario.fleet.parties,
@@ -380,7 +381,7 @@ def _train(
             num_rounds=total,
             timeout=600,
             train_config=train_config(scenario, extra),
-            evaluate_fn=evaluator(scenario, data),
+            evaluate_fn=evaluator(scenario, data, arch=arch),
             first_round=first_round,
             checkpoint_fn=checkpoint_fn,
         )

@@ -211,7 +211,8 @@ def parse_manifest(
 
     kind = strategy_table.text("kind", non_empty=True)
     if kind not in KINDS:
-        raise ManifestError(f"strategy.kind: unknown strategy {kind!r} (known: {', '.join(KINDS)})")
+        known = ", ".join(KINDS)
+        raise ManifestError(f"strategy.kind: unknown strategy {kind!r} (known: {known})")
     params_table = strategy_table.optional_table("params", None)
     strategy = StrategySpec(kind=kind, params=dict(params_table.items()) if params_table else {})
     _validate_strategy(strategy, scenario, job.seed)
@@ -260,6 +261,11 @@ def _backend(value: str) -> Backend:
 def _validate_strategy(strategy: StrategySpec, scenario: Scenario, seed: int) -> None:
     """Build the strategy once, as the job will, and name the offending parameter."""
     prefix = f"strategies.{strategy.kind}"
+    proxy_X = None
+    if strategy.kind == "distill":  # distils on the scenario's unlabeled proxy split
+        from fedge.sim.data import make_partitions
+
+        proxy_X = make_partitions(scenario, seed).proxy_X
     try:
         build_strategy(
             strategy.kind,
@@ -267,6 +273,7 @@ def _validate_strategy(strategy: StrategySpec, scenario: Scenario, seed: int) ->
             per_round=scenario.fleet.per_round,
             seed=seed,
             clock=ClockMode.VIRTUAL,
+            proxy_X=proxy_X,
         )
     except StrategyConfigError as exc:
         message = str(exc)

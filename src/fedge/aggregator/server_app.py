@@ -156,13 +156,16 @@ def run_server(grid: Grid, context: Context) -> None:
     scenario = load_scenario(settings.scenario)
     run_id = settings.run_id or f"flwr-{context.run_id}"
     rounds = settings.rounds or scenario.training.rounds
+    data = make_partitions(scenario, settings.seed)
     strategy, extra = build_strategy(
         settings.strategy,
         settings.strategy_params,
         per_round=settings.per_round or scenario.fleet.per_round,
         seed=settings.seed,
         clock=ClockMode.WALL,
+        proxy_X=data.proxy_X,
     )
+    arch = str(extra.get("arch", scenario.training.arch))  # distill: the largest tier arch
     settings.run_store.parent.mkdir(parents=True, exist_ok=True)
     store = RunStore(settings.run_store)
     try:
@@ -178,14 +181,13 @@ def run_server(grid: Grid, context: Context) -> None:
         ordered = PartitionOrderedGrid(grid, discovery_timeout_s=DISCOVERY_TIMEOUT_S)
         try:
             _wait_for_nodes(ordered, settings.min_nodes, settings.node_wait_s)
-            data = make_partitions(scenario, settings.seed)
             strategy.start(
                 ordered,
-                digits.to_arrays(digits.make_model(scenario.training.arch, seed=settings.seed)),
+                digits.to_arrays(digits.make_model(arch, seed=settings.seed)),
                 num_rounds=rounds,
                 timeout=settings.round_timeout_s,
                 train_config=train_config(scenario, extra),
-                evaluate_fn=evaluator(scenario, data),
+                evaluate_fn=evaluator(scenario, data, arch=arch),
             )
         except BaseException as exc:
             store.set_state(run_id, RunState.FAILED, f"{type(exc).__name__}: {exc}")
