@@ -30,6 +30,7 @@ from fedge.models.distill import (
     teacher_logits,
 )
 from fedge.models.edge_student import Teacher, load_teacher, resolve_teacher, save_teacher
+from fedge.models.inspection import cpu_threads
 from fedge.sim.data import load_dataset
 from fedge.sim.scenario import load_scenario
 
@@ -148,6 +149,42 @@ def test_a_bad_proxy_set_fails_before_any_training(proxy: object, message: str) 
     assert all(torch.equal(a, b) for a, b in zip(before, _weights(student), strict=True))
     with pytest.raises(ProxyError, match=message):
         check_proxy(proxy, 64)
+
+
+def test_the_loop_takes_any_sample_shape_given_input_shape() -> None:
+    """Images go through the same loop as feature vectors (the inspection student's path)."""
+    teacher = nn.Sequential(nn.Conv2d(1, 4, 3), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 36, 3))
+    student = nn.Sequential(nn.Conv2d(1, 2, 3), nn.ReLU(), nn.Flatten(), nn.Linear(2 * 36, 3))
+    images = np.random.default_rng(0).random((48, 1, 8, 8), dtype=np.float32)
+    stats: list[DistillStats] = []
+    with cpu_threads(1):  # tiny ops: two contended threads cost more than they give
+        distill(teacher, student, images, epochs=20, lr=1e-2, batch_size=8, temperature=2.0,
+                seed=0, stats=stats, input_shape=(1, 8, 8))  # fmt: skip
+    assert stats[0].last_epoch_loss < 0.5 * stats[0].first_epoch_loss, stats
+    # Without input_shape the sample shape comes from the first linear layer (72
+    # features), which images do not fit: refused before training, naming both shapes.
+    with pytest.raises(ProxyError, match=r"must be 2-D \[samples, 72\], got shape \(48, 1, 8, 8\)"):
+        distill(teacher, student, images, epochs=1)
+    with pytest.raises(
+        ProxyError, match=r"samples have shape \(1, 8, 8\), the models take \(1, 4, 4\)"
+    ):
+        check_proxy(images, (1, 4, 4))
+    check_proxy(images, (1, 8, 8))
+    check_proxy(images[:, 0, 0], 8)  # an int and a 1-tuple mean the same
+    check_proxy(images[:, 0, 0], (8,))
+    with pytest.raises(ValueError, match="positive sizes"):
+        check_proxy(images, (1, 0, 8))
+
+
+def test_teacher_logits_in_chunks_match_one_pass() -> None:
+    teacher = digits.make_model("mlp", seed=5)
+    X = torch.rand(2500, 64)  # more than one 1,024-sample chunk, and a partial last one
+    with torch.no_grad():
+        expected = teacher(X)
+    actual = teacher_logits(teacher, X)
+    assert actual.shape == (2500, 10)
+    assert torch.allclose(actual, expected, atol=1e-5)
+    assert teacher_logits(teacher, X[:0]).shape == (0, 10)
 
 
 def test_check_proxy_accepts_the_scenario_proxy_split() -> None:

@@ -1,5 +1,7 @@
 """``fedge model``: publish and list model versions."""
 
+import dataclasses
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
@@ -99,47 +101,95 @@ def train_teacher(
     )
 
 
+class Task(StrEnum):
+    digits = "digits"
+    inspection = "inspection"
+
+
 @app.command()
 @friendly_errors
 def distill(
     teacher: Annotated[
-        str, typer.Option(help="A teacher .pt from train-teacher, or an arch to train first.")
+        str,
+        typer.Option(
+            help="digits: a teacher .pt from train-teacher, or an arch to train first; "
+            "inspection: a published model, e.g. inspect:1."
+        ),
     ],
-    arch: Annotated[str, typer.Option(help="Student architecture.")] = "mlp-small",
-    scenario: Annotated[str, typer.Option(help="Scenario name or path.")] = "tifl-digits",
+    task: Annotated[Task, typer.Option(help="Which model family to distil.")] = Task.digits,
+    arch: Annotated[str, typer.Option(help="Student architecture (digits).")] = "mlp-small",
+    scenario: Annotated[str, typer.Option(help="Scenario name or path (digits).")] = "tifl-digits",
     seed: Annotated[int, typer.Option(help="Seed of the split and the student.")] = 0,
-    temperature: Annotated[float, typer.Option(help="Distillation temperature T.")] = 4.0,
+    temperature: Annotated[
+        float | None,
+        typer.Option(help="Distillation temperature T [default: 4 digits, 2 inspection]."),
+    ] = None,
+    proxy_images: Annotated[
+        int, typer.Option(help="Unlabeled generated images to distil on (inspection).")
+    ] = 6000,
     out: Annotated[Path, typer.Option(help="Where to write the student ONNX.")] = Path(
         "student.onnx"
     ),
     publish_to_registry: Annotated[
         bool, typer.Option("--publish", help="Publish the student to the registry.")
     ] = False,
-    name: Annotated[str, typer.Option(help="Registry name (with --publish).")] = "digits-student",
+    name: Annotated[str, typer.Option(help="Registry name (digits, with --publish).")] = (
+        "digits-student"
+    ),
     version: Annotated[
-        int | None, typer.Option(help="Registry version (required with --publish).")
+        int | None,
+        typer.Option(
+            help="Registry version (digits: required with --publish; inspection: default "
+            "the latest version of the teacher's name + 1)."
+        ),
     ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Distil a teacher into a small student on the scenario's unlabeled proxy split.
+    """Distil a teacher into a small student on unlabeled proxy data.
 
     Example: fedge model distill --teacher mlp-large --arch mlp-small --out student.onnx
     --publish --name digits-student --version 1
+
+    Example: fedge model distill --task inspection --teacher inspect:1 --publish
     """
+    if temperature is not None and temperature <= 0:
+        raise typer.BadParameter("must be > 0", param_hint="--temperature")
+    if task is Task.inspection:
+        _distill_inspection(
+            teacher, seed, temperature, proxy_images, out, publish_to_registry, version, home
+        )
+    else:
+        _distill_digits(
+            teacher, arch, scenario, seed, temperature, out, publish_to_registry, name, version,
+            home,
+        )  # fmt: skip
+
+
+def _distill_digits(
+    teacher: str,
+    arch: str,
+    scenario: str,
+    seed: int,
+    temperature: float | None,
+    out: Path,
+    publish_to_registry: bool,
+    name: str,
+    version: int | None,
+    home: Path,
+) -> None:
     from fedge.models import edge_student
     from fedge.sim.scenario import load_scenario
 
     if publish_to_registry and version is None:
         raise typer.BadParameter("--publish needs --version N", param_hint="--version")
-    if temperature <= 0:
-        raise typer.BadParameter("must be > 0", param_hint="--temperature")
     # Open the registry first: a wrong --home fails before any training.
     fleet = open_fleet(home)[1] if publish_to_registry else None
     loaded = load_scenario(scenario)
     resolved = edge_student.resolve_teacher(teacher, loaded, seed)
     student, report = edge_student.distill_student(
-        resolved, loaded, seed, arch, temperature=temperature
-    )
+        resolved, loaded, seed, arch,
+        temperature=edge_student.TEMPERATURE if temperature is None else temperature,
+    )  # fmt: skip
     check = edge_student.export_student(student, out, loaded, seed)
     console.print(
         f"teacher: {report.teacher}\n"
@@ -157,6 +207,64 @@ def distill(
     if fleet is not None and version is not None:
         published = edge_student.publish_student(
             fleet.registry, out, name=name, version=version, report=report
+        )
+        manifest = published.manifest
+        console.print(
+            f"published [bold]{manifest.ref}[/bold] sha256={manifest.sha256[:12]}… "
+            f"parent={manifest.lineage.parent_version} note={manifest.lineage.note!r}"
+        )
+
+
+# Generated-image seeds of the inspection student, offset from the demo's (1, 2, 3, 7, 8)
+# so a student distilled here never sees the demo teacher's training images.
+_PROXY_SEED_BASE, _HELD_OUT_SEED_BASE = 1000, 2000
+_HELD_OUT_IMAGES = 2000
+
+
+def _distill_inspection(
+    teacher: str,
+    seed: int,
+    temperature: float | None,
+    proxy_images: int,
+    out: Path,
+    publish_to_registry: bool,
+    version: int | None,
+    home: Path,
+) -> None:
+    from fedge.edge_manager.registry import parse_ref
+    from fedge.models import inspection_student as students
+    from fedge.sim.defects import make_defect_images
+
+    if proxy_images < 1:
+        raise typer.BadParameter("must be >= 1", param_hint="--proxy-images")
+    # The teacher is a published model: the registry is read before any training.
+    fleet = open_fleet(home)[1]
+    published_teacher = fleet.registry.get(*parse_ref(teacher))
+    teacher_manifest = published_teacher.manifest
+    onnx_teacher = students.OnnxTeacher(published_teacher.path)
+    settings = students.StudentSettings()
+    if temperature is not None:
+        settings = dataclasses.replace(settings, temperature=temperature)
+    proxy = students.generated_proxy(proxy_images, _PROXY_SEED_BASE + seed)
+    held_out = make_defect_images(_HELD_OUT_IMAGES, seed=_HELD_OUT_SEED_BASE + seed)
+    _, report = students.distill_student(
+        onnx_teacher, proxy, held_out, out, teacher_ref=teacher_manifest.ref,
+        settings=settings, seed=seed,
+    )  # fmt: skip
+    console.print(
+        f"teacher {report.teacher}: {report.teacher_params} parameters, held-out accuracy "
+        f"{report.teacher_accuracy:.4f} ({report.held_out_samples} generated images)\n"
+        f"student (width {report.width}): {report.student_params} parameters "
+        f"({report.compression:.1f}x fewer), held-out accuracy {report.student_accuracy:.4f} "
+        f"(before distillation {report.student_init_accuracy:.4f})\n"
+        f"distilled on {report.data} (T={report.temperature:g}); loss "
+        f"{report.first_epoch_loss:.3g} -> {report.last_epoch_loss:.3g}\n"
+        f"exported {out}: ONNX Runtime vs torch max |diff| {report.export_max_abs_diff:.2g}",
+        highlight=False,
+    )
+    if publish_to_registry:
+        published = students.publish_student(
+            fleet.registry, report, teacher_manifest, version=version
         )
         manifest = published.manifest
         console.print(

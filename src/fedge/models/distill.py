@@ -10,7 +10,9 @@ softened output on the server's **unlabeled** proxy split; proxy labels are neve
   fixed as ``T`` changes; section 5.4 of the note).
 * :func:`distill` averages the logits of an ensemble of teachers (FedDF's ``avg_logits``),
   computes them once on the proxy set (the teacher is frozen), then trains the student
-  with Adam on minibatches of the proxy set.
+  with Adam on minibatches of the proxy set. The loop does not care what a sample is: a
+  digits feature vector (``input_shape=(64,)``) or an inspection image
+  (``input_shape=(1, 32, 32)``, :mod:`fedge.models.inspection_student`) go the same way.
 * :func:`export_student_onnx` writes the edge contract: ``input`` float32 ``[batch, 64]``
   -> ``probs`` float32 ``[batch, 10]`` (softmax in the graph), ONNX metadata ``classes`` =
   ``0,...,9``, and checks it against torch with ONNX Runtime, both the exported ``probs``
@@ -53,33 +55,56 @@ class DistillExportError(FedgeError):
     """The student's ONNX export failed or disagrees with torch."""
 
 
-def check_proxy(proxy_X: object, input_dim: int = N_FEATURES) -> None:
-    """Raise :class:`ProxyError` unless ``proxy_X`` is a non-empty float ``[n, input_dim]``."""
+InputShape = tuple[int, ...]
+"""The shape of one sample, without the batch axis: ``(64,)`` for digits, ``(1, 32, 32)``
+for an inspection image."""
+
+
+def check_proxy(proxy_X: object, input_shape: int | InputShape = N_FEATURES) -> None:
+    """Raise :class:`ProxyError` unless ``proxy_X`` is a non-empty float ``[n, *input_shape]``.
+
+    ``input_shape`` is one sample's shape; a bare int ``d`` means ``(d,)`` (feature vectors).
+    """
+    shape = _as_shape(input_shape)
+    expected = f"[samples, {', '.join(str(d) for d in shape)}]"
     if not isinstance(proxy_X, np.ndarray):
         raise ProxyError(
-            f"the proxy set must be a numpy array, got {type(proxy_X).__name__}; "
-            "pass the scenario's proxy split (Partitions.proxy_X)"
+            f"the proxy set must be a numpy array {expected}, got {type(proxy_X).__name__}; "
+            "pass the unlabeled proxy inputs (e.g. Partitions.proxy_X)"
         )
-    if proxy_X.ndim != 2:
+    if proxy_X.ndim != len(shape) + 1:
         raise ProxyError(
-            f"the proxy set must be 2-D [samples, {input_dim}], got shape {proxy_X.shape}"
+            f"the proxy set must be {len(shape) + 1}-D {expected}, got shape {proxy_X.shape}"
         )
-    if proxy_X.shape[1] != input_dim:
+    if tuple(proxy_X.shape[1:]) != shape:
+        if len(shape) == 1:
+            raise ProxyError(
+                f"the proxy set has {proxy_X.shape[1]} features per sample, the models take "
+                f"{shape[0]} (shape {proxy_X.shape})"
+            )
         raise ProxyError(
-            f"the proxy set has {proxy_X.shape[1]} features per sample, the models take "
-            f"{input_dim} (shape {proxy_X.shape})"
+            f"the proxy set's samples have shape {tuple(proxy_X.shape[1:])}, the models take "
+            f"{shape} (shape {proxy_X.shape})"
         )
     if proxy_X.shape[0] == 0:
         raise ProxyError(
-            "the proxy set is empty: nothing to distil on; give the scenario a "
-            "data.proxy_fraction > 0"
+            "the proxy set is empty: nothing to distil on; give it at least one sample "
+            "(for a scenario: data.proxy_fraction > 0)"
         )
     if not np.issubdtype(proxy_X.dtype, np.floating):
+        hint = "; scale uint8 images by 1/255" if proxy_X.dtype == np.uint8 else ""
         raise ProxyError(
-            f"the proxy set must hold floats in [0, 1] (float32), got dtype {proxy_X.dtype}"
+            f"the proxy set must hold floats in [0, 1] (float32), got dtype {proxy_X.dtype}{hint}"
         )
     if not np.all(np.isfinite(proxy_X)):
         raise ProxyError("the proxy set holds NaN or infinite values")
+
+
+def _as_shape(input_shape: int | InputShape) -> InputShape:
+    shape = (input_shape,) if isinstance(input_shape, int) else tuple(input_shape)
+    if not shape or any(d < 1 for d in shape):
+        raise ValueError(f"a sample shape needs positive sizes, got {input_shape!r}")
+    return shape
 
 
 def distillation_loss(
@@ -95,18 +120,33 @@ def distillation_loss(
 
 
 def teacher_logits(teacher: Teacher, X: torch.Tensor) -> torch.Tensor:
-    """The teacher's logits on ``X``; an ensemble gives the mean of its members' logits."""
+    """The teacher's logits on ``X``; an ensemble gives the mean of its members' logits.
+
+    ``X`` is fed in chunks of 1,024 samples: a CNN teacher's activations on thousands of
+    proxy images at once would take gigabytes, and in eval mode the result per sample does
+    not depend on the chunking.
+    """
+    if not isinstance(teacher, nn.Module) and isinstance(teacher, Sequence) and not teacher:
+        raise ValueError("the teacher ensemble is empty")
+    chunks = [
+        _teacher_logits(teacher, X[start : start + _TEACHER_CHUNK])
+        for start in range(0, X.shape[0], _TEACHER_CHUNK)
+    ]
+    return torch.cat(chunks) if chunks else _teacher_logits(teacher, X)
+
+
+_TEACHER_CHUNK = 1024
+
+
+def _teacher_logits(teacher: Teacher, X: torch.Tensor) -> torch.Tensor:
     with torch.no_grad():
         if isinstance(teacher, nn.Module):
             teacher.eval()
             logits: torch.Tensor = teacher(X)
             return logits.detach()
         if isinstance(teacher, Sequence):
-            members = list(teacher)
-            if not members:
-                raise ValueError("the teacher ensemble is empty")
             outputs = []
-            for member in members:
+            for member in teacher:
                 member.eval()
                 outputs.append(member(X).detach())
             return torch.stack(outputs).mean(dim=0)
@@ -132,16 +172,18 @@ def distill(
     temperature: float = 4.0,
     seed: int = 0,
     stats: list[DistillStats] | None = None,
+    input_shape: int | InputShape | None = None,
 ) -> nn.Module:
     """Train ``student`` in place (on the CPU) to match ``teacher`` on ``proxy_X``; return it.
 
     ``teacher`` is a logits function, one model, or a sequence of models whose logits are
     averaged. Only ``proxy_X`` is used: there are no labels. The proxy set is checked
-    before anything is trained (:class:`ProxyError`). Adam, minibatches shuffled with
-    ``seed``; the student is left in eval mode. If ``stats`` is given, a
-    :class:`DistillStats` is appended to it.
+    against ``input_shape`` (one sample's shape; default: the ``in_features`` of the
+    student's first linear layer, right for the digits MLPs) before anything is trained
+    (:class:`ProxyError`). Adam, minibatches shuffled with ``seed``; the student is left
+    in eval mode. If ``stats`` is given, a :class:`DistillStats` is appended to it.
     """
-    check_proxy(proxy_X, _input_dim(student))
+    check_proxy(proxy_X, _input_dim(student) if input_shape is None else input_shape)
     if epochs < 1 or batch_size < 1 or lr <= 0 or temperature <= 0:
         raise ValueError(
             "distill needs epochs >= 1, batch_size >= 1, lr > 0, temperature > 0; got "

@@ -2,18 +2,27 @@
 
 Its own Mosquitto (per-edge accounts and ACLs), the manager, three edge agents as
 separate processes; a CNN trained on generated scratch/clean surfaces, published, signed
-and deployed; one station's threshold pushed; images scored at every station; operator
-labels; a Markdown report and a PNG plot at the end.
+and deployed as ``inspect:1``; one station's threshold pushed; images scored at every
+station; operator labels. Then the cloud -> edge step of KnowledgeNet: ``inspect:1`` is
+distilled into a compact student on unlabeled generated surfaces (Hinton et al. 2015;
+:mod:`fedge.models.inspection_student`), published as ``inspect:2`` with its lineage,
+deployed to every station, and a fresh batch is scored and labelled. The Markdown report,
+the PNG plot and ``summary.json`` compare the two versions by what the stations served.
 """
 
+from __future__ import annotations
+
+import dataclasses
 import json
 import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import numpy.typing as npt
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -27,17 +36,40 @@ from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.sim.processes import FedgeProcess
 from fedge.transport.broker import free_port
 
+if TYPE_CHECKING:  # torch is imported only once training starts
+    from torch import nn
+
+    from fedge.models.inspection_student import StudentReport
+
 EDGES = ("st-01", "st-02", "st-03")
 IMAGES_PER_EDGE = 40
+MODEL = "inspect"
+# Seeds of the generated image sets; distinct, so no set overlaps another.
+TRAIN_SEED, HELD_OUT_SEED, PROXY_SEED = 1, 2, 3
+SCORE_SEEDS = {1: 7, 2: 8}  # model version -> the batch the stations score while serving it
+TRAIN_IMAGES, HELD_OUT_IMAGES, PROXY_IMAGES = 3000, 2000, 6000
+SCORING_TIMEOUT_S = 120.0
 console = Console()
 
 
 @dataclass(frozen=True)
-class DemoResult:
-    threshold_push_s: float
-    deploy_s: float
-    accuracy: dict[str, float]
-    rows: list[dict[str, object]]
+class TrainedTeacher:
+    model: nn.Module
+    onnx_path: Path
+    accuracy: float
+    held_out: tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]
+
+
+@dataclass
+class FleetRun:
+    """What the fleet flow measured, for the report."""
+
+    teacher: TrainedTeacher
+    deploy_s: dict[str, float] = dataclasses.field(default_factory=dict)
+    push_s: float = 0.0
+    distill_s: float = 0.0
+    student: StudentReport | None = None
+    truth: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
@@ -49,16 +81,19 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
     raise TimeoutError(f"demo: {what} did not happen within {timeout_s}s")
 
 
-def _train_model(out: Path) -> tuple[Path, float]:
-    from fedge.models.inspection import evaluate, export_onnx, train_inspection_model
+def _train_teacher(out: Path) -> TrainedTeacher:
+    from fedge.models.inspection import cpu_threads, evaluate, export_onnx, train_inspection_model
 
-    images, labels = make_defect_images(3000, seed=1)
-    test_images, test_labels = make_defect_images(500, seed=2)
-    model = train_inspection_model(images, labels, epochs=8, seed=0)
-    accuracy = evaluate(model, test_images, test_labels)
+    images, labels = make_defect_images(TRAIN_IMAGES, seed=TRAIN_SEED)
+    held_out = make_defect_images(HELD_OUT_IMAGES, seed=HELD_OUT_SEED)
+    # One thread: the demo's two cores are shared with the broker, the manager and the
+    # agents, and these small CNNs train many times faster without OpenMP contention.
+    with cpu_threads(1):
+        model = train_inspection_model(images, labels, epochs=8, seed=0, device="cpu")
+        accuracy = evaluate(model, *held_out)
     path = out / "inspect-v1.onnx"
     export_onnx(model, path)
-    return path, accuracy
+    return TrainedTeacher(model, path, accuracy, held_out)
 
 
 def run_demo(out: Path) -> int:
@@ -82,10 +117,13 @@ def run_demo(out: Path) -> int:
 
     console.rule("[bold]fedge demo: an inspection fleet on one machine")
     with console.status("training the inspection CNN on generated surfaces (torch)…"):
-        model_path, trained_accuracy = _train_model(out)
-    console.print(f"trained: held-out accuracy {trained_accuracy:.3f}; exported {model_path.name}")
+        teacher = _train_teacher(out)
+    console.print(
+        f"trained: held-out accuracy {teacher.accuracy:.3f} on {HELD_OUT_IMAGES} images; "
+        f"exported {teacher.onnx_path.name}"
+    )
     published = fleet.registry.publish(
-        model_path, name="inspect", version=1, classes=CLASSES, positive_classes=("scratch",)
+        teacher.onnx_path, name=MODEL, version=1, classes=CLASSES, positive_classes=("scratch",)
     )
     console.print(f"published {published.manifest.ref} (sha256 {published.manifest.sha256[:12]}…)")
 
@@ -100,7 +138,7 @@ def run_demo(out: Path) -> int:
         for e in EDGES
     ]
     try:
-        status = _fleet_flow(out, home, fleet, store, trained_accuracy)
+        status = _fleet_flow(out, fleet, store, FleetRun(teacher))
     finally:
         for process in processes:
             process.stop()
@@ -147,97 +185,262 @@ def _edge_state(store: Store, edge: str) -> dict[str, object]:
     return store.one("SELECT * FROM edges WHERE edge=?", (edge,)) or {}
 
 
-def _fleet_flow(
-    out: Path, home: ManagerHome, fleet: Fleet, store: Store, trained_accuracy: float
-) -> int:
+def _deploy(fleet: Fleet, store: Store, version: int) -> tuple[str, float]:
+    """Deploy ``inspect:VERSION`` to every station; wait until all report it active."""
+    deployment = fleet.deploy(MODEL, version, list(EDGES))
+    ref = f"{MODEL}:{version}"
+
+    def serving(edge: str) -> bool:
+        state = _edge_state(store, edge)
+        return (state.get("deploy_id"), state.get("deploy_stage"), state.get("serving")) == (
+            deployment,
+            "active",
+            ref,
+        )
+
+    return deployment, _wait(lambda: all(serving(e) for e in EDGES), 60, f"deployment of {ref}")
+
+
+def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
     _wait(lambda: all(_edge_state(store, e).get("state") == "online" for e in EDGES), 30, "births")
     console.print(f"{len(EDGES)} agents online (birth after subscribe, last will registered)")
 
-    deployment = fleet.deploy("inspect", 1, list(EDGES))
-    deploy_s = _wait(
-        lambda: all(_edge_state(store, e).get("deploy_stage") == "active" for e in EDGES),
-        60,
-        "deployment",
+    deployment, run.deploy_s[f"{MODEL}:1"] = _deploy(fleet, store, 1)
+    console.print(
+        f"deployment {deployment}: {MODEL}:1 active on all edges in "
+        f"{run.deploy_s[f'{MODEL}:1']:.2f}s"
     )
-    console.print(f"deployment {deployment}: inspect:1 active on all edges in {deploy_s:.2f}s")
 
     pushed = fleet.set_threshold(["st-01"], 0.72)[0]
-    push_s = _wait(
+    run.push_s = _wait(
         lambda: _edge_state(store, "st-01").get("config_applied") == pushed.version,
         10,
         "threshold report",
     )
-    console.print(f"threshold 0.72 pushed to st-01 -> applied and reported in {push_s:.3f}s")
+    console.print(f"threshold 0.72 pushed to st-01 -> applied and reported in {run.push_s:.3f}s")
+    run.truth.update(_score_and_label(out, fleet, store, version=1))
 
+    console.rule(f"[bold]cloud -> edge: distil {MODEL}:1 into a compact student")
+    student_ref = _distill_and_publish(out, fleet, run)
+    deployment, run.deploy_s[student_ref] = _deploy(fleet, store, 2)
+    console.print(
+        f"deployment {deployment}: {student_ref} active on all edges in "
+        f"{run.deploy_s[student_ref]:.2f}s"
+    )
+    run.truth.update(_score_and_label(out, fleet, store, version=2))
+    return _report(out, fleet, store, run)
+
+
+def _distill_and_publish(out: Path, fleet: Fleet, run: FleetRun) -> str:
+    from fedge.models.inspection_student import distill_student, generated_proxy, publish_student
+
+    teacher_manifest = fleet.registry.get(MODEL, 1).manifest
+    with console.status("distilling the student on unlabeled generated surfaces (torch)…"):
+        started = time.monotonic()
+        _, report = distill_student(
+            run.teacher.model,
+            generated_proxy(PROXY_IMAGES, PROXY_SEED),
+            run.teacher.held_out,
+            out / "inspect-v2-student.onnx",
+            teacher_ref=teacher_manifest.ref,
+        )
+        run.distill_s = time.monotonic() - started
+    run.student = report
+    console.print(
+        f"student: {report.student_params} parameters ({report.compression:.1f}x fewer than "
+        f"the teacher's {report.teacher_params}); held-out accuracy "
+        f"{report.student_accuracy:.3f} vs teacher {report.teacher_accuracy:.3f} (before "
+        f"distillation {report.student_init_accuracy:.3f}); distilled on {report.data} at "
+        f"T={report.temperature:g} in {run.distill_s:.1f}s; ONNX Runtime vs torch max |diff| "
+        f"{report.export_max_abs_diff:.1e}",
+        highlight=False,
+    )
+    published = publish_student(fleet.registry, report, teacher_manifest)
+    lineage = published.manifest.lineage
+    console.print(
+        f"published {published.manifest.ref} (parent {MODEL}:{lineage.parent_version}, "
+        f"note {lineage.note!r})",
+        highlight=False,
+    )
+    return published.manifest.ref
+
+
+def _score_and_label(out: Path, fleet: Fleet, store: Store, *, version: int) -> dict[str, str]:
+    """Drop a fresh batch into every inbox, wait for its predictions, label them all.
+
+    Returns the ground truth of the batch by prediction source (``file:<name>``).
+    """
     truth: dict[str, str] = {}
-    images, labels = make_defect_images(IMAGES_PER_EDGE * len(EDGES), seed=7)
+    images, labels = make_defect_images(IMAGES_PER_EDGE * len(EDGES), seed=SCORE_SEEDS[version])
+    before = int(store.scalar("SELECT count(*) FROM predictions"))
+    deadline = time.monotonic() + SCORING_TIMEOUT_S
     with Progress(console=console) as progress:
-        task = progress.add_task("stations scoring images", total=len(images))
+        task = progress.add_task(f"stations scoring images ({MODEL}:{version})", total=len(images))
         for i, edge in enumerate(EDGES):
             chunk = slice(i * IMAGES_PER_EDGE, (i + 1) * IMAGES_PER_EDGE)
-            paths = write_png_dir(images[chunk], out / "staging" / edge, prefix=f"{edge}-part")
+            prefix = f"{edge}-v{version}-part"
+            paths = write_png_dir(images[chunk], out / "staging" / edge, prefix=prefix)
             inbox = out / edge / "data" / "inbox"
             inbox.mkdir(parents=True, exist_ok=True)
             for path, label in zip(paths, labels[chunk], strict=True):
                 truth[f"file:{path.name}"] = CLASSES[int(label)]
                 path.replace(inbox / path.name)
-        expected = len(images)
-        while (stored := int(store.scalar("SELECT count(*) FROM predictions"))) < expected:
+        while (stored := int(store.scalar("SELECT count(*) FROM predictions")) - before) < len(
+            truth
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"demo: only {stored} of {len(truth)} predictions arrived within "
+                    f"{SCORING_TIMEOUT_S}s; see the logs in {out / 'logs'}"
+                )
             progress.update(task, completed=stored)
             time.sleep(0.1)
-        progress.update(task, completed=expected)
+        progress.update(task, completed=len(truth))
 
     # Operators label every prediction with the ground truth (the CruX labeler loop).
-    for row in store.query("SELECT prediction_id, source FROM predictions"):
-        fleet.add_label(row["prediction_id"], truth[row["source"]], "demo-operator")
-    return _report(out, fleet, store, truth, trained_accuracy, push_s, deploy_s)
+    for source, label in truth.items():
+        for row in store.query("SELECT prediction_id FROM predictions WHERE source=?", (source,)):
+            fleet.add_label(row["prediction_id"], label, "demo-operator")
+    return truth
 
 
-def _report(
-    out: Path,
-    fleet: Fleet,
-    store: Store,
-    truth: dict[str, str],
-    trained_accuracy: float,
-    push_s: float,
-    deploy_s: float,
-) -> int:
-    table = Table("edge", "serving", "config", "threshold", "predictions", "rejects", "agreement")
+def _model_rows(fleet: Fleet, store: Store, run: FleetRun) -> list[dict[str, Any]]:
+    """Per model version: size, held-out accuracy, and what the stations did with it.
+
+    Every prediction record carries the model version that served it, so the served
+    counts and the label agreement are split by that column, not by time. A label agrees
+    with "reject" when it names one of the model's defect classes (as in
+    ``Fleet.label_agreement``, which splits by edge instead).
+    """
+    from fedge.models.digits import count_parameters
+
+    student = run.student
+    assert student is not None, "the student is distilled before the report"
+    rows = []
+    for version in (1, 2):
+        manifest = fleet.registry.get(MODEL, version).manifest
+        served = int(
+            store.scalar("SELECT count(*) FROM predictions WHERE model=?", (manifest.ref,))
+        )
+        labelled = store.query(
+            "SELECT p.decision, l.label FROM labels l "
+            "JOIN predictions p ON p.prediction_id = l.prediction_id WHERE p.model=?",
+            (manifest.ref,),
+        )
+        positives = set(manifest.positive_classes)
+        agree = sum((r["decision"] == "reject") == (r["label"] in positives) for r in labelled)
+        is_teacher = version == 1
+        rows.append(
+            {
+                "model": manifest.ref,
+                "role": "teacher" if is_teacher else f"student of {student.teacher}",
+                "parameters": (
+                    count_parameters(run.teacher.model) if is_teacher else student.student_params
+                ),
+                "held_out_accuracy": (
+                    run.teacher.accuracy if is_teacher else student.student_accuracy
+                ),
+                "predictions": served,
+                "labels": len(labelled),
+                "label_agreement": agree / len(labelled) if labelled else None,
+                "deploy_s": run.deploy_s[manifest.ref],
+            }
+        )
+    return rows
+
+
+def _edge_rows(fleet: Fleet) -> list[dict[str, Any]]:
     rows = []
     for edge in EDGES:
         view = fleet.show(edge)
         desired = view["desired_config"] or {}
-        row = {
-            "edge": edge,
-            "serving": view["serving"],
-            "config": f"v{view['desired_config_version']}/v{view['config_applied']}",
-            "threshold": desired.get("default_threshold", 0.5),
-            "predictions": view["predictions"],
-            "rejects": view["rejects"],
-            "agreement": view["label_agreement"],
-        }
-        rows.append(row)
-        table.add_row(*(f"{v:.1%}" if k == "agreement" else str(v) for k, v in row.items()))
-    console.print(table)
-    _plot(out / "demo.png", store, truth)
+        rows.append(
+            {
+                "edge": edge,
+                "serving": view["serving"],
+                "config": f"v{view['desired_config_version']}/v{view['config_applied']}",
+                "threshold": desired.get("default_threshold", 0.5),
+                "predictions": view["predictions"],
+                "rejects": view["rejects"],
+                "agreement": view["label_agreement"],
+            }
+        )
+    return rows
+
+
+def _percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1%}"
+
+
+def _report(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
+    student = run.student
+    assert student is not None, "the student is distilled before the report"
+    edges = _edge_rows(fleet)
+    models = _model_rows(fleet, store, run)
+    edge_table = Table("edge", "serving", "config", "threshold", "predictions", "rejects",
+                       "agreement", title="stations (both batches)")  # fmt: skip
+    for row in edges:
+        edge_table.add_row(*(_percent(v) if k == "agreement" else str(v) for k, v in row.items()))
+    # Short headers: the table must fit an 80-column terminal.
+    model_table = Table("model", "role", "params", "held-out", "served", "agreement", "deploy",
+                        title="model versions (held-out accuracy; label agreement)")  # fmt: skip
+    for row in models:
+        model_table.add_row(
+            row["model"], str(row["role"]).split(" ")[0], str(row["parameters"]),
+            f"{row['held_out_accuracy']:.3f}", str(row["predictions"]),
+            _percent(row["label_agreement"]), f"{row['deploy_s']:.2f}s",
+        )  # fmt: skip
+    console.print(edge_table, model_table)
+    _plot(out / "demo.png", store, run.truth)
+    lineage = fleet.registry.get(MODEL, 2).manifest.lineage
+    teacher_ref, student_ref = models[0]["model"], models[1]["model"]
     report = out / "report.md"
     report.write_text(
         "\n".join(
             [
                 "# fedge demo report",
                 "",
-                f"- model inspect:1, held-out accuracy after training: {trained_accuracy:.3f}",
-                f"- deployment to {len(EDGES)} edges (download, verify, smoke test, swap): "
-                f"{deploy_s:.2f} s",
-                f"- threshold push to st-01 until reported applied: {push_s:.3f} s",
+                f"- model {teacher_ref}, held-out accuracy after training: "
+                f"{run.teacher.accuracy:.3f} ({student.held_out_samples} generated images)",
+                f"- deployment of {teacher_ref} to {len(EDGES)} edges (download, verify, smoke "
+                f"test, swap): {run.deploy_s[teacher_ref]:.2f} s",
+                f"- threshold push to st-01 until reported applied: {run.push_s:.3f} s",
+                f"- student {student_ref} distilled from {teacher_ref} (Hinton et al. 2015, "
+                f"T={student.temperature:g}) on {student.data} in {run.distill_s:.1f} s: "
+                f"{student.student_params} parameters vs {student.teacher_params} "
+                f"({student.compression:.1f}x fewer), held-out accuracy "
+                f"{student.student_accuracy:.3f} vs {student.teacher_accuracy:.3f} "
+                f"(before distillation {student.student_init_accuracy:.3f}), "
+                f"ONNX Runtime vs torch max |diff| {student.export_max_abs_diff:.1e}",
+                f"- lineage of {student_ref}: parent version {lineage.parent_version}, run "
+                f"{lineage.run_id}, data {lineage.data!r}, note {lineage.note!r}",
+                f"- deployment of {student_ref} to {len(EDGES)} edges: "
+                f"{run.deploy_s[student_ref]:.2f} s",
+                "",
+                "## Model versions",
+                "",
+                "Predictions and labels are split by the model version each prediction record "
+                f"carries: every station scored {IMAGES_PER_EDGE} images with each version.",
+                "",
+                "| model | role | parameters | held-out accuracy | predictions served "
+                "| label agreement | deploy |",
+                "|---|---|---|---|---|---|---|",
+                *(
+                    f"| {r['model']} | {r['role']} | {r['parameters']} | "
+                    f"{r['held_out_accuracy']:.3f} | {r['predictions']} | "
+                    f"{_percent(r['label_agreement'])} | {r['deploy_s']:.2f} s |"
+                    for r in models
+                ),
+                "",
+                "## Stations",
                 "",
                 "| edge | serving | config desired/applied | threshold | predictions | rejects "
                 "| label agreement |",
                 "|---|---|---|---|---|---|---|",
                 *(
                     f"| {r['edge']} | {r['serving']} | {r['config']} | {r['threshold']} | "
-                    f"{r['predictions']} | {r['rejects']} | {float(r['agreement'] or 0):.1%} |"
-                    for r in rows
+                    f"{r['predictions']} | {r['rejects']} | {_percent(r['agreement'])} |"
+                    for r in edges
                 ),
                 "",
                 "![scores](demo.png)",
@@ -245,30 +448,48 @@ def _report(
             ]
         )
     )
-    (out / "summary.json").write_text(json.dumps({"edges": rows, "push_s": push_s}, indent=1))
+    student_summary = dataclasses.asdict(student)
+    student_summary["onnx_path"] = str(student.onnx_path)
+    student_summary["compression"] = student.compression
+    summary = {
+        "edges": edges,
+        "models": models,
+        "push_s": run.push_s,
+        "distill_s": run.distill_s,
+        "student": student_summary,
+    }
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
     console.print(f"report: {report}\nplot:   {out / 'demo.png'}")
     return 0
 
 
 def _plot(path: Path, store: Store, truth: dict[str, str]) -> None:
+    """Scratch-score histograms: one row per model version, one column per station."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = store.query("SELECT edge, scores, threshold, source FROM predictions")
-    fig, axes = plt.subplots(1, len(EDGES), figsize=(4 * len(EDGES), 3.2), sharey=True)
-    for ax, edge in zip(np.atleast_1d(axes), EDGES, strict=True):
-        mine = [r for r in rows if r["edge"] == edge]
-        for cls, colour in (("clean", "tab:green"), ("scratch", "tab:red")):
-            scores = [json.loads(r["scores"])["scratch"] for r in mine if truth[r["source"]] == cls]
-            ax.hist(scores, bins=20, range=(0, 1), alpha=0.6, color=colour, label=cls)
-        if mine:
-            ax.axvline(mine[0]["threshold"], color="black", linestyle="--", label="threshold")
-        ax.set_title(edge)
-        ax.set_xlabel("scratch score")
-    np.atleast_1d(axes)[0].set_ylabel("images")
-    np.atleast_1d(axes)[0].legend()
+    rows = store.query("SELECT edge, model, scores, threshold, source FROM predictions")
+    models = sorted({r["model"] for r in rows})
+    fig, axes = plt.subplots(
+        len(models), len(EDGES), figsize=(4 * len(EDGES), 3.2 * len(models)), sharey=True,
+        squeeze=False,
+    )  # fmt: skip
+    for model, model_axes in zip(models, axes, strict=True):
+        for ax, edge in zip(model_axes, EDGES, strict=True):
+            mine = [r for r in rows if r["edge"] == edge and r["model"] == model]
+            for cls, colour in (("clean", "tab:green"), ("scratch", "tab:red")):
+                scores = [
+                    json.loads(r["scores"])["scratch"] for r in mine if truth[r["source"]] == cls
+                ]
+                ax.hist(scores, bins=20, range=(0, 1), alpha=0.6, color=colour, label=cls)
+            if mine:
+                ax.axvline(mine[0]["threshold"], color="black", linestyle="--", label="threshold")
+            ax.set_title(f"{edge}, {model}")
+            ax.set_xlabel("scratch score")
+        model_axes[0].set_ylabel("images")
+    axes[0][0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
