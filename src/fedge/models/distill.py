@@ -47,7 +47,7 @@ TeacherFn = Callable[[torch.Tensor], torch.Tensor]
 Teacher = TeacherFn | nn.Module | Sequence[nn.Module]
 
 
-class ProxyError(FedgeError):
+class ProxyError(FedgeError, ValueError):
     """The proxy (transfer) set cannot be used for distillation."""
 
 
