@@ -29,7 +29,13 @@ from fedge.models.distill import (
     export_student_onnx,
     teacher_logits,
 )
-from fedge.models.edge_student import Teacher, load_teacher, resolve_teacher, save_teacher
+from fedge.models.edge_student import (
+    Teacher,
+    load_teacher,
+    resolve_teacher,
+    save_teacher,
+    shifted_proxy,
+)
 from fedge.models.inspection import cpu_threads
 from fedge.sim.data import load_dataset
 from fedge.sim.scenario import load_scenario
@@ -274,9 +280,22 @@ def test_cli_train_teacher_then_distill_and_publish(tmp_path: Path) -> None:
     lineage = fleet.registry.get("digits-student", 1).manifest.lineage
     assert lineage.parent_version is None
     assert lineage.run_id is not None and lineage.run_id.startswith("mlp trained on pooled")
-    assert lineage.data == "proxy split of tifl-digits seed 0"
+    assert lineage.data == "proxy split of tifl-digits seed 0 with one-pixel shifts"
     assert lineage.note.startswith("distilled from mlp trained") and "(T=4)" in lineage.note
 
     # --publish without --version is refused before any training
     result = runner.invoke(app, [*args[:6], "--publish", "--home", str(home)])
     assert result.exit_code != 0
+
+
+def test_the_transfer_set_adds_one_pixel_shifts_of_each_digit() -> None:
+    digits_X = np.arange(2 * 64, dtype=np.float32).reshape(2, 64) / 128
+    transfer = shifted_proxy(digits_X)
+    assert transfer.shape == (10, 64) and transfer.dtype == np.float32
+    np.testing.assert_array_equal(transfer[:2], digits_X)  # the originals come first
+    images = digits_X.reshape(2, 8, 8)
+    right = np.roll(images, 1, axis=2).reshape(2, 64)
+    np.testing.assert_array_equal(transfer[2:4], right)
+    # Every view is a permutation of the same pixels: nothing is invented.
+    for view in transfer.reshape(5, 2, 64):
+        np.testing.assert_array_equal(np.sort(view, axis=1), np.sort(digits_X, axis=1))

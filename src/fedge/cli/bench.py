@@ -216,6 +216,10 @@ def sim_overhead(
 def distill(
     scenario: Annotated[str, typer.Option(help="Scenario name or path.")] = "tifl-digits",
     seed: Annotated[int, typer.Option(help="Seed of the split and of every model.")] = 0,
+    seeds: Annotated[
+        int | None,
+        typer.Option(help="Run seeds 0..N-1 instead of --seed; report medians.", min=1),
+    ] = None,
     rounds: Annotated[
         int | None,
         typer.Option(
@@ -226,10 +230,17 @@ def distill(
 ) -> None:
     """Distil mlp-large into mlp-small on the proxy split; compare with FedAvg mlp-small.
 
-    Example: fedge bench distill --json out.json
+    Example: fedge bench distill --seeds 5 --json out.json
     """
-    from fedge.bench.distill import run_distill
+    from fedge.bench.distill import run_distill, run_distill_seeds
 
+    if seeds is not None:
+        _run(
+            "distill",
+            json_path,
+            lambda progress: run_distill_seeds(scenario, seeds, rounds=rounds, progress=progress),
+        )
+        return
     _run(
         "distill",
         json_path,
