@@ -248,7 +248,7 @@ def test_teacher_files_round_trip_and_bad_specs_are_clear(tmp_path: Path) -> Non
 
     with pytest.raises(TeacherError, match="does not exist"):
         resolve_teacher(str(tmp_path / "missing.pt"), scenario)
-    with pytest.raises(TeacherError, match="neither a teacher file"):
+    with pytest.raises(TeacherError, match="neither a job directory, a teacher file"):
         resolve_teacher("mlp-huge", scenario)
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
     with pytest.raises(TeacherError, match="cannot read"):
@@ -289,7 +289,7 @@ def test_cli_train_teacher_then_distill_and_publish(tmp_path: Path) -> None:
 
 
 def test_the_transfer_set_adds_one_pixel_shifts_of_each_digit() -> None:
-    digits_X = np.arange(2 * 64, dtype=np.float32).reshape(2, 64) / 128
+    digits_X = (np.arange(2 * 64).reshape(2, 64) / 128).astype(np.float32)
     transfer = shifted_proxy(digits_X)
     assert transfer.shape == (10, 64) and transfer.dtype == np.float32
     np.testing.assert_array_equal(transfer[:2], digits_X)  # the originals come first
@@ -299,3 +299,28 @@ def test_the_transfer_set_adds_one_pixel_shifts_of_each_digit() -> None:
     # Every view is a permutation of the same pixels: nothing is invented.
     for view in transfer.reshape(5, 2, 64):
         np.testing.assert_array_equal(np.sort(view, axis=1), np.sort(digits_X, axis=1))
+
+
+def test_a_finished_federated_job_is_a_teacher(tmp_path: Path) -> None:
+    from fedge.aggregator.checkpoint import load_arrays
+    from fedge.aggregator.jobs import FINAL_MODEL, run_job
+    from fedge.models.edge_student import TeacherError, distill_student
+
+    manifest = tmp_path / "job.toml"
+    manifest.write_text(
+        '[job]\nname = "teacher"\nrounds = 2\nseed = 0\n'
+        '[task]\nscenario = "tifl-digits"\narch = "mlp-large"\n'
+        '[strategy]\nkind = "fedavg"\n'
+    )
+    scenario = load_scenario("tifl-digits")
+    with pytest.raises(TeacherError, match="holds no finished job"):
+        resolve_teacher(str(tmp_path), scenario)  # a directory, but no job in it
+    job_dir = tmp_path / "job"
+    run_job(manifest, job_dir)
+    teacher = resolve_teacher(str(job_dir), scenario)
+    assert teacher.arch == "mlp-large" and "federated job" in teacher.description
+    final = load_arrays(job_dir / FINAL_MODEL)
+    for key, value in teacher.model.state_dict().items():
+        np.testing.assert_array_equal(value.numpy(), final[key])
+    _, report = distill_student(teacher, scenario, epochs=2)
+    assert report.teacher_arch == "mlp-large" and report.student_params < report.teacher_params

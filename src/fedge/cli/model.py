@@ -112,7 +112,8 @@ def distill(
     teacher: Annotated[
         str,
         typer.Option(
-            help="digits: a teacher .pt from train-teacher, or an arch to train first; "
+            help="digits: a finished job's directory (fedge aggregator run: a federated "
+            "teacher), a teacher .pt from train-teacher, or an arch to train first; "
             "inspection: a published model, e.g. inspect:1."
         ),
     ],

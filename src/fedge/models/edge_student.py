@@ -1,8 +1,9 @@
 """The cloud -> edge flow around :mod:`fedge.models.distill`: teacher, student, registry.
 
-1. A **teacher** is either a saved torch state (``.pt``, :func:`save_teacher`) or trained
-   here on a scenario's pooled party data (:func:`train_teacher`, a centrally trained
-   stand-in for a federated teacher).
+1. A **teacher** is a finished federated job's final model (:func:`load_job_teacher`), a
+   saved torch state (``.pt``, :func:`save_teacher`), or trained here on a scenario's
+   pooled party data (:func:`train_teacher`, a centrally trained stand-in for a
+   federated teacher).
 2. The **student** (``mlp-small`` by default) is distilled on the scenario's unlabeled
    proxy split (:func:`distill_student`); the test split only measures both models.
 3. The student is exported to ONNX (the edge contract of
@@ -171,16 +172,51 @@ def load_teacher(path: Path) -> Teacher:
     return Teacher(model, arch, f"{description} ({path.name})")
 
 
+def load_job_teacher(job_dir: Path) -> Teacher:
+    """The final model of a completed federated job (``fedge aggregator run``) as a teacher.
+
+    The job keeps its final model's arrays; the architecture is the one they fit.
+    """
+    from fedge.aggregator.checkpoint import CheckpointError, load_arrays
+    from fedge.aggregator.jobs import FINAL_MODEL
+
+    path = job_dir / FINAL_MODEL
+    if not path.is_file():
+        raise TeacherError(
+            f"{job_dir} holds no finished job ({FINAL_MODEL} is missing): run or resume it "
+            "with `fedge aggregator` first"
+        )
+    try:
+        arrays = load_arrays(path)
+    except CheckpointError as exc:
+        raise TeacherError(f"cannot read the job's final model {path}: {exc}") from None
+    state = {key: torch.from_numpy(value) for key, value in arrays.items()}
+    for arch in digits.ARCHITECTURES:
+        model = digits.make_model(arch)
+        try:
+            model.load_state_dict(state, strict=True)
+        except (RuntimeError, KeyError):
+            continue
+        model.eval()
+        return Teacher(model, arch, f"{arch}: final model of the federated job in {job_dir}")
+    known = ", ".join(sorted(digits.ARCHITECTURES))
+    raise TeacherError(f"{path} fits none of the known architectures ({known})")
+
+
 def resolve_teacher(spec: str, scenario: Scenario, seed: int = 0) -> Teacher:
-    """``spec`` is a ``.pt`` file from :func:`save_teacher`, or an arch to train here."""
+    """``spec`` is a finished job's directory (a federated teacher), a ``.pt`` file from
+    :func:`save_teacher`, or an architecture to train centrally here."""
     if spec in digits.ARCHITECTURES:
         return train_teacher(scenario, seed, spec)
     path = Path(spec)
+    if path.is_dir():
+        return load_job_teacher(path)
     if path.suffix == ".pt" or path.exists():
         return load_teacher(path)
     known = ", ".join(sorted(digits.ARCHITECTURES))
     raise TeacherError(
-        f"--teacher {spec!r} is neither a teacher file (.pt) nor an architecture ({known})"
+        f"--teacher {spec!r} is neither a job directory, a teacher file (.pt) nor an "
+        f"architecture ({known})"
     )
 
 
