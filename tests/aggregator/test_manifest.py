@@ -241,3 +241,11 @@ def test_run_job_refuses_other_backends_before_creating_anything(
     with pytest.raises(ManifestError, match=f"federation.backend: '{backend}'"):
         run_job(path, folder / "job")
     assert listing(folder) == before
+
+
+def test_every_example_job_validates() -> None:
+    examples = sorted((Path(__file__).parents[2] / "examples" / "jobs").glob("*.toml"))
+    assert {p.stem for p in examples} >= {"tiered-digits", "distill-digits"}
+    for path in examples:
+        manifest = load_manifest(path)
+        assert manifest.rounds >= 1, path
