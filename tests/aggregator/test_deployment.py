@@ -30,6 +30,7 @@ from conftest import free_port, port_open, wait_until
 from flwr.app import Context, RecordDict
 
 from fedge.aggregator.client_app import app as client_app
+from fedge.aggregator.factory import StrategyConfigError
 from fedge.aggregator.run_store import RunStore
 from fedge.aggregator.server_app import ServerConfigError, ServerSettings, run_server
 from fedge.sim.grid import InProcessGrid
@@ -216,10 +217,84 @@ def test_run_config_selects_the_strategy_keys() -> None:
         "tiers": 4,
         "profiling_deadline_s": 5.0,
     }
+    distill = ServerSettings.from_run_config(
+        {**config, "strategy": "distill", "tier-archs": "mlp-large, mlp-small", "tiers": 2}
+    )
+    assert distill.strategy_params == {
+        "quorum_fraction": 0.6,
+        "tiers": 2,
+        "tier_archs": ["mlp-large", "mlp-small"],
+    }
     with pytest.raises(ServerConfigError, match="seed"):
         ServerSettings.from_run_config({**config, "seed": "three"})
     with pytest.raises(ServerConfigError, match="run-store"):
         ServerSettings.from_run_config({k: v for k, v in config.items() if k != "run-store"})
+
+
+def test_a_deployed_distill_run_trains_one_architecture_per_tier(tmp_path: Path) -> None:
+    """The ServerApp with kind distill, wall clock: run-config keys reach the strategy."""
+    scenario = tmp_path / "deploy-three.toml"
+    scenario.write_text(SCENARIO, encoding="utf-8")
+    run_store = tmp_path / "runs.db"
+    config: dict[str, bool | int | float | str] = {
+        "strategy": "distill",
+        "scenario": str(scenario),
+        "seed": 1,
+        "rounds": 3,
+        "run-store": str(run_store),
+        "run-id": "distill",
+        "tiers": 2,
+        "tier-archs": "mlp-large,mlp-small",
+        "distill-epochs": 1,
+        "min-nodes": 3,
+    }
+    grid = InProcessGrid(client_app, 3, run_config=config)
+    context = Context(run_id=8, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    try:
+        run_server(grid, context)
+    finally:
+        grid.close()
+    store = RunStore(run_store)
+    try:
+        run = store.run("distill")
+        rounds = store.rounds("distill")
+    finally:
+        store.close()
+    assert run is not None and run["state"] == "completed" and run["last_round"] == 3
+    assert all(r["eval_metrics"]["accuracy"] > 0 for r in rounds)
+    # Every round after profiling distils into both tier architectures.
+    for row in rounds[1:]:
+        assert {"distill-kl-after/mlp-large", "distill-kl-after/mlp-small"} <= set(
+            row["train_metrics"]
+        )
+
+
+def test_a_strategy_that_cannot_be_built_is_a_failed_run(tmp_path: Path) -> None:
+    scenario = tmp_path / "deploy-three.toml"
+    scenario.write_text(SCENARIO, encoding="utf-8")
+    run_store = tmp_path / "runs.db"
+    config: dict[str, bool | int | float | str] = {
+        "strategy": "distill",
+        "scenario": str(scenario),
+        "seed": 1,
+        "run-store": str(run_store),
+        "run-id": "bad",
+        "tiers": 2,
+        "tier-archs": "mlp-large,mlp-huge",
+    }
+    grid = InProcessGrid(client_app, 3, run_config=config)
+    context = Context(run_id=9, node_id=0, node_config={}, state=RecordDict(), run_config=config)
+    try:
+        with pytest.raises(StrategyConfigError, match="mlp-huge"):
+            run_server(grid, context)
+    finally:
+        grid.close()
+    store = RunStore(run_store)
+    try:
+        run = store.run("bad")
+    finally:
+        store.close()
+    assert run is not None and run["state"] == "failed" and "mlp-huge" in run["error"]
 
 
 def test_server_app_records_every_round_on_an_in_process_grid(tmp_path: Path) -> None:

@@ -153,8 +153,13 @@ def test_shipped_example_manifest() -> None:
 BAD = [
     pytest.param(
         edited('kind = "tiered"', 'kind = "fedsgd"'),
-        "strategy.kind: unknown strategy 'fedsgd' (known: fedavg, fedprox, tiered)",
+        "strategy.kind: unknown strategy 'fedsgd' (known: fedavg, fedprox, tiered, distill)",
         id="unknown-strategy",
+    ),
+    pytest.param(
+        edited('kind = "tiered"', 'kind = "distill"'),
+        "task.arch: distill trains one architecture per tier",
+        id="distill-with-task-arch",
     ),
     pytest.param(
         edited("rounds = 5", "rounds = -3"), "job.rounds must be >= 1, got -3", id="negative-rounds"

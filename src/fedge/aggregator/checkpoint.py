@@ -281,8 +281,9 @@ def latest_checkpoint(job_dir: Path) -> Checkpoint | None:
 def restore_strategy(strategy: StreamingFedAvg, checkpoint: Checkpoint) -> None:
     """Put ``strategy`` back in the state it was in when ``checkpoint`` was written."""
     try:
-        strategy.load_state_dict(checkpoint.strategy_state)
+        # The extra models are checked in full before anything is applied.
         strategy.restore_extra_arrays(checkpoint.extra)
+        strategy.load_state_dict(checkpoint.strategy_state)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} does not fit a {type(strategy).__name__}: {exc}"

@@ -162,7 +162,8 @@ class DistillingTieredFedAvg(TieredFedAvg):
             if fold.count and fold.total_weight > 0:
                 self.models[arch] = serialise(fold)
                 self.trained.add(arch)
-        if folds and self.trained:
+        # distill_epochs = 0 (the ablation) transfers nothing: skip building the ensemble.
+        if folds and self.trained and self.distill_settings.epochs:
             self.models, self.distill_losses = ensemble.distill_into_each(
                 self.models,
                 self.proxy_X,
@@ -181,14 +182,31 @@ class DistillingTieredFedAvg(TieredFedAvg):
         return {**super().state_dict(), "trained": sorted(self.trained)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        trained = {str(arch) for arch in state["trained"]}
+        if not trained <= set(self.tier_archs):
+            raise ValueError(f"checkpoint trained {sorted(trained)}, not all in tier_archs")
         super().load_state_dict(state)
-        self.trained = set(state["trained"])
+        self.trained = trained
 
     def extra_arrays(self) -> dict[str, dict[str, np.ndarray]]:
         return {arch: arrays_of(record) for arch, record in self.models.items()}
 
     def restore_extra_arrays(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
-        unknown = sorted(set(arrays) - set(self.tier_archs))
-        if unknown:
-            raise ValueError(f"checkpoint holds models of {unknown}, not in tier_archs")
-        self.models = {arch: to_array_record(values) for arch, values in arrays.items()}
+        """Every architecture's model, each checked against its architecture first."""
+        if set(arrays) != set(self.tier_archs):
+            raise ValueError(
+                f"checkpoint holds models of {sorted(arrays)}, the strategy trains "
+                f"{sorted(set(self.tier_archs))}"
+            )
+        models = {arch: to_array_record(values) for arch, values in arrays.items()}
+        for arch, record in models.items():
+            try:
+                digits.load_arrays(digits.make_model(arch), record)
+            except digits.ModelError as exc:
+                raise ValueError(f"checkpoint's {arch} model: {exc}") from None
+        self.models = models
+
+    def _is_echo(self, record: ArrayRecord) -> bool:
+        # A late in-process reply may echo a model sent in an earlier round: any global
+        # model counts, not only this round's.
+        return super()._is_echo(record) or any(record is m for m in self.models.values())

@@ -15,7 +15,7 @@ the disk. Every problem raises :class:`ManifestError` naming the field by its do
     arch = "mlp"               # optional: model architecture (default: the scenario's)
 
     [strategy]
-    kind = "tiered"            # fedavg | fedprox | tiered
+    kind = "tiered"            # fedavg | fedprox | tiered | distill
 
     [strategy.params]          # optional: the strategy's parameters (see aggregator.factory)
     tiers = 5
@@ -213,6 +213,11 @@ def parse_manifest(
     if kind not in KINDS:
         known = ", ".join(KINDS)
         raise ManifestError(f"strategy.kind: unknown strategy {kind!r} (known: {known})")
+    if kind == "distill" and "arch" in task_table:
+        raise ManifestError(
+            "task.arch: distill trains one architecture per tier (strategy.params.tier_archs; "
+            "the largest is the global model): leave task.arch out"
+        )
     params_table = strategy_table.optional_table("params", None)
     strategy = StrategySpec(kind=kind, params=dict(params_table.items()) if params_table else {})
     _validate_strategy(strategy, scenario, job.seed)
@@ -261,12 +266,12 @@ def _backend(value: str) -> Backend:
 def _validate_strategy(strategy: StrategySpec, scenario: Scenario, seed: int) -> None:
     """Build the strategy once, as the job will, and name the offending parameter."""
     prefix = f"strategies.{strategy.kind}"
-    proxy_X = None
-    if strategy.kind == "distill":  # distils on the scenario's unlabeled proxy split
-        from fedge.sim.data import make_partitions
-
-        proxy_X = make_partitions(scenario, seed).proxy_X
     try:
+        proxy_X = None
+        if strategy.kind == "distill":  # distils on the scenario's unlabeled proxy split
+            from fedge.sim.data import make_partitions
+
+            proxy_X = make_partitions(scenario, seed).proxy_X
         build_strategy(
             strategy.kind,
             {"kind": strategy.kind, **strategy.params},
@@ -280,6 +285,8 @@ def _validate_strategy(strategy: StrategySpec, scenario: Scenario, seed: int) ->
         if message.startswith(prefix):
             message = "strategy.params" + message[len(prefix) :]
         raise ManifestError(message) from None
+    except ScenarioError as exc:  # e.g. a fleet the data cannot be split over
+        raise ManifestError(f"task.scenario: {exc}") from None
 
 
 _TOP_FIELDS = frozenset(("job", "task", "strategy", "federation", "checkpoint"))

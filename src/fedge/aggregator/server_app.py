@@ -4,7 +4,7 @@
 as ``[tool.flwr.app.config]`` and ``flwr run --run-config`` give them):
 
 =======================  ==================================================================
-``strategy``             ``fedavg``, ``fedprox`` or ``tiered`` (:mod:`.factory`)
+``strategy``             ``fedavg``, ``fedprox``, ``tiered`` or ``distill`` (:mod:`.factory`)
 ``scenario``             the scenario the parties train (name or path; also read by the
                          ClientApp): model, recipe, test set for server-side evaluation
 ``seed``                 int; the model's initialisation, sampling, the parties' data
@@ -19,7 +19,10 @@ deadline keys            ``over-selection``, ``quorum-fraction``, ``deadline-fac
                          ``late-policy``, ``staleness-exponent``
 tiered keys              ``tiers``, ``profiling-rounds``, ``profiling-deadline-s``,
                          ``adaptive``, ``interval``, ``credits-per-tier``, ``retier-interval``,
-                         ``dropout-threshold-s``
+                         ``dropout-threshold-s`` (also read by ``distill``)
+distill keys             ``tier-archs`` (comma-separated, fastest tier first),
+                         ``temperature``, ``distill-epochs``, ``distill-lr``,
+                         ``distill-batch-size``; the proxy set is the scenario's split
 fedprox keys             ``proximal-mu``
 =======================  ==================================================================
 
@@ -53,6 +56,7 @@ from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import build_strategy
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.errors import FedgeError
 
@@ -75,6 +79,7 @@ TIERED_KEYS = (
     "retier-interval",
     "dropout-threshold-s",
 )
+DISTILL_KEYS = ("tier-archs", "temperature", "distill-epochs", "distill-lr", "distill-batch-size")
 FEDPROX_KEYS = ("proximal-mu",)
 OFF_WHEN_ZERO = frozenset(
     (
@@ -99,7 +104,7 @@ class ServerSettings:
     """What one deployed run is: strategy, rounds, store -- parsed from the run config."""
 
     strategy: str
-    strategy_params: dict[str, UserConfigValue]
+    strategy_params: dict[str, UserConfigValue | list[str]]
     scenario: str
     seed: int
     rounds: int  # 0: the scenario's
@@ -115,16 +120,21 @@ class ServerSettings:
     def from_run_config(cls, config: Mapping[str, UserConfigValue]) -> ServerSettings:
         strategy = _text(config, "strategy")
         keys: tuple[str, ...] = DEADLINE_KEYS
-        if strategy == "tiered":
+        if strategy in ("tiered", "distill"):
             keys += TIERED_KEYS
+        if strategy == "distill":
+            keys += DISTILL_KEYS
         if strategy == "fedprox":
             keys += FEDPROX_KEYS
-        params: dict[str, UserConfigValue] = {}
+        params: dict[str, UserConfigValue | list[str]] = {}
         for key in keys:
             if key not in config:
                 continue
             value = config[key]
             if key in OFF_WHEN_ZERO and not isinstance(value, bool) and value == 0:
+                continue
+            if key == "tier-archs":  # a run config holds no lists
+                params["tier_archs"] = [a.strip() for a in str(value).split(",") if a.strip()]
                 continue
             params[key.replace("-", "_")] = value
         return cls(
@@ -156,16 +166,6 @@ def run_server(grid: Grid, context: Context) -> None:
     scenario = load_scenario(settings.scenario)
     run_id = settings.run_id or f"flwr-{context.run_id}"
     rounds = settings.rounds or scenario.training.rounds
-    data = make_partitions(scenario, settings.seed)
-    strategy, extra = build_strategy(
-        settings.strategy,
-        settings.strategy_params,
-        per_round=settings.per_round or scenario.fleet.per_round,
-        seed=settings.seed,
-        clock=ClockMode.WALL,
-        proxy_X=data.proxy_X,
-    )
-    arch = str(extra.get("arch", scenario.training.arch))  # distill: the largest tier arch
     settings.run_store.parent.mkdir(parents=True, exist_ok=True)
     store = RunStore(settings.run_store)
     try:
@@ -177,9 +177,21 @@ def run_server(grid: Grid, context: Context) -> None:
         def on_round(record: RoundRecord) -> None:
             store.record_round(run_id, record)
 
-        strategy.observers.append(on_round)
-        ordered = PartitionOrderedGrid(grid, discovery_timeout_s=DISCOVERY_TIMEOUT_S)
+        strategy: StreamingFedAvg | None = None
         try:
+            # Inside the try: a scenario or strategy that cannot be built is a FAILED run.
+            data = make_partitions(scenario, settings.seed)
+            strategy, extra = build_strategy(
+                settings.strategy,
+                settings.strategy_params,
+                per_round=settings.per_round or scenario.fleet.per_round,
+                seed=settings.seed,
+                clock=ClockMode.WALL,
+                proxy_X=data.proxy_X,
+            )
+            arch = str(extra.get("arch", scenario.training.arch))  # distill: the largest
+            strategy.observers.append(on_round)
+            ordered = PartitionOrderedGrid(grid, discovery_timeout_s=DISCOVERY_TIMEOUT_S)
             _wait_for_nodes(ordered, settings.min_nodes, settings.node_wait_s)
             strategy.start(
                 ordered,
@@ -193,8 +205,9 @@ def run_server(grid: Grid, context: Context) -> None:
             store.set_state(run_id, RunState.FAILED, f"{type(exc).__name__}: {exc}")
             raise
         finally:
-            tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
-            store.save_profiles(run_id, strategy.profiles, tiers)
+            if strategy is not None:
+                tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
+                store.save_profiles(run_id, strategy.profiles, tiers)
         store.set_state(run_id, RunState.COMPLETED)
         log(INFO, "run %s completed: %d rounds recorded in %s", run_id, rounds, settings.run_store)
     finally:

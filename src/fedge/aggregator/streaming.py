@@ -165,6 +165,9 @@ class StreamingFedAvg(FedAvg):
 
         ``metrics`` are the round's training metrics; an override may add its own.
         """
+        unexpected = sorted(set(folds) - {""})
+        if unexpected:  # fold_group() was overridden without aggregate(): replies would vanish
+            raise ValueError(f"{type(self).__name__} cannot aggregate fold groups {unexpected}")
         fold = folds.get("")
         return serialise(fold) if fold is not None and fold.count else arrays
 

@@ -62,13 +62,10 @@ def run_distill(
     with tempfile.TemporaryDirectory() as tmp:
         check = edge_student.export_student(student, Path(tmp) / "student.onnx", scenario, seed)
 
+    alone_scenario = scenario.with_rounds(rounds or scenario.rounds_for("fedavg"))
     alone_scenario = dataclasses.replace(
-        scenario,
-        training=dataclasses.replace(
-            scenario.training,
-            arch=edge_student.STUDENT_ARCH,
-            rounds=rounds or scenario.training.rounds,
-        ),
+        alone_scenario,
+        training=dataclasses.replace(alone_scenario.training, arch=edge_student.STUDENT_ARCH),
     )
     progress(f"FedAvg {edge_student.STUDENT_ARCH}, {alone_scenario.training.rounds} rounds")
     flwr_logger = logging.getLogger("flwr")

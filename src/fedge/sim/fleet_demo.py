@@ -148,7 +148,6 @@ def run_demo(out: Path) -> int:
 
 def _federated_rounds(out: Path) -> int:
     """A short TiFL-vs-FedAvg simulation on the heterogeneous fleet (virtual time)."""
-    import dataclasses
     import logging
 
     from fedge.sim.report import write_report
@@ -156,10 +155,7 @@ def _federated_rounds(out: Path) -> int:
     from fedge.sim.scenario import load_scenario
 
     logging.getLogger("flwr").setLevel(logging.WARNING)
-    scenario = load_scenario("tifl-digits")
-    scenario = dataclasses.replace(
-        scenario, training=dataclasses.replace(scenario.training, rounds=120)
-    )
+    scenario = load_scenario("tifl-digits").with_rounds(120)
     console.rule("[bold]federated rounds: tiered (TiFL) vs FedAvg, 50 simulated parties")
     with Progress(console=console) as progress:
         task = progress.add_task("simulating", total=2 * scenario.training.rounds)

@@ -83,20 +83,20 @@ def architectures(scenario: Scenario, strategies: list[str]) -> list[Architectur
     the parameter count (an MLP's FLOPs per example), as the party's clock does.
     """
     from fedge.aggregator.client_app import REFERENCE_ARCH
+    from fedge.aggregator.feddf import DEFAULT_TIER_ARCHS
     from fedge.models import digits
 
     users: dict[str, list[str]] = {}
     for name in strategies:
         params = scenario.strategy(name)
-        tier_archs = params.get("tier_archs")
-        archs = (
-            [str(a) for a in tier_archs]
-            if isinstance(tier_archs, list)
-            else [str(params.get("arch", scenario.training.arch))]
-        )
-        for index, arch in enumerate(archs):
-            where = f"{name} (tier {index})" if isinstance(tier_archs, list) else name
-            users.setdefault(arch, []).append(where)
+        if str(params.get("kind", name)) == "distill":
+            tier_archs = params.get("tier_archs", list(DEFAULT_TIER_ARCHS))
+            assert isinstance(tier_archs, list)  # the strategy was built from it
+            for index, arch in enumerate(tier_archs):
+                users.setdefault(str(arch), []).append(f"{name} (tier {index})")
+        else:
+            arch = str(params.get("arch", scenario.training.arch))
+            users.setdefault(arch, []).append(name)
     reference = digits.count_parameters(digits.make_model(REFERENCE_ARCH))
     rows = []
     for arch, used_by in users.items():

@@ -27,8 +27,8 @@ from fedge.errors import FedgeError
 from fedge.toml_table import TomlTable
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
-ROUNDS_KEY = "rounds"  # [strategies.<name>] rounds: that strategy's own number of rounds
 """Where the shipped scenarios live (installed as package data)."""
+ROUNDS_KEY = "rounds"  # [strategies.<name>] rounds: that strategy's own number of rounds
 
 DATASETS: tuple[str, ...] = ("digits",)
 SpeedDistribution = Literal["groups", "lognormal"]
