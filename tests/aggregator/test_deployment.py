@@ -231,6 +231,29 @@ def test_run_config_selects_the_strategy_keys() -> None:
         ServerSettings.from_run_config({k: v for k, v in config.items() if k != "run-store"})
 
 
+def serve_in_process(config: dict[str, bool | int | float | str], run_id: int) -> None:
+    """The ServerApp's main on fedge's in-process grid of three parties."""
+    grid = InProcessGrid(client_app, 3, run_config=config)
+    context = Context(
+        run_id=run_id, node_id=0, node_config={}, state=RecordDict(), run_config=config
+    )
+    try:
+        run_server(grid, context)
+    finally:
+        grid.close()
+
+
+def stored(
+    run_store: Path, run_id: str
+) -> tuple[dict[str, Any] | None, list[dict[str, Any]], list[dict[str, Any]]]:
+    """The run, its rounds and its profiles as the run store holds them."""
+    store = RunStore(run_store)
+    try:
+        return store.run(run_id), store.rounds(run_id), store.profiles(run_id)
+    finally:
+        store.close()
+
+
 def test_a_deployed_distill_run_trains_one_architecture_per_tier(tmp_path: Path) -> None:
     """The ServerApp with kind distill, wall clock: run-config keys reach the strategy."""
     scenario = tmp_path / "deploy-three.toml"
@@ -248,18 +271,8 @@ def test_a_deployed_distill_run_trains_one_architecture_per_tier(tmp_path: Path)
         "distill-epochs": 1,
         "min-nodes": 3,
     }
-    grid = InProcessGrid(client_app, 3, run_config=config)
-    context = Context(run_id=8, node_id=0, node_config={}, state=RecordDict(), run_config=config)
-    try:
-        run_server(grid, context)
-    finally:
-        grid.close()
-    store = RunStore(run_store)
-    try:
-        run = store.run("distill")
-        rounds = store.rounds("distill")
-    finally:
-        store.close()
+    serve_in_process(config, run_id=8)
+    run, rounds, _ = stored(run_store, "distill")
     assert run is not None and run["state"] == "completed" and run["last_round"] == 3
     assert all(r["eval_metrics"]["accuracy"] > 0 for r in rounds)
     # Every round after profiling distils into both tier architectures.
@@ -282,18 +295,9 @@ def test_a_strategy_that_cannot_be_built_is_a_failed_run(tmp_path: Path) -> None
         "tiers": 2,
         "tier-archs": "mlp-large,mlp-huge",
     }
-    grid = InProcessGrid(client_app, 3, run_config=config)
-    context = Context(run_id=9, node_id=0, node_config={}, state=RecordDict(), run_config=config)
-    try:
-        with pytest.raises(StrategyConfigError, match="mlp-huge"):
-            run_server(grid, context)
-    finally:
-        grid.close()
-    store = RunStore(run_store)
-    try:
-        run = store.run("bad")
-    finally:
-        store.close()
+    with pytest.raises(StrategyConfigError, match="mlp-huge"):
+        serve_in_process(config, run_id=9)
+    run, _, _ = stored(run_store, "bad")
     assert run is not None and run["state"] == "failed" and "mlp-huge" in run["error"]
 
 
@@ -313,19 +317,8 @@ def test_server_app_records_every_round_on_an_in_process_grid(tmp_path: Path) ->
         "quorum-fraction": 0.6,
         "min-nodes": 3,
     }
-    grid = InProcessGrid(client_app, 3, run_config=config)
-    context = Context(run_id=7, node_id=0, node_config={}, state=RecordDict(), run_config=config)
-    try:
-        run_server(grid, context)
-    finally:
-        grid.close()
-    store = RunStore(run_store)
-    try:
-        run = store.run("in-process")
-        rounds = store.rounds("in-process")
-        profiles = store.profiles("in-process")
-    finally:
-        store.close()
+    serve_in_process(config, run_id=7)
+    run, rounds, profiles = stored(run_store, "in-process")
     assert run is not None and run["state"] == "completed" and run["last_round"] == 2
     assert json.loads(run["manifest"]) == config
     assert [r["round"] for r in rounds] == [1, 2]
