@@ -325,3 +325,22 @@ def test_a_finished_federated_job_is_a_teacher(tmp_path: Path) -> None:
         np.testing.assert_array_equal(value.numpy(), final[key])
     _, report = distill_student(teacher, scenario, epochs=2)
     assert report.teacher_arch == "mlp-large" and report.student_params < report.teacher_params
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--task", "inspection", "--teacher", "inspect:1", "--arch", "mlp"], "--task digits"),
+        (["--task", "inspection", "--teacher", "inspect:1", "--scenario", "x"], "--task digits"),
+        (["--teacher", "mlp-large", "--proxy-images", "10"], "--task inspection"),
+    ],
+)
+def test_distill_refuses_options_of_the_other_task(
+    tmp_path: Path, args: list[str], message: str
+) -> None:
+    result = CliRunner().invoke(
+        app, ["model", "distill", *args, "--home", str(tmp_path / "home")], env={"COLUMNS": "200"}
+    )
+    assert result.exit_code == 2, result.output
+    assert message in " ".join(result.output.split())
+    assert not (tmp_path / "home").exists()  # refused before anything was opened

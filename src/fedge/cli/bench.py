@@ -235,6 +235,8 @@ def distill(
     from fedge.bench.distill import run_distill, run_distill_seeds
 
     if seeds is not None:
+        if seed != 0:
+            raise typer.BadParameter("give --seed or --seeds, not both", param_hint="--seed")
         _run(
             "distill",
             json_path,

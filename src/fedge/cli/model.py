@@ -118,25 +118,31 @@ def distill(
         ),
     ],
     task: Annotated[Task, typer.Option(help="Which model family to distil.")] = Task.digits,
-    arch: Annotated[str, typer.Option(help="Student architecture (digits).")] = "mlp-small",
-    scenario: Annotated[str, typer.Option(help="Scenario name or path (digits).")] = "tifl-digits",
+    arch: Annotated[
+        str | None, typer.Option(help="Student architecture (digits) [default: mlp-small].")
+    ] = None,
+    scenario: Annotated[
+        str | None, typer.Option(help="Scenario name or path (digits) [default: tifl-digits].")
+    ] = None,
     seed: Annotated[int, typer.Option(help="Seed of the split and the student.")] = 0,
     temperature: Annotated[
         float | None,
         typer.Option(help="Distillation temperature T [default: 4 digits, 2 inspection]."),
     ] = None,
     proxy_images: Annotated[
-        int, typer.Option(help="Unlabeled generated images to distil on (inspection).")
-    ] = 6000,
+        int | None,
+        typer.Option(help="Unlabeled generated images to distil on (inspection) [default: 6000]."),
+    ] = None,
     out: Annotated[Path, typer.Option(help="Where to write the student ONNX.")] = Path(
         "student.onnx"
     ),
     publish_to_registry: Annotated[
         bool, typer.Option("--publish", help="Publish the student to the registry.")
     ] = False,
-    name: Annotated[str, typer.Option(help="Registry name (digits, with --publish).")] = (
-        "digits-student"
-    ),
+    name: Annotated[
+        str | None,
+        typer.Option(help="Registry name (digits, with --publish) [default: digits-student]."),
+    ] = None,
     version: Annotated[
         int | None,
         typer.Option(
@@ -155,14 +161,21 @@ def distill(
     """
     if temperature is not None and temperature <= 0:
         raise typer.BadParameter("must be > 0", param_hint="--temperature")
+    # An option of the other task would be silently ignored: refuse it instead.
     if task is Task.inspection:
+        for hint, value in (("--arch", arch), ("--scenario", scenario), ("--name", name)):
+            if value is not None:
+                raise typer.BadParameter("only for --task digits", param_hint=hint)
         _distill_inspection(
-            teacher, seed, temperature, proxy_images, out, publish_to_registry, version, home
-        )
+            teacher, seed, temperature, 6000 if proxy_images is None else proxy_images, out,
+            publish_to_registry, version, home,
+        )  # fmt: skip
     else:
+        if proxy_images is not None:
+            raise typer.BadParameter("only for --task inspection", param_hint="--proxy-images")
         _distill_digits(
-            teacher, arch, scenario, seed, temperature, out, publish_to_registry, name, version,
-            home,
+            teacher, arch or "mlp-small", scenario or "tifl-digits", seed, temperature, out,
+            publish_to_registry, name or "digits-student", version, home,
         )  # fmt: skip
 
 
