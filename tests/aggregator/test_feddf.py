@@ -385,3 +385,41 @@ def test_distill_without_proxy_or_with_bad_archs_is_refused(tiny: Scenario) -> N
             clock=ClockMode.VIRTUAL,
             proxy_X=proxy,
         )
+
+
+def test_late_replies_are_folded_into_their_own_architecture_later(tiny: Scenario) -> None:
+    params = {
+        **tiny.strategy("distill"),
+        "deadline_factor": 0.8,  # below the tier's p90 latency: someone is late
+        "quorum_fraction": 0.5,
+        "late_policy": "stale",
+    }
+    strategy, _ = build_strategy(
+        "distill",
+        params,
+        per_round=tiny.fleet.per_round,
+        seed=0,
+        clock=ClockMode.VIRTUAL,
+        proxy_X=make_partitions(tiny, 0).proxy_X,
+    )
+    assert isinstance(strategy, DistillingTieredFedAvg)
+    records: list[RoundRecord] = []
+    strategy.observers.append(records.append)
+    initial = digits.to_arrays(digits.make_model("mlp-large", seed=0))
+    _run(strategy, tiny, initial, 8)
+    late_rounds = [r for r in records if r.late]
+    assert late_rounds, "no party was late: lower deadline_factor"
+    # A late reply is folded one round later, into the mean of the architecture it trained
+    # (folding it into another architecture's mean would fail on the array shapes).
+    folded = [r for r in records if r.stale_folded]
+    assert folded and folded[0].server_round == late_rounds[0].server_round + 1
+    late_archs = {strategy.arch_of(node, r.server_round) for r in late_rounds for node in r.late}
+    on_time_archs = {strategy.arch_of(node, folded[0].server_round) for node in folded[0].on_time}
+    # Seed 0: mlp-large parties were late and the next round trained mlp-small, so that
+    # round aggregated two architectures at once, each from its own replies.
+    assert late_archs == {"mlp-large"} and on_time_archs == {"mlp-small"}
+    assert {"distill-kl-after/mlp-large", "distill-kl-after/mlp-small"} <= set(
+        folded[0].train_metrics
+    )
+    for arch, record in strategy.models.items():
+        digits.load_arrays(digits.make_model(arch), record)
