@@ -14,9 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from flwr.app import Message, MessageType, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.run import Run
+from flwr.app import Message, MessageType
 
 from fedge.aggregator.client_app import app as client_app
 from fedge.sim.data import make_partitions
@@ -25,7 +23,7 @@ from fedge.sim.flower_backend import (
     run_strategies_on_flower,
     write_app_dir,
 )
-from fedge.sim.grid import InProcessGrid
+from fedge.sim.grid import InProcessGrid, WrappedGrid
 from fedge.sim.runner import Curve, drive, run_config, run_one
 from fedge.sim.scenario import Scenario, load_scenario
 
@@ -86,11 +84,11 @@ def assert_same_run(ours: Curve, theirs: Curve) -> None:
     np.testing.assert_allclose(ours.times_s, theirs.times_s, rtol=0, atol=1e-6)
 
 
-class ScrambledGrid(Grid):
+class ScrambledGrid(WrappedGrid):
     """An in-process grid that shows random node ids, as Flower's runtimes do."""
 
     def __init__(self, inner: InProcessGrid, seed: int) -> None:
-        self.inner = inner
+        super().__init__(inner)
         rng = random.Random(seed)
         ids = list(inner.get_node_ids())
         scrambled = rng.sample(range(10**6, 10**7), len(ids))
@@ -98,23 +96,6 @@ class ScrambledGrid(Grid):
         self.to_inner = dict(zip(scrambled, ids, strict=True))
         self.from_inner = {v: k for k, v in self.to_inner.items()}
         self.queries = 0
-
-    def set_run(self, run: Run) -> None:
-        self.inner.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self.inner.run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.to_inner)

@@ -61,11 +61,7 @@ from flwr.app import (
     MetricRecord,
     RecordDict,
 )
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.fold import StreamingMean
@@ -73,13 +69,14 @@ from fedge.aggregator.streaming import StreamingFedAvg, arrays_of, to_array_reco
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError
+from fedge.sim.grid import NODE_ID_BASE, LocalGrid
 
 TARGET_PEAK_OVER_MODEL = 3.0
 MODEL_SPLIT = (0.40, 0.25, 0.15, 0.10, 0.06, 0.04)  # shares of the parameters per array
 ARRAYRECORD_KEY = "arrays"  # FedAvg's (and so StreamingFedAvg's) default arrayrecord_key
 METRICRECORD_KEY = "metrics"
 NUM_EXAMPLES = "num-examples"  # FedAvg's default weighted_by_key
-NODE_ID_BASE = 1000
+
 MIN_PARAMS = 100
 ROUND_TIMEOUT_S = 3600.0
 CHILD_TIMEOUT_S = 7200.0
@@ -130,7 +127,7 @@ def reply_content(seed: int, party: int, sizes: list[int]) -> RecordDict:
     )
 
 
-class ReplyGrid(Grid):
+class ReplyGrid(LocalGrid):
     """A Flower ``Grid`` whose parties reply with seeded random updates, one per pull.
 
     ``pull_messages`` hands back at most one reply, generated when it is pulled, so replies
@@ -140,34 +137,13 @@ class ReplyGrid(Grid):
     """
 
     def __init__(self, parties: int, sizes: list[int], *, seed: int, run_id: int = 1) -> None:
-        # What Flower's ServerApp runtime sets for the process: messages read it.
-        TaskIdentity.task_id = 1
-        TaskIdentity.run_id = run_id
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        self._run = Run.create_empty(run_id)
+        super().__init__(run_id)
         self._nodes = [NODE_ID_BASE + party for party in range(parties)]
         self._sizes = sizes
         self._seed = seed
         self._pending: dict[str, Message] = {}  # message id -> instruction, in push order
         self.generate_s = 0.0
         self.replies_sent = 0
-
-    def set_run(self, run: Run) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self._nodes)

@@ -48,7 +48,7 @@ from flwr.supercore.run import Run
 
 from fedge.aggregator.client_app import METRICS_KEY, PARTITION_ID_KEY
 from fedge.sim.data import make_partitions
-from fedge.sim.grid import NODE_ID_BASE
+from fedge.sim.grid import NODE_ID_BASE, WrappedGrid
 from fedge.sim.runner import Curve, ProgressFn, drive, run_config
 from fedge.sim.scenario import Scenario
 
@@ -57,7 +57,7 @@ RAY_OBJECT_STORE_BYTES = 200 * 1024 * 1024
 DISCOVERY_TIMEOUT_S = 120.0
 
 
-class PartitionOrderedGrid(Grid):
+class PartitionOrderedGrid(WrappedGrid):
     """A Flower ``Grid`` whose node ids are ``1000 + partition-id``, whatever the runtime's.
 
     Wraps another Grid (Flower's in-memory grid in simulation, its HTTP grid in
@@ -75,7 +75,7 @@ class PartitionOrderedGrid(Grid):
         discovery_timeout_s: float = DISCOVERY_TIMEOUT_S,
         pull_interval_s: float = 0.02,
     ) -> None:
-        self._grid = grid
+        super().__init__(grid)
         self.discovery_timeout_s = discovery_timeout_s
         self.pull_interval_s = pull_interval_s
         self._shown_of: dict[int, int] = {}  # real node id -> 1000 + partition id
@@ -99,27 +99,10 @@ class PartitionOrderedGrid(Grid):
     def shown_node_id(self, real_node_id: int) -> int:
         return self._shown_of.get(real_node_id, real_node_id)
 
-    # -- Grid contract
-
-    def set_run(self, run: Run) -> None:
-        self._grid.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self._grid.run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+    # -- Grid contract (set_run, run and create_message are WrappedGrid's)
 
     def get_node_ids(self) -> Iterable[int]:
-        real = list(self._grid.get_node_ids())
+        real = list(self.inner.get_node_ids())
         self._discover(real)
         # A party that came back as a new node is shown once, as its newest node.
         return sorted(
@@ -133,13 +116,13 @@ class PartitionOrderedGrid(Grid):
         copies = [
             self._with_destination(m, self.real_node_id(m.metadata.dst_node_id)) for m in originals
         ]
-        message_ids = list(self._grid.push_messages(copies))
+        message_ids = list(self.inner.push_messages(copies))
         for original, sent in zip(originals, copies, strict=True):
             original.metadata.__dict__["_message_id"] = sent.metadata.message_id
         return message_ids
 
     def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        replies = list(self._grid.pull_messages(message_ids))
+        replies = list(self.inner.pull_messages(message_ids))
         for reply in replies:
             self._translate_reply(reply)
         return replies
@@ -174,7 +157,7 @@ class PartitionOrderedGrid(Grid):
                 Message(RecordDict(), dst_node_id=node, message_type=MessageType.QUERY)
                 for node in new
             ]
-            pushed = {m for m in self._grid.push_messages(queries) if m}
+            pushed = {m for m in self.inner.push_messages(queries) if m}
             # Flower's grids set each message's id on the object they push (and leave out
             # of the returned ids a message they could not store).
             for node, query in zip(new, queries, strict=True):
@@ -188,7 +171,7 @@ class PartitionOrderedGrid(Grid):
         end = time.monotonic() + self.discovery_timeout_s
         while True:
             if self._asked:
-                for reply in self._grid.pull_messages(list(self._asked)):
+                for reply in self.inner.pull_messages(list(self._asked)):
                     self._place(reply)
             if not sent & set(self._asked) or time.monotonic() >= end:
                 break

@@ -28,41 +28,20 @@ NODE_ID_BASE = 1000
 UserConfig = Mapping[str, bool | int | float | str]
 
 
-class InProcessGrid(Grid):
-    def __init__(
-        self,
-        client_app: ClientApp,
-        num_nodes: int,
-        *,
-        run_config: UserConfig | None = None,
-        workers: int = 2,
-        run_id: int = 1,
-    ) -> None:
-        self._client_app = client_app
+class LocalGrid(Grid):
+    """A Grid that is its own link: it holds the Run and builds plain Flower messages.
+
+    The parts of Flower's Grid contract that every such grid does the same way; subclasses
+    say which nodes exist and how messages reach them.
+    """
+
+    def __init__(self, run_id: int = 1, run_config: UserConfig | None = None) -> None:
         # What Flower's ServerApp runtime sets for the process: messages read it.
         TaskIdentity.task_id = 1
         TaskIdentity.run_id = run_id
         TaskIdentity.node_id = SUPERLINK_NODE_ID
         self._run = Run.create_empty(run_id)
         self._run.override_config = dict(run_config or {})
-        # Node ids are NODE_ID_BASE + partition-id (Flower reserves 0 and 1).
-        self._contexts = {
-            NODE_ID_BASE + partition: Context(
-                run_id=run_id,
-                node_id=NODE_ID_BASE + partition,
-                node_config={"partition-id": partition, "num-partitions": num_nodes},
-                state=RecordDict(),
-                run_config=dict(run_config or {}),
-            )
-            for partition in range(num_nodes)
-        }
-        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="party")
-        self._pending: dict[str, Future[Message]] = {}
-        self._lock = threading.Lock()
-        # Real seconds each message spent in its ClientApp (for callers without a clock).
-        self.elapsed_s: dict[str, float] = {}
-
-    # -- Grid contract
 
     def set_run(self, run: Run) -> None:
         self._run = run
@@ -80,6 +59,66 @@ class InProcessGrid(Grid):
         ttl: float | None = None,
     ) -> Message:
         return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+
+class WrappedGrid(Grid):
+    """A Grid in front of another (``inner``): the Run is the inner grid's.
+
+    Subclasses change what the strategy sees (node ids, which messages pass) and forward
+    the rest.
+    """
+
+    def __init__(self, inner: Grid) -> None:
+        self.inner = inner
+
+    def set_run(self, run: Run) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.inner.run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+
+class InProcessGrid(LocalGrid):
+    def __init__(
+        self,
+        client_app: ClientApp,
+        num_nodes: int,
+        *,
+        run_config: UserConfig | None = None,
+        workers: int = 2,
+        run_id: int = 1,
+    ) -> None:
+        super().__init__(run_id, run_config)
+        self._client_app = client_app
+        # Node ids are NODE_ID_BASE + partition-id (Flower reserves 0 and 1).
+        self._contexts = {
+            NODE_ID_BASE + partition: Context(
+                run_id=run_id,
+                node_id=NODE_ID_BASE + partition,
+                node_config={"partition-id": partition, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config or {}),
+            )
+            for partition in range(num_nodes)
+        }
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="party")
+        self._pending: dict[str, Future[Message]] = {}
+        self._lock = threading.Lock()
+        # Real seconds each message spent in its ClientApp (for callers without a clock).
+        self.elapsed_s: dict[str, float] = {}
+
+    # -- Grid contract (the rest is LocalGrid's)
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self._contexts)
