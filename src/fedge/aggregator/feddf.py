@@ -121,10 +121,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
         plan: deadlines.RoundPlan,
     ) -> list[Message]:
         self._ensure_models(arrays)
-        base = ConfigRecord(dict(config))
-        base["server-round"] = server_round
-        for key, value in self.round_config(server_round, plan).items():
-            base[key] = value
+        base = self._round_config_record(server_round, config, plan)
         contents: dict[str, RecordDict] = {}
         self._node_arch = {}
         messages = []

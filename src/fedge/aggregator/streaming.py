@@ -239,16 +239,23 @@ class StreamingFedAvg(FedAvg):
         config: ConfigRecord,
         plan: deadlines.RoundPlan,
     ) -> list[Message]:
-        round_config = ConfigRecord(dict(config))
-        round_config["server-round"] = server_round
-        for key, value in self.round_config(server_round, plan).items():
-            round_config[key] = value
+        round_config = self._round_config_record(server_round, config, plan)
         self._sent = (arrays,)
         content = RecordDict({self.arrayrecord_key: arrays, self.configrecord_key: round_config})
         return [
             Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
             for node in plan.selected
         ]
+
+    def _round_config_record(
+        self, server_round: int, config: ConfigRecord, plan: deadlines.RoundPlan
+    ) -> ConfigRecord:
+        """The train config every party of this round gets: the job's, the round, hooks'."""
+        round_config = ConfigRecord(dict(config))
+        round_config["server-round"] = server_round
+        for key, value in self.round_config(server_round, plan).items():
+            round_config[key] = value
+        return round_config
 
     def start(
         self,
