@@ -167,7 +167,7 @@ def distill(
             if value is not None:
                 raise typer.BadParameter("only for --task digits", param_hint=hint)
         _distill_inspection(
-            teacher, seed, temperature, 6000 if proxy_images is None else proxy_images, out,
+            teacher, seed, temperature, proxy_images, out,
             publish_to_registry, version, home,
         )  # fmt: skip
     else:
@@ -239,7 +239,7 @@ def _distill_inspection(
     teacher: str,
     seed: int,
     temperature: float | None,
-    proxy_images: int,
+    proxy_images: int | None,
     out: Path,
     publish_to_registry: bool,
     version: int | None,
@@ -249,6 +249,8 @@ def _distill_inspection(
     from fedge.models import inspection_student as students
     from fedge.sim.defects import make_defect_images
 
+    if proxy_images is None:
+        proxy_images = students.PROXY_IMAGES
     if proxy_images < 1:
         raise typer.BadParameter("must be >= 1", param_hint="--proxy-images")
     # The teacher is a published model: the registry is read before any training.

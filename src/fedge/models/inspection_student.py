@@ -51,6 +51,8 @@ from fedge.sim.defects import make_defect_images
 
 IMAGE_SHAPE: tuple[int, int, int] = (1, IMAGE_SIZE, IMAGE_SIZE)
 """One proxy sample: a grayscale 32x32 image, as the edge feeds the model."""
+PROXY_IMAGES = 6000
+"""Unlabeled generated images to distil on (see :class:`StudentSettings` for why)."""
 
 
 class TeacherModelError(FedgeError):

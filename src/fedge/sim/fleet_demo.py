@@ -47,7 +47,7 @@ MODEL = "inspect"
 # Seeds of the generated image sets; distinct, so no set overlaps another.
 TRAIN_SEED, HELD_OUT_SEED, PROXY_SEED = 1, 2, 3
 SCORE_SEEDS = {1: 7, 2: 8}  # model version -> the batch the stations score while serving it
-TRAIN_IMAGES, HELD_OUT_IMAGES, PROXY_IMAGES = 3000, 2000, 6000
+TRAIN_IMAGES, HELD_OUT_IMAGES = 3000, 2000
 SCORING_TIMEOUT_S = 120.0
 console = Console()
 
@@ -228,7 +228,12 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
 
 
 def _distill_and_publish(out: Path, fleet: Fleet, run: FleetRun) -> str:
-    from fedge.models.inspection_student import distill_student, generated_proxy, publish_student
+    from fedge.models.inspection_student import (
+        PROXY_IMAGES,
+        distill_student,
+        generated_proxy,
+        publish_student,
+    )
 
     teacher_manifest = fleet.registry.get(MODEL, 1).manifest
     with console.status("distilling the student on unlabeled generated surfaces (torch)…"):
