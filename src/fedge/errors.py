@@ -9,7 +9,10 @@ Every package has one base class that derives from :class:`FedgeError`::
     │   ├── ValidationError                 well-formed but a value is out of range
     │   └── SignatureError                  forged, tampered or signed by an unpinned key
     ├── edge_manager.errors.ManagerError   registry, store and fleet operations
-    └── edge_agent.errors.AgentError       the device side (config, model swap, inference)
+    ├── edge_agent.errors.AgentError       the device side (config, model swap, inference)
+    └── party.errors.PartyError            a party cannot train: its data or model family
+        ├── StationDataError                kept images or labels missing, unsafe, unreadable
+        └── FamilyError                     unknown model family, weights that do not fit
 
 Third-party errors are translated at the adapter that calls the library
 (``raise ModelLoadError(...) from exc``); only the CLI turns errors into exit codes.

@@ -19,12 +19,13 @@ from fedge.aggregator.client_app import app as client_app
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import StrategyConfigError, build_strategy
 from fedge.aggregator.feddf import DistillingTieredFedAvg
+from fedge.aggregator.grids import NODE_ID_BASE
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.streaming import arrays_of
 from fedge.models import digits
 from fedge.sim import runner
 from fedge.sim.data import make_partitions
-from fedge.sim.grid import NODE_ID_BASE, InProcessGrid
+from fedge.sim.grid import InProcessGrid
 from fedge.sim.scenario import Scenario, load_scenario
 
 TINY = """

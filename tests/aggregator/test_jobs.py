@@ -33,11 +33,8 @@ from fedge.aggregator.checkpoint import (
 )
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import build_strategy
+from fedge.aggregator.job_dir import FINAL_MODEL, HALT_REQUEST, RUNS_DB, JobError
 from fedge.aggregator.jobs import (
-    FINAL_MODEL,
-    HALT_REQUEST,
-    RUNS_DB,
-    JobError,
     halt_job,
     job_status,
     resume_job,

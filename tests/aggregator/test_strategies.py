@@ -8,10 +8,11 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricR
 from flwr.clientapp import ClientApp
 
 from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.grids import NODE_ID_BASE
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.streaming import DeadlineConfig, StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
-from fedge.sim.grid import NODE_ID_BASE, InProcessGrid
+from fedge.sim.grid import InProcessGrid
 
 # A plain Flower ClientApp: it adds its partition id to the weights and takes a time that
 # grows with its partition id. No fedge imports, no virtual time, no extra metrics.

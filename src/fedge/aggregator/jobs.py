@@ -27,16 +27,13 @@ lock means the runner was killed and the job can be resumed.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import errno
-import fcntl
 import hashlib
 import json
 import os
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,30 +47,27 @@ from fedge.aggregator.checkpoint import (
     save_arrays,
     save_checkpoint,
 )
+from fedge.aggregator.job_dir import (
+    FINAL_MODEL,
+    HALT_REQUEST,
+    JOB_MANIFEST,
+    JOB_SCENARIO,
+    RUNS_DB,
+    BusyError,
+    JobError,
+    clear_halt,
+    halt_requested,
+    is_live,
+    job_lock,
+)
 from fedge.aggregator.manifest import JobManifest, ManifestError, load_manifest, parse_manifest
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import RunState, RunStore
-from fedge.errors import FedgeError
 
-JOB_MANIFEST = "job.toml"
-JOB_SCENARIO = "scenario.toml"
-RUNS_DB = "runs.db"
-FINAL_MODEL = "final.npz"
-HALT_REQUEST = "halt-request"
-LOCK_FILE = ".lock"
 ACCURACY_KEY = "accuracy"
-_LOCK_WAIT_S = 2.0  # a `status` probing the lock holds it for an instant
 
 ProgressFn = Callable[[int, int, float | None], None]
 """Called with (rounds done, total rounds, test accuracy) at the start and after each round."""
-
-
-class JobError(FedgeError):
-    """A job cannot be started, resumed or halted, or it failed while running."""
-
-
-class _BusyError(JobError):
-    """Another process holds the job's lock."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +126,7 @@ def run_job(
         )
     job_dir = Path(job_dir)
     job_dir.mkdir(parents=True, exist_ok=True)
-    with _job_lock(job_dir):
+    with job_lock(job_dir):
         if (job_dir / RUNS_DB).exists():  # (a job.toml alone is a start that never began)
             raise JobError(
                 f"{job_dir} already holds a job; resume it (`fedge aggregator resume --dir "
@@ -142,7 +136,7 @@ def run_job(
         atomic_write_text(
             job_dir / JOB_SCENARIO, manifest.task.scenario_file.read_text(encoding="utf-8")
         )
-        _clear_halt(job_dir)
+        clear_halt(job_dir)
         run_id = f"{manifest.name}-{uuid.uuid4().hex[:8]}"
         store = RunStore(job_dir / RUNS_DB)
         try:
@@ -159,7 +153,7 @@ def resume_job(job_dir: Path | str, *, progress: ProgressFn | None = None) -> Jo
     """
     job_dir = Path(job_dir)
     _require_job(job_dir)
-    with _job_lock(job_dir):
+    with job_lock(job_dir):
         store = RunStore(job_dir / RUNS_DB)
         try:
             run = _the_run(store, job_dir)
@@ -167,7 +161,7 @@ def resume_job(job_dir: Path | str, *, progress: ProgressFn | None = None) -> Jo
             if run["state"] == RunState.COMPLETED:
                 raise JobError(f"job {run_id} already completed; there is nothing to resume")
             manifest = _frozen_manifest(job_dir)
-            _clear_halt(job_dir)
+            clear_halt(job_dir)
             checkpoint = latest_checkpoint(job_dir)
             if checkpoint is not None:
                 _check_compatible(checkpoint, manifest, job_dir, run_id)
@@ -196,14 +190,14 @@ def halt_job(job_dir: Path | str) -> RunState:
             json.dumps({"requested_at": time.time(), "by_pid": os.getpid()}) + "\n",
         )
         try:
-            with _job_lock(job_dir, wait_s=0.0):
+            with job_lock(job_dir, wait_s=0.0):
                 # Nobody runs it (and nobody can start to while we hold the lock).
                 state = RunState(_the_run(store, job_dir)["state"])
                 if state in (RunState.QUEUED, RunState.RUNNING):
                     store.set_state(run_id, RunState.HALTED)
                     state = RunState.HALTED
-                _clear_halt(job_dir)
-        except _BusyError:
+                clear_halt(job_dir)
+        except BusyError:
             pass  # the runner sees the request after its current round
         return state
     finally:
@@ -216,7 +210,7 @@ def job_status(job_dir: Path | str) -> list[RunStatus]:
     _require_job(job_dir)
     store = RunStore(job_dir / RUNS_DB)
     try:
-        live = _is_live(job_dir)
+        live = is_live(job_dir)
         checkpoints = checkpoint_rounds(job_dir)
         statuses = []
         for row in store.runs():
@@ -272,7 +266,7 @@ def _execute(
     try:
         _train(manifest, job_dir, store, run_id, checkpoint, progress, last)
     except _Halted:
-        _clear_halt(job_dir)
+        clear_halt(job_dir)
         store.set_state(run_id, RunState.HALTED)
         return _result(manifest, job_dir, run_id, RunState.HALTED, last, resumed_from)
     except KeyboardInterrupt:
@@ -334,7 +328,7 @@ def _train(
         first_round = checkpoint.round + 1
     if progress is not None:
         progress(first_round - 1, total, last["accuracy"])
-    if _halt_requested(job_dir):
+    if halt_requested(job_dir):
         raise _Halted(first_round - 1)
     if first_round > total:  # killed after its last checkpoint, before completing
         save_arrays(job_dir / FINAL_MODEL, arrays_of(arrays))
@@ -352,7 +346,7 @@ def _train(
             progress(record.server_round, total, last["accuracy"])
 
     def checkpoint_fn(server_round: int, round_arrays: ArrayRecord) -> None:
-        halt = _halt_requested(job_dir)
+        halt = halt_requested(job_dir)
         every = manifest.checkpoint.every
         if halt or server_round == total or server_round % every == 0:
             save_checkpoint(
@@ -489,57 +483,5 @@ def _manifest_summary(text: str) -> tuple[str, int]:
     return str(job.get("name", "")), rounds if isinstance(rounds, int) else 0
 
 
-def _halt_requested(job_dir: Path) -> bool:
-    return (job_dir / HALT_REQUEST).exists()
-
-
-def _clear_halt(job_dir: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        (job_dir / HALT_REQUEST).unlink()
-
-
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-@contextlib.contextmanager
-def _job_lock(job_dir: Path, *, wait_s: float = _LOCK_WAIT_S) -> Iterator[None]:
-    """Hold the job's lock for the block; raise JobError if another process runs the job."""
-    fd = os.open(job_dir / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        deadline = time.monotonic() + wait_s
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except OSError as exc:
-                if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise
-                if time.monotonic() >= deadline:
-                    raise _BusyError(
-                        f"another process is running the job in {job_dir}; "
-                        f"halt it first (`fedge aggregator halt --dir {job_dir}`)"
-                    ) from None
-                time.sleep(0.05)
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
-        yield
-    finally:
-        os.close(fd)  # closing the descriptor releases the lock
-
-
-def _is_live(job_dir: Path) -> bool:
-    """Whether some process holds the job's lock (i.e. is running it now)."""
-    try:
-        fd = os.open(job_dir / LOCK_FILE, os.O_RDONLY)
-    except FileNotFoundError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
-    except OSError as exc:
-        if exc.errno in (errno.EAGAIN, errno.EACCES):
-            return True
-        raise
-    finally:
-        os.close(fd)
-    return False

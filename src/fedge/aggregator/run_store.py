@@ -9,6 +9,7 @@ where it stopped.
 import json
 import sqlite3
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -34,7 +35,27 @@ CREATE TABLE IF NOT EXISTS profiles (
     run_id TEXT NOT NULL, party INTEGER NOT NULL, mean_s REAL NOT NULL, count INTEGER NOT NULL,
     last_s REAL NOT NULL, timeouts INTEGER NOT NULL, tier INTEGER,
     PRIMARY KEY (run_id, party));
+CREATE TABLE IF NOT EXISTS parties (
+    run_id TEXT NOT NULL, party INTEGER NOT NULL, name TEXT NOT NULL,
+    PRIMARY KEY (run_id, party));
+CREATE TABLE IF NOT EXISTS party_rounds (
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, party INTEGER NOT NULL,
+    metrics TEXT NOT NULL, PRIMARY KEY (run_id, round, party));
+CREATE TABLE IF NOT EXISTS evaluations (
+    run_id TEXT NOT NULL, round INTEGER NOT NULL, party TEXT NOT NULL,
+    accuracy REAL, examples INTEGER NOT NULL, error TEXT NOT NULL DEFAULT '',
+    recorded_at REAL NOT NULL, PRIMARY KEY (run_id, round, party));
 """
+
+
+@dataclass(frozen=True)
+class PartyEvaluation:
+    """One party's evaluation of a round's global model on its own held-out data."""
+
+    party: str
+    accuracy: float | None  # None: it could not evaluate (``error`` says why)
+    examples: int
+    error: str = ""
 
 
 _JSON_COLUMNS = (
@@ -164,4 +185,63 @@ class RunStore:
     def profiles(self, run_id: str) -> list[dict[str, Any]]:
         return list(
             self.db.query("SELECT * FROM profiles WHERE run_id=? ORDER BY party", (run_id,))
+        )
+
+    # -- parties by name, and their own evaluations (fleet jobs)
+
+    def name_parties(self, run_id: str, names: dict[int, str]) -> None:
+        """Record which party id is which station (ids are what rounds and profiles hold)."""
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO parties VALUES (?,?,?)",
+                [(run_id, party, name) for party, name in names.items()],
+            )
+
+    def party_names(self, run_id: str) -> dict[int, str]:
+        rows = self.conn.execute(
+            "SELECT party, name FROM parties WHERE run_id=?", (run_id,)
+        ).fetchall()
+        return {int(party): str(name) for party, name in rows}
+
+    def record_party_metrics(
+        self, run_id: str, server_round: int, metrics: dict[int, dict[str, float]]
+    ) -> None:
+        """What each on-time party reported for a round (examples, train time, accuracy)."""
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO party_rounds VALUES (?,?,?,?)",
+                [(run_id, server_round, p, json.dumps(m)) for p, m in metrics.items()],
+            )
+
+    def party_metrics(self, run_id: str) -> list[dict[str, Any]]:
+        rows = self.conn.execute(
+            "SELECT round, party, metrics FROM party_rounds WHERE run_id=? ORDER BY round, party",
+            (run_id,),
+        ).fetchall()
+        return [{"round": r, "party": p, "metrics": json.loads(m)} for r, p, m in rows]
+
+    def record_evaluation(
+        self, run_id: str, server_round: int, results: list[PartyEvaluation]
+    ) -> None:
+        """Every party's evaluation of one round's model (round 0: the starting model)."""
+        now = time.time()
+        with self.conn:
+            self.conn.execute("BEGIN IMMEDIATE")
+            self.conn.executemany(
+                "INSERT OR REPLACE INTO evaluations VALUES (?,?,?,?,?,?,?)",
+                [
+                    (run_id, server_round, r.party, r.accuracy, r.examples, r.error, now)
+                    for r in results
+                ],
+            )
+
+    def evaluations(self, run_id: str) -> list[dict[str, Any]]:
+        return list(
+            self.db.query(
+                "SELECT round, party, accuracy, examples, error FROM evaluations "
+                "WHERE run_id=? ORDER BY round, party",
+                (run_id,),
+            )
         )

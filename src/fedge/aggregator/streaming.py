@@ -120,6 +120,8 @@ class StreamingFedAvg(FedAvg):
         self.profiles: dict[int, tiers.LatencyProfile] = {}
         self.elapsed_s = 0.0
         self.observers: list[RoundObserver] = []
+        # Called with each round's record and its on-time replies (e.g. per-party metrics).
+        self.reply_observers: list[Callable[[RoundRecord, dict[int, Message]], None]] = []
         self._late: list[_Late] = []
         self._sent: tuple[ArrayRecord, ...] = ()  # the model(s) sent this round
         # wall mode: message id -> node, round, t0, fold group
@@ -378,7 +380,10 @@ class StreamingFedAvg(FedAvg):
             len(settlement.failed),
             settlement.round_time_s,
         )
-        self.after_round(record, {n: replies[n] for n in settlement.on_time if n in replies})
+        on_time_replies = {n: replies[n] for n in settlement.on_time if n in replies}
+        self.after_round(record, on_time_replies)
+        for observer in self.reply_observers:
+            observer(record, on_time_replies)
         return record
 
     def _fold_reply(self, fold: StreamingMean, message: Message) -> None:

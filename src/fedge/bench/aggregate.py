@@ -65,11 +65,11 @@ from flwr.serverapp.strategy import FedAvg
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.fold import StreamingMean
+from fedge.aggregator.grids import NODE_ID_BASE, LocalGrid
 from fedge.aggregator.streaming import StreamingFedAvg, arrays_of, to_array_record
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError
-from fedge.sim.grid import NODE_ID_BASE, LocalGrid
 
 TARGET_PEAK_OVER_MODEL = 3.0
 MODEL_SPLIT = (0.40, 0.25, 0.15, 0.10, 0.06, 0.04)  # shares of the parameters per array

@@ -332,7 +332,8 @@ def _flower_phase(
 ) -> tuple[list[RunTiming], float]:
     """Both Flower sides, ``repeats`` times each, alternating, in one Ray simulation."""
 
-    from fedge.sim.flower_backend import PartitionOrderedGrid, launch_simulation
+    from fedge.aggregator.identity import PartitionOrderedGrid
+    from fedge.sim.flower_backend import launch_simulation
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")

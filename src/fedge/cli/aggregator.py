@@ -16,10 +16,11 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedge.cli.common import console, friendly_errors
+from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors
 
 if TYPE_CHECKING:
     from fedge.aggregator.jobs import JobResult, ProgressFn
+    from fedge.federation.fleet_job import FleetJobResult
 
 app = typer.Typer(
     help="Federated training jobs: run a job manifest, watch, halt and resume it.",
@@ -47,16 +48,28 @@ def run(
     manifest: Annotated[Path, typer.Argument(help="Job manifest (TOML).", show_default=False)],
     job_dir: DirOption = DEFAULT_DIR,
     verbose: VerboseOption = False,
+    home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Validate a job manifest, then run it to the end, checkpointing every round.
 
+    A fleet job (`[federation] backend = "fleet"`) trains on the stations of the manager
+    home's fleet through its SuperLink and ends by publishing the new model version.
     Exit code 0 when the job completed or was halted, 1 on a bad manifest or a failure.
 
     Example: fedge aggregator run examples/jobs/tiered-digits.toml --dir jobs/tiered
     """
+    from fedge.aggregator.fleet_manifest import is_fleet_manifest
     from fedge.aggregator.jobs import run_job
 
     _quiet_flower(verbose)
+    if manifest.is_file() and is_fleet_manifest(manifest.read_text(encoding="utf-8")):
+        from fedge.edge_manager.home import ManagerHome
+        from fedge.federation.fleet_job import run_fleet_job
+
+        with _progress_bar("fleet rounds") as progress:
+            fleet_result = run_fleet_job(manifest, job_dir, ManagerHome(home), progress=progress)
+        _report_fleet(fleet_result, job_dir)
+        return
     with _progress_bar("training") as progress:
         result = run_job(manifest, job_dir, progress=progress)
     _report(result)
@@ -64,14 +77,27 @@ def run(
 
 @app.command()
 @friendly_errors
-def resume(job_dir: DirOption = DEFAULT_DIR, verbose: VerboseOption = False) -> None:
+def resume(
+    job_dir: DirOption = DEFAULT_DIR,
+    verbose: VerboseOption = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
     """Continue a halted, failed or killed job from its newest checkpoint.
 
     Example: fedge aggregator resume --dir jobs/tiered
     """
     from fedge.aggregator.jobs import resume_job
+    from fedge.federation.fleet_job import is_fleet_job
 
     _quiet_flower(verbose)
+    if is_fleet_job(job_dir):
+        from fedge.edge_manager.home import ManagerHome
+        from fedge.federation.fleet_job import resume_fleet_job
+
+        with _progress_bar("fleet rounds") as progress:
+            fleet_result = resume_fleet_job(job_dir, ManagerHome(home), progress=progress)
+        _report_fleet(fleet_result, job_dir)
+        return
     with _progress_bar("resuming") as progress:
         result = resume_job(job_dir, progress=progress)
     _report(result)
@@ -175,6 +201,21 @@ def _report(result: "JobResult") -> None:
     else:
         line += f"; resume with: fedge aggregator resume --dir {result.job_dir}"
     console.print(line, highlight=False, soft_wrap=True)
+
+
+def _report_fleet(result: "FleetJobResult", job_dir: Path) -> None:
+    line = (
+        f"fleet job {result.run_id} {result.state.value} after round "
+        f"{result.last_round}/{result.rounds}"
+    )
+    if result.published is not None:
+        line += f"; published {result.published}"
+    if result.error:
+        line += f"; {result.error}"
+    if result.state.value != "completed":
+        console.print(line, highlight=False, soft_wrap=True, markup=False)
+        raise typer.Exit(0 if result.state.value == "halted" else 1)
+    console.print(line, highlight=False, soft_wrap=True, markup=False)
 
 
 def _quiet_flower(verbose: bool) -> None:

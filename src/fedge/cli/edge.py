@@ -63,6 +63,37 @@ def set_threshold(
         console.print(f"{pushed.edge}: desired config v{pushed.version} (threshold {value})")
 
 
+@app.command("set-training")
+@friendly_errors
+def set_training(
+    edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
+    enable: Annotated[
+        bool, typer.Option("--enable/--disable", help="Train as a federated party, or stop.")
+    ] = True,
+    max_minutes: Annotated[
+        float, typer.Option(help="Longest local training of one round, in minutes.")
+    ] = 10.0,
+    threads: Annotated[int, typer.Option(help="CPU threads training may use.")] = 1,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Let a station train on its labelled images as a federated party (signed config).
+
+    Example: fedge edge set-training st-01 --enable --max-minutes 10
+    """
+    from fedge.protocols.config import TrainingPolicy
+    from fedge.protocols.errors import ProtocolError
+
+    _, fleet = open_fleet(home)
+    edges = fleet.edges() if edge == "all" else [edge]
+    try:
+        policy = TrainingPolicy(enabled=enable, max_minutes=max_minutes, threads=threads)
+    except ProtocolError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    state = f"enabled, {max_minutes:g} min, {threads} thread(s)" if enable else "disabled"
+    for pushed in fleet.set_training(edges, policy):
+        console.print(f"{pushed.edge}: desired config v{pushed.version} (training {state})")
+
+
 @app.command()
 @friendly_errors
 def show(

@@ -25,13 +25,25 @@ def init(
     broker_port: int = 1883,
     grpc_host: str = "127.0.0.1",
     grpc_port: int = 50551,
+    superlink_host: str = "127.0.0.1",
+    superlink_port: int = 9092,
 ) -> None:
     """Create a manager home with a fresh signing key.
 
     Example: fedge manager init --fleet plant-a --home ./fedge-home
     """
     manager_home = ManagerHome(home)
-    manager_home.init(ManagerSettings(fleet, broker_host, broker_port, grpc_host, grpc_port))
+    manager_home.init(
+        ManagerSettings(
+            fleet,
+            broker_host,
+            broker_port,
+            grpc_host,
+            grpc_port,
+            superlink_host=superlink_host,
+            superlink_port=superlink_port,
+        )
+    )
     console.print(f"manager home for fleet [bold]{fleet}[/bold] created in {home}")
     console.print(f"public key (pin it on agents): {manager_home.public_key_path}")
 
@@ -79,3 +91,26 @@ def serve(
         ready_file.write_text(str(service.grpc_port))
     stop.wait()
     service.stop()
+
+
+@app.command()
+@friendly_errors
+def superlink(home: HomeOption = DEFAULT_HOME) -> None:
+    """Run the fleet's Flower SuperLink (stations' SuperNodes and fleet jobs meet here).
+
+    Example: fedge manager superlink --home ./fedge-home
+    """
+    from fedge.aggregator.superlink import SuperLink
+
+    manager_home = ManagerHome(home)
+    settings = manager_home.settings()
+    link = SuperLink(manager_home.root / "superlink", "0.0.0.0", settings.superlink_port)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    link.start()
+    console.print(f"SuperLink listening on port {settings.superlink_port} (log {link.log_path})")
+    while not stop.wait(0.5):
+        if not link.running:
+            raise ManagerError(f"the SuperLink exited; see {link.log_path}")
+    link.stop()

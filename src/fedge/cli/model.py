@@ -29,13 +29,45 @@ def publish(
     parent: Annotated[int | None, typer.Option(help="Parent version (default: latest).")] = None,
     run: Annotated[str | None, typer.Option(help="Run that produced the model.")] = None,
     data: Annotated[str | None, typer.Option(help="Data the model was trained on.")] = None,
+    weights: Annotated[
+        Path | None, typer.Option(help="Trainable weights (.npz of the state dict).")
+    ] = None,
+    family: Annotated[
+        str | None, typer.Option(help="Model family that builds the weights, e.g. inspection-cnn.")
+    ] = None,
+    param: Annotated[
+        list[str] | None, typer.Option(help="Family size parameter KEY=INT (repeatable).")
+    ] = None,
+    image_size: Annotated[
+        int | None, typer.Option(help="Input image side (preprocessing travels with the model).")
+    ] = None,
+    channels: Annotated[int, typer.Option(help="Input channels (1 gray, 3 RGB).")] = 1,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Store, hash, sign and register an ONNX model.
+    """Store, hash, sign and register an ONNX model (trainable with --weights --family).
 
     Example: fedge model publish model.onnx --name inspect --version 3 --classes clean,scratch
-    --positive scratch
+    --positive scratch --weights weights.npz --family inspection-cnn --param width=16
+    --image-size 32
     """
+    from fedge.edge_manager.registry import TrainableSource
+    from fedge.protocols.errors import ProtocolError
+    from fedge.protocols.manifest import Preprocess
+
+    if (weights is None) != (family is None):
+        raise typer.BadParameter("--weights and --family go together")
+    params: dict[str, int] = {}
+    for item in param or []:
+        key, sep, value = item.partition("=")
+        if not sep or not value.lstrip("-").isdigit():
+            raise typer.BadParameter(f"--param {item!r} must be KEY=INTEGER, e.g. width=16")
+        params[key] = int(value)
+    try:
+        preprocess = None if image_size is None else Preprocess(image_size, channels)
+    except ProtocolError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    if weights is not None and preprocess is None:
+        raise typer.BadParameter("a trainable model needs --image-size (its preprocessing)")
     _, fleet = open_fleet(home)
     published = fleet.registry.publish(
         path,
@@ -44,6 +76,10 @@ def publish(
         classes=_split(classes),
         positive_classes=_split(positive),
         lineage=Lineage(parent, run, data) if (parent or run or data) else None,
+        preprocess=preprocess,
+        trainable=None
+        if weights is None or family is None
+        else TrainableSource(weights, family, params),
     )
     manifest = published.manifest
     console.print(

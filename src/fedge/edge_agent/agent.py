@@ -20,15 +20,19 @@ from fedge import __version__
 from fedge.edge_agent import deployer, runtime
 from fedge.edge_agent.decisions import ConfigAction, decide, decide_config
 from fedge.edge_agent.errors import DeployError, InferenceError
+from fedge.edge_agent.images import decode_for
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
+from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.party.dataset import Retention, StationData
+from fedge.party.errors import StationDataError
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import ReportUploader, UploadError
 from fedge.protocols.liveness import EdgeState, Liveness
-from fedge.protocols.manifest import ModelManifest
+from fedge.protocols.manifest import ModelManifest, Preprocess
 from fedge.protocols.records import MetricRecord, PredictionRecord, Stream
 from fedge.protocols.signing import open_signed, trusted
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
@@ -50,6 +54,17 @@ class EdgeAgent:
         self.settings = settings
         self.keys = trusted(settings.public_key())
         self.store = LocalStore(settings.data_dir / "agent.db")
+        # The station's training set: what it scores, kept on the device with its labels.
+        self.station = StationData(
+            settings.data_dir,
+            Retention(
+                max_images=settings.keep_images,
+                max_bytes=settings.keep_bytes,
+                max_age_s=settings.keep_days * 86400.0,
+                holdout_percent=settings.holdout_percent,
+            ),
+        )
+        self.supervisor: SupernodeSupervisor | None = None
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.config: EdgeConfig | None = self._load_config()
@@ -128,6 +143,10 @@ class EdgeAgent:
     # -- lifecycle
 
     def start(self) -> None:
+        self.station.sweep_orphans()
+        self.supervisor = SupernodeSupervisor(self.settings.data_dir / "supernode")
+        self.supervisor.start()
+        self._apply_training()
         self.mqtt.start()  # takes the first will (a new session number) now
         self._publisher.start()
 
@@ -144,7 +163,35 @@ class EdgeAgent:
             time.time(),
         )
         self.mqtt.stop(final=(self._topic(topics.Up.STATE), codec.encode(goodbye), True))
+        if self.supervisor is not None:
+            self.supervisor.stop()
         self.store.close()
+        self.station.close()
+
+    def _apply_training(self) -> None:
+        """Run the station's SuperNode while its config enables training; stop it otherwise."""
+        supervisor, config = self.supervisor, self.config
+        if supervisor is None:
+            return
+        policy = None if config is None else config.training
+        if policy is None or not policy.enabled:
+            supervisor.apply(None)
+            return
+        if not self.settings.superlink:
+            self.counters["training.no_superlink"] += 1
+            log.error("training is enabled but agent.toml names no superlink; not training")
+            supervisor.apply(None)
+            return
+        supervisor.apply(
+            SupernodeSpec(
+                superlink=self.settings.superlink,
+                edge=self.settings.edge,
+                data_dir=self.settings.data_dir,
+                holdout_percent=self.settings.holdout_percent,
+                threads=policy.threads,
+                max_seconds=policy.max_minutes * 60.0,
+            )
+        )
 
     def _topic(self, kind: topics.Up) -> str:
         return topics.up(self.settings.fleet, self.settings.edge, kind)
@@ -209,6 +256,7 @@ class EdgeAgent:
                 self.store.put("applied_config", codec.encode(offered).decode())
                 self.config = offered
         if decision.action is ConfigAction.APPLY:
+            self._apply_training()
             self.counters["config.applied"] += 1
             log.info(
                 "applied config v%d (threshold %.3f)", offered.version, offered.default_threshold
@@ -306,12 +354,37 @@ class EdgeAgent:
 
     # -- inference
 
+    def preprocess(self) -> Preprocess:
+        """How the serving model wants its images (its manifest, else agent.toml's size)."""
+        model = self.model
+        spec = None if model is None else model.manifest.preprocess
+        return spec or Preprocess(image_size=self.settings.image_size)
+
+    def score_image(self, data: bytes, *, suffix: str, source: str = "") -> Scored:
+        """Decode an image file's bytes as the serving model says, score it, keep it.
+
+        The image is kept in the station's training set (bounded by retention) under the
+        prediction's id, so an operator's label for the prediction makes it a training
+        example. It stays on the station.
+        """
+        if self.model is None:
+            raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
+        scored = self.score(decode_for(data, self.preprocess()), source=source)
+        try:
+            self.station.keep(scored.record.prediction_id, data, suffix, scored.record.at)
+        except (StationDataError, OSError) as exc:
+            # Scoring succeeded and is recorded; only the training copy is lost.
+            self.counters["station.keep_failed"] += 1
+            log.error("could not keep %s for training: %s", scored.record.prediction_id, exc)
+        return scored
+
     def score(self, image: np.ndarray, source: str = "") -> Scored:
-        """Score one grayscale image (H x W, float in [0, 1]) and record the prediction."""
+        """Score one image (H x W, or C x H x W; float, prepared) and record the prediction."""
         model, config = self.model, self.config
         if model is None:
             raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
-        batch = image.astype(model.input_dtype, copy=False).reshape(1, 1, *image.shape)
+        shaped = image if image.ndim == 3 else image[None, :, :]
+        batch = shaped.astype(model.input_dtype, copy=False)[None]
         started = time.perf_counter()
         probs = model.run(batch)[0]
         latency_ms = (time.perf_counter() - started) * 1000.0
@@ -433,4 +506,6 @@ class EdgeAgent:
             "threshold": None if self.config is None else self.config.default_threshold,
             "backlog": self.store.backlog(),
             "counters": dict(self.counters),
+            "training": None if self.supervisor is None else self.supervisor.status(),
+            "station": self.station.counts(),
         }

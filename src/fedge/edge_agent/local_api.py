@@ -18,7 +18,7 @@ from typing import Any
 
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import AgentError
-from fedge.edge_agent.images import MAX_IMAGE_BYTES, decode_image
+from fedge.edge_agent.images import MAX_IMAGE_BYTES
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
 
@@ -36,7 +36,10 @@ def add_label(agent: EdgeAgent, prediction_id: str, label: str, who: str) -> str
     if not agent.store.has_prediction(prediction_id):
         raise AgentError(f"no prediction {prediction_id!r} on this edge")
     label_id = f"l-{uuid.uuid4().hex}"
-    agent.store.add_label(label_id, prediction_id, label, who, time.time())
+    at = time.time()
+    agent.store.add_label(label_id, prediction_id, label, who, at)
+    # The station's training set joins it to the kept image (by prediction id).
+    agent.station.label(prediction_id, label, at)
     return label_id
 
 
@@ -69,8 +72,10 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         try:
             if self.path == "/v1/score":
-                image = decode_image(self._body(), self.agent.settings.image_size)
-                scored = self.agent.score(image, source=self.headers.get("X-Source", "api"))
+                suffix = _suffix(self.headers.get("Content-Type", ""))
+                scored = self.agent.score_image(
+                    self._body(), suffix=suffix, source=self.headers.get("X-Source", "api")
+                )
                 self._reply(HTTPStatus.OK, codec.to_plain(scored.record))
             elif self.path == "/v1/labels":
                 body = json.loads(self._body())
@@ -88,6 +93,14 @@ class _Handler(BaseHTTPRequestHandler):
         except (AgentError, json.JSONDecodeError, ValueError) as exc:
             self.agent.counters["api.bad_request"] += 1
             self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})
+
+
+_SUFFIXES = {"image/jpeg": ".jpg", "image/bmp": ".bmp", "image/x-portable-graymap": ".pgm"}
+
+
+def _suffix(content_type: str) -> str:
+    """The file suffix a kept image gets (PNG unless the request says otherwise)."""
+    return _SUFFIXES.get(content_type.split(";")[0].strip().lower(), ".png")
 
 
 def serve_local_api(agent: EdgeAgent, port: int) -> ThreadingHTTPServer:

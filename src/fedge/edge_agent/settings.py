@@ -10,6 +10,14 @@ grpc_target = "10.0.0.5:50551"    # default; a deployment may name another
 manager_public_key = "base64..."  # pinned Ed25519 key of the manager
 watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
 http_port = 8470                  # optional local API on 127.0.0.1, 0 = off
+superlink = "10.0.0.5:9092"       # the fleet's Flower SuperLink (stations that train)
+
+# The station's training set: scored images kept on the device with their labels
+# (they never leave it). Oldest first out once any limit is reached; 0 keeps none.
+keep_images = 5000
+keep_bytes = 536870912            # 512 MiB
+keep_days = 30.0
+holdout_percent = 20              # share kept for local evaluation, never trained on
 """
 
 import tomllib
@@ -38,6 +46,11 @@ class AgentSettings:
     flush_interval_s: float = 0.2
     # "mqtt", or "grpc" for sites where MQTT is blocked (records go over ReportUpload).
     report_via: str = "mqtt"
+    superlink: str = ""
+    keep_images: int = 5000
+    keep_bytes: int = 512 * 2**20
+    keep_days: float = 30.0
+    holdout_percent: int = 20
 
     def public_key(self) -> PublicKey:
         return PublicKey.from_text(self.manager_public_key)

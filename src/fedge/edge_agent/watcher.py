@@ -17,7 +17,7 @@ from pathlib import Path
 
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import InferenceError
-from fedge.edge_agent.images import decode_image
+from fedge.edge_agent.images import MAX_IMAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -62,8 +62,9 @@ class InboxWatcher:
             source = f"file:{path.name}"
             if not self.agent.store.has_source(source):
                 try:
-                    image = decode_image(path, self.agent.settings.image_size)
-                    self.agent.score(image, source=source)
+                    if path.stat().st_size > MAX_IMAGE_BYTES:
+                        raise InferenceError(f"{path.name} is larger than {MAX_IMAGE_BYTES} bytes")
+                    self.agent.score_image(path.read_bytes(), suffix=path.suffix, source=source)
                     scored += 1
                 except InferenceError as exc:
                     if time.time() - path.stat().st_mtime < self.give_up_s:

@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from fedge.protocols.config import EdgeConfig
+from fedge.protocols.config import EdgeConfig, TrainingPolicy
 from fedge.protocols.deployment import DeploymentDesired
 
 
@@ -14,10 +14,12 @@ def next_config(
     now: float,
     threshold: float | None = None,
     class_name: str | None = None,
+    training: TrainingPolicy | None = None,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
 
     ``class_name`` sets that class's threshold; without it the default threshold changes.
+    ``training`` replaces the station's training policy (None keeps the current one).
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -34,6 +36,7 @@ def next_config(
         default_threshold=default,
         class_thresholds=class_thresholds,
         issued_at=now,
+        training=base.training if training is None else training,
     )
 
 

@@ -34,6 +34,7 @@ def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> s
             f"broker_port = {settings.broker_port}",
             f'password = "{password}"',
             f'grpc_target = "{settings.grpc_target}"',
+            f'superlink = "{settings.superlink_address}"',
             f'manager_public_key = "{public_key}"',
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",

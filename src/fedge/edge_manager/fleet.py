@@ -18,7 +18,7 @@ from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.registry import Registry
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
-from fedge.protocols.config import EdgeConfig
+from fedge.protocols.config import EdgeConfig, TrainingPolicy
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import SigningKey
 
@@ -86,6 +86,25 @@ class Fleet:
     def set_threshold(
         self, edges: list[str], threshold: float, class_name: str | None = None
     ) -> list[Pushed]:
+        return self._push_config(
+            edges, "threshold", threshold=threshold, class_name=class_name, training=None
+        )
+
+    def set_training(self, edges: list[str], policy: TrainingPolicy) -> list[Pushed]:
+        """Enable or disable local training on ``edges`` (a new signed config version each)."""
+        return self._push_config(
+            edges, "training", threshold=None, class_name=None, training=policy
+        )
+
+    def _push_config(
+        self,
+        edges: list[str],
+        what: str,
+        *,
+        threshold: float | None,
+        class_name: str | None,
+        training: TrainingPolicy | None,
+    ) -> list[Pushed]:
         self.edges(edges)
         pushed = []
         now = time.time()
@@ -99,9 +118,10 @@ class Fleet:
                         now=now,
                         threshold=threshold,
                         class_name=class_name,
+                        training=training,
                     )
                 except ProtocolError as exc:
-                    raise ManagerError(f"threshold for {edge}: {exc}") from None
+                    raise ManagerError(f"{what} for {edge}: {exc}") from None
                 self._write_desired(edge, CONFIG, config.version, codec.encode(config), now)
                 pushed.append(Pushed(edge, config.version))
         return pushed

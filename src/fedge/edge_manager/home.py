@@ -27,10 +27,19 @@ class ManagerSettings:
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50551
     manager_user: str = "fedge-manager"
+    # The fleet's Flower SuperLink (`fedge manager superlink`): stations' SuperNodes and
+    # federated jobs connect to it on this one port (Flower 1.41 serves its Fleet and
+    # Control APIs together).
+    superlink_host: str = "127.0.0.1"
+    superlink_port: int = 9092
 
     @property
     def grpc_target(self) -> str:
         return f"{self.grpc_host}:{self.grpc_port}"
+
+    @property
+    def superlink_address(self) -> str:
+        return f"{self.superlink_host}:{self.superlink_port}"
 
 
 def _write_secret(path: Path, text: str) -> None:
@@ -91,6 +100,8 @@ class ManagerHome:
                     f'grpc_host = "{settings.grpc_host}"',
                     f"grpc_port = {settings.grpc_port}",
                     f'manager_user = "{settings.manager_user}"',
+                    f'superlink_host = "{settings.superlink_host}"',
+                    f"superlink_port = {settings.superlink_port}",
                     "",
                 ]
             )

@@ -17,7 +17,7 @@ from fedge.edge_manager.onnx_spec import read_spec
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.manifest import Lineage, ModelManifest
+from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, Trainable
 from fedge.protocols.signing import SigningKey
 
 
@@ -26,6 +26,41 @@ class PublishedModel:
     manifest: ModelManifest
     envelope: bytes
     path: Path
+
+    @property
+    def weights_path(self) -> Path:
+        """The trainable weights (``.npz``) beside the ONNX file, when the model has them."""
+        return self.path.with_name(WEIGHTS_FILE)
+
+    def verified_weights(self) -> bytes:
+        """The trainable weights, checked against the signed manifest's size and hash."""
+        trainable = self.manifest.trainable
+        if trainable is None:
+            raise RegistryError(
+                f"{self.manifest.ref} has no trainable weights; publish it with --weights "
+                "and --family to train it federatedly"
+            )
+        data = self.weights_path.read_bytes()
+        if len(data) != trainable.weights_size or (
+            hashlib.sha256(data).hexdigest() != trainable.weights_sha256
+        ):
+            raise RegistryError(
+                f"{self.weights_path} does not match {self.manifest.ref}'s signed manifest "
+                "(size or sha256): the registry copy is damaged"
+            )
+        return data
+
+
+@dataclass(frozen=True)
+class TrainableSource:
+    """What makes a published model trainable: its weights file and the family that builds it."""
+
+    weights: Path
+    family: str
+    params: dict[str, int]
+
+
+WEIGHTS_FILE = "weights.npz"
 
 
 def sha256_file(path: Path) -> str:
@@ -59,6 +94,8 @@ class Registry:
         classes: tuple[str, ...] | None = None,
         positive_classes: tuple[str, ...] | None = None,
         lineage: Lineage | None = None,
+        preprocess: Preprocess | None = None,
+        trainable: TrainableSource | None = None,
     ) -> PublishedModel:
         if not source.is_file():
             raise RegistryError(f"{source} does not exist or is not a file")
@@ -83,12 +120,26 @@ class Registry:
             lineage = Lineage(parent_version=latest)
         elif lineage.parent_version is None and latest is not None:
             lineage = Lineage(latest, lineage.run_id, lineage.data, lineage.note)
+        if trainable is not None and not trainable.weights.is_file():
+            raise RegistryError(f"weights file {trainable.weights} does not exist")
         dest = self.artifacts / name / str(version) / "model.onnx"
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = dest.with_suffix(".tmp")
         shutil.copyfile(source, tmp)
         tmp.replace(dest)
+        trainable_spec = None
+        if trainable is not None:
+            weights = dest.with_name(WEIGHTS_FILE)
+            shutil.copyfile(trainable.weights, weights.with_suffix(".tmp"))
+            weights.with_suffix(".tmp").replace(weights)
         try:
+            if trainable is not None:
+                trainable_spec = Trainable(
+                    family=trainable.family,
+                    params=dict(trainable.params),
+                    weights_sha256=sha256_file(weights),
+                    weights_size=weights.stat().st_size,
+                )
             manifest = ModelManifest(
                 name=name,
                 version=version,
@@ -100,6 +151,8 @@ class Registry:
                 positive_classes=positive_classes,
                 created_at=time.time(),
                 lineage=lineage,
+                preprocess=preprocess,
+                trainable=trainable_spec,
             )
         except ProtocolError as exc:
             raise RegistryError(f"cannot publish {name}:{version}: {exc}") from None

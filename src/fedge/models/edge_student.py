@@ -189,7 +189,7 @@ def load_job_teacher(job_dir: Path) -> Teacher:
     The job keeps its final model's arrays; the architecture is the one they fit.
     """
     from fedge.aggregator.checkpoint import CheckpointError, load_arrays
-    from fedge.aggregator.jobs import FINAL_MODEL
+    from fedge.aggregator.job_dir import FINAL_MODEL
 
     path = job_dir / FINAL_MODEL
     if not path.is_file():

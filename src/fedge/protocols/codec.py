@@ -26,6 +26,7 @@ from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, V
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.manifest import ModelManifest
 from fedge.protocols.records import RECORD_TYPE, RecordBatch
+from fedge.protocols.validate import OMIT_KEY
 
 SCHEMA_VERSION = 1
 DEFAULT_MAX_BYTES = 256 * 1024
@@ -49,7 +50,11 @@ KINDS: dict[type[Any], str] = {
 
 def _to_obj(value: Any) -> Any:
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _to_obj(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {
+            f.name: _to_obj(getattr(value, f.name))
+            for f in dataclasses.fields(value)
+            if not (f.metadata.get(OMIT_KEY) and getattr(value, f.name) is None)
+        }
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, tuple | list):

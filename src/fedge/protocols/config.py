@@ -13,6 +13,26 @@ from fedge.protocols.errors import ValidationError
 
 
 @dataclass(frozen=True)
+class TrainingPolicy:
+    """Whether, and how hard, a station trains as a federated party (operator-set).
+
+    ``max_minutes`` caps one round's local training; ``threads`` caps the CPU threads the
+    training process may use, so inference on the same device keeps its cores.
+    """
+
+    enabled: bool = False
+    max_minutes: float = 10.0
+    threads: int = 1
+
+    def __post_init__(self) -> None:
+        validate.finite(self.max_minutes, "training.max_minutes", minimum=0.1)
+        if self.max_minutes > 24 * 60:
+            raise ValidationError(f"training.max_minutes must be <= 1440, got {self.max_minutes}")
+        if not 1 <= self.threads <= 256:
+            raise ValidationError(f"training.threads must be in [1, 256], got {self.threads}")
+
+
+@dataclass(frozen=True)
 class EdgeConfig:
     """What an edge should run with. Thresholds apply to the score of the positive class(es)."""
 
@@ -26,6 +46,8 @@ class EdgeConfig:
     report_interval_s: float = 5.0
     batch_max_records: int = 500
     issued_at: float = 0.0
+    # Optional extension (absent on the wire while None): local training as a party.
+    training: TrainingPolicy | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")

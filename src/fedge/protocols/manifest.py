@@ -35,6 +35,65 @@ class Lineage:
 
 
 @dataclass(frozen=True)
+class Preprocess:
+    """How an image becomes the model's input: part of the model, not of the station.
+
+    The input is ``[batch, channels, image_size, image_size]`` in NCHW order; a pixel of
+    an 8-bit image becomes ``value * scale``. Training, distillation, the simulator and
+    the agent all feed a model through this one description (``fedge.party.preprocess``),
+    so a model and the way its images are prepared travel together.
+    """
+
+    image_size: int
+    channels: int = 1
+    scale: float = 1.0 / 255.0
+    resample: str = "bilinear"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.image_size <= 4096:
+            raise ValidationError(
+                f"preprocess.image_size must be in [1, 4096], got {self.image_size}"
+            )
+        if self.channels not in (1, 3):
+            raise ValidationError(f"preprocess.channels must be 1 or 3, got {self.channels}")
+        validate.finite(self.scale, "preprocess.scale", minimum=0.0)
+        if self.resample not in RESAMPLE_MODES:
+            raise ValidationError(
+                f"preprocess.resample must be one of {sorted(RESAMPLE_MODES)}, "
+                f"got {self.resample!r}"
+            )
+
+
+RESAMPLE_MODES = frozenset({"bilinear", "bicubic", "nearest"})
+
+
+@dataclass(frozen=True)
+class Trainable:
+    """The trainable form of a model, beside its ONNX artifact.
+
+    ``family`` names the code that builds the network in torch (``fedge.party.families``:
+    ``inspection-cnn``, ``digits-mlp``, or a user's entry point), ``params`` its size
+    (e.g. ``{"width": 16}``); the weights are an ``.npz`` of the state dict, hashed like
+    the ONNX file so a station trains exactly what the registry signed.
+    """
+
+    family: str
+    params: dict[str, int]
+    weights_sha256: str
+    weights_size: int
+
+    def __post_init__(self) -> None:
+        validate.identifier(self.family, "trainable.family")
+        for key in self.params:
+            validate.identifier(key, "trainable.params key")
+        validate.sha256_hex(self.weights_sha256, "trainable.weights_sha256")
+        if not 0 < self.weights_size <= 4 * 2**30:
+            raise ValidationError(
+                f"trainable.weights_size must be in (0, 4 GiB], got {self.weights_size}"
+            )
+
+
+@dataclass(frozen=True)
 class ModelManifest:
     name: str
     version: int
@@ -48,6 +107,9 @@ class ModelManifest:
     positive_classes: tuple[str, ...] = ()
     created_at: float = 0.0
     lineage: Lineage = field(default_factory=Lineage)
+    # Optional extensions (absent on the wire while None, so older agents still decode).
+    preprocess: Preprocess | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    trainable: Trainable | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.name, "model name")
@@ -64,7 +126,24 @@ class ModelManifest:
         unknown = set(self.positive_classes) - set(self.classes)
         if unknown:
             raise ValidationError(f"positive classes {sorted(unknown)} are not in classes")
+        if self.preprocess is not None:
+            _check_feedable(self.inputs[0], self.preprocess)
 
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
+
+
+def _check_feedable(spec: TensorSpec, preprocess: Preprocess) -> None:
+    """The input a preprocess spec makes must fit the model's first input (NCHW)."""
+    wanted = (preprocess.channels, preprocess.image_size, preprocess.image_size)
+    if len(spec.shape) != 4:
+        raise ValidationError(
+            f"input {spec.name!r} has rank {len(spec.shape)}; an image model takes NCHW"
+        )
+    for axis, (dim, need) in enumerate(zip(spec.shape[1:], wanted, strict=True), start=1):
+        if isinstance(dim, int) and dim != need:
+            raise ValidationError(
+                f"input {spec.name!r} axis {axis} is {dim}, but preprocess makes {need} "
+                f"(channels={preprocess.channels}, image_size={preprocess.image_size})"
+            )

@@ -11,6 +11,15 @@ _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 U64_MAX = 2**64 - 1
 
+OMIT_KEY = "omit_when_none"
+OMIT_WHEN_NONE = {OMIT_KEY: True}
+"""Field metadata for an optional extension: left out of the wire form while it is None.
+
+Decoding is strict (an unknown field is an error), so a field added after agents were
+installed must not appear in messages that do not use it: an older agent keeps decoding
+every message that does not need the new capability.
+"""
+
 
 def identifier(value: str, what: str) -> None:
     if not _ID.fullmatch(value):

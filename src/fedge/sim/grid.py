@@ -11,82 +11,17 @@ pool instead. Any Flower ClientApp works with it, fedge's or not.
 import threading
 import time
 import traceback
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from uuid import uuid4
 
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import SUPERLINK_NODE_ID
-from flwr.serverapp import Grid
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
+
+from fedge.aggregator.grids import NODE_ID_BASE, LocalGrid, UserConfig
 
 # Flower's own code for "the ClientApp raised" (flwr.common.constant.ErrorCode).
 CLIENT_APP_RAISED_EXCEPTION = 2
-NODE_ID_BASE = 1000
-UserConfig = Mapping[str, bool | int | float | str]
-
-
-class LocalGrid(Grid):
-    """A Grid that is its own link: it holds the Run and builds plain Flower messages.
-
-    The parts of Flower's Grid contract that every such grid does the same way; subclasses
-    say which nodes exist and how messages reach them.
-    """
-
-    def __init__(self, run_id: int = 1, run_config: UserConfig | None = None) -> None:
-        # What Flower's ServerApp runtime sets for the process: messages read it.
-        TaskIdentity.task_id = 1
-        TaskIdentity.run_id = run_id
-        TaskIdentity.node_id = SUPERLINK_NODE_ID
-        self._run = Run.create_empty(run_id)
-        self._run.override_config = dict(run_config or {})
-
-    def set_run(self, run: Run) -> None:
-        self._run = run
-
-    @property
-    def run(self) -> Run:
-        return self._run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
-
-
-class WrappedGrid(Grid):
-    """A Grid in front of another (``inner``): the Run is the inner grid's.
-
-    Subclasses change what the strategy sees (node ids, which messages pass) and forward
-    the rest.
-    """
-
-    def __init__(self, inner: Grid) -> None:
-        self.inner = inner
-
-    def set_run(self, run: Run) -> None:
-        self.inner.set_run(run)
-
-    @property
-    def run(self) -> Run:
-        return self.inner.run
-
-    def create_message(
-        self,
-        content: RecordDict,
-        message_type: str,
-        dst_node_id: int,
-        group_id: str,
-        ttl: float | None = None,
-    ) -> Message:
-        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
 
 
 class InProcessGrid(LocalGrid):

@@ -1,0 +1,268 @@
+"""A fleet job's aggregator: federated rounds across the stations on the fleet's SuperLink.
+
+``fedge aggregator run`` prepares a job directory (:mod:`fedge.federation.fleet_job`) and
+submits it with ``flwr run``; the SuperLink starts fedge's ServerApp, which finds
+``job-dir`` in its run config and calls :func:`run_fleet_job`. It never reads station
+data: the stations train (:mod:`fedge.party.station_app`) and evaluate on their own
+held-out images, and only models and metrics cross the network.
+
+Beside the files every job has (:mod:`fedge.aggregator.job_dir`)::
+
+    <job_dir>/
+        model-spec.json   what the stations build: family, size, classes, preprocessing
+        initial.npz       the starting weights (the registry model's, hash-checked)
+        parties.json      edge id -> the party id the strategy sees (1000 + index)
+        app/              the Flower app ``flwr run`` submits (config: job-dir)
+
+Each round is recorded as it ends (who trained, with how many examples, who was late or
+failed and why), then every party evaluates the new model on its held-out images
+(``evaluations`` in the run store; round 0 is the starting model), then the round is
+checkpointed (model, strategy and tier state). The process holds the job's lock while it
+runs; killed, it leaves the newest checkpoint, and a resubmitted run continues from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from logging import INFO, WARNING
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fedge.aggregator.checkpoint import (
+    latest_checkpoint,
+    load_arrays,
+    restore_strategy,
+    save_arrays,
+    save_checkpoint,
+)
+from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.factory import build_strategy
+from fedge.aggregator.fleet_manifest import FleetJobManifest, parse_fleet_manifest
+from fedge.aggregator.identity import IdentifiedGrid, identify_station
+from fedge.aggregator.job_dir import (
+    FINAL_MODEL,
+    JOB_MANIFEST,
+    RUNS_DB,
+    JobError,
+    clear_halt,
+    halt_requested,
+    job_lock,
+)
+from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.run_store import PartyEvaluation, RunState, RunStore
+from fedge.aggregator.streaming import arrays_of, to_array_record
+from fedge.aggregator.tiered import TieredFedAvg
+
+MODEL_SPEC = "model-spec.json"
+INITIAL_WEIGHTS = "initial.npz"
+PARTIES = "parties.json"
+MODEL_SPEC_KEY = "model-spec"
+ACCURACY_KEY = "accuracy"
+_LOCK_WAIT_S = 30.0  # a resubmitted run may start while the killed one's lock is released
+
+
+class _Halted(Exception):
+    pass
+
+
+def read_parties(job_dir: Path) -> dict[str, int]:
+    data: dict[str, int] = json.loads((job_dir / PARTIES).read_text(encoding="utf-8"))
+    return data
+
+
+def the_run_id(store: RunStore, job_dir: Path) -> str:
+    runs = store.runs()
+    if not runs:
+        raise JobError(f"the run store of {job_dir} holds no run")
+    return str(runs[-1]["run_id"])
+
+
+def run_fleet_job(grid: Grid, job_dir: Path) -> None:
+    """Run (or continue) the fleet job in ``job_dir`` on ``grid`` until done or halted."""
+    with job_lock(job_dir, wait_s=_LOCK_WAIT_S):
+        manifest = parse_fleet_manifest(
+            (job_dir / JOB_MANIFEST).read_text(encoding="utf-8"), source=str(job_dir)
+        )
+        store = RunStore(job_dir / RUNS_DB)
+        try:
+            run_id = the_run_id(store, job_dir)
+            run = store.run(run_id) or {}
+            if run.get("state") == RunState.COMPLETED:
+                log(INFO, "fleet job %s already completed", run_id)
+                return
+            clear_halt(job_dir) if run.get("state") == RunState.HALTED else None
+            store.set_state(run_id, RunState.RUNNING)
+            parties = read_parties(job_dir)
+            store.name_parties(run_id, {party: edge for edge, party in parties.items()})
+            try:
+                _drive(grid, job_dir, manifest, store, run_id, parties)
+            except _Halted:
+                clear_halt(job_dir)
+                store.set_state(run_id, RunState.HALTED)
+                return
+            except BaseException as exc:
+                store.set_state(run_id, RunState.FAILED, f"{type(exc).__name__}: {exc}")
+                raise
+            store.set_state(run_id, RunState.COMPLETED)
+            log(INFO, "fleet job %s completed: %d rounds", run_id, manifest.job.rounds)
+        finally:
+            store.close()
+
+
+def _drive(
+    grid: Grid,
+    job_dir: Path,
+    manifest: FleetJobManifest,
+    store: RunStore,
+    run_id: str,
+    parties: dict[str, int],
+) -> None:
+    total = manifest.job.rounds
+    strategy, _ = build_strategy(
+        manifest.kind,
+        manifest.strategy_params(),
+        per_round=manifest.federation.per_round or len(parties),
+        seed=manifest.job.seed,
+        clock=ClockMode.WALL,
+    )
+    checkpoint = latest_checkpoint(job_dir)
+    if checkpoint is None:
+        arrays = to_array_record(load_arrays(job_dir / INITIAL_WEIGHTS))
+        first_round = 1
+    else:
+        restore_strategy(strategy, checkpoint)
+        arrays = checkpoint.array_record()
+        first_round = checkpoint.round + 1
+        log(INFO, "fleet job %s resumes after round %d", run_id, checkpoint.round)
+    if first_round > total:  # killed after the last checkpoint, before completing
+        save_arrays(job_dir / FINAL_MODEL, arrays_of(arrays))
+        return
+
+    spec_text = (job_dir / MODEL_SPEC).read_text(encoding="utf-8")
+    stations = IdentifiedGrid(grid, identify=identify_station(parties), unidentified="exclude")
+    _wait_for_parties(stations, manifest, len(parties))
+    names = {party: edge for edge, party in parties.items()}
+
+    def evaluate(server_round: int, model: ArrayRecord) -> MetricRecord:
+        results = _evaluate_on_stations(
+            stations, model, spec_text, manifest.federation.eval_timeout_s, names
+        )
+        store.record_evaluation(run_id, server_round, results)
+        scored = [(r.accuracy, r.examples) for r in results if r.accuracy is not None]
+        metrics: dict[str, float] = {"stations-evaluated": float(len(scored))}
+        examples = sum(n for _, n in scored)
+        if examples:
+            metrics[ACCURACY_KEY] = sum(acc * n for acc, n in scored) / examples
+        return MetricRecord(dict(metrics))
+
+    def observe(record: RoundRecord) -> None:
+        store.record_round(run_id, record)
+        tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
+        store.save_profiles(run_id, strategy.profiles, tiers)
+
+    def observe_replies(record: RoundRecord, replies: dict[int, Message]) -> None:
+        per_party: dict[int, dict[str, float]] = {}
+        for party, reply in replies.items():
+            values: dict[str, float] = {}
+            for metric_record in reply.content.metric_records.values():
+                for key, value in metric_record.items():
+                    if isinstance(value, int | float) and math.isfinite(float(value)):
+                        values[key] = float(value)
+            per_party[party] = values
+        store.record_party_metrics(run_id, record.server_round, per_party)
+
+    def checkpoint_fn(server_round: int, round_arrays: ArrayRecord) -> None:
+        halt = halt_requested(job_dir)
+        every = manifest.checkpoint.every
+        if halt or server_round == total or server_round % every == 0:
+            save_checkpoint(
+                job_dir,
+                server_round,
+                round_arrays,
+                strategy,
+                sim={"run_id": run_id, "kind": manifest.kind, "rounds": total},
+                keep=manifest.checkpoint.keep,
+            )
+        if halt and server_round < total:
+            raise _Halted()
+
+    strategy.observers.append(observe)
+    strategy.reply_observers.append(observe_replies)
+    config = ConfigRecord(
+        {
+            MODEL_SPEC_KEY: spec_text,
+            "lr": manifest.task.lr,
+            "local-epochs": manifest.task.local_epochs,
+            "batch-size": manifest.task.batch_size,
+        }
+    )
+    result = strategy.start(
+        stations,
+        arrays,
+        num_rounds=total,
+        timeout=manifest.federation.round_timeout_s,
+        train_config=config,
+        evaluate_fn=evaluate,
+        first_round=first_round,
+        checkpoint_fn=checkpoint_fn,
+    )
+    save_arrays(job_dir / FINAL_MODEL, arrays_of(result.arrays))
+
+
+def _wait_for_parties(grid: IdentifiedGrid, manifest: FleetJobManifest, parties: int) -> None:
+    wanted = manifest.federation.min_parties or parties
+    end = time.monotonic() + manifest.federation.node_wait_s
+    while True:
+        seen = len(list(grid.get_node_ids()))
+        if seen >= wanted:
+            return
+        if time.monotonic() >= end:
+            excluded = "; ".join(f"node {n}: {why}" for n, why in grid.excluded.items())
+            raise JobError(
+                f"only {seen} of {wanted} stations connected to the SuperLink within "
+                f"{manifest.federation.node_wait_s:.0f}s (is training enabled on them? "
+                f"`fedge edge set-training EDGE --enable`){'; ' + excluded if excluded else ''}"
+            )
+        time.sleep(0.5)
+
+
+def _evaluate_on_stations(
+    grid: Grid, model: ArrayRecord, spec_text: str, timeout_s: float, names: dict[int, str]
+) -> list[PartyEvaluation]:
+    """Every connected station evaluates ``model`` on its held-out images."""
+    nodes = list(grid.get_node_ids())
+    messages = [
+        Message(
+            RecordDict({"arrays": model, "config": ConfigRecord({MODEL_SPEC_KEY: spec_text})}),
+            dst_node_id=node,
+            message_type=MessageType.EVALUATE,
+        )
+        for node in nodes
+    ]
+    replies = {
+        r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout_s)
+    }
+    results = []
+    for node in nodes:
+        name = names.get(node, str(node))
+        reply = replies.get(node)
+        if reply is None:
+            results.append(PartyEvaluation(name, None, 0, f"no reply within {timeout_s:.0f}s"))
+        elif reply.has_error():
+            reason = str(reply.error.reason)
+            log(WARNING, "station %s could not evaluate: %s", name, reason[:300])
+            results.append(PartyEvaluation(name, None, 0, reason[:500]))
+        else:
+            metrics: dict[str, Any] = dict(reply.content.metric_records.get("metrics", {}))
+            results.append(
+                PartyEvaluation(
+                    name, float(metrics.get("eval-acc", 0.0)), int(metrics.get("num-examples", 0))
+                )
+            )
+    return results

@@ -1,0 +1,78 @@
+"""Grids the strategies run on, whatever sits behind them: the common part of Flower's contract.
+
+``LocalGrid`` is its own link (an in-process or benchmark grid holds its Run);
+``WrappedGrid`` stands in front of another grid and changes what the strategy sees.
+"""
+
+from collections.abc import Mapping
+
+from flwr.app import Message, RecordDict
+from flwr.common.constant import SUPERLINK_NODE_ID
+from flwr.serverapp import Grid
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+
+# Node ids fedge shows a strategy: NODE_ID_BASE + the party's index (Flower reserves 0, 1).
+NODE_ID_BASE = 1000
+UserConfig = Mapping[str, bool | int | float | str]
+
+
+class LocalGrid(Grid):
+    """A Grid that is its own link: it holds the Run and builds plain Flower messages.
+
+    The parts of Flower's Grid contract that every such grid does the same way; subclasses
+    say which nodes exist and how messages reach them.
+    """
+
+    def __init__(self, run_id: int = 1, run_config: UserConfig | None = None) -> None:
+        # What Flower's ServerApp runtime sets for the process: messages read it.
+        TaskIdentity.task_id = 1
+        TaskIdentity.run_id = run_id
+        TaskIdentity.node_id = SUPERLINK_NODE_ID
+        self._run = Run.create_empty(run_id)
+        self._run.override_config = dict(run_config or {})
+
+    def set_run(self, run: Run) -> None:
+        self._run = run
+
+    @property
+    def run(self) -> Run:
+        return self._run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
+
+
+class WrappedGrid(Grid):
+    """A Grid in front of another (``inner``): the Run is the inner grid's.
+
+    Subclasses change what the strategy sees (node ids, which messages pass) and forward
+    the rest.
+    """
+
+    def __init__(self, inner: Grid) -> None:
+        self.inner = inner
+
+    def set_run(self, run: Run) -> None:
+        self.inner.set_run(run)
+
+    @property
+    def run(self) -> Run:
+        return self.inner.run
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return Message(content, dst_node_id, message_type, ttl=ttl, group_id=group_id)
