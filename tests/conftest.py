@@ -290,7 +290,11 @@ class FleetHome:
 def make_fleet_home(root: Path, edges: Iterable[str] = EDGES, fleet: str = FLEET) -> FleetHome:
     """An initialised manager home on free ports with ``edges`` enrolled."""
     home = ManagerHome(root / "home")
-    home.init(ManagerSettings(fleet, broker_port=free_port(), grpc_port=free_port()))
+    home.init(
+        ManagerSettings(
+            fleet, broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
+        )
+    )
     fleet_home = FleetHome(root, home)
     for edge in edges:
         fleet_home.enroll(edge)

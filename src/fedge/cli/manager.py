@@ -104,7 +104,9 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
 
     manager_home = ManagerHome(home)
     settings = manager_home.settings()
-    link = SuperLink(manager_home.root / "superlink", "0.0.0.0", settings.superlink_port)
+    link = SuperLink(
+        manager_home.root / "superlink", settings.superlink_host, settings.superlink_port
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())

@@ -1,0 +1,222 @@
+"""The fleet learns: stations train on their own labelled images as Flower parties.
+
+Real processes throughout: Mosquitto (``manager broker``), ``manager serve``, the fleet's
+SuperLink (``manager superlink``), three ``agent run`` processes -- two with training
+enabled in their signed config, so each supervises its own ``flower-supernode`` -- and
+``fedge aggregator run`` on a fleet job manifest, which submits fedge's ServerApp to the
+SuperLink with ``flwr run``. Stations score images through their local HTTP API (which
+keeps them on the station), an operator labels them there, and the job trains on them.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FleetHome, Processes, free_port, make_fleet_home, port_open, wait_until
+from PIL import Image
+
+from fedge.aggregator.checkpoint import load_arrays
+from fedge.aggregator.run_store import RunStore
+from fedge.edge_manager.registry import TrainableSource
+from fedge.models.inspection import export_onnx, new_model
+from fedge.party.dataset import is_holdout
+from fedge.party.families import state_arrays, weights_bytes
+from fedge.protocols.config import TrainingPolicy
+from fedge.protocols.manifest import Preprocess
+from fedge.sim.defects import CLASSES, make_defect_images
+
+pytestmark = pytest.mark.integration
+
+EDGES = ("st-01", "st-02", "st-03")
+TRAINING = ("st-01", "st-02")  # st-03 keeps training disabled
+IMAGES = 20
+WIDTH = 4
+
+
+def publish_trainable(fh: FleetHome, tmp_path: Path) -> None:
+    """inspect:1: a fresh width-4 CNN, its ONNX and its trainable weights."""
+    model = new_model(0, width=WIDTH)
+    onnx = tmp_path / "inspect-1.onnx"
+    export_onnx(model, onnx)
+    weights = tmp_path / "inspect-1.npz"
+    weights.write_bytes(weights_bytes(state_arrays(model)))
+    with fh.fleet() as fleet:
+        fleet.registry.publish(
+            onnx,
+            name="inspect",
+            version=1,
+            classes=CLASSES,
+            positive_classes=("scratch",),
+            preprocess=Preprocess(image_size=32),
+            trainable=TrainableSource(weights, "inspection-cnn", {"width": WIDTH}),
+        )
+
+
+def post(url: str, data: bytes, content_type: str) -> dict[str, Any]:
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": content_type})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        result: dict[str, Any] = json.loads(response.read())
+    return result
+
+
+def score_and_label(port: int, seed: int) -> list[str]:
+    """Score IMAGES generated parts through the station's API and label them truthfully."""
+    images, labels = make_defect_images(IMAGES, seed=seed)
+    ids = []
+    for image, label in zip(images, labels, strict=True):
+        buffer = io.BytesIO()
+        Image.fromarray(image).save(buffer, format="PNG")
+        record = post(f"http://127.0.0.1:{port}/v1/score", buffer.getvalue(), "image/png")
+        body = {"prediction_id": record["prediction_id"], "label": CLASSES[int(label)]}
+        post(f"http://127.0.0.1:{port}/v1/labels", json.dumps(body).encode(), "application/json")
+        ids.append(record["prediction_id"])
+    return ids
+
+
+def write_job(path: Path, rounds: int = 2) -> Path:
+    path.write_text(
+        f"""
+[job]
+name = "fleet-test"
+rounds = {rounds}
+seed = 0
+
+[task]
+model = "inspect:1"
+lr = 0.003
+local_epochs = 2
+batch_size = 8
+
+[strategy]
+kind = "tiered"
+[strategy.params]
+tiers = 2
+
+[federation]
+backend = "fleet"
+fleet = "plant-a"
+edges = "all"
+node_wait_s = 240.0
+round_timeout_s = 300.0
+eval_timeout_s = 240.0
+""",
+        encoding="utf-8",
+    )
+    return path
+
+
+def start_fleet(fh: FleetHome, processes: Processes, tmp_path: Path) -> dict[str, int]:
+    """Broker, serve, SuperLink and the agents; returns each agent's HTTP port."""
+    processes.pidfiles.append(fh.home.root / "broker" / "mosquitto.pid")
+    processes.start("broker", "manager", "broker")
+    wait_until(lambda: port_open(fh.settings.broker_port), 15, "the managed broker to listen")
+    ready = tmp_path / "serve.ready"
+    processes.start("serve", "manager", "serve", "--ready-file", str(ready))
+    processes.start("superlink", "manager", "superlink")
+    wait_until(lambda: port_open(fh.settings.superlink_port), 60, "the SuperLink to listen")
+    ports = {}
+    for edge in EDGES:
+        ports[edge] = free_port()
+        fh.set_agent_option(edge, "http_port", ports[edge])
+        processes.start(edge, "agent", "run", "--config", str(fh.agents[edge]))
+    wait_until(ready.exists, 30, "manager serve to be ready")
+    for edge in EDGES:
+        wait_until(lambda e=edge: fh.edge_row(e).get("state") == "online", 30, f"{edge} online")
+    return ports
+
+
+def test_stations_train_as_federated_parties_and_the_job_publishes(
+    tmp_path: Path, processes: Processes
+) -> None:
+    fh = make_fleet_home(tmp_path, edges=EDGES)
+    processes.env["FEDGE_HOME"] = str(fh.home.root)
+    publish_trainable(fh, tmp_path)
+    try:
+        ports = start_fleet(fh, processes, tmp_path)
+        with fh.fleet() as fleet:
+            fleet.deploy("inspect", 1, list(EDGES))
+            pushed = fleet.set_training(list(TRAINING), TrainingPolicy(enabled=True, threads=1))
+        for edge in EDGES:
+            wait_until(
+                lambda e=edge: fh.edge_row(e).get("serving"), 40, f"{edge} serving inspect:1",
+                expect=lambda s: s == "inspect:1",
+            )  # fmt: skip
+        for p in pushed:
+            wait_until(
+                lambda e=p.edge: fh.edge_row(e).get("config_applied"), 30, f"{p.edge} training on",
+                expect=lambda v, want=p.version: v == want,
+            )  # fmt: skip
+        labelled = {edge: score_and_label(ports[edge], seed=40 + i) for i, edge in enumerate(EDGES)}
+        # The images stay on the station, joined to their labels by prediction id.
+        for edge in EDGES:
+            status = json.loads(urllib.request.urlopen(
+                f"http://127.0.0.1:{ports[edge]}/v1/status", timeout=5).read())  # fmt: skip
+            assert status["station"]["labelled"] == IMAGES, status
+        trains = {edge: sum(not is_holdout(pid, 20) for pid in labelled[edge]) for edge in TRAINING}
+
+        job_dir = tmp_path / "job"
+        result = processes.cli(
+            "aggregator", "run", str(write_job(tmp_path / "job.toml")), "--dir", str(job_dir),
+            timeout_s=600,
+        )  # fmt: skip
+        assert "published inspect:2" in result.stdout, result.stdout
+
+        store = RunStore(job_dir / "runs.db")
+        try:
+            run_id = str(store.runs()[-1]["run_id"])
+            run = store.run(run_id)
+            rounds = store.rounds(run_id)
+            names = store.party_names(run_id)
+            party_rounds = store.party_metrics(run_id)
+            evaluations = store.evaluations(run_id)
+        finally:
+            store.close()
+        assert run is not None and run["state"] == "completed"
+        assert [r["round"] for r in rounds] == [1, 2]
+        assert set(names.values()) == set(TRAINING)  # st-03 is never a party
+        for r in rounds:
+            assert {names[p] for p in r["selected"]} <= set(TRAINING), r
+        # Each party trained on exactly its labelled, not held-out, images.
+        assert party_rounds, "no party reported"
+        for row in party_rounds:
+            edge = names[row["party"]]
+            assert row["metrics"]["num-examples"] == trains[edge], row
+        # Every training station evaluated the starting model and each round's model.
+        by_round: dict[int, set[str]] = {}
+        for e in evaluations:
+            if e["accuracy"] is not None:
+                by_round.setdefault(e["round"], set()).add(e["party"])
+        assert by_round == {0: set(TRAINING), 1: set(TRAINING), 2: set(TRAINING)}, evaluations
+
+        initial = load_arrays(job_dir / "initial.npz")
+        final = load_arrays(job_dir / "final.npz")
+        assert any(not np.array_equal(initial[k], final[k]) for k in initial)
+
+        with fh.fleet() as fleet:
+            published = fleet.registry.get("inspect", 2)
+        lineage = published.manifest.lineage
+        assert lineage.parent_version == 1 and lineage.run_id == run_id
+        assert lineage.data is not None
+        for edge in TRAINING:
+            assert f"{edge}={trains[edge]}" in lineage.data
+        assert published.manifest.trainable is not None
+        assert published.manifest.preprocess == Preprocess(image_size=32)
+        # Every agent is still up; the stations that train run a SuperNode.
+        for edge in EDGES:
+            status = json.loads(urllib.request.urlopen(
+                f"http://127.0.0.1:{ports[edge]}/v1/status", timeout=5).read())  # fmt: skip
+            assert status["training"]["running"] is (edge in TRAINING), status
+    except BaseException:
+        for proc in processes.procs:
+            print(proc.output()[-3000:])
+        for log in sorted(tmp_path.rglob("supernode.log")) + sorted(
+            tmp_path.rglob("superlink.log")
+        ):
+            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+        raise
