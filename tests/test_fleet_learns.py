@@ -18,7 +18,15 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FleetHome, Processes, free_port, make_fleet_home, port_open, wait_until
+from conftest import (
+    FleetHome,
+    Processes,
+    free_port,
+    make_fleet_home,
+    port_open,
+    wait_config_applied,
+    wait_until,
+)
 from PIL import Image
 
 from fedge.aggregator.checkpoint import load_arrays
@@ -127,8 +135,22 @@ def start_fleet(fh: FleetHome, processes: Processes, tmp_path: Path) -> dict[str
         processes.start(edge, "agent", "run", "--config", str(fh.agents[edge]))
     wait_until(ready.exists, 30, "manager serve to be ready")
     for edge in EDGES:
-        wait_until(lambda e=edge: fh.edge_row(e).get("state") == "online", 30, f"{edge} online")
+        wait_online(fh, edge)
     return ports
+
+
+def wait_online(fh: FleetHome, edge: str) -> None:
+    def state() -> object:
+        return fh.edge_row(edge).get("state")
+
+    wait_until(state, 30, f"{edge} online", expect=lambda s: s == "online")
+
+
+def wait_serving(fh: FleetHome, edge: str, ref: str) -> None:
+    def serving() -> object:
+        return fh.edge_row(edge).get("serving")
+
+    wait_until(serving, 40, f"{edge} serving {ref}", expect=lambda s: s == ref)
 
 
 def test_stations_train_as_federated_parties_and_the_job_publishes(
@@ -143,15 +165,9 @@ def test_stations_train_as_federated_parties_and_the_job_publishes(
             fleet.deploy("inspect", 1, list(EDGES))
             pushed = fleet.set_training(list(TRAINING), TrainingPolicy(enabled=True, threads=1))
         for edge in EDGES:
-            wait_until(
-                lambda e=edge: fh.edge_row(e).get("serving"), 40, f"{edge} serving inspect:1",
-                expect=lambda s: s == "inspect:1",
-            )  # fmt: skip
+            wait_serving(fh, edge, "inspect:1")
         for p in pushed:
-            wait_until(
-                lambda e=p.edge: fh.edge_row(e).get("config_applied"), 30, f"{p.edge} training on",
-                expect=lambda v, want=p.version: v == want,
-            )  # fmt: skip
+            wait_config_applied(fh, p.edge, p.version, timeout_s=30)
         labelled = {edge: score_and_label(ports[edge], seed=40 + i) for i, edge in enumerate(EDGES)}
         # The images stay on the station, joined to their labels by prediction id.
         for edge in EDGES:
