@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import signal
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -231,8 +233,108 @@ def test_stations_train_as_federated_parties_and_the_job_publishes(
     except BaseException:
         for proc in processes.procs:
             print(proc.output()[-3000:])
-        for log in sorted(tmp_path.rglob("supernode.log")) + sorted(
-            tmp_path.rglob("superlink.log")
-        ):
-            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+        dump_flower_logs(tmp_path)
+        raise
+
+
+def dump_flower_logs(root: Path) -> None:
+    for log in sorted(root.rglob("supernode.log")) + sorted(root.rglob("superlink.log")):
+        print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_a_killed_agent_and_a_killed_aggregator_lose_no_round(
+    tmp_path: Path, processes: Processes
+) -> None:
+    """SIGKILL a training station mid-round, then the aggregator: the job still ends right.
+
+    The round with the dead station ends by its quorum; the station's SuperNode dies with
+    its agent and comes back with it. The ServerApp (the aggregator) is SIGKILLed after
+    round 2; ``fedge aggregator run`` says so, and ``resume`` continues from the round-2
+    checkpoint: every round recorded once, the job published.
+    """
+    fh = make_fleet_home(tmp_path, edges=EDGES)
+    processes.env["FEDGE_HOME"] = str(fh.home.root)
+    publish_trainable(fh, tmp_path)
+    try:
+        ports = start_fleet(fh, processes, tmp_path)
+        with fh.fleet() as fleet:
+            fleet.deploy("inspect", 1, list(EDGES))
+            pushed = fleet.set_training(list(TRAINING), TrainingPolicy(enabled=True))
+        for edge in EDGES:
+            wait_serving(fh, edge, "inspect:1")
+        for p in pushed:
+            wait_config_applied(fh, p.edge, p.version, timeout_s=30)
+        for i, edge in enumerate(TRAINING):
+            score_and_label(ports[edge], seed=60 + i)
+        manifest = write_job(tmp_path / "job.toml", rounds=3)
+        text = manifest.read_text().replace(
+            'kind = "tiered"\n[strategy.params]\ntiers = 2',
+            'kind = "fedavg"\n[strategy.params]\nquorum_fraction = 0.5',
+        )
+        manifest.write_text(text)
+        job_dir = tmp_path / "job"
+        runner = processes.start(
+            "aggregator", "aggregator", "run", str(manifest), "--dir", str(job_dir)
+        )
+
+        def store_view() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+            store = RunStore(job_dir / "runs.db")
+            try:
+                runs = store.runs()
+                run_id = str(runs[-1]["run_id"]) if runs else ""
+                return store.rounds(run_id), store.evaluations(run_id)
+            finally:
+                store.close()
+
+        # Round 1 starts right after every station evaluated the starting model.
+        wait_until(store_view, 240, "round-0 evaluations", expect=lambda v: len(v[1]) >= 2)
+        victim = next(p for p in processes.procs if p.name == "st-02")
+        supernode_pid = int((fh.data_dir("st-02") / "supernode" / "supernode.pid").read_text())
+        processes.kill(victim)
+        wait_until(lambda: not pid_alive(supernode_pid), 20, "st-02's SuperNode to die with it")
+        rounds, _ = wait_until(store_view, 300, "round 1 to end", expect=lambda v: len(v[0]) >= 1)
+        assert rounds[0]["quorum_met"], rounds[0]
+
+        # The agent comes back, and its SuperNode with it.
+        processes.start("st-02", "agent", "run", "--config", str(fh.agents["st-02"]))
+
+        def st02_training() -> object:
+            url = f"http://127.0.0.1:{ports['st-02']}/v1/status"
+            return json.loads(urllib.request.urlopen(url, timeout=5).read())["training"]
+
+        wait_until(st02_training, 60, "st-02's SuperNode back", expect=lambda t: t["running"])  # type: ignore[index]
+
+        # Kill the aggregator (the ServerApp holds the job lock) once round 2 is recorded.
+        wait_until(store_view, 300, "round 2 to end", expect=lambda v: len(v[0]) >= 2)
+        server_pid = int((job_dir / ".lock").read_text().strip())
+        assert pid_alive(server_pid)
+        os.kill(server_pid, signal.SIGKILL)
+        code = wait_until(
+            runner.popen.poll, 120, "`aggregator run` to notice", expect=lambda c: c is not None
+        )
+        assert code == 1, runner.output()
+        assert "resume" in runner.output()
+
+        result = processes.cli("aggregator", "resume", "--dir", str(job_dir), timeout_s=600)
+        assert "published inspect:2" in result.stdout, result.stdout
+        rounds, evaluations = store_view()
+        assert [r["round"] for r in rounds] == [1, 2, 3]
+        assert {e["round"] for e in evaluations} == {0, 1, 2, 3}
+        # A second resume has nothing to do and publishes nothing twice.
+        again = processes.cli("aggregator", "resume", "--dir", str(job_dir), timeout_s=120)
+        assert "published inspect:2" in again.stdout
+        with fh.fleet() as fleet:
+            assert fleet.registry.latest_version("inspect") == 2
+    except BaseException:
+        for proc in processes.procs:
+            print(proc.output()[-3000:])
+        dump_flower_logs(tmp_path)
         raise
