@@ -483,3 +483,73 @@ def test_rounds_end_by_quorum_and_deadline_with_a_slow_and_a_dead_party(
     assert profiles[SLOW]["timeouts"] == ROUNDS
     assert profiles[KILLED]["timeouts"] >= 1
     print(f"deployment test: {time.monotonic() - started:.1f}s")
+
+
+QUICKSTART_DIR = Path(__file__).resolve().parents[1] / "quickstart_app"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)
+def test_a_quickstart_client_app_runs_unchanged_under_fedge_tiered(
+    flower: Flower, tmp_path: Path
+) -> None:
+    """A ClientApp with only a train handler (no query): tiers come from measured latency.
+
+    fedge's ServerApp asks every node who it is; such an app answers with an error, and
+    the node is shown under its own node id instead of being left out.
+    """
+    run_store = tmp_path / "runs.db"
+    link_port = free_port()
+    flower.start(
+        "superlink", "flower-superlink", "--insecure",
+        "--disable-runtime-dependency-installation", "--database", str(tmp_path / "sl.db"),
+        "--host", "127.0.0.1", "--port", str(link_port),
+    )  # fmt: skip
+    wait_until(lambda: port_open(link_port), 60, "the SuperLink's HTTP port")
+    for partition in (0, 1):
+        flower.start(
+            f"supernode-{partition}", "flower-supernode", "--insecure",
+            "--superlink", f"127.0.0.1:{link_port}", "--port", str(free_port()),
+            "--node-config", f"partition-id={partition} num-partitions=2",
+        )  # fmt: skip
+    cli_home = flower.root / "homes" / "cli"
+    cli_home.mkdir(parents=True)
+    (cli_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+        f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n',
+        encoding="utf-8",
+    )
+    overrides = tmp_path / "run-config.toml"
+    overrides.write_text(
+        f'run-store = {json.dumps(str(run_store))}\nrun-id = "{RUN_ID}"\nmin-nodes = 2\n',
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [str(BIN / "flwr"), "run", str(QUICKSTART_DIR), CONNECTION,
+         "--run-config", str(overrides), "--format", "json"],
+        capture_output=True, text=True, env={**flower.env, "FLWR_HOME": str(cli_home)},
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"flwr run failed:\n{result.stdout}\n{result.stderr}"
+    try:
+        run, rounds = wait_until(
+            lambda: store_view(run_store), 300, "the run to end",
+            expect=lambda v: v[0] is not None and v[0]["state"] in ("completed", "failed"),
+        )  # fmt: skip
+    except BaseException:
+        print(flower.logs())
+        raise
+    assert run is not None and run["state"] == "completed", f"{run}\n{flower.logs()}"
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert len(r["on_time"]) >= 1 and not r["failed"], r
+        assert r["eval_metrics"]["accuracy"] > 0.1, r
+    store = RunStore(run_store)
+    try:
+        profiles = store.profiles(RUN_ID)
+    finally:
+        store.close()
+    # Both nodes, under Flower's own node ids, profiled from their measured latency and tiered.
+    assert len(profiles) == 2 and all(p["count"] >= 1 and p["mean_s"] > 0 for p in profiles)
+    assert {p["tier"] for p in profiles} <= {0, 1} and None not in {p["tier"] for p in profiles}
+    assert rounds[1]["tier"] in (0, 1)

@@ -178,3 +178,18 @@ def test_the_store_survives_reopening(tmp_path: Path) -> None:
         assert run_row(again, "job")["last_round"] == 1
     finally:
         again.close()
+
+
+def test_flower_node_ids_past_two_to_the_63_are_stored_and_read_back(store: RunStore) -> None:
+    """Flower's node ids are unsigned 64-bit; SQLite's integers are signed."""
+    store.create_run("job", "{}", RunState.RUNNING)
+    big, small = 17011983346042029610, 2265764407315205782
+    profiles = {big: LatencyProfile(1.0, 1, 1.0), small: LatencyProfile(2.0, 1, 2.0)}
+    store.save_profiles("job", profiles, Tiers(members=((big,), (small,)), dropouts=()))
+    assert [(r["party"], r["tier"]) for r in store.profiles("job")] == [(small, 1), (big, 0)]
+    store.name_parties("job", {big: "st-01"})
+    assert store.party_names("job") == {big: "st-01"}
+    store.record_party_metrics("job", 1, {big: {"num-examples": 3.0}})
+    assert store.party_metrics("job") == [
+        {"round": 1, "party": big, "metrics": {"num-examples": 3.0}}
+    ]

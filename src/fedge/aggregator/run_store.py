@@ -48,6 +48,20 @@ CREATE TABLE IF NOT EXISTS evaluations (
 """
 
 
+_U64 = 2**64
+_I64_MAX = 2**63 - 1
+
+
+def _party_in(party: int) -> int:
+    """A party id as SQLite stores it: Flower's node ids are unsigned 64-bit, SQLite's
+    integers signed, so ids past 2^63 are stored in two's complement (lossless)."""
+    return party - _U64 if party > _I64_MAX else party
+
+
+def _party_out(value: int) -> int:
+    return value + _U64 if value < 0 else value
+
+
 @dataclass(frozen=True)
 class PartyEvaluation:
     """One party's evaluation of a round's global model on its own held-out data."""
@@ -171,7 +185,7 @@ class RunStore:
                 [
                     (
                         run_id,
-                        party,
+                        _party_in(party),
                         p.mean_s,
                         p.count,
                         p.last_s,
@@ -183,9 +197,10 @@ class RunStore:
             )
 
     def profiles(self, run_id: str) -> list[dict[str, Any]]:
-        return list(
-            self.db.query("SELECT * FROM profiles WHERE run_id=? ORDER BY party", (run_id,))
-        )
+        rows = list(self.db.query("SELECT * FROM profiles WHERE run_id=?", (run_id,)))
+        for row in rows:
+            row["party"] = _party_out(int(row["party"]))
+        return sorted(rows, key=lambda row: int(row["party"]))
 
     # -- parties by name, and their own evaluations (fleet jobs)
 
@@ -195,14 +210,14 @@ class RunStore:
             self.conn.execute("BEGIN IMMEDIATE")
             self.conn.executemany(
                 "INSERT OR REPLACE INTO parties VALUES (?,?,?)",
-                [(run_id, party, name) for party, name in names.items()],
+                [(run_id, _party_in(party), name) for party, name in names.items()],
             )
 
     def party_names(self, run_id: str) -> dict[int, str]:
         rows = self.conn.execute(
             "SELECT party, name FROM parties WHERE run_id=?", (run_id,)
         ).fetchall()
-        return {int(party): str(name) for party, name in rows}
+        return {_party_out(int(party)): str(name) for party, name in rows}
 
     def record_party_metrics(
         self, run_id: str, server_round: int, metrics: dict[int, dict[str, float]]
@@ -212,7 +227,7 @@ class RunStore:
             self.conn.execute("BEGIN IMMEDIATE")
             self.conn.executemany(
                 "INSERT OR REPLACE INTO party_rounds VALUES (?,?,?,?)",
-                [(run_id, server_round, p, json.dumps(m)) for p, m in metrics.items()],
+                [(run_id, server_round, _party_in(p), json.dumps(m)) for p, m in metrics.items()],
             )
 
     def party_metrics(self, run_id: str) -> list[dict[str, Any]]:
@@ -220,7 +235,9 @@ class RunStore:
             "SELECT round, party, metrics FROM party_rounds WHERE run_id=? ORDER BY round, party",
             (run_id,),
         ).fetchall()
-        return [{"round": r, "party": p, "metrics": json.loads(m)} for r, p, m in rows]
+        return [
+            {"round": r, "party": _party_out(int(p)), "metrics": json.loads(m)} for r, p, m in rows
+        ]
 
     def record_evaluation(
         self, run_id: str, server_round: int, results: list[PartyEvaluation]

@@ -44,6 +44,7 @@ store names parties the same way in deployment and in simulation.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 from collections.abc import Mapping
@@ -211,13 +212,16 @@ def run_server(grid: Grid, context: Context) -> None:
                 train_config=train_config(scenario, extra),
                 evaluate_fn=evaluator(scenario, data, arch=arch),
             )
+            tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
+            store.save_profiles(run_id, strategy.profiles, tiers)
         except BaseException as exc:
+            # Whatever fails, the run says so: a run left "running" would be waited on.
             store.set_state(run_id, RunState.FAILED, f"{type(exc).__name__}: {exc}")
-            raise
-        finally:
             if strategy is not None:
-                tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
-                store.save_profiles(run_id, strategy.profiles, tiers)
+                with contextlib.suppress(Exception):
+                    tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
+                    store.save_profiles(run_id, strategy.profiles, tiers)
+            raise
         store.set_state(run_id, RunState.COMPLETED)
         log(INFO, "run %s completed: %d rounds recorded in %s", run_id, rounds, settings.run_store)
     finally:

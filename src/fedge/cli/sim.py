@@ -11,9 +11,6 @@ from rich.table import Table
 
 from fedge.bench.machine import machine_info
 from fedge.cli.common import console, friendly_errors
-from fedge.sim.report import write_report
-from fedge.sim.runner import compare
-from fedge.sim.scenario import load_scenario
 
 
 @friendly_errors
@@ -32,6 +29,12 @@ def sim(
 
     Example: fedge sim --scenario tifl-digits --strategies fedavg,tiered --seeds 5 --json out.json
     """
+    # Imported here, not at start-up: the simulator needs torch and Flower, which an
+    # inference-only station (`pip install 'fedge[agent]'`) does not have.
+    from fedge.sim.report import write_report
+    from fedge.sim.runner import compare
+    from fedge.sim.scenario import load_scenario
+
     logging.getLogger("flwr").setLevel(logging.WARNING)
     loaded = load_scenario(scenario)
     if rounds is not None:

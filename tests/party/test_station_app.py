@@ -1,0 +1,122 @@
+"""The station's trainer on real kept images: counts, skips, failures, and no skew."""
+
+import io
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from flwr.app import ArrayRecord, ConfigRecord
+from PIL import Image
+
+from fedge.edge_agent.images import decode_for
+from fedge.models.inspection import new_model
+from fedge.party import families, trainer
+from fedge.party.dataset import Retention, StationData
+from fedge.party.errors import FamilyError, PartyError
+from fedge.party.station_app import ModelSpec, Station, evaluate_round, train_round
+from fedge.protocols.manifest import Preprocess
+from fedge.sim.defects import CLASSES, make_defect_images
+
+SPEC = ModelSpec("inspection-cnn", {"width": 4}, CLASSES, Preprocess(image_size=32))
+
+
+def png(image: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def station_with(tmp_path: Path, n: int, *, corrupt: int = 0, odd_labels: int = 0) -> Station:
+    data = StationData(tmp_path, Retention(holdout_percent=25))
+    images, labels = make_defect_images(n, seed=5)
+    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+        pid = f"p-{index:04d}"
+        data.keep(pid, png(image), ".png", at=time.time() + index)
+        name = "dent" if index < odd_labels else CLASSES[int(label)]
+        data.label(pid, name, at=float(index))
+    for item in data.labelled()[odd_labels : odd_labels + corrupt]:
+        item.path.write_bytes(b"not an image any more")
+    data.close()
+    return Station("st-01", tmp_path, 25, 1, 60.0)
+
+
+def arrays() -> ArrayRecord:
+    return ArrayRecord(new_model(0, width=4).state_dict())
+
+
+def test_a_round_trains_on_exactly_the_labelled_training_images(tmp_path: Path) -> None:
+    station = station_with(tmp_path, 40)
+    items = station.data().labelled()
+    train_items = [i for i in items if not i.holdout]
+    config = ConfigRecord({"lr": 0.01, "local-epochs": 2, "batch-size": 8, "server-round": 1})
+    new, metrics = train_round(station, SPEC, arrays(), config)
+    assert metrics["num-examples"] == len(train_items)
+    assert metrics["holdout-examples"] == len(items) - len(train_items) > 0
+    assert metrics["skipped-unreadable"] == metrics["skipped-unknown-label"] == 0
+    assert 0.0 <= metrics["local-acc"] <= 1.0 and 0.0 <= metrics["holdout-acc-after"] <= 1.0
+    before = arrays()
+    assert any(not np.array_equal(new[k].numpy(), before[k].numpy()) for k in new)
+    evaluated = evaluate_round(station, SPEC, new)
+    assert evaluated["num-examples"] == metrics["holdout-examples"]
+    assert evaluated["eval-acc"] == pytest.approx(metrics["holdout-acc-after"])
+
+
+def test_corrupt_files_and_unknown_labels_are_skipped_and_counted(tmp_path: Path) -> None:
+    station = station_with(tmp_path, 30, corrupt=3, odd_labels=2)
+    _, metrics = train_round(station, SPEC, arrays(), ConfigRecord({"local-epochs": 1}))
+    assert metrics["skipped-unreadable"] == 3
+    assert metrics["skipped-unknown-label"] == 2
+    total = metrics["num-examples"] + metrics["holdout-examples"]
+    assert total == 30 - 5
+
+
+def test_nothing_to_train_on_is_a_clear_error(tmp_path: Path) -> None:
+    empty = Station("st-09", tmp_path, 20, 1, 60.0)
+    with pytest.raises(PartyError, match="kept no images"):
+        train_round(empty, SPEC, arrays(), ConfigRecord())
+    StationData(tmp_path).close()  # a store, but nothing labelled
+    with pytest.raises(PartyError, match="no usable labelled training images"):
+        train_round(empty, SPEC, arrays(), ConfigRecord())
+
+
+def test_a_family_the_station_cannot_build_or_weights_that_do_not_fit(tmp_path: Path) -> None:
+    station = station_with(tmp_path, 12)
+    unknown = ModelSpec("resnet-9000", {}, CLASSES, Preprocess(image_size=32))
+    with pytest.raises(FamilyError, match="resnet-9000"):
+        train_round(station, unknown, arrays(), ConfigRecord())
+    wider = ModelSpec("inspection-cnn", {"width": 8}, CLASSES, Preprocess(image_size=32))
+    with pytest.raises(FamilyError, match="do not fit"):
+        train_round(station, wider, arrays(), ConfigRecord())
+    with pytest.raises(PartyError, match="model-spec"):
+        ModelSpec.from_json('{"family": "x"}')
+    assert ModelSpec.from_json(SPEC.to_json()) == SPEC
+
+
+def test_the_agent_and_the_trainer_prepare_the_same_tensor_from_the_same_file(
+    tmp_path: Path,
+) -> None:
+    image = (np.random.default_rng(1).random((48, 40)) * 255).astype(np.uint8)
+    path = tmp_path / "part.png"
+    path.write_bytes(png(image))
+    spec = Preprocess(image_size=32)
+    served = decode_for(path.read_bytes(), spec)
+    from fedge.party.dataset import LabelledImage
+
+    trained = trainer.load_examples([LabelledImage("p-1", path, "clean", False)], CLASSES, spec)
+    assert served.shape == (1, 32, 32)
+    np.testing.assert_array_equal(trained.x[0], served)
+
+
+def test_weights_round_trip_and_the_digits_family_builds() -> None:
+    model = families.build("inspection-cnn", {"width": 4}, 2)
+    data = families.weights_bytes(families.state_arrays(model))
+    restored = families.weights_from_bytes(data)
+    other = families.build("inspection-cnn", {"width": 4}, 2, seed=9)
+    families.load_state_arrays(other, restored)
+    for key, value in families.state_arrays(other).items():
+        np.testing.assert_array_equal(value, restored[key])
+    digits = families.build("digits-mlp", {"hidden": 16}, 10)
+    assert sum(p.numel() for p in digits.parameters()) == 64 * 16 + 16 + 16 * 10 + 10
+    with pytest.raises(FamilyError, match="not a readable"):
+        families.weights_from_bytes(b"nope")
