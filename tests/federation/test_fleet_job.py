@@ -93,7 +93,7 @@ def test_fleet_manifests_name_the_bad_field() -> None:
     assert parse_fleet_manifest(good).federation.edges == "all"
     with pytest.raises(ManifestError, match="distill"):
         parse_fleet_manifest(good.replace('"fedavg"', '"distill"'))
-    with pytest.raises(ManifestError, match="federation.edges"):
+    with pytest.raises(ManifestError, match=r"federation\.edges"):
         parse_fleet_manifest(good.replace('edges = "all"', "edges = []"))
     with pytest.raises(ManifestError, match="names an edge twice"):
         parse_fleet_manifest(good.replace('edges = "all"', 'edges = ["a", "a"]'))
