@@ -35,17 +35,28 @@ _SCRATCH_CONTRAST = (0.08, 0.45)
 _SCRATCH_WIDTH = (0.45, 1.0)  # Gaussian sigma in pixels: "thin" means about 1-2 px wide
 _SCRATCH_LENGTH = (0.25, 0.8)  # fraction of the image side
 _SECOND_SCRATCH_PROBABILITY = 0.3
+_DENT_SIGMA = (2.5, 4.0)  # pixels: far broader than any scratch
+_DENT_CONTRAST = (0.08, 0.2)
 
 
 def make_defect_images(
-    n: int, *, size: int = 32, seed: int, scratch_fraction: float = 0.5
+    n: int,
+    *,
+    size: int = 32,
+    seed: int,
+    scratch_fraction: float = 0.5,
+    dent_fraction: float = 0.0,
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """Generate ``n`` grayscale inspection images and their labels.
 
     Returns ``(images, labels)``: ``images`` is uint8 of shape ``(n, size, size)`` and
     ``labels`` int64 of shape ``(n,)`` with 0 = clean and 1 = scratch (see ``CLASSES``).
-    Exactly ``round(n * scratch_fraction)`` images carry a scratch, in shuffled order.
-    The result depends only on the arguments: the same seed gives the same bytes.
+    Exactly ``round(n * scratch_fraction)`` images carry a defect, in shuffled order.
+    ``dent_fraction`` of the defective images carry a *dent* instead of a scratch: a
+    broad, shallow bright or dark blob (a defect shape the scratch data never shows, as
+    a station with another press or fixture sees it); they are labelled as defects (1).
+    The result depends only on the arguments: the same seed gives the same bytes, and
+    ``dent_fraction = 0`` gives the bytes this function always gave.
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -61,7 +72,14 @@ def make_defect_images(
     labels = rng.permutation(labels)
 
     surface = _brushed_metal(rng, n, size)
-    surface += _scratches(rng, labels, size)
+    dented = np.zeros(n, dtype=bool)
+    if dent_fraction > 0:
+        if not 0.0 <= dent_fraction <= 1.0:
+            raise ValueError(f"dent_fraction must be in [0, 1], got {dent_fraction}")
+        dented = (labels == 1) & (rng.random(size=n) < dent_fraction)
+    surface += _scratches(rng, np.where(dented, 0, labels), size)
+    if dent_fraction > 0:
+        surface += _dents(rng, dented, size)
     # Sensor noise goes on last so it also masks the faint scratches, as a camera would.
     noise_sigma = rng.uniform(*_SENSOR_NOISE, size=(n, 1, 1))
     surface += rng.normal(size=(n, size, size)) * noise_sigma
@@ -113,6 +131,23 @@ def _brushed_metal(rng: np.random.Generator, n: int, size: int) -> npt.NDArray[n
 
     result: npt.NDArray[np.float64] = base + gradient + hotspot + streaks
     return result
+
+
+def _dents(
+    rng: np.random.Generator, dented: npt.NDArray[np.bool_], size: int
+) -> npt.NDArray[np.float64]:
+    """Additive dent layer: one broad Gaussian blob (sigma 2.5-4 px) where ``dented``."""
+    n = dented.shape[0]
+    coords = np.arange(size, dtype=np.float64)
+    ys, xs = np.meshgrid(coords, coords, indexing="ij")
+    center = rng.uniform(0.25 * size, 0.75 * size, size=(n, 2, 1, 1))
+    sigma = rng.uniform(*_DENT_SIGMA, size=(n, 1, 1))
+    contrast = rng.uniform(*_DENT_CONTRAST, size=(n, 1, 1))
+    sign = np.where(rng.random(size=(n, 1, 1)) < 0.5, -1.0, 1.0)
+    d2 = (xs - center[:, 0]) ** 2 + (ys - center[:, 1]) ** 2
+    blob = sign * contrast * np.exp(-d2 / (2.0 * sigma**2))
+    layer: npt.NDArray[np.float64] = blob * dented[:, None, None]
+    return layer
 
 
 def _scratches(

@@ -27,11 +27,14 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from fedge.aggregator.superlink import SuperLink
+from fedge.demo.learning import Learning, plot, report_lines, run_learning
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import Registry
+from fedge.edge_manager.registry import Registry, TrainableSource
 from fedge.edge_manager.store import Store
+from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.sim.processes import FedgeProcess
 from fedge.transport.broker import free_port
@@ -48,6 +51,7 @@ MODEL = "inspect"
 TRAIN_SEED, HELD_OUT_SEED, PROXY_SEED = 1, 2, 3
 SCORE_SEEDS = {1: 7, 2: 8}  # model version -> the batch the stations score while serving it
 TRAIN_IMAGES, HELD_OUT_IMAGES = 3000, 2000
+IMAGE_SIZE = 32
 SCORING_TIMEOUT_S = 120.0
 console = Console()
 
@@ -56,6 +60,7 @@ console = Console()
 class TrainedTeacher:
     model: nn.Module
     onnx_path: Path
+    weights_path: Path
     accuracy: float
     held_out: tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]
 
@@ -70,6 +75,7 @@ class FleetRun:
     distill_s: float = 0.0
     student: StudentReport | None = None
     truth: dict[str, str] = dataclasses.field(default_factory=dict)
+    learning: Learning | None = None
 
 
 def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
@@ -83,6 +89,7 @@ def _wait(predicate: Callable[[], bool], timeout_s: float, what: str) -> float:
 
 def _train_teacher(out: Path) -> TrainedTeacher:
     from fedge.models.inspection import cpu_threads, evaluate, export_onnx, train_inspection_model
+    from fedge.party.families import state_arrays, weights_bytes
 
     images, labels = make_defect_images(TRAIN_IMAGES, seed=TRAIN_SEED)
     held_out = make_defect_images(HELD_OUT_IMAGES, seed=HELD_OUT_SEED)
@@ -93,7 +100,9 @@ def _train_teacher(out: Path) -> TrainedTeacher:
         accuracy = evaluate(model, *held_out)
     path = out / "inspect-v1.onnx"
     export_onnx(model, path)
-    return TrainedTeacher(model, path, accuracy, held_out)
+    weights = out / "inspect-v1.npz"
+    weights.write_bytes(weights_bytes(state_arrays(model)))
+    return TrainedTeacher(model, path, weights, accuracy, held_out)
 
 
 def run_demo(out: Path) -> int:
@@ -102,16 +111,22 @@ def run_demo(out: Path) -> int:
         shutil.rmtree(out)
     out.mkdir(parents=True)
     home = ManagerHome(out / "manager")
-    home.init(ManagerSettings("plant-a", broker_port=free_port(), grpc_port=free_port()))
+    home.init(
+        ManagerSettings(
+            "plant-a", broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
+        )
+    )
     store = Store(home.db_path)
     key = home.signing_key()
     fleet = Fleet(store, "plant-a", key, Registry(store, home.artifacts, key), "")
     fleet.grpc_target = home.settings().grpc_target
-    configs = {}
+    configs, ports = {}, {}
     for edge in EDGES:
         path = out / edge / "agent.toml"
         path.parent.mkdir(parents=True)
-        path.write_text(enroll(home, fleet, edge, out / edge / "data"))
+        ports[edge] = free_port()  # the station's local API (scoring, labels) on 127.0.0.1
+        text = enroll(home, fleet, edge, out / edge / "data")
+        path.write_text(text.replace("http_port = 0", f"http_port = {ports[edge]}"))
         path.chmod(0o600)
         configs[edge] = path
 
@@ -123,12 +138,21 @@ def run_demo(out: Path) -> int:
         f"exported {teacher.onnx_path.name}"
     )
     published = fleet.registry.publish(
-        teacher.onnx_path, name=MODEL, version=1, classes=CLASSES, positive_classes=("scratch",)
+        teacher.onnx_path,
+        name=MODEL,
+        version=1,
+        classes=CLASSES,
+        positive_classes=("scratch",),
+        # Trainable: the fleet's federated job starts from these weights.
+        preprocess=Preprocess(image_size=IMAGE_SIZE),
+        trainable=TrainableSource(teacher.weights_path, "inspection-cnn", {"width": 16}),
     )
     console.print(f"published {published.manifest.ref} (sha256 {published.manifest.sha256[:12]}…)")
 
     broker = managed_broker(home)
     broker.start()
+    superlink = SuperLink(home.root / "superlink", "127.0.0.1", home.settings().superlink_port)
+    superlink.start()
     env = {"FEDGE_HOME": str(home.root)}
     processes = [FedgeProcess(["manager", "serve"], out / "logs" / "manager.log", env).start()]
     processes += [
@@ -138,10 +162,15 @@ def run_demo(out: Path) -> int:
         for e in EDGES
     ]
     try:
-        status = _fleet_flow(out, fleet, store, FleetRun(teacher))
+        run = FleetRun(teacher)
+        status = _fleet_flow(out, fleet, store, run)
+        if status == 0:
+            run.learning = run_learning(out, home, fleet, store, ports, console, _wait)
+            _report(out, fleet, store, run)
     finally:
         for process in processes:
             process.stop()
+        superlink.stop()
         broker.stop()
     return status or _federated_rounds(out)
 
@@ -224,7 +253,7 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
         f"{run.deploy_s[student_ref]:.2f}s"
     )
     run.truth.update(_score_and_label(out, fleet, store, version=2))
-    return _report(out, fleet, store, run)
+    return 0
 
 
 def _distill_and_publish(out: Path, fleet: Fleet, run: FleetRun) -> str:
@@ -446,13 +475,20 @@ def _report(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
                 "",
                 "![scores](demo.png)",
                 "",
+                *([] if run.learning is None else report_lines(run.learning)),
             ]
         )
     )
     student_summary = dataclasses.asdict(student)
     student_summary["onnx_path"] = str(student.onnx_path)
     student_summary["compression"] = student.compression
+    learning = None
+    if run.learning is not None:
+        plot(run.learning, out / "fleet-learning.png")
+        learning = dataclasses.asdict(run.learning)
+        learning["job_dir"] = str(run.learning.job_dir)
     summary = {
+        "learning": learning,
         "edges": edges,
         "models": models,
         "push_s": run.push_s,
@@ -472,14 +508,18 @@ def _plot(path: Path, store: Store, truth: dict[str, str]) -> None:
     import matplotlib.pyplot as plt
 
     rows = store.query("SELECT edge, model, scores, threshold, source FROM predictions")
-    models = sorted({r["model"] for r in rows})
+    models = sorted({r["model"] for r in rows if r["source"] in truth})
     fig, axes = plt.subplots(
         len(models), len(EDGES), figsize=(4 * len(EDGES), 3.2 * len(models)), sharey=True,
         squeeze=False,
     )  # fmt: skip
     for model, model_axes in zip(models, axes, strict=True):
         for ax, edge in zip(model_axes, EDGES, strict=True):
-            mine = [r for r in rows if r["edge"] == edge and r["model"] == model]
+            mine = [
+                r
+                for r in rows
+                if r["edge"] == edge and r["model"] == model and r["source"] in truth
+            ]
             for cls, colour in (("clean", "tab:green"), ("scratch", "tab:red")):
                 scores = [
                     json.loads(r["scores"])["scratch"] for r in mine if truth[r["source"]] == cls

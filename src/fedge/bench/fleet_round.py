@@ -1,0 +1,335 @@
+"""``fedge bench fleet-round``: federated rounds run by fedge's agents vs plain Flower.
+
+One machine, one SuperLink, the same stations' data, the same ClientApp work:
+
+1. **fedge**: a manager, its broker, ``--agents`` agent processes. Every station scores
+   and labels ``--images`` generated parts (most of its defects dents, a shape the
+   starting model never saw) through its local API; training is switched on in each
+   station's signed config, so each agent supervises a SuperNode; a fleet job
+   (FedAvg, every station every round) runs ``--rounds`` rounds.
+2. **plain Flower**: training is switched off again (the agents stop their SuperNodes),
+   plain ``flower-supernode`` processes are started on the same stations' data
+   directories, and Flower's own ``FedAvg.start`` runs the same rounds with a plain
+   ClientApp doing the same training and evaluation
+   (:mod:`fedge.bench.fleet_round_apps`).
+
+Both sides train and then evaluate on every station every round. ``seconds_per_round``
+is (end of the last round - start of round 1) / rounds on each side; ``ratio`` is
+fedge / Flower. ``accuracy_before``/``accuracy_after`` are the stations' accuracy on
+their own held-out images (weighted by their size) for the starting model and after the
+last fedge round, as the stations measured it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.superlink import SuperLink
+from fedge.bench import Progress, no_progress
+from fedge.bench.machine import machine_info
+from fedge.bench.testbed import BenchError, wait_until
+from fedge.demo.learning import score_at_station
+from fedge.edge_manager.enrollment import enroll, managed_broker
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.home import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry import Registry, TrainableSource
+from fedge.edge_manager.store import Store
+from fedge.federation import fleet_job
+from fedge.protocols.config import TrainingPolicy
+from fedge.protocols.manifest import Preprocess
+from fedge.sim.defects import CLASSES, make_defect_images
+from fedge.sim.processes import FedgeProcess
+from fedge.transport.broker import free_port
+
+FLEET = "bench"
+DENT_FRACTION = 0.8
+LR, LOCAL_EPOCHS, BATCH = 0.003, 5, 16
+JOB = """[job]
+name = "fleet-round"
+rounds = {rounds}
+[task]
+model = "inspect:1"
+lr = {lr}
+local_epochs = {epochs}
+batch_size = {batch}
+[strategy]
+kind = "fedavg"
+[federation]
+backend = "fleet"
+fleet = "{fleet}"
+edges = "all"
+node_wait_s = 300.0
+round_timeout_s = 900.0
+eval_timeout_s = 600.0
+"""
+
+
+def run_fleet_round(
+    agents: int = 3, rounds: int = 3, images: int = 200, progress: Progress = no_progress
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fedge-fleet-round-") as tmp:
+        return _run(Path(tmp), agents, rounds, images, progress)
+
+
+def _run(root: Path, agents: int, rounds: int, images: int, progress: Progress) -> dict[str, Any]:
+    home = ManagerHome(root / "home")
+    home.init(
+        ManagerSettings(
+            FLEET, broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
+        )
+    )
+    store = Store(home.db_path)
+    key = home.signing_key()
+    fleet = Fleet(
+        store, FLEET, key, Registry(store, home.artifacts, key), home.settings().grpc_target
+    )
+    edges = [f"st-{i + 1:02d}" for i in range(agents)]
+    ports = {edge: free_port() for edge in edges}
+    for edge in edges:
+        text = enroll(home, fleet, edge, root / edge / "data")
+        path = root / edge / "agent.toml"
+        path.parent.mkdir(parents=True)
+        path.write_text(text.replace("http_port = 0", f"http_port = {ports[edge]}"))
+    progress("training the starting model centrally")
+    _publish_start_model(root, fleet)
+
+    broker = managed_broker(home)
+    superlink = SuperLink(home.root / "superlink", "127.0.0.1", home.settings().superlink_port)
+    env = {"FEDGE_HOME": str(home.root)}
+    processes: list[FedgeProcess] = []
+    peers: list[subprocess.Popen[bytes]] = []
+    try:
+        broker.start()
+        superlink.start()
+        processes.append(
+            FedgeProcess(["manager", "serve"], root / "logs" / "serve.log", env).start()
+        )
+        for edge in edges:
+            args = ["agent", "run", "--config", str(root / edge / "agent.toml")]
+            processes.append(FedgeProcess(args, root / "logs" / f"{edge}.log").start())
+        fleet.deploy("inspect", 1, edges)
+        wait_until(lambda: _all(store, edges, "serving", "inspect:1"), 120, "inspect:1 served")
+        progress("stations score and label their parts")
+        for index, edge in enumerate(edges):
+            parts, labels = make_defect_images(
+                images, seed=500 + index, dent_fraction=DENT_FRACTION
+            )
+            score_at_station(ports[edge], parts, labels, label=True)
+
+        progress(f"fedge: {rounds} rounds on the agents' SuperNodes")
+        _set_training(fleet, store, edges, enabled=True)
+        job_dir = root / "job"
+        manifest = root / "job.toml"
+        manifest.write_text(
+            JOB.format(rounds=rounds, lr=LR, epochs=LOCAL_EPOCHS, batch=BATCH, fleet=FLEET)
+        )
+        fleet_job.prepare(manifest, job_dir, home)
+        fleet_job.submit(job_dir, home.settings().superlink_address)
+        ended = fleet_job.wait(job_dir, timeout_s=3600)
+        if ended.state.value != "completed":
+            raise BenchError(f"the fleet job ended {ended.state.value}: {ended.error}")
+        fedge_side = _fedge_figures(job_dir, rounds)
+
+        progress(f"plain Flower: {rounds} rounds on plain SuperNodes")
+        _set_training(fleet, store, edges, enabled=False)
+        wait_until(
+            lambda: all(_supernode_stopped(root, e) for e in edges), 60, "the SuperNodes to stop"
+        )
+        peers = [_plain_supernode(root, edge, home.settings().superlink_address) for edge in edges]
+        flower_side = _run_plain(root, job_dir, rounds, agents, home.settings().superlink_address)
+    finally:
+        for peer in peers:
+            peer.kill()
+            peer.wait()
+        for process in processes:
+            process.stop()
+        superlink.stop()
+        broker.stop()
+        store.close()
+    ratio = fedge_side["seconds_per_round"] / flower_side["seconds_per_round"]
+    return {
+        "benchmark": "fleet-round",
+        "machine": machine_info(),
+        "agents": agents,
+        "rounds": rounds,
+        "images_per_station": images,
+        "seconds_per_round": fedge_side["seconds_per_round"],
+        "flower_seconds_per_round": flower_side["seconds_per_round"],
+        "ratio": ratio,
+        "accuracy_before": fedge_side["accuracy_before"],
+        "accuracy_after": fedge_side["accuracy_after"],
+        "flower_accuracy_after": flower_side["accuracy_after"],
+        "per_station": fedge_side["per_station"],
+        "method": (
+            "same SuperLink, same stations' kept images, same ClientApp work (train_round, "
+            "evaluate_round); fedge: agents' supervised SuperNodes + fedge ServerApp (fedavg, "
+            "run store, checkpoints); peer: plain flower-supernode + Flower FedAvg.start; "
+            "seconds_per_round = (end of last round - start of round 1) / rounds"
+        ),
+    }
+
+
+def _publish_start_model(root: Path, fleet: Fleet) -> None:
+    from fedge.models.inspection import cpu_threads, export_onnx, train_inspection_model
+    from fedge.party.families import state_arrays, weights_bytes
+
+    parts, labels = make_defect_images(1500, seed=1)
+    with cpu_threads(1):
+        model = train_inspection_model(parts, labels, epochs=4, seed=0, device="cpu")
+    export_onnx(model, root / "inspect-1.onnx")
+    (root / "inspect-1.npz").write_bytes(weights_bytes(state_arrays(model)))
+    fleet.registry.publish(
+        root / "inspect-1.onnx",
+        name="inspect",
+        version=1,
+        classes=CLASSES,
+        positive_classes=("scratch",),
+        preprocess=Preprocess(image_size=32),
+        trainable=TrainableSource(root / "inspect-1.npz", "inspection-cnn", {"width": 16}),
+    )
+
+
+def _all(store: Store, edges: list[str], column: str, value: object) -> bool:
+    return all(
+        (store.one(f"SELECT {column} FROM edges WHERE edge=?", (e,)) or {}).get(column) == value
+        for e in edges
+    )
+
+
+def _set_training(fleet: Fleet, store: Store, edges: list[str], *, enabled: bool) -> None:
+    pushed = fleet.set_training(edges, TrainingPolicy(enabled=enabled))
+    for p in pushed:
+
+        def applied(edge: str = p.edge, version: int = p.version) -> bool:
+            row = store.one("SELECT config_applied FROM edges WHERE edge=?", (edge,)) or {}
+            return bool(row.get("config_applied") == version)
+
+        wait_until(applied, 60, f"config v{p.version} on {p.edge}")
+
+
+def _supernode_stopped(root: Path, edge: str) -> bool:
+    return not (root / edge / "data" / "supernode" / "supernode.pid").exists()
+
+
+def _fedge_figures(job_dir: Path, rounds: int) -> dict[str, Any]:
+    store = RunStore(job_dir / "runs.db")
+    try:
+        run_id = str(store.runs()[-1]["run_id"])
+        recorded = store.rounds(run_id)
+        evaluations = store.evaluations(run_id)
+        started = float(
+            store.conn.execute(
+                "SELECT max(recorded_at) FROM evaluations WHERE run_id=? AND round=0", (run_id,)
+            ).fetchone()[0]
+        )
+    finally:
+        store.close()
+    seconds = (float(recorded[-1]["recorded_at"]) - started) / rounds
+    per_station: dict[str, dict[str, float]] = {}
+    for row in evaluations:
+        if row["accuracy"] is not None:
+            per_station.setdefault(row["party"], {})[str(row["round"])] = float(row["accuracy"])
+    return {
+        "seconds_per_round": seconds,
+        "accuracy_before": _weighted(evaluations, 0),
+        "accuracy_after": _weighted(evaluations, rounds),
+        "per_station": per_station,
+    }
+
+
+def _weighted(evaluations: list[dict[str, Any]], server_round: int) -> float | None:
+    rows = [e for e in evaluations if e["round"] == server_round and e["accuracy"] is not None]
+    total = sum(int(e["examples"]) for e in rows)
+    return None if not total else sum(e["accuracy"] * e["examples"] for e in rows) / total
+
+
+def _plain_supernode(root: Path, edge: str, superlink: str) -> subprocess.Popen[bytes]:
+    data_dir = root / edge / "data"
+    flwr_home = root / "plain" / edge
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    bin_dir = Path(sys.executable).parent
+    env = {
+        **os.environ,
+        "FLWR_HOME": str(flwr_home),
+        "FLWR_TELEMETRY_ENABLED": "0",
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
+    }
+    with open(root / "logs" / f"plain-{edge}.log", "ab") as log:
+        return subprocess.Popen(
+            [
+                str(bin_dir / "flower-supernode"), "--insecure", "--superlink", superlink,
+                "--port", str(free_port()), "--node-config",
+                f'edge="{edge}" data-dir="{data_dir}" holdout-percent=20 threads=1',
+            ],
+            stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+
+
+def _run_plain(
+    root: Path, job_dir: Path, rounds: int, nodes: int, superlink: str
+) -> dict[str, Any]:
+    app = root / "plain-app"
+    app.mkdir()
+    out = root / "plain-result.json"
+    spec = (job_dir / "model-spec.json").read_text()
+    (app / "pyproject.toml").write_text(
+        "\n".join(
+            [
+                "[build-system]",
+                'requires = ["hatchling"]',
+                'build-backend = "hatchling.build"',
+                "[project]",
+                'name = "plain-fleet-round"',
+                'version = "1.0.0"',
+                'license = "Apache-2.0"',
+                "dependencies = []",
+                "[tool.flwr.app]",
+                'publisher = "bench"',
+                "[tool.flwr.app.components]",
+                'serverapp = "fedge.bench.fleet_round_apps:server"',
+                'clientapp = "fedge.bench.fleet_round_apps:client"',
+                "[tool.flwr.app.config]",
+                f"initial = {json.dumps(str(job_dir / 'initial.npz'))}",
+                f"model-spec = {json.dumps(spec)}",
+                f"rounds = {rounds}",
+                f"nodes = {nodes}",
+                f"lr = {LR}",
+                f"local-epochs = {LOCAL_EPOCHS}",
+                f"batch-size = {BATCH}",
+                f"out = {json.dumps(str(out))}",
+                "",
+            ]
+        )
+    )
+    cli_home = root / "plain-cli"
+    cli_home.mkdir()
+    (cli_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "{superlink}"\n'
+        "insecure = true\n"
+    )
+    env = {**os.environ, "FLWR_HOME": str(cli_home), "FLWR_TELEMETRY_ENABLED": "0"}
+    flwr = str(Path(sys.executable).parent / "flwr")
+    result = subprocess.run(
+        [flwr, "run", str(app), "bench", "--format", "json"],
+        capture_output=True, text=True, env=env, timeout=180, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise BenchError(
+            f"flwr run (plain side) failed: {result.stdout[-500:]} {result.stderr[-500:]}"
+        )
+    wait_until(out.exists, 3600, "the plain Flower run to end", interval_s=0.5)
+    time.sleep(0.1)  # the file is written in one call; let the writer close it
+    data = json.loads(out.read_text())
+    last = data["evaluate"].get(str(rounds), {})
+    return {
+        "seconds_per_round": float(data["seconds"]) / rounds,
+        "accuracy_after": last.get("eval-acc"),
+    }

@@ -1,0 +1,1 @@
+"""`make demo`: a whole fleet on one machine, end to end (orchestration, not simulation)."""
