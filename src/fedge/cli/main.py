@@ -48,6 +48,6 @@ def demo(
     """
     from pathlib import Path
 
-    from fedge.sim.fleet_demo import run_demo
+    from fedge.demo.fleet import run_demo
 
     raise typer.Exit(run_demo(Path(out)))
