@@ -1,5 +1,6 @@
 """The strict JSON wire codec: golden bytes, round trips, and everything it must refuse."""
 
+import dataclasses
 import json
 import math
 import random
@@ -8,11 +9,12 @@ from typing import Any
 import pytest
 
 from fedge.protocols import codec
-from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
+from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig, TrainingPolicy
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
+from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
-from fedge.protocols.manifest import Lineage, ModelManifest, TensorSpec
+from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, TensorSpec, Trainable
 from fedge.protocols.records import (
     LabelRecord,
     MetricRecord,
@@ -118,6 +120,34 @@ LABELS = RecordBatch(
     records=(LabelRecord("l-0001", "p-0001", "defect", "operator-7", T0),),
 )
 
+STATION_LABELS = StationLabels(
+    fleet="plant-a",
+    edge="edge-01",
+    version=2,
+    labels=(LabelRecord("l-0002", "p-0001", "ok", "operator-7", T0),),
+    issued_at=T0,
+)
+# Optional extensions: present on the wire only when set (older agents decode the rest).
+TRAINING_CONFIG = EdgeConfig(
+    fleet="plant-a",
+    edge="edge-01",
+    version=4,
+    issued_at=T0,
+    training=TrainingPolicy(enabled=True, max_minutes=7.5, threads=2),
+)
+TRAINABLE_MANIFEST = ModelManifest(
+    name="inspect",
+    version=3,
+    sha256="ab" * 32,
+    size=9,
+    inputs=(TensorSpec("image", "float32", ("batch", 1, 32, 32)),),
+    outputs=(TensorSpec("probs", "float32", ("batch", 2)),),
+    classes=("ok", "defect"),
+    created_at=T0,
+    preprocess=Preprocess(image_size=32),
+    trainable=Trainable("inspection-cnn", {"width": 16}, "cd" * 32, 77),
+)
+
 # Reviewed by hand: one flat object, compact separators, keys sorted at every level,
 # "schema": 1 and "kind" beside the fields, enums as their values, tuples as arrays in
 # their own order (classes are NOT sorted), None as null, non-ASCII escaped as \uXXXX,
@@ -187,6 +217,35 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'"who":"operator-7"}],'
         b'"schema":1,"seq":18446744073709551615,"session":7,"stream":"labels"}',
     ),
+    (
+        STATION_LABELS,
+        b'{"edge":"edge-01","fleet":"plant-a","issued_at":1700000000.5,'
+        b'"kind":"station_labels","labels":[{"at":1700000000.5,"label":"ok",'
+        b'"label_id":"l-0002","prediction_id":"p-0001","who":"operator-7"}],'
+        b'"schema":1,"version":2}',
+    ),
+    (
+        TRAINING_CONFIG,
+        b'{"batch_max_records":500,"class_thresholds":{},"default_threshold":0.5,'
+        b'"edge":"edge-01","fleet":"plant-a","issued_at":1700000000.5,"kind":"edge_config",'
+        b'"report_interval_s":5.0,"schema":1,'
+        b'"training":{"enabled":true,"max_minutes":7.5,"threads":2},"version":4}',
+    ),
+    (
+        TRAINABLE_MANIFEST,
+        b'{"classes":["ok","defect"],"created_at":1700000000.5,'
+        b'"inputs":[{"dtype":"float32","name":"image","shape":["batch",1,32,32]}],'
+        b'"kind":"model_manifest",'
+        b'"lineage":{"data":null,"note":"","parent_version":null,"run_id":null},'
+        b'"name":"inspect",'
+        b'"outputs":[{"dtype":"float32","name":"probs","shape":["batch",2]}],'
+        b'"positive_classes":[],"preprocess":{"channels":1,"image_size":32,'
+        b'"resample":"bilinear","scale":0.00392156862745098},"schema":1,'
+        b'"sha256":"abababababababababababababababababababababababababababababababab",'
+        b'"size":9,"trainable":{"family":"inspection-cnn","params":{"width":16},'
+        b'"weights_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd",'
+        b'"weights_size":77},"version":3}',
+    ),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -198,6 +257,9 @@ GOLDEN_IDS = [
     "batch_telemetry",
     "batch_predictions",
     "batch_labels",
+    "station_labels",
+    "edge_config_training",
+    "model_manifest_trainable",
 ]
 
 
@@ -217,6 +279,13 @@ def test_decode_golden_bytes_round_trips(message: Any, golden: bytes) -> None:
 def test_golden_covers_every_kind_and_stream() -> None:
     assert {type(m) for m, _ in GOLDEN} == set(codec.KINDS)
     assert {m.stream for m, _ in GOLDEN if isinstance(m, RecordBatch)} == set(Stream)
+
+
+def test_a_manifest_whose_preprocessing_cannot_feed_its_input_is_invalid() -> None:
+    with pytest.raises(ValidationError, match="axis 2 is 32, but preprocess makes 28"):
+        dataclasses.replace(TRAINABLE_MANIFEST, preprocess=Preprocess(image_size=28))
+    with pytest.raises(ValidationError, match="channels"):
+        Preprocess(image_size=32, channels=2)
 
 
 def test_decoded_values_have_wire_types() -> None:

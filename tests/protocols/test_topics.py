@@ -42,7 +42,7 @@ def test_up_layout(kind: Up, expected: str) -> None:
 
 
 def test_documented_kinds_are_exactly_these() -> None:
-    assert {k.value for k in Down} == {"config", "deploy"}
+    assert {k.value for k in Down} == {"config", "deploy", "labels"}
     assert {k.value for k in Up} == {
         "state",
         "config",

@@ -31,6 +31,7 @@ from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import ReportUploader, UploadError
+from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import ModelManifest, Preprocess
 from fedge.protocols.records import MetricRecord, PredictionRecord, Stream
@@ -238,8 +239,33 @@ class EdgeAgent:
             return
         if kind is topics.Down.CONFIG:
             self.handle_config(message.payload)
+        elif kind is topics.Down.LABELS:
+            self.handle_labels(message.payload)
         else:
             self.handle_deploy(message.payload)
+
+    def handle_labels(self, envelope: bytes) -> None:
+        """Labels an operator gave at the manager: into the station's training set, once."""
+        try:
+            document = open_signed(envelope, StationLabels, self.keys)
+            if document.edge != self.settings.edge or document.fleet != self.settings.fleet:
+                raise ProtocolError(f"labels are for {document.fleet}/{document.edge}")
+        except ProtocolError as exc:
+            self.counters[f"labels.rejected.{exc.reason}"] += 1
+            log.error("labels document rejected (%s): %s", exc.reason, exc)
+            return
+        if document.version <= int(self.store.get("labels_version") or 0):
+            self.counters["labels.stale"] += 1
+            return
+        applied = 0
+        for record in document.labels:
+            if self.store.add_remote_label(
+                record.label_id, record.prediction_id, record.label, record.who, record.at
+            ):
+                self.station.label(record.prediction_id, record.label, record.at)
+                applied += 1
+        self.store.put("labels_version", str(document.version))
+        self.counters["labels.from_manager"] += applied
 
     def handle_config(self, envelope: bytes) -> None:
         try:

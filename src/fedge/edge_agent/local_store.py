@@ -134,6 +134,17 @@ class LocalStore:
             self._conn.execute("COMMIT")
         return bool(inserted)
 
+    def add_remote_label(
+        self, label_id: str, prediction_id: str, label: str, who: str, at: float
+    ) -> bool:
+        """Store a label given at the manager (it is there already: nothing is queued up)."""
+        with self._lock:
+            inserted = self._conn.execute(
+                "INSERT OR IGNORE INTO labels VALUES (?,?,?,?,?)",
+                (label_id, prediction_id, label, who, at),
+            ).rowcount
+        return bool(inserted)
+
     def has_prediction(self, prediction_id: str) -> bool:
         with self._lock:
             row = self._conn.execute(

@@ -20,10 +20,13 @@ from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
 from fedge.protocols.config import EdgeConfig, TrainingPolicy
 from fedge.protocols.errors import ProtocolError
+from fedge.protocols.labels import MAX_LABELS, StationLabels
+from fedge.protocols.records import LabelRecord
 from fedge.protocols.signing import SigningKey
 
 CONFIG = "config"
 DEPLOY = "deploy"
+LABELS = "labels"
 
 
 @dataclass(frozen=True)
@@ -279,9 +282,34 @@ class Fleet:
         except ProtocolError as exc:
             raise ManagerError(str(exc)) from None
         label_id = f"l-{uuid.uuid4().hex}"
-        self.store.conn.execute(
-            "INSERT INTO labels (label_id, prediction_id, edge, label, who, at, origin) "
-            "VALUES (?,?,?,?,?,?, 'operator')",
-            (label_id, prediction_id, row["edge"], label, who, time.time()),
-        )
+        now = time.time()
+        with self.store.transaction():
+            self.store.conn.execute(
+                "INSERT INTO labels (label_id, prediction_id, edge, label, who, at, origin) "
+                "VALUES (?,?,?,?,?,?, 'operator')",
+                (label_id, prediction_id, row["edge"], label, who, now),
+            )
+            self._push_labels(str(row["edge"]), now)
         return label_id
+
+    def _push_labels(self, edge: str, now: float) -> None:
+        """The edge's labels document: the newest labels given here, down to the station."""
+        rows = self.store.query(
+            "SELECT label_id, prediction_id, label, who, at FROM labels "
+            "WHERE edge=? AND origin='operator' ORDER BY at DESC, label_id LIMIT ?",
+            (edge, MAX_LABELS),
+        )
+        current = self.store.scalar(
+            "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, LABELS)
+        )
+        document = StationLabels(
+            fleet=self.fleet,
+            edge=edge,
+            version=int(current or 0) + 1,
+            labels=tuple(
+                LabelRecord(r["label_id"], r["prediction_id"], r["label"], r["who"], r["at"])
+                for r in reversed(rows)
+            ),
+            issued_at=now,
+        )
+        self._write_desired(edge, LABELS, document.version, codec.encode(document), now)

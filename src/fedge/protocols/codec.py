@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from fedge.protocols.config import ConfigReport, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
+from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.manifest import ModelManifest
 from fedge.protocols.records import RECORD_TYPE, RecordBatch
@@ -42,6 +43,7 @@ KINDS: dict[type[Any], str] = {
     DeployStatus: "deploy_status",
     Liveness: "liveness",
     RecordBatch: "record_batch",
+    StationLabels: "station_labels",
 }
 
 

@@ -29,6 +29,7 @@ class Direction(StrEnum):
 class Down(StrEnum):
     CONFIG = "config"
     DEPLOY = "deploy"
+    LABELS = "labels"
 
 
 class Up(StrEnum):

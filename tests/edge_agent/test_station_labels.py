@@ -1,0 +1,60 @@
+"""Labels given at the manager reach the station that scored the image, once."""
+
+import json
+import time
+from pathlib import Path
+
+from conftest import make_fleet_home
+
+from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_manager.fleet import LABELS
+from fedge.protocols import codec
+from fedge.protocols.labels import StationLabels
+from fedge.protocols.signing import SigningKey
+
+
+def test_manager_labels_join_the_station_training_set_once(tmp_path: Path) -> None:
+    fh = make_fleet_home(tmp_path, edges=("st-01",))
+    with fh.fleet() as fleet:
+        fleet.store.conn.execute(
+            "INSERT INTO predictions VALUES ('p-1', 'st-01', 0, ?, 'inspect:1', '{}', "
+            "'accept', 0.5, 1, 1.0, 'api')",
+            (time.time(),),
+        )
+        fleet.add_label("p-1", "scratch", "operator-3")
+        first = fleet.unpublished(skip=set())
+        fleet.add_label("p-1", "clean", "operator-3")  # a relabel: a new document version
+        docs = [row for row in fleet.unpublished(skip=set()) if row["kind"] == LABELS]
+    assert [row["version"] for row in first if row["kind"] == LABELS] == [1]
+    assert [row["version"] for row in docs] == [2]  # the older one is superseded
+    envelope = docs[0]["envelope"].encode()
+
+    agent = EdgeAgent(fh.agent_settings("st-01"))
+    try:
+        agent.station.keep("p-1", b"png bytes", ".png")
+        agent.handle_labels(envelope)
+        labelled = agent.station.labelled()
+        assert [(i.prediction_id, i.label) for i in labelled] == [("p-1", "clean")]
+        assert agent.counters["labels.from_manager"] == 2
+        assert agent.store.backlog()["pending_records"] == 0  # not sent back up
+        agent.handle_labels(envelope)  # the retained copy again, e.g. on reconnect
+        assert agent.counters["labels.stale"] == 1
+        assert agent.counters["labels.from_manager"] == 2
+
+        # Forged (another key) or for another edge: counted, nothing changes.
+        document = codec.decode(json.loads(envelope)["payload"].encode(), StationLabels)
+        forged = SigningKey.generate().sign(
+            StationLabels(document.fleet, "st-01", 9, document.labels, document.issued_at)
+        )
+        agent.handle_labels(forged)
+        other = fh.home.signing_key().sign(
+            StationLabels(document.fleet, "st-02", 10, document.labels, document.issued_at)
+        )
+        agent.handle_labels(other)
+        agent.handle_labels(b"{not json")
+        rejected = sum(v for k, v in agent.counters.items() if k.startswith("labels.rejected"))
+        assert rejected == 3
+        assert agent.store.get("labels_version") == "2"
+    finally:
+        agent.store.close()
+        agent.station.close()
