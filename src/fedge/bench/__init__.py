@@ -9,6 +9,8 @@ options, calls it and prints. Numbers measured so far are in BENCHMARKS.md.
 - :mod:`fedge.bench.ingest`: telemetry batches into the manager's store, exactly once
   (publishers in :mod:`fedge.bench.ingest_publisher`).
 - :mod:`fedge.bench.inference`: the agent's scoring path against a bare ONNX Runtime loop.
+- :mod:`fedge.bench.footprint`: an inference-only agent's RSS and imports, and the size
+  of the ``fedge[agent]`` install.
 """
 
 from collections.abc import Callable

@@ -1,6 +1,9 @@
 """``fedge agent``: run the edge agent; label and score on the device."""
 
+import os
+import shutil
 import signal
+import sys
 import threading
 from pathlib import Path
 from typing import Annotated
@@ -9,8 +12,10 @@ import typer
 
 from fedge.cli.common import console, friendly_errors, print_json, setup_logging
 from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.images import decode_image
 from fedge.edge_agent.local_api import add_label, serve_local_api
+from fedge.edge_agent.service import UNIT_DIR, render_unit, service_for
 from fedge.edge_agent.settings import load_settings
 from fedge.edge_agent.watcher import watch
 
@@ -85,3 +90,71 @@ def score(image: Path, config: ConfigOption) -> None:
         )
     finally:
         agent.store.close()
+
+
+@app.command("install-service")
+@friendly_errors
+def install_service(
+    config: ConfigOption,
+    user: Annotated[
+        str | None,
+        typer.Option(help="Run the agent as this user (it must own the data dir; default root)."),
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="Unit file or directory to write, or '-' to print the unit "
+            "(default: ./fedge-agent-EDGE.service).",
+            show_default=False,
+        ),
+    ] = None,
+) -> None:
+    """Write a systemd unit that runs this agent at boot and restarts it whenever it stops.
+
+    ExecStart is this very fedge executable with `agent run --config CONFIG`; only the
+    agent's data dir (and inbox) is writable. Prints the commands that enable it.
+
+    Example: fedge agent install-service --config /etc/fedge/agent.toml --user fedge
+    """
+    config = config.absolute()
+    settings = load_settings(config)
+    service = service_for(settings, config, _fedge_executable(), user)
+    unit = render_unit(service)
+    if out == Path("-"):
+        typer.echo(unit, nl=False)
+        return
+    target = out if out is not None else Path(service.unit_name)
+    if target.is_dir():
+        target = target / service.unit_name
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(unit)
+        target.chmod(0o644)
+    except OSError as exc:
+        raise AgentError(f"cannot write {target}: {exc}; pass --out PATH or --out -") from None
+    target = target.absolute()
+    typer.echo(f"wrote {target}")
+    typer.echo("then, as root:")
+    missing = [str(path) for path in service.writable if not path.is_dir()]
+    if missing:
+        owner = f" -o {user}" if user else ""
+        typer.echo(f"  install -d{owner} {' '.join(missing)}")
+    installed = UNIT_DIR / service.unit_name
+    if target != installed:
+        typer.echo(f"  install -m 0644 {target} {installed}")
+    typer.echo("  systemctl daemon-reload")
+    typer.echo(f"  systemctl enable --now {service.unit_name}")
+
+
+def _fedge_executable() -> Path:
+    """The absolute path of the ``fedge`` command that is running (its venv's, if any)."""
+    invoked = Path(sys.argv[0])
+    if invoked.name == "fedge" and invoked.is_file():
+        return invoked.absolute()
+    beside = Path(sys.executable).parent / "fedge"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return beside.absolute()
+    found = shutil.which("fedge")
+    if found is None:
+        raise AgentError("cannot find the fedge executable; run this as `fedge agent ...`")
+    return Path(found).absolute()

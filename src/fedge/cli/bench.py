@@ -248,3 +248,25 @@ def distill(
         json_path,
         lambda progress: run_distill(scenario, seed, rounds=rounds, progress=progress),
     )
+
+
+@app.command("agent-footprint")
+@friendly_errors
+def agent_footprint(
+    images: Annotated[
+        int, typer.Option(help="Images the agent scores before measuring.", min=1)
+    ] = 200,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 60.0,
+    json_path: JsonOption = None,
+) -> None:
+    """RSS and imports of a running inference-only agent; install size of fedge[agent].
+
+    Example: fedge bench agent-footprint --json out.json
+    """
+    from fedge.bench.footprint import run_footprint
+
+    _run(
+        "agent-footprint",
+        json_path,
+        lambda progress: run_footprint(images, timeout_s=timeout, progress=progress),
+    )

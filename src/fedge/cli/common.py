@@ -35,6 +35,11 @@ HomeOption = Annotated[
 DEFAULT_HOME = Path("fedge-home")
 
 
+# What `pip install 'fedge[agent]'` leaves out: the commands that need these import them
+# in their bodies, so on a station they fail with one line instead of a traceback.
+TRAINING_MODULES = frozenset({"torch", "flwr", "onnx", "ray", "sklearn", "matplotlib"})
+
+
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
     """The one place where fedge errors become a red line and exit code 1."""
 
@@ -44,6 +49,16 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             return func(*args, **kwargs)
         except FedgeError as exc:
             err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+            raise typer.Exit(1) from None
+        except ModuleNotFoundError as exc:
+            missing = (exc.name or "").partition(".")[0]
+            if missing not in TRAINING_MODULES:
+                raise
+            err_console.print(
+                f"[red]error:[/red] this command needs {missing}, which this install lacks; "
+                "install the training side with: pip install 'fedge\\[train]'",
+                highlight=False,
+            )
             raise typer.Exit(1) from None
 
     return wrapper

@@ -2,13 +2,15 @@
 
     POST /v1/score   body: image bytes (PNG/JPEG/BMP)   -> the prediction record (JSON)
     POST /v1/labels  {"prediction_id", "label", "who"}   -> {"label_id"}
-    GET  /v1/status                                      -> agent status
+    GET  /v1/status                                      -> agent status, and whether
+                                                            torch / flwr are loaded
 
 Bound to loopback only: whoever can reach it is already on the station.
 """
 
 import json
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -43,6 +45,16 @@ def add_label(agent: EdgeAgent, prediction_id: str, label: str, who: str) -> str
     return label_id
 
 
+# The training stack: an inference-only agent must never load it (it is not installed
+# with `fedge[agent]`, and torch alone would cost hundreds of MB of RSS).
+TRAINING_STACK = ("torch", "flwr")
+
+
+def training_stack_imported() -> dict[str, bool]:
+    """Whether each module of the training stack is loaded in this process."""
+    return {name: sys.modules.get(name) is not None for name in TRAINING_STACK}
+
+
 class _Handler(BaseHTTPRequestHandler):
     agent: EdgeAgent
 
@@ -65,7 +77,9 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         if self.path == "/v1/status":
-            self._reply(HTTPStatus.OK, self.agent.status())
+            self._reply(
+                HTTPStatus.OK, {**self.agent.status(), "imported": training_stack_imported()}
+            )
         else:
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
 

@@ -91,7 +91,7 @@ def render_unit(service: AgentService) -> str:
         "ProtectSystem=strict",
         "ProtectHome=read-only",
         "PrivateTmp=yes",
-        "PrivateDevices=yes",
+        # No PrivateDevices=: a station that scores on its GPU needs /dev/nvidia*.
         "ProtectKernelTunables=yes",
         "ProtectKernelModules=yes",
         "ProtectControlGroups=yes",
