@@ -270,3 +270,28 @@ def agent_footprint(
         json_path,
         lambda progress: run_footprint(images, timeout_s=timeout, progress=progress),
     )
+
+
+@app.command("fleet-round")
+@friendly_errors
+def fleet_round(
+    agents: Annotated[
+        int, typer.Option(help="Agent processes, each a training station.", min=1)
+    ] = 3,
+    rounds: Annotated[int, typer.Option(help="Federated rounds on each side.", min=1)] = 3,
+    images: Annotated[
+        int, typer.Option(help="Parts each station scores and labels first.", min=10)
+    ] = 200,
+    json_path: JsonOption = None,
+) -> None:
+    """Rounds run by fedge's agents vs plain Flower SuperNodes, same SuperLink and work.
+
+    Example: fedge bench fleet-round --agents 3 --rounds 3 --json out.json
+    """
+    from fedge.bench.fleet_round import run_fleet_round
+
+    _run(
+        "fleet-round",
+        json_path,
+        lambda progress: run_fleet_round(agents, rounds, images, progress=progress),
+    )
