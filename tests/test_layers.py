@@ -83,7 +83,7 @@ def test_no_new_upward_import() -> None:
 
 
 def test_the_party_and_the_fleet_path_never_import_the_simulator() -> None:
-    for relative, target in upward_imports():
+    for relative, _target in upward_imports():
         assert not (relative.startswith("party/") or relative.startswith("federation/"))
     for name in ("fleet_server", "fleet_manifest", "identity", "grids", "job_dir", "superlink"):
         source = (ROOT / "aggregator" / f"{name}.py").read_text(encoding="utf-8")
