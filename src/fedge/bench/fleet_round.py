@@ -328,6 +328,8 @@ def _run_plain(
     wait_until(out.exists, 3600, "the plain Flower run to end", interval_s=0.5)
     time.sleep(0.1)  # the file is written in one call; let the writer close it
     data = json.loads(out.read_text())
+    if "error" in data:
+        raise BenchError(f"the plain Flower ServerApp failed: {data['error']}")
     last = data["evaluate"].get(str(rounds), {})
     return {
         "seconds_per_round": float(data["seconds"]) / rounds,

@@ -18,11 +18,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from fedge.aggregator.streaming import to_array_record
 from fedge.party.station_app import (
     MODEL_SPEC_KEY,
     ModelSpec,
@@ -37,13 +38,22 @@ client = ClientApp()
 
 @server.main()
 def main(grid: Grid, context: Context) -> None:
+    out = Path(str(context.run_config["out"]))
+    try:
+        _serve(grid, context, out)
+    except BaseException as exc:  # the benchmark waits on the file: tell it why
+        out.write_text(json.dumps({"error": f"{type(exc).__name__}: {exc}"}))
+        raise
+
+
+def _serve(grid: Grid, context: Context, out: Path) -> None:
     config = context.run_config
     nodes = int(config["nodes"])
     end = time.monotonic() + 300
     while len(list(grid.get_node_ids())) < nodes and time.monotonic() < end:
         time.sleep(0.5)
     with np.load(str(config["initial"]), allow_pickle=False) as npz:
-        arrays = ArrayRecord({k: npz[k] for k in npz.files})
+        arrays = to_array_record({k: npz[k] for k in npz.files})
     strategy = FedAvg(
         fraction_train=1.0,
         fraction_evaluate=1.0,
@@ -69,7 +79,7 @@ def main(grid: Grid, context: Context) -> None:
     )
     seconds = time.monotonic() - started
     evaluations = {str(r): dict(m) for r, m in result.evaluate_metrics_clientapp.items()}
-    Path(str(config["out"])).write_text(
+    out.write_text(
         json.dumps({"seconds": seconds, "rounds": int(config["rounds"]), "evaluate": evaluations})
     )
 
