@@ -10,6 +10,8 @@ Every package has one base class that derives from :class:`FedgeError`::
     │   └── SignatureError                  forged, tampered or signed by an unpinned key
     ├── edge_manager.errors.ManagerError   registry, store and fleet operations
     ├── edge_agent.errors.AgentError       the device side (config, model swap, inference)
+    ├── aggregator.job_dir.JobError        a job cannot start, resume or halt, or it failed
+    │   └── superlink.SuperLinkError        the fleet's SuperLink process would not run
     └── party.errors.PartyError            a party cannot train: its data or model family
         ├── StationDataError                kept images or labels missing, unsafe, unreadable
         └── FamilyError                     unknown model family, weights that do not fit

@@ -96,7 +96,8 @@ def run_fleet_job(grid: Grid, job_dir: Path) -> None:
             if run.get("state") == RunState.COMPLETED:
                 log(INFO, "fleet job %s already completed", run_id)
                 return
-            clear_halt(job_dir) if run.get("state") == RunState.HALTED else None
+            if run.get("state") == RunState.HALTED:
+                clear_halt(job_dir)  # resuming is the newer request
             store.set_state(run_id, RunState.RUNNING)
             parties = read_parties(job_dir)
             store.name_parties(run_id, {party: edge for edge, party in parties.items()})
