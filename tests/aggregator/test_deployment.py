@@ -1,6 +1,6 @@
 """A real Flower deployment: SuperLink, three SuperNodes, ``flwr run``, a slow and a dead party.
 
-fedge's ServerApp (``fedge.aggregator.server_app``) runs FedAvg on the wall clock with a
+fedge's ServerApp (``fedge.sim.server_app``) runs FedAvg on the wall clock with a
 2-of-3 quorum and a deadline derived from the parties' measured latency. Party 2 is slowed
 far past any deadline (``delay-s``), party 1 is SIGKILLed -- SuperNode, its SuperExec and
 any ClientApp process -- once round 1 is recorded. Every round must still end (by quorum
@@ -29,11 +29,11 @@ import pytest
 from conftest import free_port, port_open, wait_until
 from flwr.app import Context, RecordDict
 
-from fedge.aggregator.client_app import app as client_app
 from fedge.aggregator.factory import StrategyConfigError
 from fedge.aggregator.run_store import RunStore
-from fedge.aggregator.server_app import ServerConfigError, ServerSettings, run_server
 from fedge.sim.grid import InProcessGrid
+from fedge.sim.party_app import app as client_app
+from fedge.sim.server_app import ServerConfigError, ServerSettings, run_server
 
 BIN = Path(sys.executable).parent
 APP_DIR = Path(__file__).resolve().parents[1] / "deploy_app"

@@ -15,7 +15,6 @@ from fedge.aggregator.checkpoint import (
     restore_strategy,
     save_checkpoint,
 )
-from fedge.aggregator.client_app import app as client_app
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import StrategyConfigError, build_strategy
 from fedge.aggregator.feddf import DistillingTieredFedAvg
@@ -26,6 +25,7 @@ from fedge.models import digits
 from fedge.sim import runner
 from fedge.sim.data import make_partitions
 from fedge.sim.grid import InProcessGrid
+from fedge.sim.party_app import app as client_app
 from fedge.sim.scenario import Scenario, load_scenario
 
 TINY = """

@@ -34,17 +34,13 @@ from fedge.aggregator.checkpoint import (
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import build_strategy
 from fedge.aggregator.job_dir import FINAL_MODEL, HALT_REQUEST, RUNS_DB, JobError
-from fedge.aggregator.jobs import (
-    halt_job,
-    job_status,
-    resume_job,
-    run_job,
-)
-from fedge.aggregator.manifest import ManifestError
+from fedge.aggregator.job_spec import ManifestError
+from fedge.aggregator.jobs import halt_job, job_status
 from fedge.aggregator.run_store import RunState, RunStore
 from fedge.aggregator.streaming import StreamingFedAvg, _Late, to_array_record
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.aggregator.tiers import LatencyProfile
+from fedge.sim.jobs import resume_job, run_job
 
 ROUNDS = 12
 SEED = 3

@@ -16,7 +16,6 @@ import pytest
 
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.settings import AgentSettings
-from fedge.protocols.records import MetricRecord, Stream
 from fedge.protocols.signing import SigningKey
 from fedge.transport.mqtt import OnPublished, PublishResult
 

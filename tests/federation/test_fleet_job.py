@@ -7,7 +7,7 @@ import pytest
 from conftest import FleetHome, make_fleet_home
 
 from fedge.aggregator.fleet_manifest import parse_fleet_manifest
-from fedge.aggregator.manifest import ManifestError
+from fedge.aggregator.job_spec import ManifestError
 from fedge.edge_manager.registry import TrainableSource
 from fedge.federation.fleet_job import prepare
 from fedge.models.inspection import export_onnx, new_model

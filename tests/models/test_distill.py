@@ -305,8 +305,8 @@ def test_the_transfer_set_adds_one_pixel_shifts_of_each_digit() -> None:
 def test_a_finished_federated_job_is_a_teacher(tmp_path: Path) -> None:
     from fedge.aggregator.checkpoint import load_arrays
     from fedge.aggregator.job_dir import FINAL_MODEL
-    from fedge.aggregator.jobs import run_job
     from fedge.models.edge_student import TeacherError, distill_student
+    from fedge.sim.jobs import run_job
 
     manifest = tmp_path / "job.toml"
     manifest.write_text(

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
-from fedge.aggregator.client_app import app as client_app
 from fedge.aggregator.grids import WrappedGrid
 from fedge.aggregator.identity import PartitionOrderedGrid
 from fedge.sim.data import make_partitions
 from fedge.sim.flower_backend import run_strategies_on_flower, write_app_dir
 from fedge.sim.grid import InProcessGrid
+from fedge.sim.party_app import app as client_app
 from fedge.sim.runner import Curve, drive, run_config, run_one
 from fedge.sim.scenario import Scenario, load_scenario
 

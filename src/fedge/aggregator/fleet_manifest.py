@@ -49,7 +49,7 @@ from typing import Literal
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import KINDS, StrategyConfigError, build_strategy
-from fedge.aggregator.manifest import CheckpointSpec, JobSpec, ManifestError
+from fedge.aggregator.job_spec import CheckpointSpec, JobSpec, ManifestError
 from fedge.toml_table import TomlTable
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -30,8 +30,16 @@ from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
-from flwr.serverapp import Grid
+from flwr.app import (
+    ArrayRecord,
+    ConfigRecord,
+    Context,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from fedge.aggregator.checkpoint import (
@@ -267,3 +275,18 @@ def _evaluate_on_stations(
                 )
             )
     return results
+
+
+# ---------------------------------------------------------------- the Flower adapter
+
+JOB_DIR_KEY = "job-dir"
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    """Run the fleet job whose directory the run config names (``job-dir``)."""
+    job_dir = context.run_config.get(JOB_DIR_KEY)
+    if not isinstance(job_dir, str) or not job_dir:
+        raise JobError(f"run_config[{JOB_DIR_KEY!r}] must name a fleet job's directory")
+    run_fleet_job(grid, Path(job_dir))

@@ -1,6 +1,7 @@
 """``fedge aggregator``: run, watch, halt and resume federated training jobs.
 
-The commands only parse options and call :mod:`fedge.aggregator.jobs`; a job lives in its
+The commands only parse options and call :mod:`fedge.sim.jobs` (simulated jobs),
+:mod:`fedge.federation.fleet_job` (fleet jobs) and :mod:`fedge.aggregator.jobs`; a job lives in its
 directory (``--dir``), so any command can follow up on a job another one started.
 """
 
@@ -19,8 +20,8 @@ from rich.table import Table
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors
 
 if TYPE_CHECKING:
-    from fedge.aggregator.jobs import JobResult, ProgressFn
     from fedge.federation.fleet_job import FleetJobResult
+    from fedge.sim.jobs import JobResult, ProgressFn
 
 app = typer.Typer(
     help="Federated training jobs: run a job manifest, watch, halt and resume it.",
@@ -59,7 +60,7 @@ def run(
     Example: fedge aggregator run examples/jobs/tiered-digits.toml --dir jobs/tiered
     """
     from fedge.aggregator.fleet_manifest import is_fleet_manifest
-    from fedge.aggregator.jobs import run_job
+    from fedge.sim.jobs import run_job
 
     _quiet_flower(verbose)
     if manifest.is_file() and is_fleet_manifest(manifest.read_text(encoding="utf-8")):
@@ -86,8 +87,8 @@ def resume(
 
     Example: fedge aggregator resume --dir jobs/tiered
     """
-    from fedge.aggregator.jobs import resume_job
     from fedge.federation.fleet_job import is_fleet_job
+    from fedge.sim.jobs import resume_job
 
     _quiet_flower(verbose)
     if is_fleet_job(job_dir):

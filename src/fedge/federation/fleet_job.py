@@ -38,7 +38,7 @@ from fedge.aggregator.fleet_manifest import FleetJobManifest, load_fleet_manifes
 from fedge.aggregator.fleet_server import INITIAL_WEIGHTS, MODEL_SPEC, PARTIES
 from fedge.aggregator.grids import NODE_ID_BASE
 from fedge.aggregator.job_dir import FINAL_MODEL, JOB_MANIFEST, RUNS_DB, JobError, is_live
-from fedge.aggregator.manifest import ManifestError
+from fedge.aggregator.job_spec import ManifestError
 from fedge.aggregator.run_store import RunState, RunStore
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
@@ -208,7 +208,7 @@ def _write_app(job_dir: Path) -> None:
                 'publisher = "fedge"',
                 "",
                 "[tool.flwr.app.components]",
-                'serverapp = "fedge.aggregator.server_app:app"',
+                'serverapp = "fedge.aggregator.fleet_server:app"',
                 'clientapp = "fedge.party.station_app:app"',
                 "",
                 "[tool.flwr.app.config]",

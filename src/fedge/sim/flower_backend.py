@@ -89,7 +89,7 @@ def write_app_dir(directory: Path, config: dict[str, bool | int | float | str]) 
         "",
         "[tool.flwr.app.components]",
         'serverapp = "fedge.sim.flower_backend:unused"',
-        'clientapp = "fedge.aggregator.client_app:app"',
+        'clientapp = "fedge.sim.party_app:app"',
         "",
         "[tool.flwr.app.config]",
         *(f"{json.dumps(key)} = {_toml_value(value)}" for key, value in config.items()),
@@ -199,7 +199,7 @@ def run_strategies_on_flower(
     # Imported here: the simulation runtime pulls in Ray, which the deployment path
     # (PartitionOrderedGrid in the ServerApp) does not need.
 
-    from fedge.aggregator.client_app import app as client_app
+    from fedge.sim.party_app import app as client_app
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")

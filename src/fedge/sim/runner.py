@@ -119,8 +119,8 @@ def run_one(
         return run_on_flower(scenario, strategy_name, seed, progress=progress)
     if backend != "inprocess":
         raise ValueError(f"unknown backend {backend!r} (inprocess or flower)")
-    from fedge.aggregator.client_app import app as client_app
     from fedge.sim.grid import InProcessGrid
+    from fedge.sim.party_app import app as client_app
 
     data = make_partitions(scenario, seed)
     grid = InProcessGrid(

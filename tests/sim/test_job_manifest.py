@@ -6,15 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from fedge.aggregator.jobs import run_job
-from fedge.aggregator.manifest import (
-    CheckpointSpec,
-    FederationSpec,
-    ManifestError,
-    load_manifest,
-    parse_manifest,
-)
+from fedge.aggregator.job_spec import CheckpointSpec, ManifestError
 from fedge.errors import FedgeError
+from fedge.sim.job_manifest import FederationSpec, load_manifest, parse_manifest
+from fedge.sim.jobs import run_job
 from fedge.sim.scenario import SCENARIO_DIR
 
 REPO = Path(__file__).resolve().parents[2]

@@ -4,9 +4,6 @@
 as ``[tool.flwr.app.config]`` and ``flwr run --run-config`` give them):
 
 =======================  ==================================================================
-``job-dir``              a fleet job's directory (``fedge aggregator run``): when set, the
-                         job is run from there (:mod:`.fleet_server`) and every other key
-                         is ignored
 ``strategy``             ``fedavg``, ``fedprox``, ``tiered`` or ``distill`` (:mod:`.factory`)
 ``scenario``             the scenario the parties train (name or path; also read by the
                          ClientApp): model, recipe, test set for server-side evaluation
@@ -38,7 +35,7 @@ The strategy runs on the wall clock: a round ends at its quorum or its deadline,
 parties still working are *late*, parties that answered with an error *failed*. Every
 round is recorded in the run store as it ends; the parties' latency profiles (and tiers)
 are saved when the run ends, however it ends. Nodes are shown to the strategy as
-``1000 + partition-id`` (:class:`~fedge.sim.flower_backend.PartitionOrderedGrid`), so the
+``1000 + partition-id`` (:class:`~fedge.aggregator.identity.PartitionOrderedGrid`), so the
 store names parties the same way in deployment and in simulation.
 """
 
@@ -58,7 +55,6 @@ from flwr.supercore import log
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import build_strategy
-from fedge.aggregator.fleet_server import run_fleet_job
 from fedge.aggregator.identity import PartitionOrderedGrid
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import RunState, RunStore
@@ -96,7 +92,6 @@ OFF_WHEN_ZERO = frozenset(
         "credits-per-tier",
     )
 )
-JOB_DIR_KEY = "job-dir"
 DEFAULT_ROUND_TIMEOUT_S = 600.0
 DEFAULT_NODE_WAIT_S = 120.0
 DISCOVERY_TIMEOUT_S = 60.0
@@ -162,11 +157,6 @@ class ServerSettings:
 
 def run_server(grid: Grid, context: Context) -> None:
     """Run one deployed job on ``grid`` as the run config in ``context`` says."""
-    job_dir = context.run_config.get(JOB_DIR_KEY)
-    if isinstance(job_dir, str) and job_dir:
-        # A fleet job (fedge aggregator run): everything is in its job directory.
-        run_fleet_job(grid, Path(job_dir))
-        return
     # Heavy imports (torch, the scenario's data) stay out of module import.
     from fedge.models import digits
     from fedge.sim.data import make_partitions

@@ -29,7 +29,7 @@ the disk. Every problem raises :class:`ManifestError` naming the field by its do
     every = 1                  # checkpoint every N rounds (and always at the last/halt)
     keep = 3                   # newest checkpoints kept on disk
 
-``backend = "inprocess"`` is the one :mod:`fedge.aggregator.jobs` runs (the scenario's
+``backend = "inprocess"`` is the one :mod:`fedge.sim.jobs` runs (the scenario's
 simulated fleet on an in-process Flower grid, virtual clock). ``"flower"`` (Flower's
 simulation runtime) and ``"deployment"`` (real SuperNodes) are valid manifests for the
 code that runs those backends; ``fedge aggregator run`` refuses them by name.
@@ -47,7 +47,7 @@ from typing import Literal
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import KINDS, StrategyConfigError, build_strategy
-from fedge.errors import FedgeError
+from fedge.aggregator.job_spec import CheckpointSpec, JobSpec, ManifestError
 from fedge.models.digits import ARCHITECTURES
 from fedge.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_path
 from fedge.toml_table import TomlTable
@@ -55,19 +55,6 @@ from fedge.toml_table import TomlTable
 Backend = Literal["inprocess", "flower", "deployment"]
 BACKENDS: tuple[Backend, ...] = ("inprocess", "flower", "deployment")
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-
-
-class ManifestError(FedgeError):
-    """A job manifest is missing, malformed, or holds a bad value (the field is named)."""
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """``[job]``: what the job is called, how long it trains, and its seed."""
-
-    name: str
-    rounds: int
-    seed: int
 
 
 @dataclass(frozen=True)
@@ -95,14 +82,6 @@ class FederationSpec:
 
     backend: Backend = "inprocess"
     workers: int = 2
-
-
-@dataclass(frozen=True)
-class CheckpointSpec:
-    """``[checkpoint]``: how often the job checkpoints, and how many it keeps."""
-
-    every: int = 1
-    keep: int = 3
 
 
 @dataclass(frozen=True)

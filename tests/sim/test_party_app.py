@@ -17,14 +17,14 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedge.aggregator.client_app import (
+from fedge.models.digits import accuracy, make_model, model_bytes, to_arrays
+from fedge.sim.data import make_partitions
+from fedge.sim.party_app import (
     EVALUATE_METRICS,
     TRAIN_METRICS,
     PartyConfigError,
     app,
 )
-from fedge.models.digits import accuracy, make_model, model_bytes, to_arrays
-from fedge.sim.data import make_partitions
 from fedge.sim.profiles import (
     PartyDroppedOutError,
     PartyUnavailableError,
