@@ -5,19 +5,17 @@ Threads: paho's network thread (callbacks only enqueue or do short work), a depl
 numbered batches and drains the outbox, deleting a batch only on the broker's PUBACK.
 """
 
-import json
 import logging
 import threading
 import time
 import uuid
 from collections import Counter
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
 from fedge import __version__
-from fedge.edge_agent import deployer, runtime
+from fedge.edge_agent import deployer, restore, runtime
 from fedge.edge_agent.decisions import ConfigAction, decide, decide_config
 from fedge.edge_agent.errors import DeployError, InferenceError
 from fedge.edge_agent.images import decode_for
@@ -33,7 +31,7 @@ from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import ReportUploader, UploadError
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
-from fedge.protocols.manifest import ModelManifest, Preprocess
+from fedge.protocols.manifest import Preprocess
 from fedge.protocols.records import MetricRecord, PredictionRecord, Stream
 from fedge.protocols.signing import open_signed, trusted
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
@@ -114,22 +112,71 @@ class EdgeAgent:
         return None if raw is None else codec.decode(raw.encode(), EdgeConfig)
 
     def _load_active_model(self) -> runtime.LoadedModel | None:
+        """The model to serve after a start: the active one if it still verifies, else the
+        newest previous model that does (see :mod:`fedge.edge_agent.restore`)."""
         raw = self.store.get("active_model")
         if raw is None:
             return None
-        pointer = json.loads(raw)
+        history = restore.decode_history(self.store.get("model_history"))
+        active: restore.KeptModel | None = None
+        unreadable: DeployError | None = None
         try:
-            manifest = codec.decode(pointer["manifest"].encode(), ModelManifest)
-            path = Path(pointer["path"])
-            if deployer._sha256(path) != manifest.sha256:
-                raise DeployError("hash_mismatch", f"{path} changed on disk since it was verified")
-            model = runtime.load(path, manifest)
-            runtime.smoke_test(model)
-            return model
-        except (DeployError, ProtocolError, OSError) as exc:
-            log.error("cannot restore the active model, serving none until a deployment: %s", exc)
-            self.counters["restore_failed"] += 1
-            return None
+            active = restore.decode_kept(raw)
+        except DeployError as exc:
+            unreadable = exc
+        restored = restore.restore(
+            restore.candidates(active, history), lambda kept: restore.verify(kept, self.keys)
+        )
+        for kept, failure in restored.failures:
+            if kept is not active:
+                log.error("kept model %s does not verify either: %s", kept.ref, failure)
+        if unreadable is None and restored.kept is active:
+            return restored.model
+        error = unreadable or restored.failures[0][1]
+        self._restore_failed(active, error, restored.kept)
+        return restored.model
+
+    def _restore_failed(
+        self,
+        active: restore.KeptModel | None,
+        error: DeployError,
+        fallback: restore.KeptModel | None,
+    ) -> None:
+        """The active model did not verify: tell the manager, and fetch the deployment again.
+
+        Runs before the session exists: the status is stored as the last deploy status,
+        which every connection publishes (retained) after the birth; the lowered
+        ``deploy_done_version`` makes the retained desired deployment due again.
+        """
+        self.counters["restore_failed"] += 1
+        serving = "" if fallback is None else fallback.ref
+        log.error(
+            "cannot restore the active model %s (%s); serving %s until the deployment is "
+            "fetched again",
+            "?" if active is None else active.ref,
+            error,
+            serving or "none",
+        )
+        previous_raw = self.store.get("last_deploy_status")
+        try:
+            previous = (
+                None if previous_raw is None else codec.decode(previous_raw.encode(), DeployStatus)
+            )
+        except ProtocolError:
+            previous = None
+        if active is not None and active.deployment_version:
+            deployment_version = active.deployment_version
+        else:
+            deployment_version = 0 if previous is None else previous.version
+        done = int(self.store.get("deploy_done_version") or 0)
+        self.store.put("deploy_done_version", str(restore.redeploy_floor(done, deployment_version)))
+        status = restore.restore_status(
+            self.settings.edge, active, previous, error, serving, time.time()
+        )
+        if status is not None:
+            payload = codec.encode(status)
+            self.store.put("last_deploy_status", payload.decode())
+            self._last_deploy_status = payload
 
     @property
     def serving(self) -> str:
@@ -333,15 +380,14 @@ class EdgeAgent:
                 manifest = deployer.open_manifest(desired.manifest_envelope.encode(), self.keys)
                 manifest_ref = (manifest.name, manifest.version)
                 model = deployer.prepare(desired, self.settings, self.keys, stage)
+                kept = restore.kept_from(desired, model)
                 with self._lock:
+                    # The signed manifest and the deployment go with the pointer: a start
+                    # re-verifies the model, and falls back to an earlier one if it fails.
+                    self.store.put("active_model", restore.encode_kept(kept))
+                    history = restore.decode_history(self.store.get("model_history"))
                     self.store.put(
-                        "active_model",
-                        json.dumps(
-                            {
-                                "manifest": codec.encode(model.manifest).decode(),
-                                "path": str(model.path),
-                            }
-                        ),
+                        "model_history", restore.encode_history(restore.remember(history, kept))
                     )
                     self.model = model
                 self.counters["deploy.active"] += 1
@@ -457,7 +503,22 @@ class EdgeAgent:
             except Exception:  # the publisher must outlive any single failure
                 log.exception("publisher iteration failed")
 
+    # The outbox publish under way and the PUBACKs that arrived during it (see
+    # _drain_outbox). Read and replaced only under _inflight_lock; immutable class-level
+    # defaults, so every agent starts with its own empty state.
+    _sending_outbox: bool = False
+    _early_acks: tuple[PublishResult, ...] = ()
+
     def _drain_outbox(self) -> None:
+        """Publish what the outbox holds and is not in flight; PUBACKs delete the batches.
+
+        Never call into paho while holding a lock its callbacks take: paho runs
+        ``_on_published`` on its network thread while holding its outgoing-message mutex,
+        which ``publish()`` needs too. Holding ``_inflight_lock`` across ``publish()``
+        deadlocked agents draining a backlog after a broker outage (issue "A
+        fault-injection and soak suite", defect 1). So ``publish()`` runs unlocked, and a
+        PUBACK that comes back before it returned the mid is kept for the publisher to claim.
+        """
         now = time.monotonic()
         with self._inflight_lock:
             stale = [
@@ -472,8 +533,29 @@ class EdgeAgent:
         for entry in self.store.outbox(room, busy):
             topic = self._topic(topics.Up(entry.stream.value))
             with self._inflight_lock:
-                mid = self.mqtt.publish(topic, entry.payload, qos=1)
-                self._inflight[mid] = (entry.id, now)
+                self._sending_outbox = True
+                self._early_acks = ()
+            sent: int | None = None
+            try:
+                sent = self.mqtt.publish(topic, entry.payload, qos=1)
+            finally:
+                early = self._end_send(entry.id, sent, now)
+            if early is not None:
+                self._settle(entry.id, early)
+
+    def _end_send(self, entry_id: int, mid: int | None, sent_at: float) -> PublishResult | None:
+        """Close the send window: put ``mid`` in flight, or return its PUBACK if it was early.
+
+        Other PUBACKs kept during the window belonged to publishes outside the outbox (state
+        and deploy reports); they are dropped so a reused mid cannot claim them later.
+        """
+        with self._inflight_lock:
+            early = next((r for r in self._early_acks if r.mid == mid), None)
+            self._sending_outbox = False
+            self._early_acks = ()
+            if mid is not None and early is None:
+                self._inflight[mid] = (entry_id, sent_at)
+        return early
 
     def _upload_outbox(self) -> None:
         """Drain the outbox over gRPC: a batch is deleted once the manager stored it."""
@@ -496,20 +578,30 @@ class EdgeAgent:
                     self._refuse(entry.id, str(result.error))
 
     def _on_published(self, result: PublishResult) -> None:
+        # paho's network thread, holding paho's outgoing-message mutex: take nothing but
+        # _inflight_lock, briefly, and call nothing of paho's.
         with self._inflight_lock:
             entry = self._inflight.pop(result.mid, None)
-        if entry is None:
-            return
+            if entry is None and self._sending_outbox:
+                # Perhaps the batch being published, whose mid publish() has not returned
+                # yet: the publisher claims it in _end_send.
+                self._early_acks = (*self._early_acks, result)
+        if entry is not None:
+            self._settle(entry[0], result)
+
+    def _settle(self, entry_id: int, result: PublishResult) -> None:
+        """The broker's answer to an outbox batch: delete it, or keep it refused."""
         if result.ok:
-            self.store.acknowledge(entry[0])
+            self.store.acknowledge(entry_id)
             self.counters["batches.acked"] += 1
         else:
-            self._refuse(entry[0], result.reason)
+            self._refuse(entry_id, result.reason)
 
     def _refuse(self, entry_id: int, reason: str) -> None:
         """A batch the far side refused stays in the outbox (no data is dropped on the edge)
         but is not retried by this process, so it cannot block the batches behind it."""
-        self._refused.add(entry_id)
+        with self._inflight_lock:  # the publisher reads _refused under it
+            self._refused.add(entry_id)
         self.counters["batches.refused"] += 1
         log.error("outbox batch %d refused, kept for inspection: %s", entry_id, reason)
 
