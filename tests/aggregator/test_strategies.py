@@ -135,3 +135,39 @@ def test_bad_deadline_settings_are_refused() -> None:
         DeadlineConfig(quorum_fraction=0.0)
     with pytest.raises(ValueError, match="late_policy"):
         DeadlineConfig(late_policy="wait")
+
+
+def test_malformed_replies_are_failed_parties_and_change_nothing() -> None:
+    """A weight no party has, or arrays that are not the model sent: refused, recorded."""
+    liar = ClientApp()
+
+    @liar.train()
+    def _reply(msg: Message, context: Context) -> Message:
+        partition = int(context.node_config["partition-id"])
+        arrays = msg.content.array_records["arrays"]
+        weight: float = 2
+        if partition == 0:
+            weight = float("inf")  # would outweigh everyone
+        elif partition == 1:
+            weight = -5
+        elif partition == 2:
+            arrays = ArrayRecord({"w": Array(np.ones((7, 7), np.float32))})  # not our model
+        content = RecordDict({"arrays": arrays, "metrics": MetricRecord({"num-examples": weight})})
+        return Message(content=content, reply_to=msg)
+
+    grid = InProcessGrid(liar, 4)
+    strategy = StreamingFedAvg(per_round=4, seed=0, clock=ClockMode.WALL)
+    records: list[RoundRecord] = []
+    strategy.observers.append(records.append)
+    initial = _initial()
+    try:
+        result = strategy.start(grid, initial, num_rounds=1, train_config=ConfigRecord())
+    finally:
+        grid.close()
+    (record,) = records
+    assert set(record.failed) == {NODE_ID_BASE, NODE_ID_BASE + 1, NODE_ID_BASE + 2}
+
+    assert all("malformed reply" in record.failures[n] for n in record.failed)
+    assert record.on_time == (NODE_ID_BASE + 3,)
+    for key in initial:  # only the honest party's echo was folded: the model is unchanged
+        np.testing.assert_allclose(result.arrays[key].numpy(), initial[key].numpy())

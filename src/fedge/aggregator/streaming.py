@@ -396,6 +396,8 @@ class StreamingFedAvg(FedAvg):
             fold.add(arrays_of(record), weight)
             return
         layout = {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in record.items()}
+        if self._sent and not any(layout == _layout(sent) for sent in self._sent):
+            raise ValueError("its arrays are not the model that was sent (names or shapes)")
 
         def decoded() -> Iterator[tuple[str, np.ndarray]]:
             for key in list(record.keys()):
@@ -502,10 +504,17 @@ class StreamingFedAvg(FedAvg):
                     arrivals[node] = None
                     failures[node] = str(reply.error.reason or "")[:300]
                     continue
+                try:
+                    # Fold now, array by array, and let the reply go: memory stays at one
+                    # model. A malformed reply (no or a bad weight, arrays that are not the
+                    # model sent) is refused before anything is folded: a failed party.
+                    self._fold_reply(folds.setdefault(group, StreamingMean()), reply)
+                except ValueError as exc:
+                    arrivals[node] = None
+                    failures[node] = f"malformed reply: {exc}"[:300]
+                    continue
                 replies[node] = reply
                 on_time.append(node)
-                # Fold now, array by array, and let the reply go: memory stays at one model.
-                self._fold_reply(folds.setdefault(group, StreamingMean()), reply)
             outstanding = [m for m in this_round if m in self._pending]
             # The round ends at its quorum, when nobody is left, or at the deadline.
             if len(on_time) >= plan.quorum or not outstanding or time.monotonic() >= end:
@@ -596,8 +605,20 @@ def _weight(message: Message) -> float:
     metrics = message.content.metric_records
     for record in metrics.values():
         if NUM_EXAMPLES in record:
-            return float(record[NUM_EXAMPLES])  # type: ignore[arg-type]
+            value = record[NUM_EXAMPLES]
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise ValueError(f"'{NUM_EXAMPLES}' is not a number: {value!r}")
+            weight = float(value)
+            # A party's weight decides its share of the model: refuse what no party has.
+            if not (math.isfinite(weight) and weight >= 0):
+                raise ValueError(f"'{NUM_EXAMPLES}' must be a finite number >= 0, got {value!r}")
+            return weight
     raise ValueError(f"reply from node {message.metadata.src_node_id} has no '{NUM_EXAMPLES}'")
+
+
+def _layout(record: ArrayRecord) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
+    """Names, shapes and dtypes of a model's arrays, read without decoding them."""
+    return {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in record.items()}
 
 
 def _virtual_time(message: Message) -> float | None:
