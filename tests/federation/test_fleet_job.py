@@ -35,9 +35,10 @@ edges = {edges}
 
 
 def job(tmp_path: Path, *, model: str = "inspect:1", fleet: str = "plant-a",
-        edges: str = '"all"') -> Path:  # fmt: skip
+        edges: str = '"all"', extra: str = "") -> Path:  # fmt: skip
     path = tmp_path / "job.toml"
-    path.write_text(JOB.format(model=model, fleet=fleet, edges=edges), encoding="utf-8")
+    text = JOB.format(model=model, fleet=fleet, edges=edges) + extra.replace("x = 1\n", "")
+    path.write_text(text + "\n", encoding="utf-8")
     return path
 
 
@@ -54,6 +55,12 @@ def home(tmp_path: Path) -> Iterator[FleetHome]:
             trainable=TrainableSource(tmp_path / "m.npz", "inspection-cnn", {"width": 4}),
         )  # fmt: skip
         fleet.registry.publish(tmp_path / "m.onnx", name="plain", version=1, classes=CLASSES)
+        # Weights of another width than the family params say: nothing could train them.
+        fleet.registry.publish(
+            tmp_path / "m.onnx", name="misfit", version=1, classes=CLASSES,
+            preprocess=Preprocess(32),
+            trainable=TrainableSource(tmp_path / "m.npz", "inspection-cnn", {"width": 8}),
+        )  # fmt: skip
         fleet.set_training(["st-01"], TrainingPolicy(enabled=True))
     yield fh
     fh.close()
@@ -68,6 +75,9 @@ def home(tmp_path: Path) -> Iterator[FleetHome]:
         ({"model": "plain:1"}, "plain:1 cannot be trained"),
         ({"fleet": "plant-b"}, "this manager home runs fleet 'plant-a'"),
         ({"model": "inspect"}, "task.model must look like NAME:VERSION"),
+        ({"model": "misfit:1"}, "weights do not fit the model"),
+        ({"extra": "min_parties = 2"}, "federation.min_parties is 2, but only 1 edge"),
+        ({"extra": 'x = 1\n[publish]\nname = "../../evil"'}, "publish.name"),
     ],
 )
 def test_bad_fleet_jobs_are_refused_and_create_nothing(

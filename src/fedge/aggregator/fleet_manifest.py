@@ -204,6 +204,10 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
     publish_name = model.split(":")[0]
     if publish_table is not None:
         publish_name = publish_table.text("name", publish_name, non_empty=True)
+        if not _NAME.match(publish_name):  # it becomes a directory in the registry
+            raise ManifestError(
+                f"publish.name must be 1-64 letters, digits, '.', '_' or '-', got {publish_name!r}"
+            )
     manifest = FleetJobManifest(
         job=job,
         task=task,

@@ -15,7 +15,7 @@ from pathlib import Path
 from fedge.edge_manager.errors import RegistryError, UnknownModelError
 from fedge.edge_manager.onnx_spec import read_spec
 from fedge.edge_manager.store import Store
-from fedge.protocols import codec
+from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, Trainable
 from fedge.protocols.signing import SigningKey
@@ -97,6 +97,11 @@ class Registry:
         preprocess: Preprocess | None = None,
         trainable: TrainableSource | None = None,
     ) -> PublishedModel:
+        try:  # the name and version become directories: check them before any copy
+            validate.identifier(name, "model name")
+            validate.positive(version, "model version")
+        except ProtocolError as exc:
+            raise RegistryError(str(exc)) from None
         if not source.is_file():
             raise RegistryError(f"{source} does not exist or is not a file")
         if self.store.one("SELECT 1 AS x FROM models WHERE name=? AND version=?", (name, version)):

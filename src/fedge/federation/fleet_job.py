@@ -37,7 +37,14 @@ from fedge.aggregator.checkpoint import atomic_write_text, load_arrays
 from fedge.aggregator.fleet_manifest import FleetJobManifest, load_fleet_manifest
 from fedge.aggregator.fleet_server import INITIAL_WEIGHTS, MODEL_SPEC, PARTIES
 from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.job_dir import FINAL_MODEL, JOB_MANIFEST, RUNS_DB, JobError, is_live
+from fedge.aggregator.job_dir import (
+    FINAL_MODEL,
+    JOB_MANIFEST,
+    RUNS_DB,
+    JobError,
+    is_live,
+    job_lock,
+)
 from fedge.aggregator.job_spec import ManifestError
 from fedge.aggregator.run_store import RunState, RunStore
 from fedge.edge_manager.errors import ManagerError
@@ -53,7 +60,9 @@ APP_DIR = "app"
 PUBLISHED = "published.json"
 SUBMITTED = "submitted.json"
 CONNECTION = "fedge-fleet"
-DEAD_GRACE_S = 20.0  # a just-submitted run needs a moment before its ServerApp holds the lock
+# A submitted run's ServerApp must take the job lock within this (Flower starts it through
+# SuperExec, which polls; a busy host is slow): past it, a run nobody holds is dead.
+DEAD_GRACE_S = 120.0
 
 ProgressFn = Callable[[int, int, float | None], None]
 
@@ -92,9 +101,19 @@ def prepare(manifest_path: Path, job_dir: Path, home: ManagerHome) -> FleetJobMa
         classes=model.manifest.classes,
         preprocess=preprocess,
     )
+    _check_family(spec, weights)
+    federation = manifest.federation
+    for key, value in (
+        ("min_parties", federation.min_parties),
+        ("per_round", federation.per_round),
+    ):
+        if value > len(edges):
+            raise ManifestError(
+                f"federation.{key} is {value}, but only {len(edges)} edge(s) of the job "
+                "have training enabled"
+            )
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / INITIAL_WEIGHTS).write_bytes(weights)
-    _check_family(spec, job_dir / INITIAL_WEIGHTS)
     atomic_write_text(job_dir / MODEL_SPEC, spec.to_json())
     parties = {edge: NODE_ID_BASE + index for index, edge in enumerate(sorted(edges))}
     atomic_write_text(job_dir / PARTIES, json.dumps(parties, indent=1))
@@ -176,11 +195,11 @@ def _trainable_model(manifest: FleetJobManifest, registry: Registry) -> Publishe
     return model
 
 
-def _check_family(spec: ModelSpec, weights: Path) -> None:
+def _check_family(spec: ModelSpec, weights: bytes) -> None:
     """The family builds here and the starting weights fit it (else nothing can train)."""
     try:
         model = families.build(spec.family, spec.params, len(spec.classes))
-        families.load_state_arrays(model, load_arrays(weights))
+        families.load_state_arrays(model, families.weights_from_bytes(weights))
     except FamilyError as exc:
         raise ManifestError(f"task.model: {exc}") from None
 
@@ -223,7 +242,12 @@ def _write_app(job_dir: Path) -> None:
 
 
 def submit(job_dir: Path, superlink: str) -> dict[str, Any]:
-    """Send the job's app to the SuperLink with ``flwr run``; returns Flower's answer."""
+    """Send the job's app to the SuperLink with ``flwr run``; returns Flower's answer.
+
+    The run is marked queued first: until the new ServerApp takes the job, what the run
+    store says (halted, failed) is about the previous submission.
+    """
+    _mark_queued(job_dir)
     cli_home = job_dir / "flwr-cli"
     cli_home.mkdir(exist_ok=True)
     (cli_home / "config.toml").write_text(
@@ -264,6 +288,17 @@ def submit(job_dir: Path, superlink: str) -> dict[str, Any]:
     return answer
 
 
+def _mark_queued(job_dir: Path) -> None:
+    """A (re)submitted job is queued again until its new ServerApp takes it."""
+    store = RunStore(job_dir / RUNS_DB)
+    try:
+        run = store.runs()[-1]
+        if RunState(run["state"]) is not RunState.COMPLETED:
+            store.set_state(str(run["run_id"]), RunState.QUEUED, error="")
+    finally:
+        store.close()
+
+
 def wait(
     job_dir: Path,
     *,
@@ -277,6 +312,7 @@ def wait(
     submitted = _submitted_at(job_dir)
     end = None if timeout_s is None else time.monotonic() + timeout_s
     reported = -1
+    seen_live = False
     while True:
         store = RunStore(job_dir / RUNS_DB)
         try:
@@ -287,17 +323,28 @@ def wait(
             store.close()
         state = RunState(run["state"])
         last = int(run["last_round"])
+        settled = float(run["updated_at"]) >= submitted  # not the state of an older submission
         if progress is not None and last != reported:
             accuracy = rounds[-1]["eval_metrics"].get("accuracy") if rounds else None
             progress(last, total, None if accuracy is None else float(accuracy))
             reported = last
-        if state in (RunState.COMPLETED, RunState.FAILED, RunState.HALTED):
+        if state is RunState.COMPLETED or (state in (RunState.FAILED, RunState.HALTED) and settled):
             return FleetJobResult(str(run["run_id"]), state, total, last, None, str(run["error"]))
-        if (
-            state is RunState.RUNNING
-            and not is_live(job_dir)
-            and time.time() - submitted > DEAD_GRACE_S
-        ):
+        live = is_live(job_dir)
+        seen_live = seen_live or live
+        if not live and (seen_live or time.time() - submitted > DEAD_GRACE_S):
+            # The lock is free: the ServerApp ended. Read once more what it left: an end
+            # written just before it let go is an end, anything else is a death.
+            final = _latest_run(job_dir)
+            final_state = RunState(final["state"])
+            if final_state is RunState.COMPLETED or (
+                final_state in (RunState.FAILED, RunState.HALTED)
+                and float(final["updated_at"]) >= submitted
+            ):
+                return FleetJobResult(
+                    str(final["run_id"]), final_state, total, int(final["last_round"]), None,
+                    str(final["error"]),
+                )  # fmt: skip
             return FleetJobResult(
                 str(run["run_id"]),
                 state,
@@ -310,6 +357,14 @@ def wait(
         if end is not None and time.monotonic() >= end:
             raise JobError(f"job in {job_dir} did not end within {timeout_s:.0f}s")
         time.sleep(poll_s)
+
+
+def _latest_run(job_dir: Path) -> dict[str, Any]:
+    store = RunStore(job_dir / RUNS_DB)
+    try:
+        return store.runs()[-1]
+    finally:
+        store.close()
 
 
 def _submitted_at(job_dir: Path) -> float:
@@ -340,7 +395,17 @@ def published_ref(job_dir: Path) -> str | None:
 
 
 def publish(job_dir: Path, home: ManagerHome) -> str:
-    """Export the completed job's model to ONNX and publish it with lineage (once)."""
+    """Export the completed job's model to ONNX and publish it with lineage, once.
+
+    Under the job's lock, so two ``resume`` calls cannot both publish; and a version
+    already in the registry from this run (published, then killed before it was noted
+    here) is found by its lineage instead of being published again.
+    """
+    with job_lock(job_dir, wait_s=60.0):
+        return _publish_once(job_dir, home)
+
+
+def _publish_once(job_dir: Path, home: ManagerHome) -> str:
     done = published_ref(job_dir)
     if done is not None:
         return done
@@ -372,6 +437,11 @@ def publish(job_dir: Path, home: ManagerHome) -> str:
     weights_path.write_bytes(families.weights_bytes(final))
     parent_name, parent_version = parse_ref(manifest.task.model)
     with _open(home) as (_, registry):
+        for row in registry.list():
+            if row["name"] == manifest.publish_name and row["run_id"] == run_id:
+                ref = f"{row['name']}:{row['version']}"
+                atomic_write_text(job_dir / PUBLISHED, json.dumps({"ref": ref, "at": time.time()}))
+                return ref
         parent = registry.get(parent_name, parent_version)
         version = (registry.latest_version(manifest.publish_name) or 0) + 1
         counts = ",".join(f"{edge}={n}" for edge, n in sorted(examples.items()))
@@ -431,12 +501,12 @@ def resume_fleet_job(
 ) -> FleetJobResult:
     """Continue a fleet job: submit it again if no aggregator runs it, follow, publish."""
     if needs_submission(job_dir):
-        _clear_halt_if_halted(job_dir)
+        _clear_halt(job_dir)  # resuming is the newer request
         submit(job_dir, home.settings().superlink_address)
     return _finish(job_dir, home, progress, timeout_s)
 
 
-def _clear_halt_if_halted(job_dir: Path) -> None:
+def _clear_halt(job_dir: Path) -> None:
     from fedge.aggregator.job_dir import clear_halt
 
     clear_halt(job_dir)
