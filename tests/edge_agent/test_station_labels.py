@@ -58,3 +58,30 @@ def test_manager_labels_join_the_station_training_set_once(tmp_path: Path) -> No
     finally:
         agent.store.close()
         agent.station.close()
+
+
+def test_a_labels_document_always_fits_what_the_station_accepts(tmp_path: Path) -> None:
+    """Long, non-ASCII operator names: the newest labels that fit are sent, never a
+    document every station would refuse as oversized; old documents are not kept."""
+    fh = make_fleet_home(tmp_path, edges=("st-01",))
+    with fh.fleet() as fleet:
+        for index in range(150):
+            fleet.store.conn.execute(
+                "INSERT INTO predictions VALUES (?, 'st-01', 0, ?, 'inspect:1', '{}', "
+                "'accept', 0.5, 1, 1.0, 'api')",
+                (f"p-{index}", time.time()),
+            )
+            fleet.add_label(f"p-{index}", "scratch", "é" * 128)
+        docs = [row for row in fleet.unpublished(skip=set()) if row["kind"] == LABELS]
+        kept = fleet.store.scalar("SELECT count(*) FROM desired WHERE kind='labels'")
+    assert [row["version"] for row in docs] == [150]
+    assert kept == 1
+    agent = EdgeAgent(fh.agent_settings("st-01"))
+    try:
+        agent.handle_labels(docs[0]["envelope"].encode())
+        applied = agent.counters["labels.from_manager"]
+        assert 10 < applied < 150, applied  # trimmed to fit, newest first
+        assert agent.store.get("labels_version") == "150"
+    finally:
+        agent.store.close()
+        agent.station.close()

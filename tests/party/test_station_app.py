@@ -9,13 +9,13 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 from PIL import Image
 
-from fedge.edge_agent.images import decode_for
 from fedge.models.inspection import new_model
 from fedge.party import families, trainer
 from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import FamilyError, PartyError
-from fedge.party.station_app import ModelSpec, Station, evaluate_round, train_round
+from fedge.party.station_app import Station, evaluate_round, model_spec, train_round
 from fedge.protocols.manifest import Preprocess
+from fedge.protocols.model_spec import ModelSpec
 from fedge.sim.defects import CLASSES, make_defect_images
 
 SPEC = ModelSpec("inspection-cnn", {"width": 4}, CLASSES, Preprocess(image_size=32))
@@ -89,23 +89,55 @@ def test_a_family_the_station_cannot_build_or_weights_that_do_not_fit(tmp_path: 
     with pytest.raises(FamilyError, match="do not fit"):
         train_round(station, wider, arrays(), ConfigRecord())
     with pytest.raises(PartyError, match="model-spec"):
-        ModelSpec.from_json('{"family": "x"}')
+        model_spec(ConfigRecord({"model-spec": '{"family": "x"}'}))
+    with pytest.raises(PartyError, match="no fedge fleet job"):
+        model_spec(ConfigRecord())
+    with pytest.raises(PartyError, match="batch-size"):
+        train_round(station, SPEC, arrays(), ConfigRecord({"batch-size": 0}))
     assert ModelSpec.from_json(SPEC.to_json()) == SPEC
 
 
-def test_the_agent_and_the_trainer_prepare_the_same_tensor_from_the_same_file(
-    tmp_path: Path,
-) -> None:
-    image = (np.random.default_rng(1).random((48, 40)) * 255).astype(np.uint8)
-    path = tmp_path / "part.png"
-    path.write_bytes(png(image))
-    spec = Preprocess(image_size=32)
-    served = decode_for(path.read_bytes(), spec)
-    from fedge.party.dataset import LabelledImage
+def test_the_agent_scores_exactly_the_tensor_the_trainer_trains_on(tmp_path: Path) -> None:
+    """No training/serving skew: the agent's input for a file is the trainer's example."""
+    from conftest import make_fleet_home
 
-    trained = trainer.load_examples([LabelledImage("p-1", path, "clean", False)], CLASSES, spec)
-    assert served.shape == (1, 32, 32)
-    np.testing.assert_array_equal(trained.x[0], served)
+    from fedge.edge_agent import runtime
+    from fedge.edge_agent.agent import EdgeAgent
+    from fedge.models.inspection import export_onnx
+    from fedge.protocols.manifest import ModelManifest, TensorSpec
+
+    image = (np.random.default_rng(1).random((48, 40)) * 255).astype(np.uint8)
+    data = png(image)
+    onnx = tmp_path / "m.onnx"
+    export_onnx(new_model(0, width=4), onnx)
+    manifest = ModelManifest(
+        name="inspect", version=1, sha256="ab" * 32, size=onnx.stat().st_size,
+        inputs=(TensorSpec("image", "float32", ("batch", 1, 32, 32)),),
+        outputs=(TensorSpec("probs", "float32", ("batch", 2)),), classes=CLASSES,
+        preprocess=Preprocess(image_size=32),
+    )  # fmt: skip
+    fh = make_fleet_home(tmp_path / "fleet", edges=("st-01",))
+    agent = EdgeAgent(fh.agent_settings("st-01"))
+    seen: list[np.ndarray] = []
+    try:
+        agent.model = runtime.load(onnx, manifest)
+        real_run = agent.model.session.run
+
+        def spy(names: object, feeds: dict[str, np.ndarray]) -> object:
+            seen.append(feeds["image"].copy())
+            return real_run(names, feeds)  # type: ignore[arg-type]
+
+        agent.model.session.run = spy  # type: ignore[method-assign]
+        scored = agent.score_image(data, suffix=".png")
+        assert agent.station.labelled() == []  # kept, but not a training example unlabelled
+        agent.station.label(scored.record.prediction_id, "clean")
+        (item,) = agent.station.labelled()
+        trained = trainer.load_examples([item], CLASSES, Preprocess(image_size=32))
+    finally:
+        agent.store.close()
+        agent.station.close()
+    assert seen[0].shape == (1, 1, 32, 32)
+    np.testing.assert_array_equal(trained.x[0], seen[0][0])
 
 
 def test_weights_round_trip_and_the_digits_family_builds() -> None:
@@ -120,3 +152,12 @@ def test_weights_round_trip_and_the_digits_family_builds() -> None:
     assert sum(p.numel() for p in digits.parameters()) == 64 * 16 + 16 + 16 * 10 + 10
     with pytest.raises(FamilyError, match="not a readable"):
         families.weights_from_bytes(b"nope")
+
+
+def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(tmp_path: Path) -> None:
+    from fedge.party.preprocess import ImageError, prepare
+
+    buffer = io.BytesIO()
+    Image.new("L", (9000, 9000)).save(buffer, format="PNG")  # ~80 KB on disk, 81 Mpx
+    with pytest.raises(ImageError, match="pixels"):
+        prepare(buffer.getvalue(), Preprocess(image_size=32))

@@ -66,11 +66,11 @@ from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import PartyEvaluation, RunState, RunStore
 from fedge.aggregator.streaming import arrays_of, to_array_record
 from fedge.aggregator.tiered import TieredFedAvg
+from fedge.protocols.model_spec import MODEL_SPEC_KEY
 
 MODEL_SPEC = "model-spec.json"
 INITIAL_WEIGHTS = "initial.npz"
 PARTIES = "parties.json"
-MODEL_SPEC_KEY = "model-spec"
 ACCURACY_KEY = "accuracy"
 _LOCK_WAIT_S = 30.0  # a resubmitted run may start while the killed one's lock is released
 
@@ -269,11 +269,20 @@ def _evaluate_on_stations(
             results.append(PartyEvaluation(name, None, 0, reason[:500]))
         else:
             metrics: dict[str, Any] = dict(reply.content.metric_records.get("metrics", {}))
-            results.append(
-                PartyEvaluation(
-                    name, float(metrics.get("eval-acc", 0.0)), int(metrics.get("num-examples", 0))
-                )
-            )
+            accuracy, examples = metrics.get("eval-acc"), metrics.get("num-examples")
+            # What a station reports is data to check, not to trust.
+            if (
+                not isinstance(accuracy, int | float)
+                or isinstance(accuracy, bool)
+                or not 0.0 <= float(accuracy) <= 1.0
+                or not isinstance(examples, int)
+                or isinstance(examples, bool)
+                or examples < 0
+            ):
+                reason = f"malformed evaluation: eval-acc={accuracy!r}, num-examples={examples!r}"
+                results.append(PartyEvaluation(name, None, 0, reason))
+                continue
+            results.append(PartyEvaluation(name, float(accuracy), examples))
     return results
 
 

@@ -24,13 +24,8 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
 from fedge.aggregator.streaming import to_array_record
-from fedge.party.station_app import (
-    MODEL_SPEC_KEY,
-    ModelSpec,
-    Station,
-    evaluate_round,
-    train_round,
-)
+from fedge.party.station_app import Station, evaluate_round, train_round
+from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 
 server = ServerApp()
 client = ClientApp()

@@ -306,10 +306,17 @@ class EdgeAgent:
             return
         applied = 0
         for record in document.labels:
+            try:
+                # The station's set first (an idempotent upsert), then the record that
+                # the label was applied: a failure in between applies it again, not never.
+                self.station.label(record.prediction_id, record.label, record.at)
+            except (StationDataError, OSError) as exc:
+                self.counters["labels.station_failed"] += 1
+                log.error("label %s not kept for training: %s", record.label_id, exc)
+                continue
             if self.store.add_remote_label(
                 record.label_id, record.prediction_id, record.label, record.who, record.at
             ):
-                self.station.label(record.prediction_id, record.label, record.at)
                 applied += 1
         self.store.put("labels_version", str(document.version))
         self.counters["labels.from_manager"] += applied
@@ -439,9 +446,11 @@ class EdgeAgent:
         prediction's id, so an operator's label for the prediction makes it a training
         example. It stays on the station.
         """
-        if self.model is None:
+        model = self.model  # one snapshot: a deployment may swap it meanwhile
+        if model is None:
             raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
-        scored = self.score(decode_for(data, self.preprocess()), source=source)
+        spec = model.manifest.preprocess or Preprocess(image_size=self.settings.image_size)
+        scored = self.score(decode_for(data, spec), source=source, model=model)
         try:
             self.station.keep(scored.record.prediction_id, data, suffix, scored.record.at)
         except (StationDataError, OSError) as exc:
@@ -450,9 +459,14 @@ class EdgeAgent:
             log.error("could not keep %s for training: %s", scored.record.prediction_id, exc)
         return scored
 
-    def score(self, image: np.ndarray, source: str = "") -> Scored:
-        """Score one image (H x W, or C x H x W; float, prepared) and record the prediction."""
-        model, config = self.model, self.config
+    def score(
+        self, image: np.ndarray, source: str = "", *, model: runtime.LoadedModel | None = None
+    ) -> Scored:
+        """Score one image (H x W, or C x H x W; float, prepared) and record the prediction.
+
+        ``model`` is the model the image was prepared for (default: the serving one).
+        """
+        model, config = model or self.model, self.config
         if model is None:
             raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
         shaped = image if image.ndim == 3 else image[None, :, :]

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import shlex
@@ -49,18 +50,25 @@ class SupernodeSpec:
 
 
 def node_config(spec: SupernodeSpec) -> str:
-    """Flower's ``--node-config`` text: what the station's ClientApp reads."""
-    pairs = {
-        "edge": f'"{spec.edge}"',
-        "data-dir": f'"{spec.data_dir}"',
-        "holdout-percent": str(spec.holdout_percent),
-        "threads": str(spec.threads),
-        "max-seconds": repr(float(spec.max_seconds)),
+    """The SuperNode's node config as a TOML document: what the station's ClientApp reads.
+
+    Written to a file (Flower reads ``--node-config FILE.toml``): a data directory with
+    spaces, quotes or backslashes survives, where the inline ``k=v`` form would not.
+    """
+    values: dict[str, str | int | float] = {
+        "edge": spec.edge,
+        "data-dir": str(spec.data_dir),
+        "holdout-percent": spec.holdout_percent,
+        "threads": spec.threads,
+        "max-seconds": float(spec.max_seconds),
     }
-    return " ".join(f"{key}={value}" for key, value in pairs.items())
+    # JSON strings are TOML basic strings (both escape quotes, backslashes and controls).
+    return "".join(f'"{key}" = {json.dumps(value)}\n' for key, value in values.items())
 
 
-def supernode_command(spec: SupernodeSpec, bin_dir: Path, runtime_port: int) -> list[str]:
+def supernode_command(
+    spec: SupernodeSpec, bin_dir: Path, runtime_port: int, node_config_file: Path
+) -> list[str]:
     """The ``flower-supernode`` command line for this station (pure)."""
     return [
         str(bin_dir / SUPERNODE),
@@ -72,15 +80,30 @@ def supernode_command(spec: SupernodeSpec, bin_dir: Path, runtime_port: int) -> 
         "--port",
         str(runtime_port),
         "--node-config",
-        node_config(spec),
+        str(node_config_file),
     ]
 
 
+def _load_prctl() -> object | None:
+    # Loaded at import: a dlopen between fork and exec of a threaded process can deadlock.
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _load_prctl()
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
+    """A new session, and SIGKILL when the parent goes (Linux: PR_SET_PDEATHSIG).
+
+    The signal follows the *thread* that forked: the supervisor's own thread, which lives
+    as long as the agent (it never exits on an error, see ``_loop``).
+    """
     os.setsid()
-    with contextlib.suppress(OSError, AttributeError):
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if _PRCTL is not None:
+        _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)  # type: ignore[operator]
 
 
 def _free_port() -> int:
@@ -193,7 +216,16 @@ class SupernodeSupervisor:
                     self._wake.clear()
                 continue
             if proc is None and wanted is not None:
-                self._start(wanted)
+                try:
+                    self._start(wanted)
+                except Exception as exc:  # the loop must outlive any failure
+                    self.last_error = f"cannot start the SuperNode: {exc}"
+                    log.error("%s; retrying", self.last_error)
+                    failures += 1
+                    delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                    if self._wake.wait(delay):
+                        self._wake.clear()
+                    continue
             if self._wake.wait(0.5):
                 self._wake.clear()
 
@@ -210,7 +242,11 @@ class SupernodeSupervisor:
         self.workdir.mkdir(parents=True, exist_ok=True)
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
-        command = supernode_command(spec, self.bin_dir, _free_port())
+        config_file = self.workdir / "node-config.toml"
+        tmp = config_file.with_suffix(".tmp")
+        tmp.write_text(node_config(spec), encoding="utf-8")
+        tmp.replace(config_file)
+        command = supernode_command(spec, self.bin_dir, _free_port(), config_file)
         env = {
             **os.environ,
             "FLWR_HOME": str(home),

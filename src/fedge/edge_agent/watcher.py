@@ -86,5 +86,6 @@ def watch(agent: EdgeAgent, inbox: Path, stop: threading.Event, interval_s: floa
     while not stop.wait(interval_s):
         try:
             watcher.scan_once()
-        except OSError as exc:
-            log.error("watching %s: %s", inbox, exc)
+        except Exception:  # the watcher outlives any one bad file or failure
+            agent.counters["watch.errors"] += 1
+            log.exception("watching %s", inbox)

@@ -22,7 +22,7 @@ from fedge.protocols.config import EdgeConfig, TrainingPolicy
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.labels import MAX_LABELS, StationLabels
 from fedge.protocols.records import LabelRecord
-from fedge.protocols.signing import SigningKey
+from fedge.protocols.signing import MAX_ENVELOPE_BYTES, SigningKey
 
 CONFIG = "config"
 DEPLOY = "deploy"
@@ -279,6 +279,7 @@ class Fleet:
             raise ManagerError(f"no prediction {prediction_id!r} has reached the manager")
         try:
             validate.identifier(label, "label")
+            validate.bounded_text(who, "who", 128)
         except ProtocolError as exc:
             raise ManagerError(str(exc)) from None
         label_id = f"l-{uuid.uuid4().hex}"
@@ -293,7 +294,11 @@ class Fleet:
         return label_id
 
     def _push_labels(self, edge: str, now: float) -> None:
-        """The edge's labels document: the newest labels given here, down to the station."""
+        """The edge's labels document: the newest labels given here, down to the station.
+
+        As many of the newest labels as fit a signed envelope the edge accepts (at most
+        MAX_LABELS); older label documents of the edge are deleted, not kept forever.
+        """
         rows = self.store.query(
             "SELECT label_id, prediction_id, label, who, at FROM labels "
             "WHERE edge=? AND origin='operator' ORDER BY at DESC, label_id LIMIT ?",
@@ -302,14 +307,27 @@ class Fleet:
         current = self.store.scalar(
             "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, LABELS)
         )
-        document = StationLabels(
-            fleet=self.fleet,
-            edge=edge,
-            version=int(current or 0) + 1,
-            labels=tuple(
-                LabelRecord(r["label_id"], r["prediction_id"], r["label"], r["who"], r["at"])
-                for r in reversed(rows)
-            ),
-            issued_at=now,
+        records = [
+            LabelRecord(r["label_id"], r["prediction_id"], r["label"], r["who"], r["at"])
+            for r in rows
+        ]
+        while True:
+            document = StationLabels(
+                fleet=self.fleet,
+                edge=edge,
+                version=int(current or 0) + 1,
+                labels=tuple(reversed(records)),
+                issued_at=now,
+            )
+            encoded = codec.encode(document)
+            # The envelope carries the payload as a JSON string (escaped, so up to ~2x):
+            # leave room for it under the edge's envelope limit.
+            if 2 * len(encoded) + 512 <= MAX_ENVELOPE_BYTES or len(records) <= 1:
+                break
+            records = records[: max(1, len(records) * 3 // 4)]
+        self._write_desired(edge, LABELS, document.version, encoded, now)
+        # Each document holds the newest labels in full: older ones are never needed.
+        self.store.conn.execute(
+            "DELETE FROM desired WHERE edge=? AND kind=? AND version < ?",
+            (edge, LABELS, document.version),
         )
-        self._write_desired(edge, LABELS, document.version, codec.encode(document), now)

@@ -53,8 +53,8 @@ from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.registry import PublishedModel, Registry, TrainableSource, parse_ref
 from fedge.party import families
 from fedge.party.errors import FamilyError
-from fedge.party.station_app import ModelSpec
 from fedge.protocols.manifest import Lineage
+from fedge.protocols.model_spec import ModelSpec
 
 APP_DIR = "app"
 PUBLISHED = "published.json"

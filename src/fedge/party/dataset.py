@@ -171,6 +171,12 @@ class StationData:
                 total += int(size)
                 if index >= policy.max_images or total > policy.max_bytes:
                     doomed.append((prediction_id, file))
+            # Labels whose image was never kept (or is gone) go by age too.
+            self._conn.execute(
+                "DELETE FROM labels WHERE at < ? AND prediction_id NOT IN "
+                "(SELECT prediction_id FROM images)",
+                (now - policy.max_age_s,),
+            )
             if doomed:
                 self._conn.execute("BEGIN")
                 self._conn.executemany(

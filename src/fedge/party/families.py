@@ -167,12 +167,24 @@ def load_state_arrays(model: nn.Module, arrays: Mapping[str, npt.NDArray[np.gene
             f"weights do not fit the model: missing {missing[:5]}, unexpected {extra[:5]}"
         )
     for name, tensor in expected.items():
+        if np.asarray(arrays[name]).dtype.kind not in "fiub":
+            raise FamilyError(f"weights do not fit the model: {name} is not numeric")
         if tuple(arrays[name].shape) != tuple(tensor.shape):
             raise FamilyError(
                 f"weights do not fit the model: {name} is {tuple(arrays[name].shape)}, "
                 f"the model wants {tuple(tensor.shape)}"
             )
-    model.load_state_dict({k: torch.from_numpy(np.asarray(v)) for k, v in arrays.items()})
+    # Native byte order and the model's own dtype: a foreign-endian or widened array loads.
+    model.load_state_dict(
+        {
+            k: torch.from_numpy(
+                np.ascontiguousarray(
+                    v, dtype=np.dtype(str(expected[k].dtype).removeprefix("torch."))
+                )
+            )
+            for k, v in arrays.items()
+        }
+    )
 
 
 def weights_bytes(arrays: Mapping[str, npt.NDArray[np.generic]]) -> bytes:

@@ -18,6 +18,8 @@ from PIL import Image, UnidentifiedImageError
 from fedge.protocols.manifest import Preprocess
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
+# Decoded size bound: a small file can declare a huge image (a "decompression bomb").
+MAX_IMAGE_PIXELS = 40_000_000
 _RESAMPLE = {
     "bilinear": Image.Resampling.BILINEAR,
     "bicubic": Image.Resampling.BICUBIC,
@@ -41,11 +43,18 @@ def prepare(data: bytes | Path, spec: Preprocess) -> npt.NDArray[np.float32]:
                 raise ImageError(f"image is larger than {MAX_IMAGE_BYTES} bytes")
             opened = Image.open(io.BytesIO(data))
         with opened:
+            width, height = opened.size
+            if width * height > MAX_IMAGE_PIXELS:
+                raise ImageError(
+                    f"image of {width}x{height} pixels is over {MAX_IMAGE_PIXELS} pixels"
+                )
+            if opened.format == "JPEG":  # decode at a reduced scale when that is enough
+                opened.draft("L" if spec.channels == 1 else "RGB", (spec.image_size,) * 2)
             image = opened.convert("L" if spec.channels == 1 else "RGB")
         if image.size != (spec.image_size, spec.image_size):
             image = image.resize((spec.image_size, spec.image_size), _RESAMPLE[spec.resample])
         pixels = np.asarray(image, dtype=np.float32) * np.float32(spec.scale)
-    except (UnidentifiedImageError, OSError, ValueError) as exc:
+    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
         if isinstance(exc, ImageError):
             raise
         raise ImageError(f"not a readable image: {exc}") from None

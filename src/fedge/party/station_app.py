@@ -37,7 +37,6 @@ reply, which the aggregator records as the party's failure -- data, never a hang
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -50,13 +49,13 @@ from flwr.clientapp import ClientApp
 from fedge.party import families, trainer
 from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
-from fedge.protocols.manifest import Preprocess
+from fedge.protocols.errors import ProtocolError
+from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 
 ARRAYS_KEY = "arrays"
 METRICS_KEY = "metrics"
 CONFIG_KEY = "config"
 IDENTITY_KEY = "identity"
-MODEL_SPEC_KEY = "model-spec"
 
 
 @dataclass(frozen=True)
@@ -91,42 +90,6 @@ class Station:
         )
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    """What the job trains: a family and size, its classes, how images are prepared."""
-
-    family: str
-    params: dict[str, int]
-    classes: tuple[str, ...]
-    preprocess: Preprocess
-
-    @classmethod
-    def from_json(cls, text: object) -> ModelSpec:
-        if not isinstance(text, str):
-            raise PartyError(f"config[{MODEL_SPEC_KEY!r}] is missing: this is no fedge fleet job")
-        try:
-            data = json.loads(text)
-            return cls(
-                family=str(data["family"]),
-                params={str(k): int(v) for k, v in data["params"].items()},
-                classes=tuple(str(c) for c in data["classes"]),
-                preprocess=Preprocess(**data["preprocess"]),
-            )
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise PartyError(f"config[{MODEL_SPEC_KEY!r}] is not a model spec: {exc}") from exc
-
-    def to_json(self) -> str:
-        return json.dumps(
-            {
-                "family": self.family,
-                "params": self.params,
-                "classes": list(self.classes),
-                "preprocess": vars(self.preprocess),
-            },
-            sort_keys=True,
-        )
-
-
 # ---------------------------------------------------------------- the work itself
 
 
@@ -145,11 +108,13 @@ def train_round(
             f"station {station.edge} has no usable labelled training images "
             f"({len(train_items)} labelled, skipped {dict(train_set.skipped)})"
         )
-    before = trainer.accuracy(model, held_out if len(held_out) else train_set)
+    # TiFL's signal is the received model on data it did not train on: without held-out
+    # images there is none to give, and local-acc is left out of the reply.
+    before = trainer.accuracy(model, held_out) if len(held_out) else float("nan")
     settings = trainer.TrainSettings(
         lr=_number(config, "lr", 3e-3),
-        epochs=int(_number(config, "local-epochs", 2)),
-        batch_size=int(_number(config, "batch-size", 32)),
+        epochs=int(_number(config, "local-epochs", 2, minimum=1)),
+        batch_size=int(_number(config, "batch-size", 32, minimum=1)),
         max_seconds=station.max_seconds,
         threads=station.threads,
         seed=int(_number(config, "server-round", 0)),
@@ -162,12 +127,13 @@ def train_round(
         "num-examples": len(train_set),
         "train-loss": result.loss if math.isfinite(result.loss) else 0.0,
         "train-time-s": result.seconds,
-        "local-acc": before,
         "holdout-examples": len(held_out),
         "skipped-unreadable": skipped["unreadable_image"],
         "skipped-unknown-label": skipped["unknown_label"],
         "stopped-early": int(result.stopped_early),
     }
+    if math.isfinite(before):
+        metrics["local-acc"] = before
     if math.isfinite(after):
         metrics["holdout-acc-after"] = after
     return ArrayRecord(model.state_dict()), metrics
@@ -204,7 +170,7 @@ def train(msg: Message, context: Context) -> Message:
     """Train the job's model on this station's labelled images."""
     station = Station.from_node_config(context.node_config)
     config = _config(msg)
-    spec = ModelSpec.from_json(config.get(MODEL_SPEC_KEY))
+    spec = model_spec(config)
     arrays, metrics = train_round(station, spec, _arrays(msg), config)
     content = RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: MetricRecord(dict(metrics))})
     return Message(content=content, reply_to=msg)
@@ -214,7 +180,7 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """The received model's accuracy on this station's held-out images."""
     station = Station.from_node_config(context.node_config)
-    spec = ModelSpec.from_json(_config(msg).get(MODEL_SPEC_KEY))
+    spec = model_spec(_config(msg))
     metrics = evaluate_round(station, spec, _arrays(msg))
     return Message(content=RecordDict({METRICS_KEY: MetricRecord(dict(metrics))}), reply_to=msg)
 
@@ -238,6 +204,14 @@ def query(msg: Message, context: Context) -> Message:
     return Message(content=content, reply_to=msg)
 
 
+def model_spec(config: ConfigRecord) -> ModelSpec:
+    """The round's model spec; a PartyError (an error reply) when it is missing or bad."""
+    try:
+        return ModelSpec.from_json(config.get(MODEL_SPEC_KEY))
+    except ProtocolError as exc:
+        raise PartyError(str(exc)) from exc
+
+
 def _arrays(message: Message) -> ArrayRecord:
     records = message.content.array_records
     if ARRAYS_KEY in records:
@@ -256,8 +230,13 @@ def _config(message: Message) -> ConfigRecord:
     return ConfigRecord()
 
 
-def _number(config: ConfigRecord, key: str, default: float) -> float:
+def _number(config: ConfigRecord, key: str, default: float, *, minimum: float = 0.0) -> float:
     value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value >= 0:
-        raise PartyError(f"config[{key!r}] must be a number >= 0, got {value!r}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not math.isfinite(value)
+        or value < minimum
+    ):
+        raise PartyError(f"config[{key!r}] must be a number >= {minimum:g}, got {value!r}")
     return float(value)
