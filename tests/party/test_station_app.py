@@ -125,9 +125,9 @@ def test_the_agent_scores_exactly_the_tensor_the_trainer_trains_on(tmp_path: Pat
 
         def spy(names: object, feeds: dict[str, np.ndarray]) -> object:
             seen.append(feeds["image"].copy())
-            return real_run(names, feeds)  # type: ignore[arg-type]
+            return real_run(names, feeds)
 
-        agent.model.session.run = spy  # type: ignore[method-assign]
+        agent.model.session.run = spy
         scored = agent.score_image(data, suffix=".png")
         assert agent.station.labelled() == []  # kept, but not a training example unlabelled
         agent.station.label(scored.record.prediction_id, "clean")
