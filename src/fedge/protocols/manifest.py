@@ -74,7 +74,9 @@ class Trainable:
     ``family`` names the code that builds the network in torch (``fedge.party.families``:
     ``inspection-cnn``, ``digits-mlp``, or a user's entry point), ``params`` its size
     (e.g. ``{"width": 16}``); the weights are an ``.npz`` of the state dict, hashed like
-    the ONNX file so a station trains exactly what the registry signed.
+    the ONNX file: a fleet job checks them against this signed manifest before its first
+    round. (The rounds themselves travel over the SuperLink, unsigned; securing that
+    channel is the transport-security work, not this manifest's.)
     """
 
     family: str
