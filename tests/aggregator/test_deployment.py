@@ -13,10 +13,8 @@ their apps through ``flower-superexec`` (found on PATH), one process per task.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -31,6 +29,7 @@ from flwr.app import Context, RecordDict
 
 from fedge.aggregator.factory import StrategyConfigError
 from fedge.aggregator.run_store import RunStore
+from fedge.edge_agent.supervisor import kill_tree, process_tree
 from fedge.sim.grid import InProcessGrid
 from fedge.sim.party_app import app as client_app
 from fedge.sim.server_app import ServerConfigError, ServerSettings, run_server
@@ -77,47 +76,6 @@ target_accuracy = 0.9
 
 
 # ---------------------------------------------------------------- processes
-
-
-def _children() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        ppid = int(stat.rsplit(")", 1)[1].split()[1])
-        children.setdefault(ppid, []).append(int(entry.name))
-    return children
-
-
-def process_tree(pid: int) -> list[int]:
-    """``pid`` and every live descendant (Flower starts its apps in new sessions)."""
-    children = _children()
-    tree, todo = [], [pid]
-    while todo:
-        current = todo.pop()
-        tree.append(current)
-        todo.extend(children.get(current, []))
-    return tree
-
-
-def kill_tree(pid: int) -> None:
-    """Stop ``pid`` and its descendants so none can spawn more, then SIGKILL them all."""
-    stopped: set[int] = set()
-    for _ in range(5):
-        new = [p for p in process_tree(pid) if p not in stopped]
-        if not new:
-            break
-        for member in new:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(member, signal.SIGSTOP)
-        stopped.update(new)
-    for member in stopped:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(member, signal.SIGKILL)
 
 
 @dataclass

@@ -112,7 +112,8 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def _descendants(pid: int) -> list[int]:
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and every live descendant (Flower starts its apps in new sessions)."""
     children: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -132,8 +133,17 @@ def _descendants(pid: int) -> list[int]:
 
 
 def kill_tree(pid: int) -> None:
-    """SIGKILL ``pid`` and everything below it (Flower starts apps in new sessions)."""
-    for member in reversed(_descendants(pid)):
+    """Stop ``pid`` and its descendants so none can start more, then SIGKILL them all."""
+    stopped: set[int] = set()
+    for _ in range(5):
+        new = [p for p in process_tree(pid) if p not in stopped]
+        if not new:
+            break
+        for member in new:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(member, signal.SIGSTOP)
+        stopped.update(new)
+    for member in stopped:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(member, signal.SIGKILL)
 

@@ -49,12 +49,10 @@ from flwr.clientapp import ClientApp
 from fedge.party import families, trainer
 from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
+from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 
-ARRAYS_KEY = "arrays"
-METRICS_KEY = "metrics"
-CONFIG_KEY = "config"
 IDENTITY_KEY = "identity"
 
 
@@ -169,9 +167,9 @@ app = ClientApp()
 def train(msg: Message, context: Context) -> Message:
     """Train the job's model on this station's labelled images."""
     station = Station.from_node_config(context.node_config)
-    config = _config(msg)
+    config = round_config(msg)
     spec = model_spec(config)
-    arrays, metrics = train_round(station, spec, _arrays(msg), config)
+    arrays, metrics = train_round(station, spec, global_arrays(msg), config)
     content = RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: MetricRecord(dict(metrics))})
     return Message(content=content, reply_to=msg)
 
@@ -180,8 +178,8 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """The received model's accuracy on this station's held-out images."""
     station = Station.from_node_config(context.node_config)
-    spec = model_spec(_config(msg))
-    metrics = evaluate_round(station, spec, _arrays(msg))
+    spec = model_spec(round_config(msg))
+    metrics = evaluate_round(station, spec, global_arrays(msg))
     return Message(content=RecordDict({METRICS_KEY: MetricRecord(dict(metrics))}), reply_to=msg)
 
 
@@ -210,24 +208,6 @@ def model_spec(config: ConfigRecord) -> ModelSpec:
         return ModelSpec.from_json(config.get(MODEL_SPEC_KEY))
     except ProtocolError as exc:
         raise PartyError(str(exc)) from exc
-
-
-def _arrays(message: Message) -> ArrayRecord:
-    records = message.content.array_records
-    if ARRAYS_KEY in records:
-        return records[ARRAYS_KEY]
-    if len(records) == 1:
-        return next(iter(records.values()))
-    raise PartyError(f"expected the global model as one ArrayRecord, got {sorted(records)}")
-
-
-def _config(message: Message) -> ConfigRecord:
-    records = message.content.config_records
-    if CONFIG_KEY in records:
-        return records[CONFIG_KEY]
-    if len(records) == 1:
-        return next(iter(records.values()))
-    return ConfigRecord()
 
 
 def _number(config: ConfigRecord, key: str, default: float, *, minimum: float = 0.0) -> float:

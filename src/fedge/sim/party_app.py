@@ -49,7 +49,6 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import (
     ArrayRecord,
-    ConfigRecord,
     Context,
     Message,
     MetricRecord,
@@ -58,7 +57,6 @@ from flwr.app import (
 )
 from flwr.clientapp import ClientApp
 
-from fedge.errors import FedgeError
 from fedge.models.digits import (
     accuracy,
     count_parameters,
@@ -69,6 +67,8 @@ from fedge.models.digits import (
     to_arrays,
     train_local,
 )
+from fedge.party.errors import PartyError
+from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
 from fedge.sim.data import Partitions, Split, make_partitions
 from fedge.sim.profiles import (
     DeviceProfile,
@@ -82,9 +82,6 @@ from fedge.sim.profiles import (
 )
 from fedge.sim.scenario import Scenario, load_scenario
 
-ARRAYS_KEY = "arrays"
-METRICS_KEY = "metrics"
-CONFIG_KEY = "config"
 TRAIN_METRICS = (
     "num-examples",
     "train-loss",
@@ -100,7 +97,7 @@ DELAY_KEY = "delay-s"
 _TRAIN_SEED_STREAM = 7
 
 
-class PartyConfigError(FedgeError):
+class PartyConfigError(PartyError):
     """The run config, node config or round config given to a party is unusable."""
 
 
@@ -176,7 +173,7 @@ def party_from_context(context: Context) -> Party:
 
 def round_settings(message: Message, scenario: Scenario) -> RoundSettings:
     """The round's settings: ``config`` values where given, the scenario's otherwise."""
-    config = _config(message)
+    config = round_config(message)
     defaults = scenario.training
     server_round = config.get("server-round")
     if server_round is None and message.metadata.group_id.isdigit():
@@ -284,7 +281,7 @@ def train(msg: Message, context: Context) -> Message:
     """Train the received model on this party's partition (or fail as simulated)."""
     party = party_from_context(context)
     settings = round_settings(msg, party.scenario)
-    arrays, metrics = train_party(party, _arrays(msg), settings)
+    arrays, metrics = train_party(party, global_arrays(msg), settings)
     delay_s = _deployment_delay_s(context)
     if delay_s:
         time.sleep(delay_s)  # a deliberately slow party (deployment tests only)
@@ -297,7 +294,7 @@ def evaluate_(msg: Message, context: Context) -> Message:
     """Evaluate the received model on this party's local validation split."""
     party = party_from_context(context)
     settings = round_settings(msg, party.scenario)
-    metrics = evaluate_party(party, _arrays(msg), settings)
+    metrics = evaluate_party(party, global_arrays(msg), settings)
     return Message(content=RecordDict({METRICS_KEY: _metric_record(metrics)}), reply_to=msg)
 
 
@@ -341,31 +338,6 @@ def _reference_parameters() -> int:
 @functools.lru_cache(maxsize=8)
 def _scenario(name_or_path: str) -> Scenario:
     return load_scenario(name_or_path)
-
-
-def _arrays(message: Message) -> ArrayRecord:
-    records = message.content.array_records
-    if ARRAYS_KEY in records:
-        return records[ARRAYS_KEY]
-    if len(records) == 1:
-        return next(iter(records.values()))
-    raise PartyConfigError(
-        f"expected the global model as one ArrayRecord (key {ARRAYS_KEY!r}), "
-        f"got {sorted(records) or 'none'}"
-    )
-
-
-def _config(message: Message) -> ConfigRecord:
-    records = message.content.config_records
-    if CONFIG_KEY in records:
-        return records[CONFIG_KEY]
-    if len(records) == 1:
-        return next(iter(records.values()))
-    if not records:
-        return ConfigRecord()
-    raise PartyConfigError(
-        f"expected at most one ConfigRecord (key {CONFIG_KEY!r}), got {sorted(records)}"
-    )
 
 
 def _metric_record(metrics: dict[str, int | float]) -> MetricRecord:
