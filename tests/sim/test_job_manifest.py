@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from fedge.aggregator.fleet_manifest import is_fleet_manifest, load_fleet_manifest
 from fedge.aggregator.job_spec import CheckpointSpec, ManifestError
 from fedge.errors import FedgeError
 from fedge.sim.job_manifest import FederationSpec, load_manifest, parse_manifest
@@ -245,7 +246,10 @@ def test_run_job_refuses_other_backends_before_creating_anything(
 
 def test_every_example_job_validates() -> None:
     examples = sorted((Path(__file__).parents[2] / "examples" / "jobs").glob("*.toml"))
-    assert {p.stem for p in examples} >= {"tiered-digits", "distill-digits"}
+    assert {p.stem for p in examples} >= {"tiered-digits", "distill-digits", "fleet-inspect"}
     for path in examples:
+        if is_fleet_manifest(path.read_text(encoding="utf-8")):
+            assert load_fleet_manifest(path).job.rounds >= 1, path
+            continue
         manifest = load_manifest(path)
         assert manifest.rounds >= 1, path
