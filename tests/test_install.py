@@ -11,6 +11,7 @@ directory in place, which would leave ``build/`` and ``*.egg-info`` in the work 
 """
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -43,9 +44,24 @@ EDGE = "st-01"
 TRAINING_STACK = ("torch", "flwr", "onnx", "ray", "sklearn", "matplotlib")
 
 
+def station_env() -> dict[str, str]:
+    """This process's environment without what points Python at other packages.
+
+    Flower's Ray backend, run in-process by the simulation tests, sets PYTHONPATH in
+    ``os.environ``; inherited, it would show the station's Python the test venv's torch.
+    """
+    hidden = ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONSTARTUP")
+    return {key: value for key, value in os.environ.items() if key not in hidden}
+
+
 def _run(*args: str | Path, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
     result = subprocess.run(
-        [str(arg) for arg in args], capture_output=True, text=True, timeout=timeout_s, check=False
+        [str(arg) for arg in args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
+        env=station_env(),
     )
     assert result.returncode == 0, (
         f"`{' '.join(map(str, args))}` exited {result.returncode}\n"
@@ -127,7 +143,7 @@ def test_an_agent_from_the_station_venv_serves_a_prediction(
             [str(fedge), "agent", "run", "--config", str(config)],
             stdout=stdout,
             stderr=stderr,
-            env=processes.env,
+            env={**station_env(), "PYTHONUNBUFFERED": "1"},
             start_new_session=True,
         )
     agent = Proc(EDGE, ("agent", "run"), popen, out, err)
