@@ -254,7 +254,9 @@ def report_lines(result: Learning) -> list[str]:
         "operator labelled them there; the images never left the stations. A federated "
         f"job (FedAvg, {ROUNDS} rounds, every station a Flower SuperNode supervised by its "
         f"agent) trained {MODEL}:1 on them and published {result.published} "
-        f"in {result.job_s:.0f} s.",
+        f'in {result.job_s:.0f} s. "Trained on" also counts the parts each station scored '
+        "earlier in the demo, which operators labelled at the manager: the manager's "
+        "labels travel down to the station that scored the image.",
         "",
         "Accuracy on each station's own held-out images (20 % of its labelled parts, "
         "never trained on), measured by the station itself:",
