@@ -212,6 +212,13 @@ def test_stations_train_as_federated_parties_and_the_job_publishes(
                 by_round.setdefault(e["round"], set()).add(e["party"])
         assert by_round == {0: set(TRAINING), 1: set(TRAINING), 2: set(TRAINING)}, evaluations
 
+        status = json.loads(
+            processes.cli("aggregator", "status", "--dir", str(job_dir), "--json").stdout
+        )
+        assert {(e["round"], e["party"]) for e in status[0]["evaluations"]} == {
+            (r, edge) for r in (0, 1, 2) for edge in TRAINING
+        }
+
         initial = load_arrays(job_dir / "initial.npz")
         final = load_arrays(job_dir / "final.npz")
         assert any(not np.array_equal(initial[k], final[k]) for k in initial)

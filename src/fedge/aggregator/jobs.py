@@ -49,6 +49,9 @@ class RunStatus:
     error: str
     created_at: float
     updated_at: float
+    # Fleet jobs: each station's accuracy on its own held-out images, per round (0: the
+    # starting model), as {"round", "party", "accuracy", "examples", "error"} rows.
+    evaluations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -125,6 +128,7 @@ def job_status(job_dir: Path | str) -> list[RunStatus]:
                     error=str(row["error"]),
                     created_at=float(row["created_at"]),
                     updated_at=float(row["updated_at"]),
+                    evaluations=store.evaluations(row["run_id"]),
                 )
             )
         return statuses

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -160,6 +160,22 @@ def status(
             s.error or "-",
         )
     console.print(table)
+    for s in statuses:
+        if s.evaluations:
+            console.print(_evaluation_table(s.run_id, s.evaluations))
+
+
+def _evaluation_table(run_id: str, rows: list[dict[str, Any]]) -> Table:
+    """Stations x rounds: each station's accuracy on its own held-out images."""
+    rounds = sorted({int(r["round"]) for r in rows})
+    table = Table("station", *(f"r{n}" for n in rounds), title=f"{run_id}: held-out accuracy")
+    by_station: dict[str, dict[int, str]] = {}
+    for r in rows:
+        shown = "failed" if r["accuracy"] is None else f"{float(r['accuracy']):.3f}"
+        by_station.setdefault(str(r["party"]), {})[int(r["round"])] = shown
+    for station, cells in sorted(by_station.items()):
+        table.add_row(station, *(cells.get(n, "-") for n in rounds))
+    return table
 
 
 # ---------------------------------------------------------------- helpers
