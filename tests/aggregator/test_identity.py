@@ -1,0 +1,55 @@
+"""Which node is which party: stations by edge id, quickstart apps by their own node id."""
+
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedge.aggregator.grids import NODE_ID_BASE
+from fedge.aggregator.identity import IdentifiedGrid, identify_station
+from fedge.sim.grid import InProcessGrid
+
+EDGES = {"st-01": 1000, "st-02": 1001}
+
+
+def station_like() -> ClientApp:
+    """Partition 0 is st-02, 1 is st-01, 2 claims a foreign edge, 3 has no query handler."""
+    app = ClientApp()
+    names = {0: "st-02", 1: "st-01", 2: "st-99"}
+
+    @app.query()
+    def _who(msg: Message, context: Context) -> Message:
+        partition = int(context.node_config["partition-id"])
+        if partition not in names:
+            raise ValueError("No query function registered")  # as a quickstart app fails
+        content = RecordDict({"identity": ConfigRecord({"edge": names[partition]})})
+        return Message(content=content, reply_to=msg)
+
+    return app
+
+
+def test_stations_are_shown_by_edge_and_strangers_are_left_out() -> None:
+    inner = InProcessGrid(station_like(), 4)
+    try:
+        grid = IdentifiedGrid(
+            inner, identify=identify_station(EDGES), unidentified="exclude",
+            discovery_timeout_s=10,
+        )  # fmt: skip
+        assert sorted(grid.get_node_ids()) == [1000, 1001]
+        assert grid.names == {1000: "st-01", 1001: "st-02"}
+        assert grid.real_node_id(1001) == NODE_ID_BASE + 0  # partition 0 said st-02
+        reasons = grid.excluded
+        assert "not a party of this job" in reasons[NODE_ID_BASE + 2]
+        assert "query failed" in reasons[NODE_ID_BASE + 3]
+    finally:
+        inner.close()
+
+
+def test_an_app_without_a_query_handler_is_shown_as_itself() -> None:
+    inner = InProcessGrid(station_like(), 4)
+    try:
+        grid = IdentifiedGrid(
+            inner, identify=identify_station(EDGES), unidentified="node-id",
+            discovery_timeout_s=10,
+        )  # fmt: skip
+        assert sorted(grid.get_node_ids()) == [1000, 1001, NODE_ID_BASE + 3]
+    finally:
+        inner.close()
