@@ -14,7 +14,8 @@ from fedge.cli.common import console, friendly_errors, print_json, setup_logging
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.images import decode_image
-from fedge.edge_agent.local_api import add_label, serve_local_api
+from fedge.edge_agent.local_api import add_label, bind_local_api, start_local_api
+from fedge.edge_agent.lock import lock_data_dir
 from fedge.edge_agent.service import UNIT_DIR, render_unit, service_for
 from fedge.edge_agent.settings import load_settings
 from fedge.edge_agent.watcher import watch
@@ -36,19 +37,27 @@ def run(
     """
     setup_logging(verbose)
     settings = load_settings(config)
+    lock_fd = lock_data_dir(settings.data_dir)  # held until the process ends
     agent = EdgeAgent(settings)
+    try:  # bind before anything starts: a taken port is refused with nothing running
+        api = bind_local_api(agent, settings.http_port) if settings.http_port else None
+    except AgentError:
+        agent.store.close()
+        agent.station.close()
+        raise
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     agent.start()
-    if settings.http_port:
-        serve_local_api(agent, settings.http_port)
+    if api is not None:
+        start_local_api(api)
     if settings.watch_dir is not None:
         inbox = settings.watch_dir
         threading.Thread(target=watch, args=(agent, inbox, stop), daemon=True).start()
     console.print(f"agent {settings.edge} running (serving {agent.serving or 'nothing yet'})")
     stop.wait()
     agent.stop()
+    os.close(lock_fd)
 
 
 @app.command()

@@ -45,11 +45,13 @@ def enroll(
     console.print(f"enrolled [bold]{edge}[/bold]; agent config in {out}")
 
 
-@app.command("set-threshold")
+# A negative VALUE (e.g. -0.1) is an argument, not an unknown option: it then gets the
+# library's range error rather than click's "No such option '-0'".
+@app.command("set-threshold", context_settings={"ignore_unknown_options": True})
 @friendly_errors
 def set_threshold(
     edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
-    value: float,
+    value: Annotated[float, typer.Argument(help="Threshold in [0, 1].")],
     class_name: Annotated[str | None, typer.Option("--class", help="Only this class.")] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:

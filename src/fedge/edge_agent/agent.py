@@ -367,6 +367,7 @@ class EdgeAgent:
         except ProtocolError as exc:
             self.counters[f"deploy.rejected.{exc.reason}"] += 1
             log.error("deployment rejected (%s): %s", exc.reason, exc)
+            self._report_deploy_rejected(f"rejected {exc.reason}: {exc}")
             return
         done = int(self.store.get("deploy_done_version") or 0)
         if desired.version <= done:
@@ -430,6 +431,29 @@ class EdgeAgent:
         self._last_deploy_status = payload
         self.store.put("last_deploy_status", payload.decode())
         self.mqtt.publish(self._topic(topics.Up.DEPLOY), payload, retain=True)
+
+    def _report_deploy_rejected(self, reason: str) -> None:
+        """Tell the manager a deployment envelope was refused (forged, malformed, foreign).
+
+        Nothing in such an envelope can be trusted, so the status names no deployment
+        (``unknown``, version 0) and reports the model still serving. It is neither kept as
+        the last deploy status nor retained: the real deployment state stays what a
+        reconnecting manager or agent sees.
+        """
+        status = DeployStatus(
+            self.settings.edge,
+            "unknown",
+            0,
+            "unknown",
+            0,
+            DeployStage.FAILED,
+            reason[:1000],
+            self.serving,
+            time.time(),
+        )
+        # Not retained: the broker keeps the edge's real deployment status for a manager
+        # that (re)connects later; this report is for the manager listening now.
+        self.mqtt.publish(self._topic(topics.Up.DEPLOY), codec.encode(status), qos=1)
 
     # -- inference
 

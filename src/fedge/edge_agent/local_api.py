@@ -117,8 +117,23 @@ def _suffix(content_type: str) -> str:
     return _SUFFIXES.get(content_type.split(";")[0].strip().lower(), ".png")
 
 
-def serve_local_api(agent: EdgeAgent, port: int) -> ThreadingHTTPServer:
+def bind_local_api(agent: EdgeAgent, port: int) -> ThreadingHTTPServer:
+    """The local API bound to 127.0.0.1:``port``, not serving yet (see :func:`start_local_api`)."""
     handler = type("Handler", (_Handler,), {"agent": agent})
-    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
+    try:
+        return ThreadingHTTPServer(("127.0.0.1", port), handler)
+    except OSError as exc:
+        raise AgentError(
+            f"cannot serve the local API on 127.0.0.1 port {port}: {exc.strerror}; another "
+            "process is using it: set http_port in agent.toml to a free port (0 turns it off)"
+        ) from None
+
+
+def start_local_api(server: ThreadingHTTPServer) -> None:
     threading.Thread(target=server.serve_forever, name="local-api", daemon=True).start()
+
+
+def serve_local_api(agent: EdgeAgent, port: int) -> ThreadingHTTPServer:
+    server = bind_local_api(agent, port)
+    start_local_api(server)
     return server

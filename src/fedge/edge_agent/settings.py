@@ -21,7 +21,7 @@ holdout_percent = 20              # share kept for local evaluation, never train
 """
 
 import tomllib
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from fedge.edge_agent.errors import SettingsError
@@ -73,6 +73,17 @@ def load_settings(path: Path) -> AgentSettings:
     unknown = sorted(set(data) - known)
     if unknown:
         raise SettingsError(f"{path}: unknown setting(s) {', '.join(unknown)}")
+    required = [
+        f.name
+        for f in fields(AgentSettings)
+        if f.default is MISSING and f.default_factory is MISSING
+    ]
+    missing = [name for name in required if name not in data]
+    if missing:
+        raise SettingsError(
+            f"{path}: missing setting(s) {', '.join(missing)}; "
+            "`fedge edge enroll` writes a complete agent.toml"
+        )
     for key in ("data_dir", "watch_dir"):
         if key in data:
             data[key] = (path.parent / data[key]).resolve()

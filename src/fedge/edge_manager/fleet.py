@@ -89,9 +89,39 @@ class Fleet:
     def set_threshold(
         self, edges: list[str], threshold: float, class_name: str | None = None
     ) -> list[Pushed]:
+        if class_name is not None:
+            self.edges(edges)
+            for edge in edges:
+                self._check_class(edge, class_name)
         return self._push_config(
             edges, "threshold", threshold=threshold, class_name=class_name, training=None
         )
+
+    def _check_class(self, edge: str, class_name: str) -> None:
+        """Refuse a per-class threshold for a class the edge's model does not have."""
+        deployed = self.deployed_model(edge)
+        if deployed is not None:
+            known = set(self.registry.get(*deployed).manifest.classes)
+            where = f"a class of {deployed[0]}:{deployed[1]}, the model deployed to {edge}"
+        else:
+            known = {c for row in self.registry.list() for c in str(row["classes"]).split(",")}
+            known.discard("")
+            where = f"a class of any published model (nothing is deployed to {edge} yet)"
+        if class_name not in known:
+            names = ", ".join(sorted(known)) or "none, publish a model first"
+            raise ManagerError(
+                f"{class_name!r} is not {where}; known classes: {names}; nothing was changed"
+            )
+
+    def deployed_model(self, edge: str) -> tuple[str, int] | None:
+        """(name, version) of the model in ``edge``'s latest desired deployment, if any."""
+        row = self.store.one(
+            "SELECT d.model_name, d.model_version FROM desired x "
+            "JOIN deployments d ON d.deployment_id = json_extract(x.document, '$.deployment_id') "
+            "WHERE x.edge=? AND x.kind=? ORDER BY x.version DESC LIMIT 1",
+            (edge, DEPLOY),
+        )
+        return None if row is None else (str(row["model_name"]), int(row["model_version"]))
 
     def set_training(self, edges: list[str], policy: TrainingPolicy) -> list[Pushed]:
         """Enable or disable local training on ``edges`` (a new signed config version each)."""
@@ -148,6 +178,7 @@ class Fleet:
     def deploy(self, name: str, version: int, edges: list[str]) -> str:
         model = self.registry.get(name, version)
         self.edges(edges)
+        model.verify()  # a damaged registry copy is refused here, before anything is written
         deployment_id = f"d-{uuid.uuid4().hex[:12]}"
         now = time.time()
         with self.store.transaction():

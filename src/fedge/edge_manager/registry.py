@@ -32,6 +32,41 @@ class PublishedModel:
         """The trainable weights (``.npz``) beside the ONNX file, when the model has them."""
         return self.path.with_name(WEIGHTS_FILE)
 
+    def verify(self) -> None:
+        """Check the stored artifact (and weights, if any) against the signed manifest.
+
+        Raises :class:`RegistryError` naming the model and what does not match, so a
+        damaged registry copy is refused here rather than at every edge.
+        """
+        ref = self.manifest.ref
+        try:
+            size = self.path.stat().st_size
+        except OSError as exc:
+            raise RegistryError(
+                f"{ref}: its artifact {self.path} cannot be read ({exc.strerror}); "
+                "publish the model again under a new version"
+            ) from None
+        if size != self.manifest.size:
+            raise RegistryError(
+                f"{ref}: the stored artifact {self.path} is {size} bytes but the signed "
+                f"manifest says {self.manifest.size} (size mismatch): the registry copy is "
+                "damaged; publish the model again under a new version"
+            )
+        digest = sha256_file(self.path)
+        if digest != self.manifest.sha256:
+            raise RegistryError(
+                f"{ref}: the stored artifact {self.path} has sha256 {digest} but the signed "
+                f"manifest says {self.manifest.sha256} (sha256 mismatch): the registry copy "
+                "is damaged; publish the model again under a new version"
+            )
+        if self.manifest.trainable is not None:
+            try:
+                self.verified_weights()
+            except OSError as exc:
+                raise RegistryError(
+                    f"{ref}: its weights {self.weights_path} cannot be read ({exc.strerror})"
+                ) from None
+
     def verified_weights(self) -> bytes:
         """The trainable weights, checked against the signed manifest's size and hash."""
         trainable = self.manifest.trainable
