@@ -41,6 +41,7 @@ from conftest import (
 )
 from PIL import Image
 
+from fedge.edge_manager.registry import PublishedModel
 from fedge.edge_manager.service import ManagerService
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
@@ -129,13 +130,22 @@ def _assert_still_serving_v1(plant: Plant) -> None:
 # ---------------------------------------------------------------- bad artifacts
 
 
-def test_flipped_byte_fails_with_hash_mismatch(plant: Plant) -> None:
+def skip_manager_check(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The manager checks its copy before it issues a deployment (test_deploy_integrity);
+    these tests damage the bytes as if after that check, so the edge must catch it."""
+    monkeypatch.setattr(PublishedModel, "verify", lambda self: None)
+
+
+def test_flipped_byte_fails_with_hash_mismatch(
+    plant: Plant, monkeypatch: pytest.MonkeyPatch
+) -> None:
     published = publish_model(plant.fh, 2, seed=2)
     data = bytearray(published.path.read_bytes())
     data[len(data) // 2] ^= 0x01
     published.path.write_bytes(bytes(data))
-
+    skip_manager_check(monkeypatch)
     deployment = deploy(plant.fh, 2, [EDGE])
+
     row = wait_deploy_done(plant.fh, deployment, EDGE)
     assert row["deploy_stage"] == "failed"
     assert row["deploy_reason"].startswith("hash_mismatch"), row
@@ -147,12 +157,15 @@ def test_flipped_byte_fails_with_hash_mismatch(plant: Plant) -> None:
     _assert_still_serving_v1(plant)
 
 
-def test_truncated_artifact_fails_with_size_mismatch(plant: Plant) -> None:
+def test_truncated_artifact_fails_with_size_mismatch(
+    plant: Plant, monkeypatch: pytest.MonkeyPatch
+) -> None:
     published = publish_model(plant.fh, 3, seed=3)
     data = published.path.read_bytes()
     published.path.write_bytes(data[: len(data) - 100])
-
+    skip_manager_check(monkeypatch)
     deployment = deploy(plant.fh, 3, [EDGE])
+
     row = wait_deploy_done(plant.fh, deployment, EDGE)
     assert row["deploy_stage"] == "failed"
     assert row["deploy_reason"].startswith("size_mismatch"), row
