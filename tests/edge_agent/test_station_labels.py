@@ -85,3 +85,21 @@ def test_a_labels_document_always_fits_what_the_station_accepts(tmp_path: Path) 
     finally:
         agent.store.close()
         agent.station.close()
+
+
+def test_telemetry_says_what_the_station_could_train_on(tmp_path: Path) -> None:
+    fh = make_fleet_home(tmp_path, edges=("st-01",))
+    agent = EdgeAgent(fh.agent_settings("st-01"))
+    try:
+        agent.station.keep("p-1", b"png bytes", ".png")
+        agent.station.label("p-1", "clean")
+        agent.station.keep("p-2", b"png", ".png")
+        agent._emit_metrics()
+        rows = agent.store._conn.execute("SELECT record FROM pending").fetchall()
+        metrics = {json.loads(r[0])["name"]: json.loads(r[0])["value"] for r in rows}
+    finally:
+        agent.store.close()
+        agent.station.close()
+    assert metrics["station.images"] == 2.0
+    assert metrics["station.labelled"] == 1.0
+    assert metrics["training.running"] == 0.0

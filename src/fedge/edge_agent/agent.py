@@ -651,6 +651,12 @@ class EdgeAgent:
             "predictions",
             float(self.counters["decision.accept"] + self.counters["decision.reject"]),
         )
+        # What the station could train on, and whether it is ready to (the manager's
+        # telemetry shows operators which stations a fleet job would find).
+        for name, value in self.station.counts().items():
+            self.add_metric(f"station.{name}", float(value))
+        training = self.supervisor.status() if self.supervisor is not None else None
+        self.add_metric("training.running", float(bool(training and training["running"])))
 
     def status(self) -> dict[str, object]:
         return {
