@@ -47,6 +47,7 @@ import numpy as np
 import numpy.typing as npt
 from flwr.app import ArrayRecord
 
+from fedge.aggregator.job_dir import halt_requested
 from fedge.aggregator.streaming import StreamingFedAvg, arrays_of, to_array_record
 from fedge.errors import FedgeError
 
@@ -222,6 +223,25 @@ def save_checkpoint(
     atomic_write(path, lambda handle: _savez(handle, entries))
     _prune(job_dir, keep)
     return path
+
+
+def checkpoint_round(
+    job_dir: Path,
+    server_round: int,
+    arrays: ArrayRecord,
+    strategy: StreamingFedAvg,
+    *,
+    total: int,
+    every: int,
+    keep: int,
+    sim: Mapping[str, Any],
+) -> bool:
+    """A job's end-of-round step: checkpoint when due (every N rounds, the last one, or
+    on a halt request); returns whether the job must halt now (a request, not the end)."""
+    halt = halt_requested(job_dir)
+    if halt or server_round == total or server_round % every == 0:
+        save_checkpoint(job_dir, server_round, arrays, strategy, sim=sim, keep=keep)
+    return halt and server_round < total
 
 
 def load_checkpoint(path: Path) -> Checkpoint:

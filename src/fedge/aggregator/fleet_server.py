@@ -43,11 +43,11 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from fedge.aggregator.checkpoint import (
+    checkpoint_round,
     latest_checkpoint,
     load_arrays,
     restore_strategy,
     save_arrays,
-    save_checkpoint,
 )
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import build_strategy
@@ -59,7 +59,6 @@ from fedge.aggregator.job_dir import (
     RUNS_DB,
     JobError,
     clear_halt,
-    halt_requested,
     job_lock,
 )
 from fedge.aggregator.rounds import RoundRecord
@@ -187,18 +186,16 @@ def _drive(
         store.record_party_metrics(run_id, record.server_round, per_party)
 
     def checkpoint_fn(server_round: int, round_arrays: ArrayRecord) -> None:
-        halt = halt_requested(job_dir)
-        every = manifest.checkpoint.every
-        if halt or server_round == total or server_round % every == 0:
-            save_checkpoint(
-                job_dir,
-                server_round,
-                round_arrays,
-                strategy,
-                sim={"run_id": run_id, "kind": manifest.kind, "rounds": total},
-                keep=manifest.checkpoint.keep,
-            )
-        if halt and server_round < total:
+        if checkpoint_round(
+            job_dir,
+            server_round,
+            round_arrays,
+            strategy,
+            total=total,
+            every=manifest.checkpoint.every,
+            keep=manifest.checkpoint.keep,
+            sim={"run_id": run_id, "kind": manifest.kind, "rounds": total},
+        ):
             raise _Halted()
 
     strategy.observers.append(observe)

@@ -37,10 +37,10 @@ from typing import Any
 from fedge.aggregator.checkpoint import (
     Checkpoint,
     atomic_write_text,
+    checkpoint_round,
     latest_checkpoint,
     restore_strategy,
     save_arrays,
-    save_checkpoint,
 )
 from fedge.aggregator.job_dir import (
     FINAL_MODEL,
@@ -242,18 +242,16 @@ def _train(
             progress(record.server_round, total, last["accuracy"])
 
     def checkpoint_fn(server_round: int, round_arrays: ArrayRecord) -> None:
-        halt = halt_requested(job_dir)
-        every = manifest.checkpoint.every
-        if halt or server_round == total or server_round % every == 0:
-            save_checkpoint(
-                job_dir,
-                server_round,
-                round_arrays,
-                strategy,
-                sim=sim_state,
-                keep=manifest.checkpoint.keep,
-            )
-        if halt and server_round < total:
+        if checkpoint_round(
+            job_dir,
+            server_round,
+            round_arrays,
+            strategy,
+            total=total,
+            every=manifest.checkpoint.every,
+            keep=manifest.checkpoint.keep,
+            sim=sim_state,
+        ):
             raise _Halted(server_round)
 
     strategy.observers.append(observe)
