@@ -14,6 +14,8 @@ superlink = "10.0.0.5:9092"       # the fleet's Flower SuperLink (stations that 
 
 # The station's training set: scored images kept on the device with their labels
 # (they never leave it). Oldest first out once any limit is reached; 0 keeps none.
+# The inbox's done/ and failed/ folders are pruned to keep_images files and keep_days
+# too (at least 100 files and a day), checked every minute.
 keep_images = 5000
 keep_bytes = 536870912            # 512 MiB
 keep_days = 30.0

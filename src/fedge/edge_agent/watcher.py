@@ -80,12 +80,50 @@ class InboxWatcher:
         return scored
 
 
+def prune_finished(directory: Path, *, max_files: int, max_age_s: float, now: float) -> int:
+    """Keep ``done/`` or ``failed/`` bounded: the newest ``max_files`` younger than the age.
+
+    A scored image's training copy (if any) lives in the station's data set under its own
+    retention; these are the inbox's leftovers, which would otherwise fill the disk.
+    """
+    entries = []
+    for path in directory.iterdir():
+        try:
+            entries.append((path.stat().st_mtime, path))
+        except FileNotFoundError:
+            continue
+    entries.sort(reverse=True)
+    removed = 0
+    for index, (mtime, path) in enumerate(entries):
+        if index >= max_files or now - mtime > max_age_s:
+            try:
+                path.unlink()
+                removed += 1
+            except FileNotFoundError:
+                continue
+    return removed
+
+
+PRUNE_EVERY_S = 60.0
+
+
 def watch(agent: EdgeAgent, inbox: Path, stop: threading.Event, interval_s: float = 0.1) -> None:
     inbox.mkdir(parents=True, exist_ok=True)
     watcher = InboxWatcher(agent, inbox)
+    settings = agent.settings
+    last_prune = 0.0
     while not stop.wait(interval_s):
         try:
             watcher.scan_once()
+            if time.monotonic() - last_prune >= PRUNE_EVERY_S:
+                last_prune = time.monotonic()
+                for directory in (watcher.done, watcher.failed):
+                    agent.counters["watch.pruned"] += prune_finished(
+                        directory,
+                        max_files=max(settings.keep_images, 100),
+                        max_age_s=max(settings.keep_days, 1.0) * 86400.0,
+                        now=time.time(),
+                    )
         except Exception:  # the watcher outlives any one bad file or failure
             agent.counters["watch.errors"] += 1
             log.exception("watching %s", inbox)
