@@ -20,6 +20,7 @@ from fedge.edge_agent.decisions import ConfigAction, decide, decide_config
 from fedge.edge_agent.errors import DeployError, InferenceError
 from fedge.edge_agent.images import decode_for
 from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.outbox_sender import OutboxSender
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.party.dataset import Retention, StationData
@@ -28,7 +29,7 @@ from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.grpc.client import ReportUploader, UploadError
+from fedge.protocols.grpc.client import ReportUploader
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
@@ -37,9 +38,6 @@ from fedge.protocols.signing import open_signed, trusted
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
 
 log = logging.getLogger(__name__)
-
-INFLIGHT_LIMIT = 200
-RESEND_AFTER_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -72,8 +70,6 @@ class EdgeAgent:
         self._session = int(self.session) if self.session is not None else -1
         self._stop = threading.Event()
         self._deploy_lock = threading.Lock()
-        self._inflight: dict[int, tuple[int, float]] = {}
-        self._inflight_lock = threading.Lock()
         self._last_config_report: bytes | None = None
         self._last_deploy_status: bytes | None = self._stored_bytes("last_deploy_status")
         # Built here, connected in start(): offline tools (label, score) never touch the broker.
@@ -97,8 +93,16 @@ class EdgeAgent:
             will_factory=self._next_will,
             lazy_will=True,
         )
-        self._uploader: ReportUploader | None = None
-        self._refused: set[int] = set()
+        # Resolved at each send (tests replace self.mqtt with a paho-like twin).
+        self.outbox = OutboxSender(
+            self.store,
+            self.counters,
+            publish=lambda topic, payload: self.mqtt.publish(topic, payload, qos=1),
+            topic=lambda stream: self._topic(topics.Up(stream.value)),
+            uploader_factory=lambda: ReportUploader(
+                settings.grpc_target, settings.edge, settings.password
+            ),
+        )
         self._publisher = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
 
     # -- persistent state
@@ -531,7 +535,7 @@ class EdgeAgent:
                 batch_max = 500 if config is None else config.batch_max_records
                 self.store.seal_batches(self.settings.edge, max(self._session, 0), batch_max)
                 if self.settings.report_via == "grpc":
-                    self._upload_outbox()
+                    self.outbox.upload()
                 elif self.mqtt.connected.is_set():
                     self._drain_outbox()
                 interval = 5.0 if config is None else config.report_interval_s
@@ -541,107 +545,11 @@ class EdgeAgent:
             except Exception:  # the publisher must outlive any single failure
                 log.exception("publisher iteration failed")
 
-    # The outbox publish under way and the PUBACKs that arrived during it (see
-    # _drain_outbox). Read and replaced only under _inflight_lock; immutable class-level
-    # defaults, so every agent starts with its own empty state.
-    _sending_outbox: bool = False
-    _early_acks: tuple[PublishResult, ...] = ()
-
     def _drain_outbox(self) -> None:
-        """Publish what the outbox holds and is not in flight; PUBACKs delete the batches.
-
-        Never call into paho while holding a lock its callbacks take: paho runs
-        ``_on_published`` on its network thread while holding its outgoing-message mutex,
-        which ``publish()`` needs too. Holding ``_inflight_lock`` across ``publish()``
-        deadlocked agents draining a backlog after a broker outage (issue "A
-        fault-injection and soak suite", defect 1). So ``publish()`` runs unlocked, and a
-        PUBACK that comes back before it returned the mid is kept for the publisher to claim.
-        """
-        now = time.monotonic()
-        with self._inflight_lock:
-            stale = [
-                mid for mid, (_, sent) in self._inflight.items() if now - sent > RESEND_AFTER_S
-            ]
-            for mid in stale:
-                del self._inflight[mid]
-            busy = {entry_id for entry_id, _ in self._inflight.values()} | self._refused
-            room = INFLIGHT_LIMIT - len(self._inflight)
-        if room <= 0:
-            return
-        for entry in self.store.outbox(room, busy):
-            topic = self._topic(topics.Up(entry.stream.value))
-            with self._inflight_lock:
-                self._sending_outbox = True
-                self._early_acks = ()
-            sent: int | None = None
-            try:
-                sent = self.mqtt.publish(topic, entry.payload, qos=1)
-            finally:
-                early = self._end_send(entry.id, sent, now)
-            if early is not None:
-                self._settle(entry.id, early)
-
-    def _end_send(self, entry_id: int, mid: int | None, sent_at: float) -> PublishResult | None:
-        """Close the send window: put ``mid`` in flight, or return its PUBACK if it was early.
-
-        Other PUBACKs kept during the window belonged to publishes outside the outbox (state
-        and deploy reports); they are dropped so a reused mid cannot claim them later.
-        """
-        with self._inflight_lock:
-            early = next((r for r in self._early_acks if r.mid == mid), None)
-            self._sending_outbox = False
-            self._early_acks = ()
-            if mid is not None and early is None:
-                self._inflight[mid] = (entry_id, sent_at)
-        return early
-
-    def _upload_outbox(self) -> None:
-        """Drain the outbox over gRPC: a batch is deleted once the manager stored it."""
-        if self._uploader is None:
-            self._uploader = ReportUploader(
-                self.settings.grpc_target, self.settings.edge, self.settings.password
-            )
-        while entries := self.store.outbox(INFLIGHT_LIMIT, self._refused):
-            try:
-                results = self._uploader.upload([e.payload for e in entries])
-            except UploadError as exc:
-                self.counters["upload.failed"] += 1
-                log.warning("report upload failed, will retry: %s", exc)
-                return
-            for entry, result in zip(entries, results, strict=True):
-                if result.accepted:
-                    self.store.acknowledge(entry.id)
-                    self.counters["batches.acked"] += 1
-                else:
-                    self._refuse(entry.id, str(result.error))
+        self.outbox.drain()
 
     def _on_published(self, result: PublishResult) -> None:
-        # paho's network thread, holding paho's outgoing-message mutex: take nothing but
-        # _inflight_lock, briefly, and call nothing of paho's.
-        with self._inflight_lock:
-            entry = self._inflight.pop(result.mid, None)
-            if entry is None and self._sending_outbox:
-                # Perhaps the batch being published, whose mid publish() has not returned
-                # yet: the publisher claims it in _end_send.
-                self._early_acks = (*self._early_acks, result)
-        if entry is not None:
-            self._settle(entry[0], result)
-
-    def _settle(self, entry_id: int, result: PublishResult) -> None:
-        """The broker's answer to an outbox batch: delete it, or keep it refused."""
-        if result.ok:
-            self.store.acknowledge(entry_id)
-            self.counters["batches.acked"] += 1
-        else:
-            self._refuse(entry_id, result.reason)
-
-    def _refuse(self, entry_id: int, reason: str) -> None:
-        """A batch the far side refused stays in the outbox (no data is dropped on the edge)
-        but is not retried by this process, so it cannot block the batches behind it."""
-        with self._inflight_lock:  # the publisher reads _refused under it
-            self._refused.add(entry_id)
-        self.counters["batches.refused"] += 1
-        log.error("outbox batch %d refused, kept for inspection: %s", entry_id, reason)
+        self.outbox.on_published(result)
 
     def _emit_metrics(self) -> None:
         backlog = self.store.backlog()
