@@ -9,7 +9,7 @@ from conftest import FleetHome, make_fleet_home
 from fedge.aggregator.fleet_manifest import parse_fleet_manifest
 from fedge.aggregator.job_spec import ManifestError
 from fedge.edge_manager.registry import TrainableSource
-from fedge.federation.fleet_job import prepare
+from fedge.federation.prepare import prepare
 from fedge.models.inspection import export_onnx, new_model
 from fedge.party.families import state_arrays, weights_bytes
 from fedge.protocols.config import TrainingPolicy

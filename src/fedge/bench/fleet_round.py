@@ -43,6 +43,7 @@ from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry import Registry, TrainableSource
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
+from fedge.federation.prepare import prepare
 from fedge.protocols.config import TrainingPolicy
 from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images
@@ -131,7 +132,7 @@ def _run(root: Path, agents: int, rounds: int, images: int, progress: Progress) 
         manifest.write_text(
             JOB.format(rounds=rounds, lr=LR, epochs=LOCAL_EPOCHS, batch=BATCH, fleet=FLEET)
         )
-        fleet_job.prepare(manifest, job_dir, home)
+        prepare(manifest, job_dir, home)
         fleet_job.submit(job_dir, home.settings().superlink_address)
         ended = fleet_job.wait(job_dir, timeout_s=3600)
         if ended.state.value != "completed":

@@ -31,6 +31,8 @@ from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
+from fedge.federation.prepare import prepare
+from fedge.federation.publish import publish
 from fedge.protocols.config import TrainingPolicy
 from fedge.sim.defects import CLASSES, make_defect_images
 
@@ -154,7 +156,7 @@ def run_learning(
     manifest = out / "fleet-job.toml"
     manifest.write_text(JOB.format(rounds=ROUNDS, fleet=fleet.fleet), encoding="utf-8")
     started = time.monotonic()
-    fleet_job.prepare(manifest, result.job_dir, home)
+    prepare(manifest, result.job_dir, home)
     fleet_job.submit(result.job_dir, home.settings().superlink_address)
     columns = (
         TextColumn("[bold]{task.description}"),
@@ -173,7 +175,7 @@ def run_learning(
         ended = fleet_job.wait(result.job_dir, progress=show, timeout_s=1800)
     if ended.state.value != "completed":
         raise RuntimeError(f"demo: the fleet job ended {ended.state.value}: {ended.error}")
-    result.published = fleet_job.publish(result.job_dir, home)
+    result.published = publish(result.job_dir, home)
     result.job_s = time.monotonic() - started
     _read_run_store(result)
     lineage = fleet.registry.get(MODEL, int(result.published.split(":")[1])).manifest.lineage

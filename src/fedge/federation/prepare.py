@@ -1,0 +1,194 @@
+"""Preparing a fleet job: checked against the manager's store, then its job directory.
+
+Nothing is written before every check passed: the fleet is this home's, every named edge
+is enrolled and has training enabled in its desired config, the model is in the registry
+with trainable weights that match its signed manifest and build with their family, and
+``min_parties``/``per_round`` fit the stations that train. Then the job directory gets the
+manifest, the model spec the stations build, the starting weights, the edge -> party
+map, a queued run in its run store, and the Flower app ``flwr run`` submits.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+from fedge.aggregator.checkpoint import atomic_write_text
+from fedge.aggregator.fleet_manifest import FleetJobManifest, load_fleet_manifest
+from fedge.aggregator.fleet_server import INITIAL_WEIGHTS, MODEL_SPEC, PARTIES
+from fedge.aggregator.grids import NODE_ID_BASE
+from fedge.aggregator.job_dir import (
+    JOB_MANIFEST,
+    RUNS_DB,
+    JobError,
+)
+from fedge.aggregator.job_spec import ManifestError
+from fedge.aggregator.run_store import RunState, RunStore
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.registry import PublishedModel, Registry, parse_ref
+from fedge.party import families
+from fedge.party.errors import FamilyError
+from fedge.protocols.model_spec import ModelSpec
+
+APP_DIR = "app"
+
+
+def prepare(manifest_path: Path, job_dir: Path, home: ManagerHome) -> FleetJobManifest:
+    """Validate a fleet job against the manager's store, then write its job directory."""
+    manifest = load_fleet_manifest(manifest_path)
+    if (job_dir / RUNS_DB).exists():
+        raise JobError(
+            f"{job_dir} already holds a job; resume it (`fedge aggregator resume --dir "
+            f"{job_dir}`) or choose another --dir"
+        )
+    with ManagerView(home) as (fleet, registry):
+        edges = _training_edges(manifest, fleet)
+        model = _trainable_model(manifest, registry)
+        weights = model.verified_weights()
+    trainable = model.manifest.trainable
+    preprocess = model.manifest.preprocess
+    assert trainable is not None and preprocess is not None
+    spec = ModelSpec(
+        family=trainable.family,
+        params=dict(trainable.params),
+        classes=model.manifest.classes,
+        preprocess=preprocess,
+    )
+    _check_family(spec, weights)
+    federation = manifest.federation
+    for key, value in (
+        ("min_parties", federation.min_parties),
+        ("per_round", federation.per_round),
+    ):
+        if value > len(edges):
+            raise ManifestError(
+                f"federation.{key} is {value}, but only {len(edges)} edge(s) of the job "
+                "have training enabled"
+            )
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / INITIAL_WEIGHTS).write_bytes(weights)
+    atomic_write_text(job_dir / MODEL_SPEC, spec.to_json())
+    parties = {edge: NODE_ID_BASE + index for index, edge in enumerate(sorted(edges))}
+    atomic_write_text(job_dir / PARTIES, json.dumps(parties, indent=1))
+    atomic_write_text(job_dir / JOB_MANIFEST, manifest.text)
+    _write_app(job_dir)
+    store = RunStore(job_dir / RUNS_DB)
+    try:
+        store.create_run(f"{manifest.name}-{uuid.uuid4().hex[:8]}", manifest.text, RunState.QUEUED)
+    finally:
+        store.close()
+    return manifest
+
+
+class ManagerView:
+    """The manager's store, fleet and registry for the length of a block."""
+
+    def __init__(self, home: ManagerHome) -> None:
+        from fedge.edge_manager.store import Store
+
+        settings = home.settings()
+        self.store = Store(home.db_path)
+        key = home.signing_key()
+        self.registry = Registry(self.store, home.artifacts, key)
+        self.fleet = Fleet(self.store, settings.fleet, key, self.registry, settings.grpc_target)
+
+    def __enter__(self) -> tuple[Fleet, Registry]:
+        return self.fleet, self.registry
+
+    def __exit__(self, *exc: object) -> None:
+        self.store.close()
+
+
+def _training_edges(manifest: FleetJobManifest, fleet: Fleet) -> list[str]:
+    if manifest.federation.fleet != fleet.fleet:
+        raise ManifestError(
+            f"federation.fleet is {manifest.federation.fleet!r}, but this manager home "
+            f"runs fleet {fleet.fleet!r}"
+        )
+    enrolled = fleet.edges()
+    named = enrolled if manifest.federation.edges == "all" else list(manifest.federation.edges)
+    unknown = sorted(set(named) - set(enrolled))
+    if unknown:
+        raise ManifestError(
+            f"federation.edges: unknown edge(s) {', '.join(unknown)} in fleet {fleet.fleet} "
+            "(see `fedge edge list`)"
+        )
+    training = [e for e in named if _trains(fleet, e)]
+    if manifest.federation.edges != "all":
+        off = sorted(set(named) - set(training))
+        if off:
+            raise ManifestError(
+                f"federation.edges: training is disabled on {', '.join(off)}; enable it with "
+                f"`fedge edge set-training {off[0]} --enable`"
+            )
+    if not training:
+        raise ManifestError(
+            "federation.edges: no edge of the job has training enabled "
+            "(`fedge edge set-training EDGE --enable`)"
+        )
+    return training
+
+
+def _trains(fleet: Fleet, edge: str) -> bool:
+    config = fleet.desired_config(edge)
+    return config is not None and config.training is not None and config.training.enabled
+
+
+def _trainable_model(manifest: FleetJobManifest, registry: Registry) -> PublishedModel:
+    name, version = parse_ref(manifest.task.model)
+    try:
+        model = registry.get(name, version)
+    except ManagerError as exc:
+        raise ManifestError(f"task.model: {exc}") from None
+    if model.manifest.trainable is None or model.manifest.preprocess is None:
+        raise ManifestError(
+            f"task.model: {model.manifest.ref} cannot be trained (published without "
+            "trainable weights and preprocessing); publish a version with --weights and --family"
+        )
+    return model
+
+
+def _check_family(spec: ModelSpec, weights: bytes) -> None:
+    """The family builds here and the starting weights fit it (else nothing can train)."""
+    try:
+        model = families.build(spec.family, spec.params, len(spec.classes))
+        families.load_state_arrays(model, families.weights_from_bytes(weights))
+    except FamilyError as exc:
+        raise ManifestError(f"task.model: {exc}") from None
+
+
+def _write_app(job_dir: Path) -> None:
+    """The Flower app ``flwr run`` submits: fedge's apps, configured with this job dir."""
+    app = job_dir / APP_DIR
+    app.mkdir(exist_ok=True)
+    atomic_write_text(
+        app / "pyproject.toml",
+        "\n".join(
+            [
+                "# Written by fedge for one fleet job; `flwr run` submits this directory.",
+                "[build-system]",
+                'requires = ["hatchling"]',
+                'build-backend = "hatchling.build"',
+                "",
+                "[project]",
+                'name = "fedge-fleet-job"',
+                'version = "1.0.0"',
+                'license = "Apache-2.0"',
+                "dependencies = []",
+                "",
+                "[tool.flwr.app]",
+                'publisher = "fedge"',
+                "",
+                "[tool.flwr.app.components]",
+                'serverapp = "fedge.aggregator.fleet_server:app"',
+                'clientapp = "fedge.party.station_app:app"',
+                "",
+                "[tool.flwr.app.config]",
+                f"job-dir = {json.dumps(str(job_dir.resolve()))}",
+                "",
+            ]
+        ),
+    )

@@ -1,0 +1,108 @@
+"""Publishing a completed fleet job: ONNX export (checked against torch) and lineage, once."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from fedge.aggregator.checkpoint import atomic_write_text, load_arrays
+from fedge.aggregator.fleet_manifest import load_fleet_manifest
+from fedge.aggregator.fleet_server import MODEL_SPEC
+from fedge.aggregator.job_dir import (
+    FINAL_MODEL,
+    JOB_MANIFEST,
+    RUNS_DB,
+    JobError,
+    job_lock,
+)
+from fedge.aggregator.run_store import RunState, RunStore
+from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.registry import TrainableSource, parse_ref
+from fedge.federation.prepare import ManagerView
+from fedge.party import families
+from fedge.protocols.manifest import Lineage
+from fedge.protocols.model_spec import ModelSpec
+
+PUBLISHED = "published.json"
+
+
+def published_ref(job_dir: Path) -> str | None:
+    try:
+        return str(json.loads((job_dir / PUBLISHED).read_text())["ref"])
+    except (OSError, ValueError, KeyError):
+        return None
+
+
+def publish(job_dir: Path, home: ManagerHome) -> str:
+    """Export the completed job's model to ONNX and publish it with lineage, once.
+
+    Under the job's lock, so two ``resume`` calls cannot both publish; and a version
+    already in the registry from this run (published, then killed before it was noted
+    here) is found by its lineage instead of being published again.
+    """
+    with job_lock(job_dir, wait_s=60.0):
+        return _publish_once(job_dir, home)
+
+
+def _publish_once(job_dir: Path, home: ManagerHome) -> str:
+    done = published_ref(job_dir)
+    if done is not None:
+        return done
+    from fedge.models.inspection import export_onnx
+
+    manifest = load_fleet_manifest(job_dir / JOB_MANIFEST)
+    spec = ModelSpec.from_json((job_dir / MODEL_SPEC).read_text(encoding="utf-8"))
+    store = RunStore(job_dir / RUNS_DB)
+    try:
+        run_id = str(store.runs()[-1]["run_id"])
+        if store.runs()[-1]["state"] != RunState.COMPLETED:
+            raise JobError(f"job {run_id} has not completed; nothing to publish")
+        names = store.party_names(run_id)
+        examples: dict[str, int] = {}
+        for row in store.party_metrics(run_id):
+            name = names.get(int(row["party"]), str(row["party"]))
+            examples[name] = int(row["metrics"].get("num-examples", 0))
+        rounds = len(store.rounds(run_id))
+    finally:
+        store.close()
+    if spec.preprocess.channels != 1:
+        raise JobError("exporting multi-channel families is not supported yet")
+    model = families.build(spec.family, spec.params, len(spec.classes))
+    final = load_arrays(job_dir / FINAL_MODEL)
+    families.load_state_arrays(model, final)
+    onnx_path = job_dir / "final.onnx"
+    export_onnx(model, onnx_path, image_size=spec.preprocess.image_size)
+    weights_path = job_dir / "final-weights.npz"
+    weights_path.write_bytes(families.weights_bytes(final))
+    parent_name, parent_version = parse_ref(manifest.task.model)
+    with ManagerView(home) as (_, registry):
+        for row in registry.list():
+            if row["name"] == manifest.publish_name and row["run_id"] == run_id:
+                ref = f"{row['name']}:{row['version']}"
+                atomic_write_text(job_dir / PUBLISHED, json.dumps({"ref": ref, "at": time.time()}))
+                return ref
+        parent = registry.get(parent_name, parent_version)
+        version = (registry.latest_version(manifest.publish_name) or 0) + 1
+        counts = ",".join(f"{edge}={n}" for edge, n in sorted(examples.items()))
+        published = registry.publish(
+            onnx_path,
+            name=manifest.publish_name,
+            version=version,
+            classes=spec.classes,
+            positive_classes=parent.manifest.positive_classes,
+            lineage=Lineage(
+                parent_version=parent_version if parent_name == manifest.publish_name else None,
+                run_id=run_id,
+                data=f"fleet {manifest.federation.fleet}: examples {counts}"[:1000],
+                note=(
+                    f"federated job {manifest.name}: {rounds} rounds of {manifest.kind} from "
+                    f"{manifest.task.model}"
+                ),
+            ),
+            preprocess=spec.preprocess,
+            trainable=TrainableSource(weights_path, spec.family, dict(spec.params)),
+        )
+    ref = published.manifest.ref
+    atomic_write_text(job_dir / PUBLISHED, json.dumps({"ref": ref, "at": time.time()}))
+    return ref
