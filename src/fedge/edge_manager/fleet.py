@@ -351,9 +351,8 @@ class Fleet:
                 issued_at=now,
             )
             encoded = codec.encode(document)
-            # The envelope carries the payload as a JSON string (escaped, so up to ~2x):
-            # leave room for it under the edge's envelope limit.
-            if 2 * len(encoded) + 512 <= MAX_ENVELOPE_BYTES or len(records) <= 1:
+            # Measured on the signed envelope the edge will check against its limit.
+            if len(self.key.sign_payload(encoded)) <= MAX_ENVELOPE_BYTES or len(records) <= 1:
                 break
             records = records[: max(1, len(records) * 3 // 4)]
         self._write_desired(edge, LABELS, document.version, encoded, now)
