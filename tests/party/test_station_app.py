@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from PIL import Image
 
@@ -161,3 +162,30 @@ def test_an_image_declaring_too_many_pixels_is_refused_before_decoding(tmp_path:
     Image.new("L", (9000, 9000)).save(buffer, format="PNG")  # ~80 KB on disk, 81 Mpx
     with pytest.raises(ImageError, match="pixels"):
         prepare(buffer.getvalue(), Preprocess(image_size=32))
+
+
+TINY_FAMILY = families.Family(
+    "tiny-linear",
+    lambda params, n: torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(4, n)),
+    lambda params: Preprocess(image_size=2),
+)
+
+
+def test_a_users_family_is_found_through_its_entry_point(monkeypatch: pytest.MonkeyPatch) -> None:
+    from importlib.metadata import EntryPoint
+
+    points = [
+        EntryPoint("tiny-linear", f"{__name__}:TINY_FAMILY", families.ENTRY_POINT_GROUP),
+        EntryPoint("not-a-family", f"{__name__}:png", families.ENTRY_POINT_GROUP),
+    ]
+    monkeypatch.setattr(families, "entry_points", lambda group: points[:1])
+    families._installed.cache_clear()
+    try:
+        model = families.build("tiny-linear", {}, 3)
+        assert sum(p.numel() for p in model.parameters()) == 4 * 3 + 3
+        monkeypatch.setattr(families, "entry_points", lambda group: points)
+        families._installed.cache_clear()
+        with pytest.raises(FamilyError, match="is not a fedge Family"):
+            families.get_family("tiny-linear")
+    finally:
+        families._installed.cache_clear()
