@@ -61,6 +61,7 @@ from fedge.aggregator.job_dir import (
     clear_halt,
     job_lock,
 )
+from fedge.aggregator.jobs import the_run
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import PartyEvaluation, RunState, RunStore
 from fedge.aggregator.streaming import arrays_of, to_array_record
@@ -83,13 +84,6 @@ def read_parties(job_dir: Path) -> dict[str, int]:
     return data
 
 
-def the_run_id(store: RunStore, job_dir: Path) -> str:
-    runs = store.runs()
-    if not runs:
-        raise JobError(f"the run store of {job_dir} holds no run")
-    return str(runs[-1]["run_id"])
-
-
 def run_fleet_job(grid: Grid, job_dir: Path) -> None:
     """Run (or continue) the fleet job in ``job_dir`` on ``grid`` until done or halted."""
     with job_lock(job_dir, wait_s=_LOCK_WAIT_S):
@@ -98,8 +92,8 @@ def run_fleet_job(grid: Grid, job_dir: Path) -> None:
         )
         store = RunStore(job_dir / RUNS_DB)
         try:
-            run_id = the_run_id(store, job_dir)
-            run = store.run(run_id) or {}
+            run = the_run(store, job_dir)
+            run_id = str(run["run_id"])
             if run.get("state") == RunState.COMPLETED:
                 log(INFO, "fleet job %s already completed", run_id)
                 return

@@ -461,11 +461,9 @@ class EdgeAgent:
 
     # -- inference
 
-    def preprocess(self) -> Preprocess:
-        """How the serving model wants its images (its manifest, else agent.toml's size)."""
-        model = self.model
-        spec = None if model is None else model.manifest.preprocess
-        return spec or Preprocess(image_size=self.settings.image_size)
+    def preprocess_for(self, model: runtime.LoadedModel) -> Preprocess:
+        """How ``model`` wants its images (its manifest, else agent.toml's size)."""
+        return model.manifest.preprocess or Preprocess(image_size=self.settings.image_size)
 
     def score_image(self, data: bytes, *, suffix: str, source: str = "") -> Scored:
         """Decode an image file's bytes as the serving model says, score it, keep it.
@@ -477,8 +475,9 @@ class EdgeAgent:
         model = self.model  # one snapshot: a deployment may swap it meanwhile
         if model is None:
             raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
-        spec = model.manifest.preprocess or Preprocess(image_size=self.settings.image_size)
-        scored = self.score(decode_for(data, spec), source=source, model=model)
+        scored = self.score(
+            decode_for(data, self.preprocess_for(model)), source=source, model=model
+        )
         try:
             self.station.keep(scored.record.prediction_id, data, suffix, scored.record.at)
         except (StationDataError, OSError) as exc:
