@@ -86,6 +86,8 @@ def test_inference_compares_agent_with_raw_ort(tmp_path: Path) -> None:
         "3",
         "--per-round",
         "20",
+        "--batch-size",
+        "8",
         "--image-size",
         "32",
         "--epochs",
@@ -93,16 +95,20 @@ def test_inference_compares_agent_with_raw_ort(tmp_path: Path) -> None:
         "--train-images",
         "256",
     )
-    assert {"agent_ms_per_image", "raw_ort_ms_per_image", "ratio", "images", "model"} <= set(data)
+    assert {"ratio", "batched", "single", "images", "model"} <= set(data)
     assert data["images"] == 20
     assert data["image_size"] == 32
     assert data["image_shape"] == [32, 32]
     assert data["model"]["image_size"] == 32
-    assert data["agent_ms_per_image"] > 0
-    assert data["raw_ort_ms_per_image"] > 0
-    assert data["ratio"] > 0
-    assert len(data["per_round_ms"]["agent"]) == 3
     assert data["model"]["onnx_bytes"] > 0
+    for side in ("single", "batched"):
+        assert data[side]["agent_ms_per_image"] > 0
+        assert data[side]["raw_ort_ms_per_image"] > 0
+        assert len(data[side]["per_round_ms"]["agent"]) == 3
+    assert data["ratio"] == data["batched"]["ratio"] > 0
+    # 20 images per round in batches of 8: 3 batches a round, each one commit.
+    assert data["batched"]["batch_size"] == 8
+    assert data["batched"]["commits"] == data["batched"]["batches"] == 9
     # Every scored image left a prediction record in the agent's outbox.
-    assert data["predictions_persisted"] >= 3 * 20
+    assert data["predictions_persisted"] >= 2 * 3 * 20
     check_machine(data)

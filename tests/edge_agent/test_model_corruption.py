@@ -211,3 +211,22 @@ def test_corrupted_active_model_falls_back_to_the_previous_verified_model(
     row = wait_deploy_done(plant.fh, deployment, EDGE)
     assert (row["deploy_stage"], row["serving"]) == ("active", "inspect:2"), plant.agent.output()
     assert plant.score_one()["model"] == "inspect:2"
+
+
+def test_old_models_are_pruned_and_the_kept_ones_stay(plant: Plant) -> None:
+    """Defect 8: every deployment used to leave its model on the station for good."""
+    for version in (3, 4, 5):
+        publish_model(plant.fh, version, seed=version)
+        deployment = deploy(plant.fh, version, [EDGE])
+        row = wait_deploy_done(plant.fh, deployment, EDGE)
+        assert (row["deploy_stage"], row["serving"]) == ("active", f"inspect:{version}")
+    models = plant.fh.data_dir(EDGE) / "models" / "inspect"
+    # The active model and the two before it are the fallbacks (restore.KEEP = 3).
+    wait_until(
+        lambda: sorted(int(p.name) for p in models.iterdir()),
+        10,
+        "the old models to be pruned",
+        expect=lambda versions: versions == [3, 4, 5],
+    )
+    assert plant.status()["counters"]["models.pruned"] >= 2
+    assert plant.status()["serving"] == "inspect:5"

@@ -220,6 +220,30 @@ def test_history_skips_what_it_cannot_read() -> None:
 # ---------------------------------------------------------------- verify (files, ONNX Runtime)
 
 
+def test_prune_models_keeps_the_kept_ones_and_removes_the_rest(tmp_path: Path) -> None:
+    root = tmp_path / "models"
+    for name, version in [("inspect", 1), ("inspect", 2), ("inspect", 3), ("other", 7)]:
+        (root / name / str(version)).mkdir(parents=True)
+        (root / name / str(version) / "model.onnx").write_bytes(b"x")
+    (root / "inspect" / "4").mkdir()
+    (root / "inspect" / "4" / "model.onnx.download").write_bytes(b"partial")
+    kept = [
+        _kept(3, path=str(root / "inspect" / "3" / "model.onnx")),
+        _kept(2, path=str(root / "inspect" / "2" / "model.onnx")),
+    ]
+    removed = restore.prune_models(root, kept)
+    assert sorted(p.relative_to(root).as_posix() for p in removed) == [
+        "inspect/1",
+        "inspect/4",
+        "other/7",
+    ]
+    assert sorted(p.relative_to(root).as_posix() for p in root.glob("*/*")) == [
+        "inspect/2",
+        "inspect/3",
+    ]
+    assert restore.prune_models(tmp_path / "none", kept) == []
+
+
 def test_verify_checks_signature_hash_load_and_smoke_test(models: Models) -> None:
     kept = models.kept(models.v2, 2)
     assert restore.verify(kept, models.keys()).ref == "inspect:2"

@@ -152,7 +152,9 @@ def _http(url: str, data: bytes | None = None, headers: dict[str, str] | None = 
 class AgentProcess:
     """``fedge agent run --config CONFIG`` with its output in a log file."""
 
-    def __init__(self, config: Path, http_port: int, log_path: Path) -> None:
+    def __init__(
+        self, config: Path, http_port: int, log_path: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.http_port = http_port
         self.log_path = log_path
         with log_path.open("wb") as log:
@@ -161,6 +163,7 @@ class AgentProcess:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                env=env,  # None: this process's environment
             )
 
     @property

@@ -111,6 +111,9 @@ def inference(
     images: Annotated[int, typer.Option(help="Distinct decoded images.")] = 500,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds (agent vs raw).")] = 7,
     per_round: Annotated[int, typer.Option(help="Images timed per side per round.")] = 200,
+    batch_size: Annotated[
+        int, typer.Option(help="Images per agent.score_many call in the batched rounds.", min=1)
+    ] = 32,
     image_size: Annotated[
         int,
         typer.Option(
@@ -129,7 +132,7 @@ def inference(
     ] = None,
     json_path: JsonOption = None,
 ) -> None:
-    """Time agent.score against a bare ONNX Runtime loop on the same images.
+    """Time the agent's scoring (one image, and batched) against bare ONNX Runtime.
 
     Example: fedge bench inference --json out.json   (--image-size 32 for tiny images)
     """
@@ -142,6 +145,7 @@ def inference(
             images,
             rounds=rounds,
             per_round=per_round,
+            batch_size=batch_size,
             image_size=image_size,
             epochs=epochs,
             train_images=train_images,
@@ -294,4 +298,47 @@ def fleet_round(
         "fleet-round",
         json_path,
         lambda progress: run_fleet_round(agents, rounds, images, progress=progress),
+    )
+
+
+@app.command()
+@friendly_errors
+def chaos(
+    agents: Annotated[int, typer.Option(help="Agent processes (one station each).", min=1)] = 8,
+    minutes: Annotated[float, typer.Option(help="Length of the chaos phase.", min=0.2)] = 5.0,
+    seed: Annotated[int, typer.Option(help="Seed of the fault schedule and the load.")] = 1,
+    disk_agents: Annotated[
+        int | None,
+        typer.Option(help="Stations on a small tmpfs of their own (disk-full faults; root)."),
+    ] = None,
+    faults_per_minute: Annotated[
+        float, typer.Option(help="Faults scheduled per minute of chaos.", min=0.5)
+    ] = 10.0,
+    heal_timeout: Annotated[
+        float, typer.Option(help="Seconds the heal phase may take to settle.")
+    ] = 180.0,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep the work directory (logs, stores).")
+    ] = False,
+    json_path: JsonOption = None,
+) -> None:
+    """Faults on a live fleet (broker, manager, agents, network, disk, models); invariants.
+
+    Example: fedge bench chaos --agents 8 --minutes 5 --seed 1 --json out.json
+    """
+    from fedge.bench.chaos import run_chaos
+
+    _run(
+        "chaos",
+        json_path,
+        lambda progress: run_chaos(
+            agents,
+            minutes,
+            seed,
+            disk_agents=disk_agents,
+            faults_per_minute=faults_per_minute,
+            heal_timeout_s=heal_timeout,
+            keep=keep,
+            progress=progress,
+        ),
     )

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from fedge.cli import operator, retention
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, setup_logging
 from fedge.edge_manager.enrollment import managed_broker
 from fedge.edge_manager.errors import ManagerError
@@ -14,6 +15,7 @@ from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.service import ManagerService
 
 app = typer.Typer(help="The fleet's control plane.", no_args_is_help=True)
+app.add_typer(operator.app, name="operator")
 
 
 @app.command()
@@ -116,3 +118,7 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
         if not link.running:
             raise ManagerError(f"the SuperLink exited; see {link.log_path}")
     link.stop()
+
+
+app.command("watch")(operator.watch)
+app.command("prune")(retention.prune)

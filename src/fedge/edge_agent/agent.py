@@ -6,21 +6,25 @@ numbered batches and drains the outbox, deleting a batch only on the broker's PU
 """
 
 import logging
+import sqlite3
 import threading
 import time
-import uuid
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from fedge import __version__
-from fedge.edge_agent import deployer, restore, runtime
-from fedge.edge_agent.decisions import ConfigAction, decide, decide_config
-from fedge.edge_agent.errors import DeployError, InferenceError
+from fedge.edge_agent import deployer, restore, runtime, scoring
+from fedge.edge_agent.decisions import ConfigAction, decide_config
+from fedge.edge_agent.desired_poller import DesiredPoller
+from fedge.edge_agent.errors import DeployError, InferenceError, StorageError
+from fedge.edge_agent.group_commit import GroupCommit
 from fedge.edge_agent.images import decode_for
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
+from fedge.edge_agent.scoring import Scored
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.party.dataset import Retention, StationData
@@ -29,7 +33,7 @@ from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.grpc.client import ReportUploader
+from fedge.protocols.grpc.client import DesiredClient, ReportUploader
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
@@ -41,9 +45,12 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class Scored:
-    record: PredictionRecord
-    scores: np.ndarray
+class ImageFile:
+    """An image file's bytes as a camera or the station's software handed them over."""
+
+    data: bytes
+    suffix: str  # ".png", ".jpg", ...: how the kept training copy is named
+    source: str = ""  # recorded with the prediction (e.g. "file:<name>")
 
 
 class EdgeAgent:
@@ -51,6 +58,7 @@ class EdgeAgent:
         self.settings = settings
         self.keys = trusted(settings.public_key())
         self.store = LocalStore(settings.data_dir / "agent.db")
+        self._commits: GroupCommit[PredictionRecord] = GroupCommit(self.store.add_predictions)
         # The station's training set: what it scores, kept on the device with its labels.
         self.station = StationData(
             settings.data_dir,
@@ -102,6 +110,23 @@ class EdgeAgent:
             uploader_factory=lambda: ReportUploader(
                 settings.grpc_target, settings.edge, settings.password
             ),
+        )
+        # Configs, deployments and labels (and status reports) over gRPC where MQTT is
+        # blocked (issue 9); ticked by the publisher thread.
+        self.desired_poller = DesiredPoller(
+            report_via_grpc=settings.report_via == "grpc",
+            fallback_after_s=settings.grpc_fallback_after_s,
+            poll_interval_s=settings.grpc_poll_interval_s,
+            connect=lambda: DesiredClient(settings.grpc_target, settings.edge, settings.password),
+            mqtt_connected=lambda: self.mqtt.connected.is_set(),
+            known_versions=self._known_versions,
+            handlers={
+                topics.Down.CONFIG.value: self.handle_config,
+                topics.Down.DEPLOY.value: self.handle_deploy,
+                topics.Down.LABELS.value: self.handle_labels,
+            },
+            statements=self._statements,
+            counters=self.counters,
         )
         self._publisher = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
 
@@ -214,6 +239,8 @@ class EdgeAgent:
             self.applied_version,
             time.time(),
         )
+        self.desired_poller.farewell(codec.encode(goodbye))
+        self.desired_poller.close()
         self.mqtt.stop(final=(self._topic(topics.Up.STATE), codec.encode(goodbye), True))
         if self.supervisor is not None:
             self.supervisor.stop()
@@ -256,6 +283,12 @@ class EdgeAgent:
     def _on_connect(self, session_present: bool) -> None:
         # Sparkplug order: subscribe first, then the birth, then re-state what is in force.
         self.mqtt.subscribe(topics.edge_subscription(self.settings.fleet, self.settings.edge))
+        for kind, payload in self._statements():
+            self.mqtt.publish(self._topic(kind), payload, retain=True)
+        self.counters["connects"] += 1
+
+    def _statements(self) -> list[tuple[topics.Up, bytes]]:
+        """What a new session states, in order: the birth, then what is in force."""
         birth = Liveness(
             self.settings.edge,
             self._session,
@@ -265,12 +298,20 @@ class EdgeAgent:
             self.applied_version,
             time.time(),
         )
-        self.mqtt.publish(self._topic(topics.Up.STATE), codec.encode(birth), retain=True)
+        statements = [(topics.Up.STATE, codec.encode(birth))]
         if self._last_config_report is not None:
-            self.mqtt.publish(self._topic(topics.Up.CONFIG), self._last_config_report, retain=True)
+            statements.append((topics.Up.CONFIG, self._last_config_report))
         if self._last_deploy_status is not None:
-            self.mqtt.publish(self._topic(topics.Up.DEPLOY), self._last_deploy_status, retain=True)
-        self.counters["connects"] += 1
+            statements.append((topics.Up.DEPLOY, self._last_deploy_status))
+        return statements
+
+    def _known_versions(self) -> dict[str, int]:
+        """The version of each desired document this agent is done with (for gRPC polls)."""
+        return {
+            topics.Down.CONFIG.value: self.applied_version,
+            topics.Down.DEPLOY.value: int(self.store.get("deploy_done_version") or 0),
+            topics.Down.LABELS.value: int(self.store.get("labels_version") or 0),
+        }
 
     # -- incoming
 
@@ -362,6 +403,7 @@ class EdgeAgent:
         payload = codec.encode(report)
         self._last_config_report = payload
         self.mqtt.publish(self._topic(topics.Up.CONFIG), payload, retain=True)
+        self.desired_poller.offer_status(topics.Up.CONFIG, payload)
 
     def handle_deploy(self, envelope: bytes) -> None:
         try:
@@ -415,6 +457,20 @@ class EdgeAgent:
                 )
                 stage(DeployStage.FAILED, f"{exc.reason}: {exc.detail}")
             self.store.put("deploy_done_version", str(desired.version))
+            self._prune_models()
+
+    def _prune_models(self) -> None:
+        """Old models and failed downloads go; the kept ones stay (see restore.prune_models)."""
+        kept = list(restore.decode_history(self.store.get("model_history")))
+        active = self.store.get("active_model")
+        try:
+            if active is not None:  # kept too, if an older agent wrote no history for it
+                kept.append(restore.decode_kept(active))
+            removed = restore.prune_models(self.settings.data_dir / "models", kept)
+        except (OSError, DeployError) as exc:
+            log.warning("could not prune old models: %s", exc)
+            return
+        self.counters["models.pruned"] += len(removed)
 
     def _report_deploy(
         self, desired: DeploymentDesired, ref: tuple[str, int], stage: DeployStage, reason: str
@@ -435,6 +491,7 @@ class EdgeAgent:
         self._last_deploy_status = payload
         self.store.put("last_deploy_status", payload.decode())
         self.mqtt.publish(self._topic(topics.Up.DEPLOY), payload, retain=True)
+        self.desired_poller.offer_status(topics.Up.DEPLOY, payload)
 
     def _report_deploy_rejected(self, reason: str) -> None:
         """Tell the manager a deployment envelope was refused (forged, malformed, foreign).
@@ -457,7 +514,9 @@ class EdgeAgent:
         )
         # Not retained: the broker keeps the edge's real deployment status for a manager
         # that (re)connects later; this report is for the manager listening now.
-        self.mqtt.publish(self._topic(topics.Up.DEPLOY), codec.encode(status), qos=1)
+        payload = codec.encode(status)
+        self.mqtt.publish(self._topic(topics.Up.DEPLOY), payload, qos=1)
+        self.desired_poller.offer_status(topics.Up.DEPLOY, payload, retained=False)
 
     # -- inference
 
@@ -472,19 +531,43 @@ class EdgeAgent:
         prediction's id, so an operator's label for the prediction makes it a training
         example. It stays on the station.
         """
+        (result,) = self.score_images([ImageFile(data, suffix, source)])
+        if isinstance(result, InferenceError):
+            raise result
+        return result
+
+    def score_images(self, files: Sequence[ImageFile]) -> list[Scored | InferenceError]:
+        """:meth:`score_image` for several files: one model call and one commit for all.
+
+        One result per file, in order: its :class:`Scored`, or the error that kept it
+        from being scored (an undecodable file fails alone, not the batch).
+        """
         model = self.model  # one snapshot: a deployment may swap it meanwhile
         if model is None:
             raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
-        scored = self.score(
-            decode_for(data, self.preprocess_for(model)), source=source, model=model
+        preprocess = self.preprocess_for(model)
+        results: dict[int, Scored | InferenceError] = {}
+        decoded: list[tuple[int, np.ndarray]] = []
+        for index, file in enumerate(files):
+            try:
+                decoded.append((index, decode_for(file.data, preprocess)))
+            except InferenceError as exc:
+                results[index] = exc
+        scored = self.score_many(
+            [image for _, image in decoded], [files[i].source for i, _ in decoded], model=model
         )
+        for (index, _), item in zip(decoded, scored, strict=True):
+            results[index] = item
+            self._keep_for_training(item.record, files[index])
+        return [results[index] for index in range(len(files))]
+
+    def _keep_for_training(self, record: PredictionRecord, file: ImageFile) -> None:
         try:
-            self.station.keep(scored.record.prediction_id, data, suffix, scored.record.at)
-        except (StationDataError, OSError) as exc:
+            self.station.keep(record.prediction_id, file.data, file.suffix, record.at)
+        except (StationDataError, OSError, sqlite3.Error) as exc:
             # Scoring succeeded and is recorded; only the training copy is lost.
             self.counters["station.keep_failed"] += 1
-            log.error("could not keep %s for training: %s", scored.record.prediction_id, exc)
-        return scored
+            log.error("could not keep %s for training: %s", record.prediction_id, exc)
 
     def score(
         self, image: np.ndarray, source: str = "", *, model: runtime.LoadedModel | None = None
@@ -493,33 +576,37 @@ class EdgeAgent:
 
         ``model`` is the model the image was prepared for (default: the serving one).
         """
+        return self.score_many([image], [source], model=model)[0]
+
+    def score_many(
+        self,
+        images: Sequence[np.ndarray],
+        sources: Sequence[str] | None = None,
+        *,
+        model: runtime.LoadedModel | None = None,
+    ) -> list[Scored]:
+        """Score prepared images in one model call and record them in one commit.
+
+        Every record is durable when this returns. Calls from several threads at once
+        share commits (:mod:`fedge.edge_agent.group_commit`).
+        """
         model, config = model or self.model, self.config
         if model is None:
             raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
-        shaped = image if image.ndim == 3 else image[None, :, :]
-        batch = shaped.astype(model.input_dtype, copy=False)[None]
-        started = time.perf_counter()
-        probs = model.run(batch)[0]
-        latency_ms = (time.perf_counter() - started) * 1000.0
-        classes = model.manifest.classes
-        scores = {
-            name: min(1.0, max(0.0, float(p))) for name, p in zip(classes, probs, strict=True)
-        }
-        decision = decide(scores, model.manifest.positive_classes, config)
-        record = PredictionRecord(
-            prediction_id=f"p-{uuid.uuid4().hex}",
-            at=time.time(),
-            model=model.ref,
-            scores=scores,
-            decision=decision.decision,
-            threshold=decision.threshold,
-            config_version=0 if config is None else config.version,
-            latency_ms=latency_ms,
-            source=source[:512],
-        )
-        self.store.add_record(Stream.PREDICTIONS, record)
-        self.counters[f"decision.{decision.decision}"] += 1
-        return Scored(record, probs)
+        scored = scoring.score(model, config, images, sources or [""] * len(images))
+        try:
+            self._commits.submit([s.record for s in scored])
+        except sqlite3.Error as exc:
+            # Rolled back: none of these predictions exists, and the caller is told so
+            # (an inbox file stays in the inbox, an API client gets a 503 and retries).
+            self.counters["store.write_failed"] += 1
+            raise StorageError(
+                f"predictions not recorded ({exc}); is the disk under "
+                f"{self.settings.data_dir} full?"
+            ) from None
+        for item in scored:
+            self.counters[f"decision.{item.record.decision}"] += 1
+        return scored
 
     def add_metric(self, name: str, value: float) -> None:
         self.store.add_record(Stream.TELEMETRY, MetricRecord(name, value, time.time()))
@@ -533,6 +620,7 @@ class EdgeAgent:
                 config = self.config
                 batch_max = 500 if config is None else config.batch_max_records
                 self.store.seal_batches(self.settings.edge, max(self._session, 0), batch_max)
+                self.desired_poller.tick()
                 if self.settings.report_via == "grpc":
                     self.outbox.upload()
                 elif self.mqtt.connected.is_set():
@@ -552,6 +640,11 @@ class EdgeAgent:
 
     def _emit_metrics(self) -> None:
         backlog = self.store.backlog()
+        if backlog["outbox_batches"] >= self.settings.telemetry_backlog_limit:
+            # A long outage: metrics would grow the outbox by hundreds of batches a day
+            # and say little once they arrive; the records that matter keep being kept.
+            self.counters["telemetry.skipped"] += 1
+            return
         for name, value in backlog.items():
             self.add_metric(name, float(value))
         self.add_metric(
@@ -570,6 +663,7 @@ class EdgeAgent:
             "edge": self.settings.edge,
             "session": self._session,
             "connected": self.mqtt.connected.is_set(),
+            "desired_via_grpc": self.desired_poller.active,
             "serving": self.serving,
             "config_version": self.applied_version,
             "threshold": None if self.config is None else self.config.default_threshold,

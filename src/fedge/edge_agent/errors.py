@@ -22,3 +22,7 @@ class DeployError(AgentError):
 
 class InferenceError(AgentError):
     """An image could not be scored (no model yet, bad image, runtime failure)."""
+
+
+class StorageError(AgentError):
+    """The agent's own file refused a write (most often a full disk); nothing was recorded."""

@@ -10,6 +10,7 @@ Bound to loopback only: whoever can reach it is already on the station.
 
 import json
 import logging
+import sqlite3
 import sys
 import threading
 import time
@@ -19,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.errors import AgentError
+from fedge.edge_agent.errors import AgentError, StorageError
 from fedge.edge_agent.images import MAX_IMAGE_BYTES
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
@@ -39,9 +40,13 @@ def add_label(agent: EdgeAgent, prediction_id: str, label: str, who: str) -> str
         raise AgentError(f"no prediction {prediction_id!r} on this edge")
     label_id = f"l-{uuid.uuid4().hex}"
     at = time.time()
-    agent.store.add_label(label_id, prediction_id, label, who, at)
-    # The station's training set joins it to the kept image (by prediction id).
-    agent.station.label(prediction_id, label, at)
+    try:
+        agent.store.add_label(label_id, prediction_id, label, who, at)
+        # The station's training set joins it to the kept image (by prediction id).
+        agent.station.label(prediction_id, label, at)
+    except sqlite3.Error as exc:
+        agent.counters["store.write_failed"] += 1
+        raise StorageError(f"label not recorded ({exc}); is the station's disk full?") from None
     return label_id
 
 
@@ -104,6 +109,11 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(HTTPStatus.OK, {"label_id": label_id})
             else:
                 self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
+        except StorageError as exc:
+            # The station cannot record anything now (a full disk): retry later, not a
+            # bad request.
+            self.agent.counters["api.unavailable"] += 1
+            self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
         except (AgentError, json.JSONDecodeError, ValueError) as exc:
             self.agent.counters["api.bad_request"] += 1
             self._reply(HTTPStatus.BAD_REQUEST, {"error": str(exc)})

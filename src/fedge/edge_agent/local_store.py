@@ -13,6 +13,8 @@ only when the broker acknowledged it.
 import json
 import sqlite3
 import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +46,11 @@ CREATE INDEX IF NOT EXISTS predictions_source ON predictions (source);
 """
 
 
+def _record_json(record: Record) -> str:
+    # Records are flat dataclasses of plain values: their __dict__ is their JSON form.
+    return json.dumps(vars(record), separators=(",", ":"))
+
+
 @dataclass(frozen=True)
 class OutboxEntry:
     id: int
@@ -67,6 +74,24 @@ class LocalStore:
         with self._lock:
             self._conn.close()
 
+    @contextmanager
+    def _transaction(self, begin: str = "BEGIN") -> Iterator[sqlite3.Connection]:
+        """One transaction under the lock, rolled back on any failure.
+
+        A full disk fails an INSERT or the COMMIT itself; rolled back, the connection is
+        usable again and what was committed before stays (nothing half-written), so the
+        outbox keeps every batch that was already durable.
+        """
+        with self._lock:
+            self._conn.execute(begin)
+            try:
+                yield self._conn
+                self._conn.execute("COMMIT")
+            except BaseException:
+                if self._conn.in_transaction:
+                    self._conn.execute("ROLLBACK")
+                raise
+
     # -- key/value state
 
     def get(self, key: str) -> str | None:
@@ -84,54 +109,51 @@ class LocalStore:
 
     def next_session(self) -> int:
         """Increment and persist the session counter (one per connection attempt)."""
-        with self._lock:
-            self._conn.execute("BEGIN IMMEDIATE")
-            row = self._conn.execute("SELECT value FROM kv WHERE key='session'").fetchone()
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            row = conn.execute("SELECT value FROM kv WHERE key='session'").fetchone()
             session = 0 if row is None else int(row[0]) + 1
-            self._conn.execute(
+            conn.execute(
                 "INSERT INTO kv (key, value) VALUES ('session', ?) "
                 "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
                 (str(session),),
             )
-            self._conn.execute("COMMIT")
         return session
 
     # -- records
 
     def add_record(self, stream: Stream, record: Record) -> None:
-        # Records are flat dataclasses of plain values: their __dict__ is their JSON form.
-        payload = json.dumps(vars(record), separators=(",", ":"))
+        if isinstance(record, PredictionRecord):
+            self.add_predictions([record])
+            return
         with self._lock:
-            if isinstance(record, PredictionRecord):
-                self._conn.execute("BEGIN")
-                self._conn.execute(
-                    "INSERT INTO pending (stream, record) VALUES (?,?)", (stream.value, payload)
-                )
-                self._conn.execute(
-                    "INSERT OR IGNORE INTO predictions VALUES (?,?,?,?,?)",
-                    (record.prediction_id, record.at, record.model, record.decision, record.source),
-                )
-                self._conn.execute("COMMIT")
-            else:
-                self._conn.execute(
-                    "INSERT INTO pending (stream, record) VALUES (?,?)", (stream.value, payload)
-                )
+            self._conn.execute(
+                "INSERT INTO pending (stream, record) VALUES (?,?)",
+                (stream.value, _record_json(record)),
+            )
+
+    def add_predictions(self, records: Sequence[PredictionRecord]) -> None:
+        """Queue predictions for reporting and index them, in one transaction."""
+        if not records:
+            return
+        pending = [(Stream.PREDICTIONS.value, _record_json(r)) for r in records]
+        index = [(r.prediction_id, r.at, r.model, r.decision, r.source) for r in records]
+        with self._transaction() as conn:
+            conn.executemany("INSERT INTO pending (stream, record) VALUES (?,?)", pending)
+            conn.executemany("INSERT OR IGNORE INTO predictions VALUES (?,?,?,?,?)", index)
 
     def add_label(self, label_id: str, prediction_id: str, label: str, who: str, at: float) -> bool:
         """Store a label locally (kept for local training) and queue it for reporting."""
         record = LabelRecord(label_id, prediction_id, label, who, at)
-        with self._lock:
-            self._conn.execute("BEGIN")
-            inserted = self._conn.execute(
+        with self._transaction() as conn:
+            inserted = conn.execute(
                 "INSERT OR IGNORE INTO labels VALUES (?,?,?,?,?)",
                 (label_id, prediction_id, label, who, at),
             ).rowcount
             if inserted:
-                self._conn.execute(
+                conn.execute(
                     "INSERT INTO pending (stream, record) VALUES (?,?)",
                     (Stream.LABELS.value, json.dumps(codec.to_plain(record))),
                 )
-            self._conn.execute("COMMIT")
         return bool(inserted)
 
     def add_remote_label(
@@ -174,37 +196,38 @@ class LocalStore:
         a crash leaves either the records pending or the batch in the outbox, never both.
         """
         sealed = 0
-        with self._lock:
-            for stream in Stream:
-                while True:
-                    rows = self._conn.execute(
-                        "SELECT id, record FROM pending WHERE stream=? ORDER BY id LIMIT ?",
-                        (stream.value, max_records),
-                    ).fetchall()
-                    if not rows:
-                        break
-                    decode = codec.decoder_for(RECORD_TYPE[stream])
-                    records = tuple(decode(json.loads(r[1]), "record") for r in rows)
-                    self._conn.execute("BEGIN IMMEDIATE")
-                    key = f"seq.{stream.value}"
-                    row = self._conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
-                    seq = 0 if row is None else int(row[0])
-                    batch = RecordBatch(edge, stream, session, seq, records)
-                    self._conn.execute(
-                        "INSERT INTO outbox (stream, seq, n_records, payload) VALUES (?,?,?,?)",
-                        (stream.value, seq, len(records), codec.encode(batch)),
-                    )
-                    self._conn.execute(
-                        "DELETE FROM pending WHERE stream=? AND id<=?", (stream.value, rows[-1][0])
-                    )
-                    self._conn.execute(
-                        "INSERT INTO kv (key, value) VALUES (?,?) "
-                        "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
-                        (key, str(seq + 1)),
-                    )
-                    self._conn.execute("COMMIT")
-                    sealed += 1
+        for stream in Stream:
+            while self._seal_one(edge, session, stream, max_records):
+                sealed += 1
         return sealed
+
+    def _seal_one(self, edge: str, session: int, stream: Stream, max_records: int) -> bool:
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            rows = conn.execute(
+                "SELECT id, record FROM pending WHERE stream=? ORDER BY id LIMIT ?",
+                (stream.value, max_records),
+            ).fetchall()
+            if not rows:
+                return False
+            decode = codec.decoder_for(RECORD_TYPE[stream])
+            records = tuple(decode(json.loads(r[1]), "record") for r in rows)
+            key = f"seq.{stream.value}"
+            row = conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+            seq = 0 if row is None else int(row[0])
+            batch = RecordBatch(edge, stream, session, seq, records)
+            conn.execute(
+                "INSERT INTO outbox (stream, seq, n_records, payload) VALUES (?,?,?,?)",
+                (stream.value, seq, len(records), codec.encode(batch)),
+            )
+            conn.execute(
+                "DELETE FROM pending WHERE stream=? AND id<=?", (stream.value, rows[-1][0])
+            )
+            conn.execute(
+                "INSERT INTO kv (key, value) VALUES (?,?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                (key, str(seq + 1)),
+            )
+        return True
 
     def outbox(self, limit: int, exclude: set[int]) -> list[OutboxEntry]:
         with self._lock:

@@ -18,6 +18,7 @@ pointers in its store and passes :func:`verify` in.
 """
 
 import json
+import shutil
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,3 +265,28 @@ def verify(kept: KeptModel, keys: TrustedKeys) -> runtime.LoadedModel:
     model = runtime.load(kept.path, manifest)
     runtime.smoke_test(model)
     return model
+
+
+def prune_models(models_root: Path, kept: Iterable[KeptModel]) -> list[Path]:
+    """Delete the model directories under ``models_root`` no kept model lives in.
+
+    The layout is ``<models_root>/<name>/<version>/model.onnx``: a deployment's download
+    directory, which holds the file once it verified. Kept models (the active one and
+    the :data:`KEEP` before it) stay as fallbacks; everything else -- older models,
+    partial downloads of failed deployments -- would otherwise fill the station's disk
+    (issue "A fault-injection and soak suite", defect 8). Call it with no deployment under
+    way. Returns the directories removed.
+    """
+    keep = {k.path.parent.resolve() for k in kept}
+    removed: list[Path] = []
+    if not models_root.is_dir():
+        return removed
+    for name_dir in sorted(p for p in models_root.iterdir() if p.is_dir()):
+        for version_dir in sorted(p for p in name_dir.iterdir() if p.is_dir()):
+            if version_dir.resolve() in keep:
+                continue
+            shutil.rmtree(version_dir, ignore_errors=True)
+            removed.append(version_dir)
+        if not any(name_dir.iterdir()):
+            name_dir.rmdir()
+    return removed

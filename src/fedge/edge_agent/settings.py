@@ -12,6 +12,13 @@ watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
 http_port = 8470                  # optional local API on 127.0.0.1, 0 = off
 superlink = "10.0.0.5:9092"       # the fleet's Flower SuperLink (stations that train)
 
+# Where MQTT is blocked: records over gRPC (ReportUpload) with report_via = "grpc", which
+# also polls configs, deployments and labels over gRPC (DesiredSync) all the time; with
+# "mqtt" they are polled once MQTT has been down grpc_fallback_after_s (0 = never).
+report_via = "mqtt"
+grpc_fallback_after_s = 60.0
+grpc_poll_interval_s = 5.0
+
 # The station's training set: scored images kept on the device with their labels
 # (they never leave it). Oldest first out once any limit is reached; 0 keeps none.
 # The inbox's done/ and failed/ folders are pruned to keep_images files and keep_days
@@ -20,6 +27,10 @@ keep_images = 5000
 keep_bytes = 536870912            # 512 MiB
 keep_days = 30.0
 holdout_percent = 20              # share kept for local evaluation, never trained on
+
+# A long outage: telemetry is not recorded while the outbox holds this many batches or
+# more (predictions and labels always are; the station's disk is their only limit).
+telemetry_backlog_limit = 2000
 """
 
 import tomllib
@@ -48,11 +59,18 @@ class AgentSettings:
     flush_interval_s: float = 0.2
     # "mqtt", or "grpc" for sites where MQTT is blocked (records go over ReportUpload).
     report_via: str = "mqtt"
+    # Desired documents (and status reports) over gRPC once MQTT has been down this long
+    # (issue 9); 0 = never. report_via = "grpc" polls them all the time.
+    grpc_fallback_after_s: float = 60.0
+    grpc_poll_interval_s: float = 5.0
     superlink: str = ""
     keep_images: int = 5000
     keep_bytes: int = 512 * 2**20
     keep_days: float = 30.0
     holdout_percent: int = 20
+    # During a long outage telemetry stops being recorded once the outbox holds this
+    # many batches; predictions and labels are always kept (they are the data).
+    telemetry_backlog_limit: int = 2000
 
     def public_key(self) -> PublicKey:
         return PublicKey.from_text(self.manager_public_key)
@@ -96,6 +114,11 @@ def load_settings(path: Path) -> AgentSettings:
         settings.public_key()
         if settings.report_via not in ("mqtt", "grpc"):
             raise SettingsError(f"{path}: report_via must be 'mqtt' or 'grpc'")
+        if settings.grpc_fallback_after_s < 0 or settings.grpc_poll_interval_s <= 0:
+            raise SettingsError(
+                f"{path}: grpc_fallback_after_s must be >= 0 (0 = never) "
+                "and grpc_poll_interval_s > 0"
+            )
     except TypeError as exc:
         raise SettingsError(f"{path}: {exc}") from None
     except ProtocolError as exc:

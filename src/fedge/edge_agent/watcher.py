@@ -15,7 +15,7 @@ import threading
 import time
 from pathlib import Path
 
-from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.agent import EdgeAgent, ImageFile
 from fedge.edge_agent.errors import InferenceError
 from fedge.edge_agent.images import MAX_IMAGE_BYTES
 
@@ -26,12 +26,21 @@ IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".pgm"})
 
 class InboxWatcher:
     def __init__(
-        self, agent: EdgeAgent, inbox: Path, *, settle_s: float = 0.2, give_up_s: float = 30.0
+        self,
+        agent: EdgeAgent,
+        inbox: Path,
+        *,
+        settle_s: float = 0.2,
+        give_up_s: float = 30.0,
+        batch_size: int = 32,
     ) -> None:
         self.agent = agent
         self.inbox = inbox
         self.settle_s = settle_s
         self.give_up_s = give_up_s
+        # Files that settled together are scored together: one model call and one commit
+        # per batch (a burst from a line camera costs far less than file by file).
+        self.batch_size = batch_size
         self.done = inbox / "done"
         self.failed = inbox / "failed"
         self._last_seen: dict[Path, tuple[int, int]] = {}
@@ -47,37 +56,63 @@ class InboxWatcher:
     def scan_once(self) -> int:
         self.done.mkdir(parents=True, exist_ok=True)
         self.failed.mkdir(exist_ok=True)
-        scored = 0
         present = sorted(p for p in self.inbox.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         for gone in set(self._last_seen) - set(present):
             del self._last_seen[gone]
+        if self.agent.model is None:
+            return 0  # keep the images until a model arrives
+        ready: list[Path] = []
         for path in present:
-            if self.agent.model is None:
-                return scored  # keep the images until a model arrives
             try:
-                if not self._settled(path):
-                    continue
+                if self._settled(path):
+                    ready.append(path)
             except FileNotFoundError:
                 continue
+        scored = 0
+        for start in range(0, len(ready), self.batch_size):
+            scored += self._score_batch(ready[start : start + self.batch_size])
+        return scored
+
+    def _score_batch(self, paths: list[Path]) -> int:
+        """Score the settled files of one batch (one model call, one commit), move them on."""
+        files: list[tuple[Path, ImageFile]] = []
+        finished: list[Path] = []
+        for path in paths:
             source = f"file:{path.name}"
-            if not self.agent.store.has_source(source):
-                try:
-                    if path.stat().st_size > MAX_IMAGE_BYTES:
-                        raise InferenceError(f"{path.name} is larger than {MAX_IMAGE_BYTES} bytes")
-                    self.agent.score_image(path.read_bytes(), suffix=path.suffix, source=source)
+            if self.agent.store.has_source(source):
+                finished.append(path)  # scored before a crash; only the move was left
+                continue
+            try:
+                if path.stat().st_size > MAX_IMAGE_BYTES:
+                    raise InferenceError(f"{path.name} is larger than {MAX_IMAGE_BYTES} bytes")
+                files.append((path, ImageFile(path.read_bytes(), path.suffix, source)))
+            except InferenceError as exc:
+                self._not_scored(path, exc)
+            except FileNotFoundError:
+                continue
+        scored = 0
+        if files:
+            results = self.agent.score_images([file for _, file in files])
+            for (path, _), result in zip(files, results, strict=True):
+                if isinstance(result, InferenceError):
+                    self._not_scored(path, result)
+                else:
                     scored += 1
-                except InferenceError as exc:
-                    if time.time() - path.stat().st_mtime < self.give_up_s:
-                        # A writer that paused mid-file: retry until it has been quiet
-                        # for give_up_s before calling the image unreadable.
-                        continue
-                    self.agent.counters["watch.failed"] += 1
-                    log.error("cannot score %s: %s", path.name, exc)
-                    path.replace(self.failed / path.name)
-                    continue
+                    finished.append(path)
+        for path in finished:
             path.replace(self.done / path.name)
             self._last_seen.pop(path, None)
         return scored
+
+    def _not_scored(self, path: Path, error: InferenceError) -> None:
+        if time.time() - path.stat().st_mtime < self.give_up_s:
+            # A writer that paused mid-file: retry until it has been quiet for give_up_s
+            # before calling the image unreadable.
+            return
+        self.agent.counters["watch.failed"] += 1
+        log.error("cannot score %s: %s", path.name, error)
+        path.replace(self.failed / path.name)
+        self._last_seen.pop(path, None)
 
 
 def prune_finished(directory: Path, *, max_files: int, max_age_s: float, now: float) -> int:

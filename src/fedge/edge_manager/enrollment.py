@@ -2,6 +2,7 @@
 
 from pathlib import Path
 
+from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.transport.broker import FleetAccess, MosquittoBroker
@@ -14,6 +15,9 @@ def fleet_access(home: ManagerHome) -> FleetAccess:
         manager_user=settings.manager_user,
         manager_password=home.manager_password(),
         edge_passwords=home.edge_passwords(),
+        operator_passwords={
+            name: str(account["password"]) for name, account in home.operator_accounts().items()
+        },
     )
 
 
@@ -45,6 +49,11 @@ def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> s
 
 def enroll(home: ManagerHome, fleet: Fleet, edge: str, data_dir: Path) -> str:
     """Register ``edge`` and return its agent.toml (which holds its secret: write it 0600)."""
+    # Broker users share one namespace (the username is the client id).
+    if edge == home.settings().manager_user:
+        raise ManagerError(f"{edge!r} is the manager's own broker user; pick another edge id")
+    if edge in home.operator_accounts():
+        raise ManagerError(f"{edge!r} is an operator's name; pick another edge id")
     password = home.add_edge_password(edge)
     fleet.enroll(edge, password)
     broker = managed_broker(home)

@@ -227,6 +227,16 @@ class Fleet:
             )
         )
 
+    def latest_desired(self, edge: str) -> list[dict[str, Any]]:
+        """``edge``'s newest desired document of each kind (kind, version, envelope),
+        published or not: what the edge gets when it asks over gRPC (issue 9), the same
+        signed envelope MQTT retains or is about to."""
+        return self.store.query(
+            "SELECT kind, version, envelope FROM desired d WHERE edge=? AND version="
+            "(SELECT max(version) FROM desired WHERE edge=d.edge AND kind=d.kind) ORDER BY kind",
+            (edge,),
+        )
+
     def mark_published(self, edge: str, kind: str, version: int, at: float) -> None:
         self.store.conn.execute(
             "UPDATE desired SET published_at=? WHERE edge=? AND kind=? AND version=?",

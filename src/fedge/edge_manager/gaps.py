@@ -38,3 +38,12 @@ def observe(state: SeqState, seq: int) -> Observation:
             return Observation(SeqState(state.max_seq, tuple(sorted(rest + pieces))), None, gap)
     # Below max and in no gap: only possible if the caller's dedupe missed it.
     return Observation(state, None, None)
+
+
+def received(state: SeqState, seq: int) -> bool:
+    """Whether ``seq`` already arrived: at or below ``max_seq`` and in no open gap.
+
+    True whether or not its batch key is still stored, which is what lets retention prune
+    keys without letting a redelivered batch in again (retention.py).
+    """
+    return seq <= state.max_seq and not any(low <= seq <= high for low, high in state.gaps)

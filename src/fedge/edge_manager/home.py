@@ -3,16 +3,18 @@
 <home>/manager.toml          fleet id, broker and gRPC addresses (no secrets)
 <home>/manager.db            SQLite store (WAL)
 <home>/keys/manager.key      Ed25519 private key, 0600   (+ manager.pub)
-<home>/secrets/              broker and edge credentials, 0600, never logged
+<home>/secrets/              broker, edge and operator credentials, 0600, never logged
 <home>/artifacts/<name>/<version>/model.onnx
 """
 
 import json
+import math
 import os
 import secrets
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from fedge.edge_manager.errors import ManagerError
 from fedge.protocols import validate
@@ -32,6 +34,26 @@ class ManagerSettings:
     # Control APIs together).
     superlink_host: str = "127.0.0.1"
     superlink_port: int = 9092
+    # Retention (issue 9, defect 8), in days of a record's own time; `inf` keeps forever.
+    # Predictions and telemetry are operational history that grows with every part
+    # scored. Labels are training ground truth: a person's judgement, few and costly to
+    # get again, so they are kept until an operator decides otherwise.
+    keep_predictions_days: float = 30.0
+    keep_telemetry_days: float = 30.0
+    keep_labels_days: float = math.inf
+    # The stored (edge, stream, seq) keys; a pruned batch redelivered is still recognised
+    # (see retention.py), so they need not outlive the records.
+    keep_batches_days: float = 30.0
+    # Deploy events, rejected messages and desired documents older than the published one.
+    keep_history_days: float = 90.0
+
+    def __post_init__(self) -> None:
+        for name in RETENTION_FIELDS:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+                raise ManagerError(
+                    f"{name} must be a number of days > 0 (inf keeps forever), got {value!r}"
+                )
 
     @property
     def grpc_target(self) -> str:
@@ -40,6 +62,15 @@ class ManagerSettings:
     @property
     def superlink_address(self) -> str:
         return f"{self.superlink_host}:{self.superlink_port}"
+
+
+RETENTION_FIELDS = (
+    "keep_predictions_days",
+    "keep_telemetry_days",
+    "keep_labels_days",
+    "keep_batches_days",
+    "keep_history_days",
+)
 
 
 def _write_secret(path: Path, text: str) -> None:
@@ -102,6 +133,8 @@ class ManagerHome:
                     f'manager_user = "{settings.manager_user}"',
                     f'superlink_host = "{settings.superlink_host}"',
                     f"superlink_port = {settings.superlink_port}",
+                    # float() so `inf` is written as TOML's inf
+                    *(f"{name} = {float(getattr(settings, name))}" for name in RETENTION_FIELDS),
                     "",
                 ]
             )
@@ -115,7 +148,7 @@ class ManagerHome:
         data = tomllib.loads(self.settings_path.read_text())
         try:
             return ManagerSettings(**data)
-        except TypeError as exc:
+        except (TypeError, ManagerError) as exc:
             raise ManagerError(f"{self.settings_path}: {exc}") from None
 
     def signing_key(self) -> SigningKey:
@@ -135,3 +168,17 @@ class ManagerHome:
             passwords[edge] = secrets.token_urlsafe(18)
             _write_secret(self.secrets_dir / "edges.json", json.dumps(passwords, indent=1))
         return passwords[edge]
+
+    @property
+    def operators_path(self) -> Path:
+        return self.secrets_dir / "operators.json"
+
+    def operator_accounts(self) -> dict[str, dict[str, Any]]:
+        """Operator name -> {"password", "created_at"} (see operators.py)."""
+        if not self.operators_path.exists():
+            return {}  # a home made before operator accounts existed
+        data: dict[str, dict[str, Any]] = json.loads(self.operators_path.read_text())
+        return data
+
+    def save_operator_accounts(self, accounts: dict[str, dict[str, Any]]) -> None:
+        _write_secret(self.operators_path, json.dumps(accounts, indent=1))

@@ -32,6 +32,8 @@ from fedge.protocols.records import (
 
 log = logging.getLogger(__name__)
 SQLITE_INT_MAX = 2**63 - 1
+# The retained up/ topics whose documents may also come over gRPC (DesiredSync.Report).
+STATUS_KINDS = (topics.Up.STATE, topics.Up.CONFIG, topics.Up.DEPLOY)
 
 
 class Verdict(StrEnum):
@@ -78,6 +80,19 @@ class Ingestor:
             return self._records(conn, edge, payload, now, expected_stream=None)
         except ProtocolError as exc:
             return self._reject(conn, edge, f"grpc:{edge}", exc, now)
+
+    def handle_status(
+        self, conn: sqlite3.Connection, edge: str, kind: topics.Up, payload: bytes, now: float
+    ) -> Outcome:
+        """A liveness, config or deploy report that came over gRPC instead of its up/ topic
+        (issue 9: a station whose MQTT is blocked); same bytes, same code, same rules."""
+        where = f"grpc:{edge}/{kind.value}"
+        try:
+            if kind not in STATUS_KINDS:
+                raise ValidationError(f"{kind.value} is not a status document")
+            return self._dispatch(conn, edge, kind, payload, now)
+        except ProtocolError as exc:
+            return self._reject(conn, edge, where, exc, now)
 
     # -- dispatch
 
@@ -222,6 +237,15 @@ class Ingestor:
             self._seq_states[key] = state
         return state
 
+    def _key_pruned(self, conn: sqlite3.Connection, edge: str, stream: str, seq: int) -> bool:
+        """A batch that arrived before and whose key retention deleted (retention.py)."""
+        if not gaps.received(self._seq_state(conn, edge, stream), seq):
+            return False  # the usual case, decided from the cached state without a query
+        row = conn.execute(
+            "SELECT through_seq FROM pruned_batches WHERE edge=? AND stream=?", (edge, stream)
+        ).fetchone()
+        return row is not None and seq <= int(row[0])
+
     def forget_cache(self) -> None:
         """Drop cached sequence state (after a rolled-back transaction)."""
         self._seq_states.clear()
@@ -247,11 +271,14 @@ class Ingestor:
                 f"a {batch.stream.value} batch on the {expected_stream.value} topic"
             )
         stream = batch.stream.value
-        inserted = conn.execute(
-            "INSERT OR IGNORE INTO batches (edge, stream, seq, session, n_records, received_at) "
-            "VALUES (?,?,?,?,?,?)",
-            (edge, stream, batch.seq, batch.session, len(batch.records), now),
-        ).rowcount
+        inserted = False
+        if not self._key_pruned(conn, edge, stream, batch.seq):
+            added = conn.execute(
+                "INSERT OR IGNORE INTO batches (edge, stream, seq, session, n_records, "
+                "received_at) VALUES (?,?,?,?,?,?)",
+                (edge, stream, batch.seq, batch.session, len(batch.records), now),
+            )
+            inserted = added.rowcount > 0
         if not inserted:
             conn.execute(
                 "UPDATE streams SET duplicates = duplicates + 1 WHERE edge=? AND stream=?",

@@ -26,9 +26,10 @@ from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
 from fedge.edge_manager.registry import Registry
+from fedge.edge_manager.retention import Pruner, RetentionPolicy
 from fedge.edge_manager.store import Store
 from fedge.protocols import topics
-from fedge.protocols.grpc.server import GrpcServices, SinkResult
+from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.signing import SigningKey
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
 
@@ -40,6 +41,8 @@ class _Upload:
     edge: str
     payload: bytes
     result: "Future[Outcome]"
+    # None: a record batch (ReportUpload); else the up/ topic of a status (DesiredSync).
+    kind: topics.Up | None = None
 
 
 @dataclass(frozen=True)
@@ -53,6 +56,14 @@ class _Republish:
 
 
 _Item = Message | _Upload | _Published | _Republish
+
+
+def _ingest_upload(
+    ingestor: Ingestor, conn: sqlite3.Connection, upload: _Upload, now: float
+) -> Outcome:
+    if upload.kind is None:
+        return ingestor.handle_upload(conn, upload.edge, upload.payload, now)
+    return ingestor.handle_status(conn, upload.edge, upload.kind, upload.payload, now)
 
 
 class _ReadSide:
@@ -85,6 +96,12 @@ class _ReadSide:
     def authenticate(self, edge: str, token: str) -> bool:
         return self._fleet().authenticate(edge, token)
 
+    def latest_desired(self, edge: str) -> list[DesiredDocument]:
+        return [
+            DesiredDocument(str(row["kind"]), int(row["version"]), str(row["envelope"]).encode())
+            for row in self._fleet().latest_desired(edge)
+        ]
+
 
 class ManagerService:
     def __init__(
@@ -102,6 +119,7 @@ class ManagerService:
         self.max_batch = max_batch
         self.grpc_port = self.settings.grpc_port if grpc_port is None else grpc_port
         self.counters: Counter[str] = Counter()
+        self.pruner = Pruner(RetentionPolicy.from_settings(self.settings))
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -131,7 +149,9 @@ class ManagerService:
         if not self._ready.wait(timeout_s):
             raise TimeoutError("manager worker did not start")
         reader = _ReadSide(self.home, self.settings, self.key)
-        self.grpc_services = GrpcServices(reader, self, reader.authenticate)
+        self.grpc_services = GrpcServices(
+            reader, self, reader.authenticate, desired=reader, status_sink=self
+        )
         self._grpc_server, self.grpc_port = self.grpc_services.start(
             self.settings.grpc_host, self.grpc_port
         )
@@ -163,6 +183,16 @@ class ManagerService:
             error=outcome.detail or None if outcome.verdict is Verdict.REJECTED else None,
         )
 
+    # -- gRPC StatusSink (called on gRPC threads): an edge's up/ statuses without MQTT
+
+    def ingest_status(self, edge: str, kind: str, payload: bytes) -> SinkResult:
+        future: Future[Outcome] = Future()
+        self._queue.put(_Upload(edge, payload, future, topics.Up(kind)))
+        outcome = future.result(timeout=30)
+        # A stale liveness (IGNORED) is no error: the edge need not send it again.
+        rejected = outcome.verdict is Verdict.REJECTED
+        return SinkResult(accepted=not rejected, error=outcome.detail or None if rejected else None)
+
     # -- the worker
 
     def _run(self) -> None:
@@ -178,6 +208,7 @@ class ManagerService:
                 if items:
                     self._process(store, fleet, ingestor, items)
                 self._publish_pending(fleet)
+                self._prune(store)
         finally:
             store.close()
 
@@ -208,9 +239,7 @@ class ManagerService:
                         to_ack.append(item)
                     elif isinstance(item, _Upload):
                         outcome = self._isolated(
-                            conn,
-                            ingestor,
-                            partial(ingestor.handle_upload, conn, item.edge, item.payload, now),
+                            conn, ingestor, partial(_ingest_upload, ingestor, conn, item, now)
                         )
                         self.counters[outcome.verdict.value] += 1
                         uploads.append((item, outcome))
@@ -246,6 +275,18 @@ class ManagerService:
             outcome = Outcome(Verdict.REJECTED, "internal", f"{type(exc).__name__}: {exc}")
         conn.execute("RELEASE message")
         return outcome
+
+    def _prune(self, store: Store) -> None:
+        """Retention (retention.py): one bounded step when due, between ingest batches."""
+        now = time.time()
+        if not self.pruner.due(now):
+            return
+        try:
+            pruned = self.pruner.run(store, now)
+        except sqlite3.Error:
+            log.exception("pruning failed; it is tried again at the next interval")
+            return
+        self.counters.update({f"pruned.{what}": n for what, n in pruned.items() if n})
 
     # -- publishing desired documents
 

@@ -67,6 +67,17 @@ CREATE INDEX IF NOT EXISTS labels_prediction ON labels (prediction_id);
 CREATE TABLE IF NOT EXISTS rejections (
     at REAL NOT NULL, edge TEXT NOT NULL, topic TEXT NOT NULL, reason TEXT NOT NULL,
     detail TEXT NOT NULL);
+-- Retention (retention.py): records are pruned oldest first by their own time; per
+-- stream, the highest seq whose batch key was pruned (a redelivered pruned batch is
+-- still a duplicate); and the rows pruned so far.
+CREATE INDEX IF NOT EXISTS predictions_at ON predictions (at);
+CREATE INDEX IF NOT EXISTS telemetry_at ON telemetry (at);
+CREATE INDEX IF NOT EXISTS labels_at ON labels (at);
+CREATE TABLE IF NOT EXISTS pruned_batches (
+    edge TEXT NOT NULL, stream TEXT NOT NULL, through_seq INTEGER NOT NULL,
+    batches INTEGER NOT NULL, PRIMARY KEY (edge, stream));
+CREATE TABLE IF NOT EXISTS retention_totals (
+    what TEXT PRIMARY KEY, rows INTEGER NOT NULL, last_at REAL NOT NULL);
 """
 
 

@@ -2,7 +2,10 @@
 
 Authentication is on by default: every edge has its own user, the broker uses the
 username as the client id (so one edge cannot take another's session), and the ACL lets
-an edge read only its ``down/`` topics and write only its ``up/`` topics.
+an edge read only its ``down/`` topics and write only its ``up/`` topics. Operator
+accounts (people and tools that watch the fleet) read the fleet's topics and write nothing,
+so they never need the manager's identity (issue 9, defect 5: a second client under the
+manager's username took over its session).
 """
 
 import getpass
@@ -13,7 +16,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedge.protocols import topics
@@ -22,22 +25,36 @@ from fedge.transport.errors import BrokerError
 
 @dataclass(frozen=True)
 class FleetAccess:
-    """Who may connect: one manager account and one account per edge (user = edge id)."""
+    """Who may connect: one manager account, one account per edge (user = edge id) and
+    one per operator (read-only)."""
 
     fleet: str
     manager_user: str
     manager_password: str
     edge_passwords: Mapping[str, str]
+    operator_passwords: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # The username is the client id and the key of the password file: a name used twice
+        # would let one account overwrite (or take over the session of) the other.
+        edges, operators = set(self.edge_passwords), set(self.operator_passwords)
+        clashes = (edges & operators) | ({self.manager_user} & (edges | operators))
+        if clashes:
+            raise BrokerError(
+                f"broker user name(s) {', '.join(sorted(clashes))} are used twice "
+                "(manager, edges and operators need distinct names)"
+            )
 
     def acl_text(self) -> str:
-        lines = [
-            f"user {self.manager_user}",
-            f"topic readwrite {topics.ROOT}/{self.fleet}/#",
-            "",
-        ]
+        fleet_root = f"{topics.ROOT}/{self.fleet}"
+        lines = [f"user {self.manager_user}", f"topic readwrite {fleet_root}/#", ""]
         for edge in sorted(self.edge_passwords):
             root = topics.edge_root(self.fleet, edge)
             lines += [f"user {edge}", f"topic read {root}/down/#", f"topic write {root}/up/#", ""]
+        for operator in sorted(self.operator_passwords):
+            # Read-only: edges act only on down/ documents, which come from the manager
+            # (signed), and the manager trusts up/ topics to name their writer.
+            lines += [f"user {operator}", f"topic read {fleet_root}/#", ""]
         return "\n".join(lines)
 
 
@@ -75,6 +92,7 @@ class MosquittoBroker:
         passwd = self.workdir / "passwd"
         entries = {self.access.manager_user: self.access.manager_password}
         entries.update(self.access.edge_passwords)
+        entries.update(self.access.operator_passwords)
         fd = os.open(passwd, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.writelines(f"{user}:{password}\n" for user, password in entries.items())

@@ -1,7 +1,8 @@
-"""Edge-side gRPC client: resumable model download and batched report upload.
+"""Edge-side gRPC client: resumable model download, batched report upload, desired sync.
 
 Checks nothing about content: the caller verifies the sha256 and the manifest
-signature that :func:`download_artifact` returns, and owns retries.
+signature that :func:`download_artifact` returns and the envelopes that
+:class:`DesiredClient` fetches, and owns retries.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -17,7 +18,7 @@ from types import TracebackType
 import grpc
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
-from fedge.protocols.grpc.server import EDGE_KEY, TOKEN_KEY, SinkResult
+from fedge.protocols.grpc.server import EDGE_KEY, TOKEN_KEY, DesiredDocument, SinkResult
 from fedge.transport.errors import TransportError
 
 PART_SUFFIX = ".part"
@@ -39,6 +40,22 @@ class UploadError(TransportError):
     def __init__(self, message: str, code: str | None = None) -> None:
         super().__init__(message)
         self.code = code
+
+
+class SyncError(TransportError):
+    """A DesiredSync call failed; ``code`` is the gRPC status name when the server gave one.
+
+    ``INVALID_ARGUMENT`` means the request itself was refused (sending it again cannot
+    help); anything else may pass on a later try.
+    """
+
+    def __init__(self, message: str, code: str | None = None) -> None:
+        super().__init__(message)
+        self.code = code
+
+    @property
+    def refused(self) -> bool:
+        return self.code == grpc.StatusCode.INVALID_ARGUMENT.name
 
 
 @dataclass(frozen=True)
@@ -194,6 +211,64 @@ class ReportUploader:
         self._channel.close()
 
     def __enter__(self) -> ReportUploader:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+# A poll should find a manager that came back within a poll or two, not after gRPC's
+# default reconnect backoff of up to two minutes.
+_SYNC_CHANNEL_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 1000),
+    ("grpc.max_reconnect_backoff_ms", 5000),
+]
+
+
+class DesiredClient:
+    """An edge's DesiredSync calls over one channel: fetch desired envelopes, send statuses."""
+
+    def __init__(self, target: str, edge: str, token: str) -> None:
+        self.target = target
+        self.edge = edge
+        self._metadata = _metadata(edge, token)
+        self._channel = grpc.insecure_channel(target, options=_SYNC_CHANNEL_OPTIONS)
+        self._stub = fedge_pb2_grpc.DesiredSyncStub(self._channel)
+
+    def fetch(self, known: Mapping[str, int], timeout_s: float = 10.0) -> list[DesiredDocument]:
+        """The newest desired documents above ``known`` (version per kind), unverified."""
+        request = fedge_pb2.DesiredRequest(edge=self.edge, known=dict(known))
+        try:
+            reply = self._stub.Fetch(request, timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code, status = _status(exc)
+            raise SyncError(
+                f"fetching desired documents from {self.target}: {status}", code
+            ) from exc
+        return [
+            DesiredDocument(kind=str(e.kind), version=int(e.version), envelope=bytes(e.envelope))
+            for e in reply.envelopes
+        ]
+
+    def report(self, kind: str, payload: bytes, timeout_s: float = 10.0) -> SinkResult:
+        """Send one status document (``kind``: state, config or deploy)."""
+        request = fedge_pb2.StatusReport(edge=self.edge, kind=kind, payload=payload)
+        try:
+            ack = self._stub.Report(request, timeout=timeout_s, metadata=self._metadata)
+        except grpc.RpcError as exc:
+            code, status = _status(exc)
+            raise SyncError(f"{kind} report to {self.target}: {status}", code) from exc
+        return SinkResult(accepted=bool(ack.accepted), error=str(ack.error) or None)
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> DesiredClient:
         return self
 
     def __exit__(

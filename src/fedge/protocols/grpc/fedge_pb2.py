@@ -24,13 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedge/protocols/grpc/fedge.proto\x12\x08\x66\x65\x64ge.v1\"n\n\x0f\x44ownloadRequest\x12\x0c\n\x04\x65\x64ge\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x12\n\nchunk_size\x18\x05 \x01(\x05\"_\n\x0e\x44ownloadHeader\x12\x19\n\x11manifest_envelope\x18\x01 \x01(\x0c\x12\x12\n\ntotal_size\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"S\n\rDownloadChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.fedge.v1.DownloadHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"B\n\rUploadRequest\x12\x0c\n\x04\x65\x64ge\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x12\n\nrequest_id\x18\x03 \x01(\x03\"S\n\tUploadAck\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t2Q\n\rModelDownload\x12@\n\x08\x44ownload\x12\x19.fedge.v1.DownloadRequest\x1a\x17.fedge.v1.DownloadChunk0\x01\x32J\n\x0cReportUpload\x12:\n\x06Upload\x12\x17.fedge.v1.UploadRequest\x1a\x13.fedge.v1.UploadAck(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n fedge/protocols/grpc/fedge.proto\x12\x08\x66\x65\x64ge.v1\"n\n\x0f\x44ownloadRequest\x12\x0c\n\x04\x65\x64ge\x18\x01 \x01(\t\x12\x12\n\nmodel_name\x18\x02 \x01(\t\x12\x15\n\rmodel_version\x18\x03 \x01(\x03\x12\x0e\n\x06offset\x18\x04 \x01(\x03\x12\x12\n\nchunk_size\x18\x05 \x01(\x05\"_\n\x0e\x44ownloadHeader\x12\x19\n\x11manifest_envelope\x18\x01 \x01(\x0c\x12\x12\n\ntotal_size\x18\x02 \x01(\x03\x12\x0e\n\x06offset\x18\x03 \x01(\x03\x12\x0e\n\x06sha256\x18\x04 \x01(\t\"S\n\rDownloadChunk\x12*\n\x06header\x18\x01 \x01(\x0b\x32\x18.fedge.v1.DownloadHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"B\n\rUploadRequest\x12\x0c\n\x04\x65\x64ge\x18\x01 \x01(\t\x12\x0f\n\x07payload\x18\x02 \x01(\x0c\x12\x12\n\nrequest_id\x18\x03 \x01(\x03\"S\n\tUploadAck\x12\x12\n\nrequest_id\x18\x01 \x01(\x03\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x02 \x01(\x08\x12\x11\n\tduplicate\x18\x03 \x01(\x08\x12\r\n\x05\x65rror\x18\x04 \x01(\t\"\x80\x01\n\x0e\x44\x65siredRequest\x12\x0c\n\x04\x65\x64ge\x18\x01 \x01(\t\x12\x32\n\x05known\x18\x02 \x03(\x0b\x32#.fedge.v1.DesiredRequest.KnownEntry\x1a,\n\nKnownEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x03:\x02\x38\x01\"B\n\x0f\x44\x65siredEnvelope\x12\x0c\n\x04kind\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x03\x12\x10\n\x08\x65nvelope\x18\x03 \x01(\x0c\"<\n\x0c\x44\x65siredReply\x12,\n\tenvelopes\x18\x01 \x03(\x0b\x32\x19.fedge.v1.DesiredEnvelope\";\n\x0cStatusReport\x12\x0c\n\x04\x65\x64ge\x18\x01 \x01(\t\x12\x0c\n\x04kind\x18\x02 \x01(\t\x12\x0f\n\x07payload\x18\x03 \x01(\x0c\",\n\tStatusAck\x12\x10\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t2Q\n\rModelDownload\x12@\n\x08\x44ownload\x12\x19.fedge.v1.DownloadRequest\x1a\x17.fedge.v1.DownloadChunk0\x01\x32J\n\x0cReportUpload\x12:\n\x06Upload\x12\x17.fedge.v1.UploadRequest\x1a\x13.fedge.v1.UploadAck(\x01\x30\x01\x32\x7f\n\x0b\x44\x65siredSync\x12\x39\n\x05\x46\x65tch\x12\x18.fedge.v1.DesiredRequest\x1a\x16.fedge.v1.DesiredReply\x12\x35\n\x06Report\x12\x16.fedge.v1.StatusReport\x1a\x13.fedge.v1.StatusAckb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'fedge.protocols.grpc.fedge_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
+  _globals['_DESIREDREQUEST_KNOWNENTRY']._loaded_options = None
+  _globals['_DESIREDREQUEST_KNOWNENTRY']._serialized_options = b'8\001'
   _globals['_DOWNLOADREQUEST']._serialized_start=46
   _globals['_DOWNLOADREQUEST']._serialized_end=156
   _globals['_DOWNLOADHEADER']._serialized_start=158
@@ -41,8 +43,22 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_UPLOADREQUEST']._serialized_end=406
   _globals['_UPLOADACK']._serialized_start=408
   _globals['_UPLOADACK']._serialized_end=491
-  _globals['_MODELDOWNLOAD']._serialized_start=493
-  _globals['_MODELDOWNLOAD']._serialized_end=574
-  _globals['_REPORTUPLOAD']._serialized_start=576
-  _globals['_REPORTUPLOAD']._serialized_end=650
+  _globals['_DESIREDREQUEST']._serialized_start=494
+  _globals['_DESIREDREQUEST']._serialized_end=622
+  _globals['_DESIREDREQUEST_KNOWNENTRY']._serialized_start=578
+  _globals['_DESIREDREQUEST_KNOWNENTRY']._serialized_end=622
+  _globals['_DESIREDENVELOPE']._serialized_start=624
+  _globals['_DESIREDENVELOPE']._serialized_end=690
+  _globals['_DESIREDREPLY']._serialized_start=692
+  _globals['_DESIREDREPLY']._serialized_end=752
+  _globals['_STATUSREPORT']._serialized_start=754
+  _globals['_STATUSREPORT']._serialized_end=813
+  _globals['_STATUSACK']._serialized_start=815
+  _globals['_STATUSACK']._serialized_end=859
+  _globals['_MODELDOWNLOAD']._serialized_start=861
+  _globals['_MODELDOWNLOAD']._serialized_end=942
+  _globals['_REPORTUPLOAD']._serialized_start=944
+  _globals['_REPORTUPLOAD']._serialized_end=1018
+  _globals['_DESIREDSYNC']._serialized_start=1020
+  _globals['_DESIREDSYNC']._serialized_end=1147
 # @@protoc_insertion_point(module_scope)

@@ -1,8 +1,9 @@
 # ruff: noqa
 # fmt: off
+from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -62,3 +63,52 @@ class UploadAck(_message.Message):
     duplicate: bool
     error: str
     def __init__(self, request_id: _Optional[int] = ..., accepted: _Optional[bool] = ..., duplicate: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...
+
+class DesiredRequest(_message.Message):
+    __slots__ = ("edge", "known")
+    class KnownEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    edge: str
+    known: _containers.ScalarMap[str, int]
+    def __init__(self, edge: _Optional[str] = ..., known: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class DesiredEnvelope(_message.Message):
+    __slots__ = ("kind", "version", "envelope")
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ENVELOPE_FIELD_NUMBER: _ClassVar[int]
+    kind: str
+    version: int
+    envelope: bytes
+    def __init__(self, kind: _Optional[str] = ..., version: _Optional[int] = ..., envelope: _Optional[bytes] = ...) -> None: ...
+
+class DesiredReply(_message.Message):
+    __slots__ = ("envelopes",)
+    ENVELOPES_FIELD_NUMBER: _ClassVar[int]
+    envelopes: _containers.RepeatedCompositeFieldContainer[DesiredEnvelope]
+    def __init__(self, envelopes: _Optional[_Iterable[_Union[DesiredEnvelope, _Mapping]]] = ...) -> None: ...
+
+class StatusReport(_message.Message):
+    __slots__ = ("edge", "kind", "payload")
+    EDGE_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    PAYLOAD_FIELD_NUMBER: _ClassVar[int]
+    edge: str
+    kind: str
+    payload: bytes
+    def __init__(self, edge: _Optional[str] = ..., kind: _Optional[str] = ..., payload: _Optional[bytes] = ...) -> None: ...
+
+class StatusAck(_message.Message):
+    __slots__ = ("accepted", "error")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    accepted: bool
+    error: str
+    def __init__(self, accepted: _Optional[bool] = ..., error: _Optional[str] = ...) -> None: ...

@@ -179,3 +179,132 @@ class ReportUpload:
             timeout,
             metadata,
             _registered_method=True)
+
+
+class DesiredSyncStub:
+    """Desired documents down and status documents up, for a station whose MQTT is
+    blocked (issue 9). The envelopes are exactly the signed bytes the retained
+    down/ topics carry, so the edge verifies them as it does MQTT's; the reports
+    are exactly the JSON the edge publishes on its retained up/ topics.
+    """
+
+    def __init__(self, channel):
+        """Constructor.
+
+        Args:
+            channel: A grpc.Channel.
+        """
+        self.Fetch = channel.unary_unary(
+                '/fedge.v1.DesiredSync/Fetch',
+                request_serializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.DesiredRequest.SerializeToString,
+                response_deserializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.DesiredReply.FromString,
+                _registered_method=True)
+        self.Report = channel.unary_unary(
+                '/fedge.v1.DesiredSync/Report',
+                request_serializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.StatusReport.SerializeToString,
+                response_deserializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.StatusAck.FromString,
+                _registered_method=True)
+
+
+class DesiredSyncServicer:
+    """Desired documents down and status documents up, for a station whose MQTT is
+    blocked (issue 9). The envelopes are exactly the signed bytes the retained
+    down/ topics carry, so the edge verifies them as it does MQTT's; the reports
+    are exactly the JSON the edge publishes on its retained up/ topics.
+    """
+
+    def Fetch(self, request, context):
+        """The newest desired document of each kind that is newer than the edge has.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Report(self, request, context):
+        """One status document: liveness, config report or deploy status.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+
+def add_DesiredSyncServicer_to_server(servicer, server):
+    rpc_method_handlers = {
+            'Fetch': grpc.unary_unary_rpc_method_handler(
+                    servicer.Fetch,
+                    request_deserializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.DesiredRequest.FromString,
+                    response_serializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.DesiredReply.SerializeToString,
+            ),
+            'Report': grpc.unary_unary_rpc_method_handler(
+                    servicer.Report,
+                    request_deserializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.StatusReport.FromString,
+                    response_serializer=fedge_dot_protocols_dot_grpc_dot_fedge__pb2.StatusAck.SerializeToString,
+            ),
+    }
+    generic_handler = grpc.method_handlers_generic_handler(
+            'fedge.v1.DesiredSync', rpc_method_handlers)
+    server.add_generic_rpc_handlers((generic_handler,))
+    server.add_registered_method_handlers('fedge.v1.DesiredSync', rpc_method_handlers)
+
+
+ # This class is part of an EXPERIMENTAL API.
+class DesiredSync:
+    """Desired documents down and status documents up, for a station whose MQTT is
+    blocked (issue 9). The envelopes are exactly the signed bytes the retained
+    down/ topics carry, so the edge verifies them as it does MQTT's; the reports
+    are exactly the JSON the edge publishes on its retained up/ topics.
+    """
+
+    @staticmethod
+    def Fetch(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedge.v1.DesiredSync/Fetch',
+            fedge_dot_protocols_dot_grpc_dot_fedge__pb2.DesiredRequest.SerializeToString,
+            fedge_dot_protocols_dot_grpc_dot_fedge__pb2.DesiredReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Report(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fedge.v1.DesiredSync/Report',
+            fedge_dot_protocols_dot_grpc_dot_fedge__pb2.StatusReport.SerializeToString,
+            fedge_dot_protocols_dot_grpc_dot_fedge__pb2.StatusAck.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)

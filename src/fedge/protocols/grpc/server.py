@@ -1,15 +1,17 @@
-"""Cloud-side gRPC adapter: serves model downloads and accepts report uploads.
+"""Cloud-side gRPC adapter: model downloads, report uploads and desired-document sync.
 
 Thin on purpose: artifacts come from an :class:`ArtifactSource`, payloads go to a
-:class:`ReportSink` and edges are checked by an :class:`EdgeAuthenticator`. Storage,
-parsing and MQTT live elsewhere; this module only speaks gRPC.
+:class:`ReportSink`, desired documents come from a :class:`DesiredSource`, status
+documents go to a :class:`StatusSink`, and edges are checked by an
+:class:`EdgeAuthenticator`. Storage, parsing and MQTT live elsewhere; this module only
+speaks gRPC.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +19,7 @@ from typing import NoReturn, Protocol
 
 import grpc
 
+from fedge.protocols import topics
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 
 log = logging.getLogger(__name__)
@@ -27,12 +30,21 @@ EDGE_KEY = "x-fedge-edge"
 COUNTER_NAMES = (
     "unauthenticated",
     "permission_denied",
+    "invalid_argument",
     "not_found",
     "out_of_range",
     "oversized",
     "rejected",
     "sink_errors",
+    "source_errors",
 )
+
+# What DesiredSync carries: the kinds of the down/ topics, and the retained up/ topics
+# (record batches go through ReportUpload instead).
+DESIRED_KINDS = tuple(kind.value for kind in topics.Down)
+STATUS_KINDS = (topics.Up.STATE.value, topics.Up.CONFIG.value, topics.Up.DEPLOY.value)
+# A real Fetch request is an edge name and three versions, well under 300 bytes.
+MAX_DESIRED_REQUEST = 4096
 
 
 @dataclass(frozen=True)
@@ -52,6 +64,40 @@ class ArtifactSource(Protocol):
     def artifact_path(self, name: str, version: int) -> Path: ...
 
     def artifact_sha256(self, name: str, version: int) -> str: ...
+
+
+@dataclass(frozen=True)
+class DesiredDocument:
+    """One signed desired document, exactly as its retained down/ topic carries it."""
+
+    kind: str  # one of DESIRED_KINDS
+    version: int
+    envelope: bytes
+
+
+def newer_than(
+    latest: Iterable[DesiredDocument], known: Mapping[str, int]
+) -> list[DesiredDocument]:
+    """What an edge lacks: the documents above the version it has of their kind.
+
+    In DESIRED_KINDS order (config, deploy, labels), the order a new MQTT session
+    receives them in, so a threshold is in force before a deployment starts.
+    """
+    missing = [doc for doc in latest if doc.version > known.get(doc.kind, 0)]
+    return sorted(missing, key=lambda doc: DESIRED_KINDS.index(doc.kind))
+
+
+class DesiredSource(Protocol):
+    """The newest desired document of each kind for ``edge`` (none for a kind never set)."""
+
+    def latest_desired(self, edge: str) -> Sequence[DesiredDocument]: ...
+
+
+class StatusSink(Protocol):
+    """Takes one status payload (liveness, config report or deploy status: the MQTT JSON
+    bytes of ``kind``'s up/ topic) from an authenticated edge."""
+
+    def ingest_status(self, edge: str, kind: str, payload: bytes) -> SinkResult: ...
 
 
 class ReportSink(Protocol):
@@ -91,7 +137,10 @@ class _Artifact:
 
 
 class GrpcServices:
-    """The ModelDownload and ReportUpload servicers, sharing config and counters."""
+    """The ModelDownload, ReportUpload and DesiredSync servicers, sharing config and counters.
+
+    Without ``desired`` and ``status_sink`` DesiredSync answers UNIMPLEMENTED.
+    """
 
     def __init__(
         self,
@@ -99,6 +148,8 @@ class GrpcServices:
         sink: ReportSink,
         authenticate: EdgeAuthenticator,
         *,
+        desired: DesiredSource | None = None,
+        status_sink: StatusSink | None = None,
         chunk_size_default: int = 256 * 1024,
         max_chunk: int = 4 * 1024 * 1024,
         max_payload: int = 1 * 1024 * 1024,
@@ -108,6 +159,8 @@ class GrpcServices:
         self.source = source
         self.sink = sink
         self.authenticate = authenticate
+        self.desired = desired
+        self.status_sink = status_sink
         self.chunk_size_default = chunk_size_default
         self.max_chunk = max_chunk
         self.max_payload = max_payload
@@ -121,6 +174,7 @@ class GrpcServices:
     def add_to_server(self, server: grpc.Server) -> None:
         fedge_pb2_grpc.add_ModelDownloadServicer_to_server(self, server)
         fedge_pb2_grpc.add_ReportUploadServicer_to_server(self, server)
+        fedge_pb2_grpc.add_DesiredSyncServicer_to_server(self, server)
 
     def server_options(self) -> list[tuple[str, int]]:
         # Let payloads somewhat over max_payload through gRPC so they get a polite
@@ -143,8 +197,14 @@ class GrpcServices:
 
     # -- auth ---------------------------------------------------------------
 
-    def _abort(self, context: grpc.ServicerContext, code: grpc.StatusCode, msg: str) -> NoReturn:
-        self._counters.incr(code.name.lower())
+    def _abort(
+        self,
+        context: grpc.ServicerContext,
+        code: grpc.StatusCode,
+        msg: str,
+        counter: str | None = None,
+    ) -> NoReturn:
+        self._counters.incr(counter or code.name.lower())
         context.abort(code, msg)
 
     def _authenticated_edge(self, context: grpc.ServicerContext) -> str:
@@ -251,6 +311,66 @@ class GrpcServices:
             self._check_edge(context, edge, request.edge)
             yield self._ingest(edge, request)
 
+    # -- DesiredSync --------------------------------------------------------
+
+    def Fetch(  # method name fixed by the proto
+        self, request: fedge_pb2.DesiredRequest, context: grpc.ServicerContext
+    ) -> fedge_pb2.DesiredReply:
+        edge = self._authenticated_edge(context)
+        size = request.ByteSize()
+        if size > MAX_DESIRED_REQUEST:
+            msg = f"desired request too large ({size} bytes > {MAX_DESIRED_REQUEST})"
+            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, msg, "oversized")
+        self._check_edge(context, edge, request.edge)
+        known = {str(kind): int(version) for kind, version in request.known.items()}
+        unknown = sorted(set(known) - set(DESIRED_KINDS))
+        if unknown:
+            msg = f"unknown desired kind(s) {', '.join(map(repr, unknown))}; known kinds: "
+            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, msg + ", ".join(DESIRED_KINDS))
+        if any(version < 0 for version in known.values()):
+            msg = f"known versions must be >= 0, got {known}"
+            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, msg)
+        if self.desired is None:
+            self._abort(context, grpc.StatusCode.UNIMPLEMENTED, "no desired documents here")
+        try:
+            latest = self.desired.latest_desired(edge)
+        except Exception:
+            log.exception("desired source failed for edge %r", edge)
+            msg = "the manager could not read desired documents; retry later"
+            self._abort(context, grpc.StatusCode.UNAVAILABLE, msg, "source_errors")
+        return fedge_pb2.DesiredReply(
+            envelopes=[
+                fedge_pb2.DesiredEnvelope(kind=doc.kind, version=doc.version, envelope=doc.envelope)
+                for doc in newer_than(latest, known)
+            ]
+        )
+
+    def Report(  # method name fixed by the proto
+        self, request: fedge_pb2.StatusReport, context: grpc.ServicerContext
+    ) -> fedge_pb2.StatusAck:
+        edge = self._authenticated_edge(context)
+        self._check_edge(context, edge, request.edge)
+        if request.kind not in STATUS_KINDS:
+            msg = f"unknown status kind {request.kind!r:.40}; known kinds: " + ", ".join(
+                STATUS_KINDS
+            )
+            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, msg)
+        if len(request.payload) > self.max_payload:
+            msg = f"status payload too large ({len(request.payload)} bytes > {self.max_payload})"
+            self._abort(context, grpc.StatusCode.INVALID_ARGUMENT, msg, "oversized")
+        if self.status_sink is None:
+            self._abort(context, grpc.StatusCode.UNIMPLEMENTED, "no status sink here")
+        try:
+            result = self.status_sink.ingest_status(edge, request.kind, bytes(request.payload))
+        except Exception as exc:
+            # Not the report's fault (e.g. the store is busy): the edge keeps it and retries.
+            log.exception("status sink failed on a %s report from edge %r", request.kind, edge)
+            msg = f"the manager could not store the report ({type(exc).__name__}); retry later"
+            self._abort(context, grpc.StatusCode.UNAVAILABLE, msg, "sink_errors")
+        if not result.accepted:
+            self._counters.incr("rejected")
+        return fedge_pb2.StatusAck(accepted=result.accepted, error=result.error or "")
+
 
 def start_grpc_server(
     host: str,
@@ -263,10 +383,10 @@ def start_grpc_server(
     max_chunk: int = 4 * 1024 * 1024,
     max_payload: int = 1 * 1024 * 1024,
 ) -> tuple[grpc.Server, int]:
-    """Start both services; returns the running server and the bound port.
+    """Start the services; returns the running server and the bound port.
 
     Build a :class:`GrpcServices` and call its ``start`` instead when you need its
-    ``counters``.
+    ``counters`` or DesiredSync (here it answers UNIMPLEMENTED).
     """
     services = GrpcServices(
         source,

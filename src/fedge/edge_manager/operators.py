@@ -1,0 +1,135 @@
+"""Operator accounts: people and tools that watch the fleet under their own broker identity.
+
+Before these existed, tools that talked to the broker used the manager's account. The
+broker takes the username as the client id, so such a tool took over the manager's
+session, and its clean start threw away the manager's queued messages (issue 9, defect 5:
+one telemetry batch lost per edge). An operator account is a broker user of its own whose
+ACL reads the fleet's topics and writes none (broker.FleetAccess): documents edges act on
+come only from the manager, which signs them.
+
+The plain passwords live in ``<home>/secrets/operators.json`` (0600) because the broker's
+password file is regenerated from them, like the edges'. An operator receives its
+credential once, as a small TOML file (:meth:`OperatorCredential.toml`).
+"""
+
+import secrets
+import time
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fedge.edge_manager.enrollment import managed_broker
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.home import ManagerHome
+from fedge.protocols import validate
+from fedge.protocols.errors import ProtocolError
+
+
+@dataclass(frozen=True)
+class Operator:
+    name: str
+    created_at: float
+
+
+@dataclass(frozen=True)
+class OperatorCredential:
+    """What an operator's tool needs to connect: the broker, the fleet, a user of its own."""
+
+    fleet: str
+    name: str
+    password: str = field(repr=False)
+    broker_host: str
+    broker_port: int
+
+    def toml(self) -> str:
+        return "\n".join(
+            [
+                "# fedge operator credential: read-only access to the fleet's topics. Keep 0600.",
+                f'fleet = "{self.fleet}"',
+                f'operator = "{self.name}"',
+                f'password = "{self.password}"',
+                f'broker_host = "{self.broker_host}"',
+                f"broker_port = {self.broker_port}",
+                "",
+            ]
+        )
+
+
+def load_credential(path: Path) -> OperatorCredential:
+    try:
+        data = tomllib.loads(path.read_text())
+        return OperatorCredential(
+            fleet=str(data["fleet"]),
+            name=str(data["operator"]),
+            password=str(data["password"]),
+            broker_host=str(data["broker_host"]),
+            broker_port=int(data["broker_port"]),
+        )
+    except OSError as exc:
+        raise ManagerError(f"cannot read operator credential {path}: {exc.strerror}") from None
+    except (tomllib.TOMLDecodeError, KeyError, ValueError, TypeError) as exc:
+        raise ManagerError(
+            f"{path} is not an operator credential ({type(exc).__name__}: {exc}); "
+            "write one with `fedge manager operator add`"
+        ) from None
+
+
+def _check_new_name(home: ManagerHome, name: str) -> None:
+    try:
+        validate.identifier(name, "operator name")
+    except ProtocolError as exc:
+        raise ManagerError(str(exc)) from None
+    if name == home.settings().manager_user:
+        raise ManagerError(f"{name!r} is the manager's own broker user; pick another name")
+    if name in home.edge_passwords():
+        raise ManagerError(f"{name!r} is an enrolled edge; operators need names of their own")
+    if name in home.operator_accounts():
+        raise ManagerError(f"operator {name!r} exists; remove it first to issue a new credential")
+
+
+def add_operator(home: ManagerHome, name: str) -> OperatorCredential:
+    """Create ``name``'s broker account and reload a running broker; return its credential."""
+    _check_new_name(home, name)
+    accounts = home.operator_accounts()
+    password = secrets.token_urlsafe(18)
+    accounts[name] = {"password": password, "created_at": time.time()}
+    home.save_operator_accounts(accounts)
+    _reload_broker(home)
+    settings = home.settings()
+    return OperatorCredential(
+        settings.fleet, name, password, settings.broker_host, settings.broker_port
+    )
+
+
+def remove_operator(home: ManagerHome, name: str) -> None:
+    accounts = home.operator_accounts()
+    if name not in accounts:
+        known = ", ".join(sorted(accounts)) or "none"
+        raise ManagerError(f"no operator {name!r} (operators: {known})")
+    del accounts[name]
+    home.save_operator_accounts(accounts)
+    _reload_broker(home)
+
+
+def list_operators(home: ManagerHome) -> list[Operator]:
+    return [
+        Operator(name, float(account["created_at"]))
+        for name, account in sorted(home.operator_accounts().items())
+    ]
+
+
+def operator_credential(home: ManagerHome, name: str) -> OperatorCredential:
+    """The credential of an existing operator, for tools run on the manager's host."""
+    account = home.operator_accounts().get(name)
+    if account is None:
+        raise ManagerError(f"no operator {name!r}; add one with `fedge manager operator add`")
+    settings = home.settings()
+    return OperatorCredential(
+        settings.fleet, name, str(account["password"]), settings.broker_host, settings.broker_port
+    )
+
+
+def _reload_broker(home: ManagerHome) -> None:
+    broker = managed_broker(home)
+    if broker.workdir.exists():
+        broker.reload_running()
