@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 import pytest
 from conftest import (
     FLEET,
@@ -125,6 +126,25 @@ def test_a_threshold_and_a_deployment_reach_a_station_without_mqtt(plant: Plant)
     assert plant.service.grpc_services is not None
     counters = plant.service.grpc_services.counters
     assert counters["unauthenticated"] == 0 and counters["rejected"] == 0
+
+
+def test_records_of_a_station_without_mqtt_reach_the_manager_over_grpc(plant: Plant) -> None:
+    fh, agent = plant.fh, plant.agents[BLOCKED]
+    publish_model(fh, 1)
+    wait_deploy_done(fh, deploy(fh, 1, [BLOCKED]), BLOCKED)
+    scored = agent.score_many([np.zeros((32, 32), np.float32)] * 5)
+    ids = {s.record.prediction_id for s in scored}
+    wait_until(
+        lambda: {
+            row["prediction_id"]
+            for row in fh.db.query("SELECT prediction_id FROM predictions WHERE edge=?", (BLOCKED,))
+        },
+        20,
+        "the predictions to reach the manager over gRPC",
+        expect=lambda stored: ids <= stored,
+    )
+    assert agent.settings.report_via == "mqtt" and agent.counters["connects"] == 0
+    assert agent.counters["batches.acked"] >= 1
 
 
 def test_a_forged_config_is_refused_over_grpc_as_over_mqtt(plant: Plant) -> None:

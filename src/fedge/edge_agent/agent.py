@@ -621,10 +621,13 @@ class EdgeAgent:
                 batch_max = 500 if config is None else config.batch_max_records
                 self.store.seal_batches(self.settings.edge, max(self._session, 0), batch_max)
                 self.desired_poller.tick()
-                if self.settings.report_via == "grpc":
-                    self.outbox.upload()
-                elif self.mqtt.connected.is_set():
+                if self.mqtt.connected.is_set() and self.settings.report_via == "mqtt":
                     self._drain_outbox()
+                elif self.settings.report_via == "grpc" or self.desired_poller.active:
+                    # MQTT blocked for a while: records go the way configs come. A batch
+                    # also in flight on MQTT may reach the manager twice; its (edge,
+                    # stream, seq) key stores it once.
+                    self.outbox.upload()
                 interval = 5.0 if config is None else config.report_interval_s
                 if time.monotonic() - last_metrics >= interval:
                     last_metrics = time.monotonic()
