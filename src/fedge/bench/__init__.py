@@ -11,6 +11,8 @@ options, calls it and prints. Numbers measured so far are in BENCHMARKS.md.
 - :mod:`fedge.bench.inference`: the agent's scoring path against a bare ONNX Runtime loop.
 - :mod:`fedge.bench.footprint`: an inference-only agent's RSS and imports, and the size
   of the ``fedge[agent]`` install.
+- :mod:`fedge.bench.chaos`: faults injected into a live fleet of real processes, and
+  the exactly-once, convergence and liveness invariants checked after it healed.
 """
 
 from collections.abc import Callable
