@@ -31,7 +31,7 @@ from PIL import Image
 
 from fedge.edge_agent.settings import AgentSettings, load_settings
 from fedge.edge_manager.enrollment import enroll, managed_broker
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry import PublishedModel, Registry
 from fedge.edge_manager.store import Store
@@ -256,13 +256,8 @@ class FleetHome:
     @contextmanager
     def fleet(self) -> Iterator[Fleet]:
         """The operator's library view (a fresh store connection, closed afterwards)."""
-        store = Store(self.home.db_path)
-        try:
-            key = self.home.signing_key()
-            registry = Registry(store, self.home.artifacts, key)
-            yield Fleet(store, self.settings.fleet, key, registry, self.settings.grpc_target)
-        finally:
-            store.close()
+        with opened(self.home) as fleet:
+            yield fleet
 
     @property
     def db(self) -> Store:

@@ -40,7 +40,7 @@ from fedge.demo.learning import score_at_station
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import Registry, TrainableSource
+from fedge.edge_manager.registry import TrainableSource
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
@@ -87,11 +87,8 @@ def _run(root: Path, agents: int, rounds: int, images: int, progress: Progress) 
             FLEET, broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
         )
     )
-    store = Store(home.db_path)
-    key = home.signing_key()
-    fleet = Fleet(
-        store, FLEET, key, Registry(store, home.artifacts, key), home.settings().grpc_target
-    )
+    fleet = Fleet.open(home)
+    store = fleet.store
     edges = [f"st-{i + 1:02d}" for i in range(agents)]
     ports = {edge: free_port() for edge in edges}
     for edge in edges:

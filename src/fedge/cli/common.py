@@ -1,5 +1,6 @@
 """Shared CLI plumbing: the manager home option, error rendering, JSON output."""
 
+import datetime
 import functools
 import json
 import logging
@@ -10,11 +11,11 @@ from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
 
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.registry import Registry
-from fedge.edge_manager.store import Store
 from fedge.errors import FedgeError
 
 console = Console()
@@ -48,7 +49,9 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
         try:
             return func(*args, **kwargs)
         except FedgeError as exc:
-            err_console.print(f"[red]error:[/red] {exc}", highlight=False)
+            # Escaped: messages quote TOML tables and options ("[strategies.tiered]"),
+            # which rich would otherwise take for markup and drop.
+            err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
             raise typer.Exit(1) from None
         except ModuleNotFoundError as exc:
             missing = (exc.name or "").partition(".")[0]
@@ -73,15 +76,27 @@ def setup_logging(verbose: bool = False) -> None:
 
 def open_fleet(home_path: Path) -> tuple[ManagerHome, Fleet]:
     home = ManagerHome(home_path)
-    settings = home.settings()
-    store = Store(home.db_path)
-    key = home.signing_key()
-    registry = Registry(store, home.artifacts, key)
-    return home, Fleet(store, settings.fleet, key, registry, settings.grpc_target)
+    return home, Fleet.open(home)
 
 
 def print_json(data: Any) -> None:
-    console.print_json(json.dumps(data, default=str))
+    """JSON on stdout for scripts: plain text (no colour codes, never wrapped)."""
+    typer.echo(json.dumps(data, indent=2, default=str))
+
+
+def when(ts: float | None) -> str:
+    """A record's time for people: local date and time to the second, or '-'."""
+    if ts is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def fitted_table(*headers: str, title: str | None = None) -> Table:
+    """A table whose cells wrap (long words folded) rather than end in '…' at 80 columns."""
+    table = Table(title=title)
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    return table
 
 
 def write_secret_file(path: Path, text: str) -> None:

@@ -27,7 +27,7 @@ from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTea
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import Registry, TrainableSource
+from fedge.edge_manager.registry import TrainableSource
 from fedge.edge_manager.store import Store
 from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
@@ -81,10 +81,8 @@ def run_demo(out: Path) -> int:
             "plant-a", broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
         )
     )
-    store = Store(home.db_path)
-    key = home.signing_key()
-    fleet = Fleet(store, "plant-a", key, Registry(store, home.artifacts, key), "")
-    fleet.grpc_target = home.settings().grpc_target
+    fleet = Fleet.open(home)
+    store = fleet.store
     configs, ports = {}, {}
     for edge in EDGES:
         path = out / edge / "agent.toml"

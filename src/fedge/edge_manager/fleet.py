@@ -10,11 +10,14 @@ import hashlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
 from fedge.edge_manager.desired import next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
+from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.registry import Registry
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
@@ -48,6 +51,16 @@ class Fleet:
         self.key = key
         self.registry = registry
         self.grpc_target = grpc_target
+
+    @classmethod
+    def open(cls, home: ManagerHome, store: Store | None = None) -> "Fleet":
+        """The fleet of a manager home: its store (a new connection unless given), signing
+        key, registry and advertised gRPC target. The caller closes ``fleet.store``."""
+        settings = home.settings()
+        key = home.signing_key()
+        store = Store(home.db_path) if store is None else store
+        registry = Registry(store, home.artifacts, key)
+        return cls(store, settings.fleet, key, registry, settings.grpc_target)
 
     # -- edges
 
@@ -371,3 +384,13 @@ class Fleet:
             "DELETE FROM desired WHERE edge=? AND kind=? AND version < ?",
             (edge, LABELS, document.version),
         )
+
+
+@contextmanager
+def opened(home: ManagerHome) -> Iterator[Fleet]:
+    """:meth:`Fleet.open` on a store connection of its own, closed afterwards."""
+    fleet = Fleet.open(home)
+    try:
+        yield fleet
+    finally:
+        fleet.store.close()

@@ -25,7 +25,6 @@ import grpc
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
-from fedge.edge_manager.registry import Registry
 from fedge.edge_manager.retention import Pruner, RetentionPolicy
 from fedge.edge_manager.store import Store
 from fedge.protocols import topics
@@ -78,9 +77,7 @@ class _ReadSide:
     def _fleet(self) -> Fleet:
         fleet: Fleet | None = getattr(self._local, "fleet", None)
         if fleet is None:
-            store = Store(self.home.db_path)
-            registry = Registry(store, self.home.artifacts, self.key)
-            fleet = Fleet(store, self.settings.fleet, self.key, registry, self.settings.grpc_target)
+            fleet = Fleet.open(self.home)
             self._local.fleet = fleet
         return fleet
 
@@ -196,9 +193,8 @@ class ManagerService:
     # -- the worker
 
     def _run(self) -> None:
-        store = Store(self.home.db_path)
-        registry = Registry(store, self.home.artifacts, self.key)
-        fleet = Fleet(store, self.settings.fleet, self.key, registry, self.settings.grpc_target)
+        fleet = Fleet.open(self.home)
+        store = fleet.store
         ingestor = Ingestor(store, self.settings.fleet)
         self.ingestor = ingestor
         self._ready.set()

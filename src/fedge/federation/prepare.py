@@ -87,13 +87,9 @@ class ManagerView:
     """The manager's store, fleet and registry for the length of a block."""
 
     def __init__(self, home: ManagerHome) -> None:
-        from fedge.edge_manager.store import Store
-
-        settings = home.settings()
-        self.store = Store(home.db_path)
-        key = home.signing_key()
-        self.registry = Registry(self.store, home.artifacts, key)
-        self.fleet = Fleet(self.store, settings.fleet, key, self.registry, settings.grpc_target)
+        self.fleet = Fleet.open(home)
+        self.store = self.fleet.store
+        self.registry = self.fleet.registry
 
     def __enter__(self) -> tuple[Fleet, Registry]:
         return self.fleet, self.registry

@@ -30,10 +30,8 @@ from fedge.bench.footprint import AgentProcess, fedge_command
 from fedge.bench.testbed import BenchError
 from fedge.edge_agent import restore
 from fedge.edge_manager import enrollment
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import Registry
-from fedge.edge_manager.store import Store
 from fedge.transport.broker import MosquittoBroker, free_port
 
 FLEET = "chaos"
@@ -264,13 +262,8 @@ class ChaosPlant:
     @contextmanager
     def fleet(self) -> Iterator[Fleet]:
         """The operator's library view: a store connection for the calling thread only."""
-        store = Store(self.home.db_path)
-        try:
-            key = self.home.signing_key()
-            registry = Registry(store, self.home.artifacts, key)
-            yield Fleet(store, self.settings.fleet, key, registry, self.settings.grpc_target)
-        finally:
-            store.close()
+        with opened(self.home) as fleet:
+            yield fleet
 
     def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
         """Rows from the manager's store (a fresh read-only connection)."""
