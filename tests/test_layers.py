@@ -16,6 +16,7 @@ LAYER = {
     "__init__": 0,
     "errors": 0,
     "toml_table": 0,
+    "pidlock": 0,
     "protocols": 1,
     "transport": 2,
     "models": 3,

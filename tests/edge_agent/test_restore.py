@@ -358,7 +358,7 @@ def test_start_falls_back_reports_and_asks_for_the_deployment_again(
     assert (status.stage, status.serving) == (DeployStage.FAILED, "inspect:1")
     assert status.reason.startswith("restore_failed: hash_mismatch: inspect:2"), status.reason
     # It is what the next connection publishes, after the birth.
-    assert agent._last_deploy_status == codec.encode(status)
+    assert agent.deployments.last_status == codec.encode(status)
 
 
 def test_start_serves_none_when_no_kept_model_verifies(

@@ -389,3 +389,15 @@ def test_a_report_claiming_another_edge_is_rejected(ingestor: Ingestor, store: S
     assert (outcome.verdict, outcome.reason) == (Verdict.REJECTED, "invalid")
     assert _edge(store, "st-02")["config_applied"] == 0
     assert _edge(store)["config_applied"] == 0
+
+
+def test_any_record_batch_updates_last_seen(ingestor: Ingestor, store: Store) -> None:
+    """Issue 15: "last seen" stayed frozen while the edge sent telemetry."""
+    assert _edge(store)["last_seen"] is None
+    _send(ingestor, store, _batch(0, Stream.TELEMETRY))
+    assert _edge(store)["last_seen"] == NOW
+    late = codec.encode(_batch(1, Stream.TELEMETRY))
+    with store.transaction() as conn:  # a batch that waited in a queue does not move it back
+        outcome = ingestor.handle(conn, _topic(topics.Up.TELEMETRY), late, NOW - 50)
+    assert outcome.verdict is Verdict.STORED
+    assert _edge(store)["last_seen"] == NOW

@@ -283,9 +283,13 @@ def test_cli_train_teacher_then_distill_and_publish(tmp_path: Path) -> None:
     assert lineage.data == "proxy split of tifl-digits seed 0 with one-pixel shifts"
     assert lineage.note.startswith("distilled from mlp trained") and "(T=4)" in lineage.note
 
-    # --publish without --version is refused before any training
-    result = runner.invoke(app, [*args[:6], "--publish", "--home", str(home)])
-    assert result.exit_code != 0
+    # --publish without --version takes the next free version (issue 15: the README's
+    # digits line used to fail with "--publish needs --version N")
+    result = runner.invoke(
+        app, [*args[:6], "--publish", "--name", "digits-student", "--home", str(home)]
+    )
+    assert result.exit_code == 0, result.output
+    assert "digits-student:2" in result.output
 
 
 def test_the_transfer_set_adds_one_pixel_shifts_of_each_digit() -> None:

@@ -30,12 +30,23 @@ ConfigOption = Annotated[Path, typer.Option("--config", help="agent.toml")]
 def run(
     config: ConfigOption,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
+    log_file: Annotated[
+        Path | None,
+        typer.Option(help="Log here instead of stderr, rotated (e.g. DATA_DIR/agent.log)."),
+    ] = None,
+    log_max_mb: Annotated[float, typer.Option(help="Rotate the log file at this size.")] = 10.0,
+    log_backups: Annotated[int, typer.Option(help="Rotated log files to keep.")] = 5,
 ) -> None:
     """Connect, apply configs, take deployments, score images, report.
 
-    Example: fedge agent run --config /etc/fedge/agent.toml
+    Example: fedge agent run --config /etc/fedge/agent.toml --log-file /var/log/fedge/st-01.log
     """
-    setup_logging(verbose)
+    setup_logging(
+        verbose,
+        log_file=log_file,
+        max_bytes=max(1, int(log_max_mb * 1024 * 1024)),
+        backups=max(0, log_backups),
+    )
     settings = load_settings(config)
     lock_fd = lock_data_dir(settings.data_dir)  # held until the process ends
     agent = EdgeAgent(settings)
@@ -54,7 +65,11 @@ def run(
     if settings.watch_dir is not None:
         inbox = settings.watch_dir
         threading.Thread(target=watch, args=(agent, inbox, stop), daemon=True).start()
-    console.print(f"agent {settings.edge} running (serving {agent.serving or 'nothing yet'})")
+    api_line = "off" if api is None else f"http://127.0.0.1:{api.server_address[1]}"
+    console.print(
+        f"agent {settings.edge} running (serving {agent.serving or 'nothing yet'}; "
+        f"local API {api_line})"
+    )
     stop.wait()
     agent.stop()
     os.close(lock_fd)

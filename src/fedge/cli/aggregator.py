@@ -9,15 +9,15 @@ import json
 import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors
+from fedge.cli.common import DEFAULT_HOME, HomeOption, console, fitted_table, friendly_errors, when
 
 if TYPE_CHECKING:
     from fedge.federation.fleet_job import FleetJobResult
@@ -140,8 +140,10 @@ def status(
     if as_json:
         typer.echo(json.dumps([s.to_dict() for s in statuses], indent=2))
         return
-    table = Table("run", "state", "round", "accuracy", "ckpt", "updated", "error")
-    table.columns[0].no_wrap = True
+    # Folded, never cut: at 80 columns a state read "comple…" (issue 15).
+    table = fitted_table(
+        "run", "state", "round", "accuracy", "ckpt", "updated", "error", whole=("run",)
+    )
     for s in statuses:
         state = s.state.value
         if s.live:
@@ -156,8 +158,8 @@ def status(
             f"{s.last_round}/{s.rounds}",
             "-" if s.accuracy is None else f"{s.accuracy:.4f}",
             "-" if s.checkpoint_round is None else str(s.checkpoint_round),
-            datetime.fromtimestamp(s.updated_at).strftime("%m-%d %H:%M"),
-            s.error or "-",
+            when(s.updated_at),
+            escape(s.error or "-"),
         )
     console.print(table)
     for s in statuses:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Annotated, Any, ParamSpec, TypeVar
 
 import typer
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -67,11 +68,38 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
-def setup_logging(verbose: bool = False) -> None:
+def setup_logging(
+    verbose: bool = False,
+    *,
+    log_file: Path | None = None,
+    max_bytes: int = 10 * 1024 * 1024,
+    backups: int = 5,
+) -> None:
+    """Log to stderr, or to ``log_file`` rotated at ``max_bytes`` keeping ``backups`` old files."""
+    handlers: list[logging.Handler] | None = None
+    if log_file is not None:
+        from logging.handlers import RotatingFileHandler
+
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        handlers = [RotatingFileHandler(log_file, maxBytes=max_bytes, backupCount=backups)]
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=handlers,
     )
+
+
+def warn_if_not_serving(home_path: Path, consequence: str) -> None:
+    """A yellow line on stderr when no `manager serve` will act on what was just stored.
+
+    Still exit 0: the store has it, and serve publishes it once it runs (issue 15: with
+    serve down, set-threshold said nothing).
+    """
+    from fedge.edge_manager.run_dir import serve_notice
+
+    notice = serve_notice(home_path, consequence)
+    if notice is not None:
+        err_console.print(f"[yellow]warning:[/yellow] {escape(notice)}", highlight=False)
 
 
 def open_fleet(home_path: Path) -> tuple[ManagerHome, Fleet]:
@@ -91,11 +119,20 @@ def when(ts: float | None) -> str:
     return datetime.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
 
 
-def fitted_table(*headers: str, title: str | None = None) -> Table:
-    """A table whose cells wrap (long words folded) rather than end in '…' at 80 columns."""
-    table = Table(title=title)
+def fitted_table(*headers: str, whole: tuple[str, ...] = (), title: str | None = None) -> Table:
+    """A table that fits 80 columns: cells wrap at spaces (a word longer than its column is
+    folded) rather than end in '…', and no borders take room from the content.
+
+    Columns named in ``whole`` (ids people copy) never wrap; the others give way.
+    """
+    # One space between columns, a rule under the header: 80 columns hold an id of 34
+    # characters beside five short columns (issue 15: "comple…" at 80 columns).
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=0)
     for header in headers:
-        table.add_column(header, overflow="fold")
+        if header in whole:
+            table.add_column(header, no_wrap=True, min_width=len(header))
+        else:
+            table.add_column(header, overflow="fold")
     return table
 
 

@@ -4,8 +4,16 @@ import time
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, open_fleet
+from fedge.cli.common import (
+    DEFAULT_HOME,
+    HomeOption,
+    console,
+    friendly_errors,
+    open_fleet,
+    warn_if_not_serving,
+)
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.registry import parse_ref
 
@@ -24,11 +32,15 @@ def deploy(
     """
     if not edges and not all_edges:
         raise ManagerError("say which edges: --edges st-01,st-02 or --all")
+    if edges and all_edges:
+        # Issue 15: `--edges st-03 --all` went to the whole fleet.
+        raise ManagerError("--edges and --all contradict each other: give one of them")
     name, version = parse_ref(model)
     _, fleet = open_fleet(home)
     targets = fleet.edges() if all_edges else [e.strip() for e in (edges or "").split(",")]
     deployment_id = fleet.deploy(name, version, targets)
     console.print(f"deployment {deployment_id}: {model} -> {', '.join(targets)}")
+    warn_if_not_serving(home, "the deployment is stored and is sent to the edges once it runs")
     if wait <= 0:
         return
     deadline = time.monotonic() + wait
@@ -43,7 +55,7 @@ def deploy(
                 colour = "green" if row["deploy_stage"] == "active" else "red"
                 console.print(
                     f"  {row['edge']}: [{colour}]{row['deploy_stage']}[/{colour}] "
-                    f"{row['deploy_reason']}"
+                    f"{escape(row['deploy_reason'])}"
                 )
             if any(r["deploy_stage"] == "failed" for r in finished):
                 raise typer.Exit(1)

@@ -1,19 +1,21 @@
 """``fedge edge``: enrol edges, push thresholds, see desired vs reported."""
 
-import datetime
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from rich.table import Table
+from rich.markup import escape
 
 from fedge.cli.common import (
     DEFAULT_HOME,
     HomeOption,
     console,
+    fitted_table,
     friendly_errors,
     open_fleet,
     print_json,
+    warn_if_not_serving,
+    when,
     write_secret_file,
 )
 from fedge.edge_manager.enrollment import enroll as enroll_edge
@@ -22,9 +24,12 @@ app = typer.Typer(help="Edges: enrolment, configuration, state.", no_args_is_hel
 
 
 def _when(ts: Any) -> str:
-    if ts is None:
-        return "-"
-    return datetime.datetime.fromtimestamp(float(ts)).strftime("%H:%M:%S")
+    return when(None if ts is None else float(ts))
+
+
+def _per_class(thresholds: dict[str, float]) -> str:
+    """Per-class thresholds for people (``scratch 0.6``), not a dict's repr."""
+    return ", ".join(f"{name} {value:g}" for name, value in sorted(thresholds.items())) or "none"
 
 
 @app.command()
@@ -63,6 +68,7 @@ def set_threshold(
     edges = fleet.edges() if edge == "all" else [edge]
     for pushed in fleet.set_threshold(edges, value, class_name):
         console.print(f"{pushed.edge}: desired config v{pushed.version} (threshold {value})")
+    warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
 
 
 @app.command("set-training")
@@ -109,6 +115,8 @@ def show(
     """
     _, fleet = open_fleet(home)
     view = fleet.show(edge)
+    # On stderr: --json output stays clean. A state is only as fresh as serve's ingest.
+    warn_if_not_serving(home, "the state shown is the last one reported")
     if as_json:
         print_json(view)
         return
@@ -119,12 +127,12 @@ def show(
     console.print(
         f"  config         desired v{view['desired_config_version']} "
         f"(threshold {desired.get('default_threshold', '-')}, "
-        f"per class {desired.get('class_thresholds', {})}) / reported v{view['config_applied']} "
-        f"{sync} {view['config_reason']}"
+        f"per class {escape(_per_class(desired.get('class_thresholds', {})))}) / reported "
+        f"v{view['config_applied']} {sync} {escape(str(view['config_reason']))}"
     )
-    console.print(f"  serving        {view['serving'] or '-'}")
+    console.print(f"  serving        {escape(view['serving'] or '-')}")
     deployment = f"{view['deploy_id'] or '-'} {view['deploy_stage']} {view['deploy_reason']}"
-    console.print(f"  deployment     {deployment}")
+    console.print(f"  deployment     {escape(deployment)}")
     agreement = view["label_agreement"]
     console.print(
         f"  predictions    {view['predictions']} (accept {view['accepts']}, "
@@ -140,13 +148,22 @@ def show(
 
 @app.command("list")
 @friendly_errors
-def list_edges(home: HomeOption = DEFAULT_HOME) -> None:
+def list_edges(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
     """All edges with state, model and config versions.
 
     Example: fedge edge list
     """
     _, fleet = open_fleet(home)
-    table = Table("edge", "state", "session", "last seen", "serving", "config (desired/applied)")
+    warn_if_not_serving(home, "the states shown are the last ones reported")
+    if as_json:
+        print_json(fleet.list())
+        return
+    table = fitted_table(
+        "edge", "state", "session", "last seen", "serving", "config (desired/applied)"
+    )
     for row in fleet.list():
         table.add_row(
             row["edge"],

@@ -3,9 +3,17 @@
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, open_fleet
+from fedge.cli.common import (
+    DEFAULT_HOME,
+    HomeOption,
+    console,
+    fitted_table,
+    friendly_errors,
+    open_fleet,
+    print_json,
+    warn_if_not_serving,
+)
 
 app = typer.Typer(help="Operator labels.", no_args_is_help=True)
 
@@ -24,22 +32,30 @@ def add(
     """
     _, fleet = open_fleet(home)
     console.print(fleet.add_label(prediction_id, label, who))
+    warn_if_not_serving(home, "the label is stored and is sent to its edge once it runs")
 
 
 @app.command()
 @friendly_errors
-def stats(home: HomeOption = DEFAULT_HOME) -> None:
+def stats(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
     """Per-edge decisions and label agreement.
 
     Example: fedge labels stats
     """
     _, fleet = open_fleet(home)
-    table = Table("edge", "predictions", "rejects", "labels", "agreement")
-    for row in fleet.list():
-        view = fleet.show(row["edge"])
+    views = [fleet.show(row["edge"]) for row in fleet.list()]
+    if as_json:
+        keys = ("edge", "predictions", "accepts", "rejects", "labels", "label_agreement")
+        print_json([{key: view[key] for key in keys} for view in views])
+        return
+    table = fitted_table("edge", "predictions", "rejects", "labels", "agreement")
+    for view in views:
         agreement = view["label_agreement"]
         table.add_row(
-            row["edge"],
+            view["edge"],
             str(view["predictions"]),
             str(view["rejects"]),
             str(view["labels"]),

@@ -5,7 +5,19 @@ from typing import Annotated
 import typer
 
 from fedge import __version__
-from fedge.cli import agent, aggregator, bench, deploy, edge, labels, manager, model, sim
+from fedge.cli import (
+    agent,
+    aggregator,
+    bench,
+    deploy,
+    edge,
+    labels,
+    manager,
+    model,
+    predictions,
+    quickstart,
+    sim,
+)
 
 app = typer.Typer(
     help="fedge: federated, edge-to-cloud learning for factory fleets.",
@@ -17,10 +29,12 @@ app.add_typer(agent.app, name="agent")
 app.add_typer(model.app, name="model")
 app.add_typer(edge.app, name="edge")
 app.add_typer(labels.app, name="labels")
+app.add_typer(predictions.app, name="predictions")
 app.add_typer(bench.app, name="bench")
 app.add_typer(aggregator.app, name="aggregator")
 app.command("deploy")(deploy.deploy)
 app.command("sim")(sim.sim)
+app.command("quickstart")(quickstart.quickstart)
 
 
 def _version(value: bool) -> None:

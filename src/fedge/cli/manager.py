@@ -1,17 +1,37 @@
 """``fedge manager``: create a home, run the broker, serve the control plane."""
 
+import os
 import signal
 import threading
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from fedge.cli import operator, retention
-from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, setup_logging
+from fedge.cli.common import (
+    DEFAULT_HOME,
+    HomeOption,
+    console,
+    err_console,
+    friendly_errors,
+    print_json,
+    setup_logging,
+)
+from fedge.edge_manager import launcher
 from fedge.edge_manager.enrollment import managed_broker
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
+from fedge.edge_manager.run_dir import (
+    BrokerLink,
+    Role,
+    ServeState,
+    broker_link,
+    hold,
+    log_path,
+    write_serve_state,
+)
 from fedge.edge_manager.service import ManagerService
 
 app = typer.Typer(help="The fleet's control plane.", no_args_is_help=True)
@@ -57,6 +77,7 @@ def broker(home: HomeOption = DEFAULT_HOME) -> None:
 
     Example: fedge manager broker --home ./fedge-home
     """
+    lock_fd = hold(home, Role.BROKER)  # one broker per home, held until the process ends
     mosquitto = managed_broker(ManagerHome(home))
     # Handlers first (a SIGTERM during start must still stop the broker), and they only
     # set a flag: stopping from inside one would re-enter Popen's lock and deadlock.
@@ -69,6 +90,7 @@ def broker(home: HomeOption = DEFAULT_HOME) -> None:
         if not mosquitto.running:
             raise ManagerError(f"mosquitto exited; see {mosquitto.log_path}")
     mosquitto.stop()
+    os.close(lock_fd)
 
 
 @app.command()
@@ -77,22 +99,161 @@ def serve(
     home: HomeOption = DEFAULT_HOME,
     verbose: Annotated[bool, typer.Option("--verbose", "-v")] = False,
     ready_file: Annotated[Path | None, typer.Option(help="Touch this file once serving.")] = None,
+    broker_wait: Annotated[
+        float, typer.Option(help="Seconds to wait for the broker before saying it is missing.")
+    ] = 5.0,
 ) -> None:
     """Ingest reports, publish desired documents, serve models over gRPC.
+
+    One per home. Its broker connection is kept in <home>/run/serve.json (see
+    `fedge manager status`).
 
     Example: fedge manager serve --home ./fedge-home
     """
     setup_logging(verbose)
+    lock_fd = hold(home, Role.SERVE)  # a second serve would fight this one for the broker
     service = ManagerService(ManagerHome(home))
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     service.start()
-    console.print(f"manager serving fleet {service.settings.fleet}; gRPC on {service.grpc_port}")
+    settings = service.settings
+    address = f"{settings.broker_host}:{settings.broker_port}"
+    service.mqtt.connected.wait(broker_wait)
+    state = _serve_state(service, address)
+    write_serve_state(home, state)
+    if state.broker is BrokerLink.CONNECTED:
+        console.print(
+            f"manager serving fleet {settings.fleet}: gRPC on {service.grpc_port}, "
+            f"broker {address} connected"
+        )
+    else:
+        # Not "serving": without the broker no edge hears a push and MQTT reports stop.
+        err_console.print(
+            f"[yellow]warning:[/yellow] manager of fleet {settings.fleet} is up (gRPC on "
+            f"{service.grpc_port}) but the broker at {address} is not reachable"
+            f"{escape(_why(state))}; retrying. Desired documents wait and edges report over "
+            "gRPC only until it is; is `fedge manager broker` running?",
+            highlight=False,
+        )
     if ready_file is not None:
         ready_file.write_text(str(service.grpc_port))
-    stop.wait()
+    while not stop.wait(0.5):
+        current = _serve_state(service, address)
+        if current != state:
+            write_serve_state(home, current)
+            state = current
     service.stop()
+    os.close(lock_fd)
+
+
+def _why(state: ServeState) -> str:
+    return f" ({state.broker_detail})" if state.broker_detail else ""
+
+
+def _serve_state(service: ManagerService, address: str) -> ServeState:
+    link = service.mqtt.link
+    return ServeState(
+        pid=os.getpid(),
+        fleet=service.settings.fleet,
+        grpc_port=service.grpc_port,
+        broker_address=address,
+        broker=broker_link(link),
+        broker_detail="" if link.connected else link.last_error,
+        down_since=None if link.connected else link.down_since,
+    )
+
+
+@app.command()
+@friendly_errors
+def up(
+    home: HomeOption = DEFAULT_HOME,
+    with_superlink: Annotated[
+        bool, typer.Option("--superlink", help="Also run the SuperLink (fleet jobs).")
+    ] = False,
+    timeout: Annotated[float, typer.Option(help="Seconds each process may take to start.")] = 30.0,
+) -> None:
+    """Start the broker, then `manager serve` (and the SuperLink) in the background.
+
+    Output goes to <home>/logs/<role>.log; pid and lock files are in <home>/run/. A role
+    already running is left as it is.
+
+    Example: fedge manager up --home ./fedge-home
+    """
+    root = home.absolute()
+    settings = ManagerHome(root).settings()
+    roles = [Role.BROKER, Role.SERVE] + ([Role.SUPERLINK] if with_superlink else [])
+    for role in roles:
+        pid, started = launcher.start(
+            root,
+            role,
+            launcher.fedge_command(),
+            broker_port=settings.broker_port,
+            timeout_s=timeout,
+        )
+        verb = "started" if started else "already running"
+        console.print(f"{role.value:<10} {verb} (pid {pid}); log {log_path(root, role)}")
+    _print_broker_link(root)
+
+
+@app.command()
+@friendly_errors
+def down(home: HomeOption = DEFAULT_HOME) -> None:
+    """Stop what `manager up` started: the SuperLink, serve, then the broker.
+
+    Example: fedge manager down --home ./fedge-home
+    """
+    root = home.absolute()
+    for role in reversed(launcher.UP_ORDER):
+        pid = launcher.stop(root, role)
+        console.print(
+            f"{role.value:<10} " + ("not running" if pid is None else f"stopped (pid {pid})")
+        )
+
+
+@app.command()
+@friendly_errors
+def status(
+    home: HomeOption = DEFAULT_HOME,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Which of the manager's processes run, and whether serve reaches the broker.
+
+    Example: fedge manager status --home ./fedge-home
+    """
+    root = home.absolute()
+    roles = launcher.status(root)
+    state = launcher.serve_state(root)
+    if as_json:
+        print_json(
+            {
+                "processes": {
+                    r.role.value: {"pid": r.pid, "running": r.pid is not None, "log": str(r.log)}
+                    for r in roles
+                },
+                "broker_link": None if state is None else state.broker.value,
+                "broker_detail": None if state is None else state.broker_detail,
+            }
+        )
+        return
+    for r in roles:
+        running_text = "stopped" if r.pid is None else f"running (pid {r.pid})"
+        console.print(f"{r.role.value:<10} {running_text}; log {r.log}")
+    _print_broker_link(root)
+
+
+def _print_broker_link(root: Path) -> None:
+    state = launcher.serve_state(root)
+    if state is None:
+        console.print("serve -> broker: unknown (serve is not running)")
+    elif state.broker is BrokerLink.CONNECTED:
+        console.print(f"serve -> broker {state.broker_address}: connected")
+    else:
+        console.print(
+            f"serve -> broker {state.broker_address}: [yellow]{state.broker.value}[/yellow]"
+            f"{escape(_why(state))}",
+            highlight=False,
+        )
 
 
 @app.command()
@@ -106,6 +267,7 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
 
     manager_home = ManagerHome(home)
     settings = manager_home.settings()
+    lock_fd = hold(home, Role.SUPERLINK)
     link = SuperLink(
         manager_home.root / "superlink", settings.superlink_host, settings.superlink_port
     )
@@ -118,6 +280,7 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
         if not link.running:
             raise ManagerError(f"the SuperLink exited; see {link.log_path}")
     link.stop()
+    os.close(lock_fd)
 
 
 app.command("watch")(operator.watch)

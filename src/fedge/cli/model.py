@@ -6,16 +6,35 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.table import Table
 
-from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, open_fleet
-from fedge.protocols.manifest import Lineage
+from fedge.cli.common import (
+    DEFAULT_HOME,
+    HomeOption,
+    console,
+    fitted_table,
+    friendly_errors,
+    open_fleet,
+    print_json,
+    when,
+)
+from fedge.protocols.manifest import Lineage, ModelManifest
 
 app = typer.Typer(help="The model registry.", no_args_is_help=True)
 
 
 def _split(value: str | None) -> tuple[str, ...] | None:
     return None if value is None else tuple(v.strip() for v in value.split(",") if v.strip())
+
+
+def _published_line(manifest: ModelManifest) -> str:
+    """One plain line about a newly published version (no reprs: people read it)."""
+    lineage = manifest.lineage
+    parent = "-" if lineage.parent_version is None else f"{manifest.name}:{lineage.parent_version}"
+    line = (
+        f"published {manifest.ref} sha256={manifest.sha256[:12]}… size={manifest.size} "
+        f"classes={','.join(manifest.classes)} parent={parent}"
+    )
+    return f"{line}; {lineage.note}" if lineage.note else line
 
 
 @app.command()
@@ -81,31 +100,47 @@ def publish(
         if weights is None or family is None
         else TrainableSource(weights, family, params),
     )
-    manifest = published.manifest
     console.print(
-        f"published [bold]{manifest.ref}[/bold] sha256={manifest.sha256[:12]}… "
-        f"size={manifest.size} classes={','.join(manifest.classes)} "
-        f"parent={manifest.lineage.parent_version}"
+        _published_line(published.manifest), markup=False, highlight=False, soft_wrap=True
     )
 
 
 @app.command("list")
 @friendly_errors
-def list_models(home: HomeOption = DEFAULT_HOME) -> None:
+def list_models(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
     """List published models.
 
     Example: fedge model list
     """
     _, fleet = open_fleet(home)
-    table = Table("model", "sha256", "size", "classes", "parent", "run")
-    for row in fleet.registry.list():
+    rows = fleet.registry.list()
+    if as_json:
+        print_json(
+            [
+                {
+                    **row,
+                    "ref": f"{row['name']}:{row['version']}",
+                    "classes": str(row["classes"]).split(","),
+                }
+                for row in rows
+            ]
+        )
+        return
+    table = fitted_table(
+        "model", "sha256", "size", "classes", "parent", "run", "published", whole=("sha256",)
+    )
+    for row in rows:
         table.add_row(
             f"{row['name']}:{row['version']}",
             str(row["sha256"])[:12],
             str(row["size"]),
-            str(row["classes"]),
-            str(row["parent_version"] or "-"),
+            ", ".join(str(row["classes"]).split(",")),  # wraps at spaces, not inside a name
+            "-" if row["parent_version"] is None else f"{row['name']}:{row['parent_version']}",
             str(row["run_id"] or "-"),
+            when(row["created_at"]),  # type: ignore[arg-type]
         )
     console.print(table)
 
@@ -181,17 +216,17 @@ def distill(
     ] = None,
     version: Annotated[
         int | None,
-        typer.Option(
-            help="Registry version (digits: required with --publish; inspection: default "
-            "the latest version of the teacher's name + 1)."
-        ),
+        typer.Option(help="Registry version [default: the name's latest version + 1, or 1]."),
     ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Distil a teacher into a small student on unlabeled proxy data.
 
+    With --publish the student becomes the next version of its name (the teacher's name
+    for inspection), unless --version says which.
+
     Example: fedge model distill --teacher mlp-large --arch mlp-small --out student.onnx
-    --publish --name digits-student --version 1
+    --publish --name digits-student
 
     Example: fedge model distill --task inspection --teacher inspect:1 --publish
     """
@@ -230,10 +265,10 @@ def _distill_digits(
     from fedge.models import edge_student
     from fedge.sim.scenario import load_scenario
 
-    if publish_to_registry and version is None:
-        raise typer.BadParameter("--publish needs --version N", param_hint="--version")
     # Open the registry first: a wrong --home fails before any training.
     fleet = open_fleet(home)[1] if publish_to_registry else None
+    if fleet is not None and version is None:
+        version = (fleet.registry.latest_version(name) or 0) + 1
     loaded = load_scenario(scenario)
     resolved = edge_student.resolve_teacher(teacher, loaded, seed)
     student, report = edge_student.distill_student(
@@ -258,10 +293,8 @@ def _distill_digits(
         published = edge_student.publish_student(
             fleet.registry, out, name=name, version=version, report=report
         )
-        manifest = published.manifest
         console.print(
-            f"published [bold]{manifest.ref}[/bold] sha256={manifest.sha256[:12]}… "
-            f"parent={manifest.lineage.parent_version} note={manifest.lineage.note!r}"
+            _published_line(published.manifest), markup=False, highlight=False, soft_wrap=True
         )
 
 
@@ -318,8 +351,6 @@ def _distill_inspection(
         published = students.publish_student(
             fleet.registry, report, teacher_manifest, version=version
         )
-        manifest = published.manifest
         console.print(
-            f"published [bold]{manifest.ref}[/bold] sha256={manifest.sha256[:12]}… "
-            f"parent={manifest.lineage.parent_version} note={manifest.lineage.note!r}"
+            _published_line(published.manifest), markup=False, highlight=False, soft_wrap=True
         )

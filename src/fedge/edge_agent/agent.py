@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedge import __version__
-from fedge.edge_agent import deployer, restore, runtime, scoring
+from fedge.edge_agent import runtime, scoring
 from fedge.edge_agent.decisions import ConfigAction, decide_config
+from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
-from fedge.edge_agent.errors import DeployError, InferenceError, StorageError
+from fedge.edge_agent.errors import InferenceError, NotServingError, StorageError
 from fedge.edge_agent.group_commit import GroupCommit
 from fedge.edge_agent.images import decode_for
 from fedge.edge_agent.local_store import LocalStore
@@ -31,7 +32,6 @@ from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import StationDataError
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
-from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import DesiredClient, ReportUploader
 from fedge.protocols.labels import StationLabels
@@ -51,6 +51,9 @@ class ImageFile:
     data: bytes
     suffix: str  # ".png", ".jpg", ...: how the kept training copy is named
     source: str = ""  # recorded with the prediction (e.g. "file:<name>")
+    # Which inbox arrival this is, kept with the prediction on the station only (a reused
+    # file name is a new arrival; see fedge.edge_agent.watcher.arrival_key).
+    arrival: str = ""
 
 
 class EdgeAgent:
@@ -58,7 +61,12 @@ class EdgeAgent:
         self.settings = settings
         self.keys = trusted(settings.public_key())
         self.store = LocalStore(settings.data_dir / "agent.db")
-        self._commits: GroupCommit[PredictionRecord] = GroupCommit(self.store.add_predictions)
+        # (record, inbox arrival) pairs: the arrival commits with its prediction.
+        self._commits: GroupCommit[tuple[PredictionRecord, str]] = GroupCommit(
+            lambda items: self.store.add_predictions(
+                [record for record, _ in items], [arrival for _, arrival in items]
+            )
+        )
         # The station's training set: what it scores, kept on the device with its labels.
         self.station = StationData(
             settings.data_dir,
@@ -73,13 +81,22 @@ class EdgeAgent:
         self.counters: Counter[str] = Counter()
         self._lock = threading.Lock()
         self.config: EdgeConfig | None = self._load_config()
-        self.model: runtime.LoadedModel | None = self._load_active_model()
+        self.model: runtime.LoadedModel | None = None
+        self.deployments = Deployments(
+            settings,
+            self.store,
+            self.keys,
+            self.counters,
+            lock=self._lock,
+            install=self._install_model,
+            serving=lambda: self.serving,
+            report=self._report_status,
+        )
+        self.model = self.deployments.restore_active()
         self.session = self.store.get("session")
         self._session = int(self.session) if self.session is not None else -1
         self._stop = threading.Event()
-        self._deploy_lock = threading.Lock()
         self._last_config_report: bytes | None = None
-        self._last_deploy_status: bytes | None = self._stored_bytes("last_deploy_status")
         # Built here, connected in start(): offline tools (label, score) never touch the broker.
         self.mqtt = MqttSession(
             MqttSettings(
@@ -132,80 +149,9 @@ class EdgeAgent:
 
     # -- persistent state
 
-    def _stored_bytes(self, key: str) -> bytes | None:
-        value = self.store.get(key)
-        return None if value is None else value.encode()
-
     def _load_config(self) -> EdgeConfig | None:
         raw = self.store.get("applied_config")
         return None if raw is None else codec.decode(raw.encode(), EdgeConfig)
-
-    def _load_active_model(self) -> runtime.LoadedModel | None:
-        """The model to serve after a start: the active one if it still verifies, else the
-        newest previous model that does (see :mod:`fedge.edge_agent.restore`)."""
-        raw = self.store.get("active_model")
-        if raw is None:
-            return None
-        history = restore.decode_history(self.store.get("model_history"))
-        active: restore.KeptModel | None = None
-        unreadable: DeployError | None = None
-        try:
-            active = restore.decode_kept(raw)
-        except DeployError as exc:
-            unreadable = exc
-        restored = restore.restore(
-            restore.candidates(active, history), lambda kept: restore.verify(kept, self.keys)
-        )
-        for kept, failure in restored.failures:
-            if kept is not active:
-                log.error("kept model %s does not verify either: %s", kept.ref, failure)
-        if unreadable is None and restored.kept is active:
-            return restored.model
-        error = unreadable or restored.failures[0][1]
-        self._restore_failed(active, error, restored.kept)
-        return restored.model
-
-    def _restore_failed(
-        self,
-        active: restore.KeptModel | None,
-        error: DeployError,
-        fallback: restore.KeptModel | None,
-    ) -> None:
-        """The active model did not verify: tell the manager, and fetch the deployment again.
-
-        Runs before the session exists: the status is stored as the last deploy status,
-        which every connection publishes (retained) after the birth; the lowered
-        ``deploy_done_version`` makes the retained desired deployment due again.
-        """
-        self.counters["restore_failed"] += 1
-        serving = "" if fallback is None else fallback.ref
-        log.error(
-            "cannot restore the active model %s (%s); serving %s until the deployment is "
-            "fetched again",
-            "?" if active is None else active.ref,
-            error,
-            serving or "none",
-        )
-        previous_raw = self.store.get("last_deploy_status")
-        try:
-            previous = (
-                None if previous_raw is None else codec.decode(previous_raw.encode(), DeployStatus)
-            )
-        except ProtocolError:
-            previous = None
-        if active is not None and active.deployment_version:
-            deployment_version = active.deployment_version
-        else:
-            deployment_version = 0 if previous is None else previous.version
-        done = int(self.store.get("deploy_done_version") or 0)
-        self.store.put("deploy_done_version", str(restore.redeploy_floor(done, deployment_version)))
-        status = restore.restore_status(
-            self.settings.edge, active, previous, error, serving, time.time()
-        )
-        if status is not None:
-            payload = codec.encode(status)
-            self.store.put("last_deploy_status", payload.decode())
-            self._last_deploy_status = payload
 
     @property
     def serving(self) -> str:
@@ -301,15 +247,16 @@ class EdgeAgent:
         statements = [(topics.Up.STATE, codec.encode(birth))]
         if self._last_config_report is not None:
             statements.append((topics.Up.CONFIG, self._last_config_report))
-        if self._last_deploy_status is not None:
-            statements.append((topics.Up.DEPLOY, self._last_deploy_status))
+        last_deploy = self.deployments.last_status
+        if last_deploy is not None:
+            statements.append((topics.Up.DEPLOY, last_deploy))
         return statements
 
     def _known_versions(self) -> dict[str, int]:
         """The version of each desired document this agent is done with (for gRPC polls)."""
         return {
             topics.Down.CONFIG.value: self.applied_version,
-            topics.Down.DEPLOY.value: int(self.store.get("deploy_done_version") or 0),
+            topics.Down.DEPLOY.value: self.deployments.done_version,
             topics.Down.LABELS.value: int(self.store.get("labels_version") or 0),
         }
 
@@ -402,121 +349,18 @@ class EdgeAgent:
         )
         payload = codec.encode(report)
         self._last_config_report = payload
-        self.mqtt.publish(self._topic(topics.Up.CONFIG), payload, retain=True)
-        self.desired_poller.offer_status(topics.Up.CONFIG, payload)
+        self._report_status(topics.Up.CONFIG, payload, True)
 
     def handle_deploy(self, envelope: bytes) -> None:
-        try:
-            desired = open_signed(envelope, DeploymentDesired, self.keys)
-            if desired.edge != self.settings.edge or desired.fleet != self.settings.fleet:
-                raise ProtocolError(f"deployment is for {desired.fleet}/{desired.edge}")
-        except ProtocolError as exc:
-            self.counters[f"deploy.rejected.{exc.reason}"] += 1
-            log.error("deployment rejected (%s): %s", exc.reason, exc)
-            self._report_deploy_rejected(f"rejected {exc.reason}: {exc}")
-            return
-        done = int(self.store.get("deploy_done_version") or 0)
-        if desired.version <= done:
-            self.counters["deploy.stale"] += 1
-            return
-        threading.Thread(target=self._deploy, args=(desired,), name="deploy", daemon=True).start()
+        self.deployments.handle(envelope)
 
-    def _deploy(self, desired: DeploymentDesired) -> None:
-        with self._deploy_lock:
-            if desired.version <= int(self.store.get("deploy_done_version") or 0):
-                return
-            manifest_ref = ("", 0)
+    def _install_model(self, model: runtime.LoadedModel) -> None:
+        self.model = model
 
-            def stage(stage: DeployStage, reason: str) -> None:
-                self._report_deploy(desired, manifest_ref, stage, reason)
-
-            try:
-                manifest = deployer.open_manifest(desired.manifest_envelope.encode(), self.keys)
-                manifest_ref = (manifest.name, manifest.version)
-                model = deployer.prepare(desired, self.settings, self.keys, stage)
-                kept = restore.kept_from(desired, model)
-                with self._lock:
-                    # The signed manifest and the deployment go with the pointer: a start
-                    # re-verifies the model, and falls back to an earlier one if it fails.
-                    self.store.put("active_model", restore.encode_kept(kept))
-                    history = restore.decode_history(self.store.get("model_history"))
-                    self.store.put(
-                        "model_history", restore.encode_history(restore.remember(history, kept))
-                    )
-                    self.model = model
-                self.counters["deploy.active"] += 1
-                log.info("now serving %s", model.ref)
-                stage(DeployStage.ACTIVE, "")
-            except DeployError as exc:
-                self.counters[f"deploy.failed.{exc.reason}"] += 1
-                log.error(
-                    "deployment %s failed, still serving %r: %s",
-                    desired.deployment_id,
-                    self.serving,
-                    exc,
-                )
-                stage(DeployStage.FAILED, f"{exc.reason}: {exc.detail}")
-            self.store.put("deploy_done_version", str(desired.version))
-            self._prune_models()
-
-    def _prune_models(self) -> None:
-        """Old models and failed downloads go; the kept ones stay (see restore.prune_models)."""
-        kept = list(restore.decode_history(self.store.get("model_history")))
-        active = self.store.get("active_model")
-        try:
-            if active is not None:  # kept too, if an older agent wrote no history for it
-                kept.append(restore.decode_kept(active))
-            removed = restore.prune_models(self.settings.data_dir / "models", kept)
-        except (OSError, DeployError) as exc:
-            log.warning("could not prune old models: %s", exc)
-            return
-        self.counters["models.pruned"] += len(removed)
-
-    def _report_deploy(
-        self, desired: DeploymentDesired, ref: tuple[str, int], stage: DeployStage, reason: str
-    ) -> None:
-        name, version = ref
-        status = DeployStatus(
-            self.settings.edge,
-            desired.deployment_id,
-            desired.version,
-            name or "unknown",
-            version,
-            stage,
-            reason[:1000],
-            self.serving,
-            time.time(),
-        )
-        payload = codec.encode(status)
-        self._last_deploy_status = payload
-        self.store.put("last_deploy_status", payload.decode())
-        self.mqtt.publish(self._topic(topics.Up.DEPLOY), payload, retain=True)
-        self.desired_poller.offer_status(topics.Up.DEPLOY, payload)
-
-    def _report_deploy_rejected(self, reason: str) -> None:
-        """Tell the manager a deployment envelope was refused (forged, malformed, foreign).
-
-        Nothing in such an envelope can be trusted, so the status names no deployment
-        (``unknown``, version 0) and reports the model still serving. It is neither kept as
-        the last deploy status nor retained: the real deployment state stays what a
-        reconnecting manager or agent sees.
-        """
-        status = DeployStatus(
-            self.settings.edge,
-            "unknown",
-            0,
-            "unknown",
-            0,
-            DeployStage.FAILED,
-            reason[:1000],
-            self.serving,
-            time.time(),
-        )
-        # Not retained: the broker keeps the edge's real deployment status for a manager
-        # that (re)connects later; this report is for the manager listening now.
-        payload = codec.encode(status)
-        self.mqtt.publish(self._topic(topics.Up.DEPLOY), payload, qos=1)
-        self.desired_poller.offer_status(topics.Up.DEPLOY, payload, retained=False)
+    def _report_status(self, kind: topics.Up, payload: bytes, retained: bool) -> None:
+        """A status document on the edge's up/ topic; over gRPC too while MQTT is down."""
+        self.mqtt.publish(self._topic(kind), payload, retain=retained)
+        self.desired_poller.offer_status(kind, payload, retained=retained)
 
     # -- inference
 
@@ -544,7 +388,7 @@ class EdgeAgent:
         """
         model = self.model  # one snapshot: a deployment may swap it meanwhile
         if model is None:
-            raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
+            raise NotServingError("no model deployed yet; deploy one with `fedge deploy`")
         preprocess = self.preprocess_for(model)
         results: dict[int, Scored | InferenceError] = {}
         decoded: list[tuple[int, np.ndarray]] = []
@@ -554,7 +398,10 @@ class EdgeAgent:
             except InferenceError as exc:
                 results[index] = exc
         scored = self.score_many(
-            [image for _, image in decoded], [files[i].source for i, _ in decoded], model=model
+            [image for _, image in decoded],
+            [files[i].source for i, _ in decoded],
+            model=model,
+            arrivals=[files[i].arrival for i, _ in decoded],
         )
         for (index, _), item in zip(decoded, scored, strict=True):
             results[index] = item
@@ -584,18 +431,23 @@ class EdgeAgent:
         sources: Sequence[str] | None = None,
         *,
         model: runtime.LoadedModel | None = None,
+        arrivals: Sequence[str] | None = None,
     ) -> list[Scored]:
         """Score prepared images in one model call and record them in one commit.
 
-        Every record is durable when this returns. Calls from several threads at once
-        share commits (:mod:`fedge.edge_agent.group_commit`).
+        Every record is durable when this returns, with its inbox arrival (if any).
+        Calls from several threads at once share commits
+        (:mod:`fedge.edge_agent.group_commit`).
         """
         model, config = model or self.model, self.config
         if model is None:
-            raise InferenceError("no model deployed yet; deploy one with `fedge deploy`")
+            raise NotServingError("no model deployed yet; deploy one with `fedge deploy`")
+        keys = [""] * len(images) if arrivals is None else list(arrivals)
+        if len(keys) != len(images):
+            raise InferenceError(f"{len(images)} images but {len(keys)} arrivals")
         scored = scoring.score(model, config, images, sources or [""] * len(images))
         try:
-            self._commits.submit([s.record for s in scored])
+            self._commits.submit([(s.record, key) for s, key in zip(scored, keys, strict=True)])
         except sqlite3.Error as exc:
             # Rolled back: none of these predictions exists, and the caller is told so
             # (an inbox file stays in the inbox, an API client gets a 503 and retries).

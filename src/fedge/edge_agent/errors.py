@@ -26,3 +26,7 @@ class InferenceError(AgentError):
 
 class StorageError(AgentError):
     """The agent's own file refused a write (most often a full disk); nothing was recorded."""
+
+
+class NotServingError(InferenceError):
+    """No model is serving yet (none deployed, or the last one failed its check at start)."""

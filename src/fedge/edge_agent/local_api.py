@@ -20,7 +20,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.errors import AgentError, StorageError
+from fedge.edge_agent.errors import AgentError, NotServingError, StorageError
 from fedge.edge_agent.images import MAX_IMAGE_BYTES
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
@@ -109,9 +109,10 @@ class _Handler(BaseHTTPRequestHandler):
                 self._reply(HTTPStatus.OK, {"label_id": label_id})
             else:
                 self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
-        except StorageError as exc:
-            # The station cannot record anything now (a full disk): retry later, not a
-            # bad request.
+        except (StorageError, NotServingError) as exc:
+            # The station cannot score or record now (a full disk; no model yet, e.g. for
+            # the moment between a restart that found its model corrupted and the
+            # redeployment): retry later, not a bad request.
             self.agent.counters["api.unavailable"] += 1
             self._reply(HTTPStatus.SERVICE_UNAVAILABLE, {"error": str(exc)})
         except (AgentError, json.JSONDecodeError, ValueError) as exc:

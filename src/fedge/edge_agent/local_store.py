@@ -45,6 +45,11 @@ CREATE TABLE IF NOT EXISTS predictions (
 CREATE INDEX IF NOT EXISTS predictions_source ON predictions (source);
 """
 
+# Added after the first release: which inbox arrival a prediction scored (see
+# fedge.edge_agent.watcher.arrival_key; '' for API and CLI predictions). Files written by
+# older agents gain the column on open.
+ARRIVAL_COLUMN = "arrival"
+
 
 def _record_json(record: Record) -> str:
     # Records are flat dataclasses of plain values: their __dict__ is their JSON form.
@@ -69,6 +74,24 @@ class LocalStore:
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
         self._conn.executescript(SCHEMA)
+        self._migrate()
+
+    def _migrate(self) -> None:
+        """Bring an agent.db of an older agent up to this schema (idempotent).
+
+        Under ``BEGIN IMMEDIATE``: ``fedge agent label`` may open the file while the agent
+        starts, and only one of them may add the column.
+        """
+        with self._transaction("BEGIN IMMEDIATE") as conn:
+            columns = {row[1] for row in conn.execute("PRAGMA table_info(predictions)")}
+            if ARRIVAL_COLUMN not in columns:
+                conn.execute(
+                    f"ALTER TABLE predictions ADD COLUMN {ARRIVAL_COLUMN} TEXT NOT NULL DEFAULT ''"
+                )
+            conn.execute(
+                f"CREATE INDEX IF NOT EXISTS predictions_arrival ON predictions ({ARRIVAL_COLUMN}) "
+                f"WHERE {ARRIVAL_COLUMN} != ''"
+            )
 
     def close(self) -> None:
         with self._lock:
@@ -131,15 +154,32 @@ class LocalStore:
                 (stream.value, _record_json(record)),
             )
 
-    def add_predictions(self, records: Sequence[PredictionRecord]) -> None:
-        """Queue predictions for reporting and index them, in one transaction."""
+    def add_predictions(
+        self, records: Sequence[PredictionRecord], arrivals: Sequence[str] = ()
+    ) -> None:
+        """Queue predictions for reporting and index them, in one transaction.
+
+        ``arrivals`` (one per record, or none) are the inbox arrivals they scored: in the
+        same transaction, so a file scored before a crash is known to be (see
+        :meth:`scored_arrival`).
+        """
         if not records:
             return
+        if arrivals and len(arrivals) != len(records):
+            raise ValueError(f"{len(records)} predictions but {len(arrivals)} arrivals")
+        keys = arrivals or [""] * len(records)
         pending = [(Stream.PREDICTIONS.value, _record_json(r)) for r in records]
-        index = [(r.prediction_id, r.at, r.model, r.decision, r.source) for r in records]
+        index = [
+            (r.prediction_id, r.at, r.model, r.decision, r.source, key)
+            for r, key in zip(records, keys, strict=True)
+        ]
         with self._transaction() as conn:
             conn.executemany("INSERT INTO pending (stream, record) VALUES (?,?)", pending)
-            conn.executemany("INSERT OR IGNORE INTO predictions VALUES (?,?,?,?,?)", index)
+            conn.executemany(
+                "INSERT OR IGNORE INTO predictions (prediction_id, at, model, decision, "
+                f"source, {ARRIVAL_COLUMN}) VALUES (?,?,?,?,?,?)",
+                index,
+            )
 
     def add_label(self, label_id: str, prediction_id: str, label: str, who: str, at: float) -> bool:
         """Store a label locally (kept for local training) and queue it for reporting."""
@@ -178,6 +218,22 @@ class LocalStore:
         with self._lock:
             row = self._conn.execute(
                 "SELECT 1 FROM predictions WHERE source=? LIMIT 1", (source,)
+            ).fetchone()
+        return row is not None
+
+    def scored_arrival(self, arrival: str, source: str, modified_at: float) -> bool:
+        """Whether the inbox arrival ``arrival`` was scored already (before a crash).
+
+        A prediction an older agent recorded has no arrival; it covers a file of the same
+        source only if the file was last written before that prediction was made (a file
+        whose name is reused later is written later).
+        """
+        with self._lock:
+            row = self._conn.execute(
+                f"SELECT 1 FROM predictions WHERE {ARRIVAL_COLUMN}=? UNION ALL "
+                f"SELECT 1 FROM predictions WHERE {ARRIVAL_COLUMN}='' AND source=? AND at>=? "
+                "LIMIT 1",
+                (arrival, source, modified_at),
             ).fetchone()
         return row is not None
 

@@ -6,13 +6,22 @@ half-way. A file that still does not decode is retried until it has been quiet f
 ``give_up_s``, then moved to ``failed/``. Writers that can should still write elsewhere
 and rename into the inbox.
 
-A file's prediction is recorded with the file name as its source; a file that is still
-in the inbox after a crash is moved on without scoring it again.
+Every arrival is scored once, whatever its name (issue 15: a camera that reuses file
+names must not lose images). A prediction is reported with ``file:<name>`` as its source
+and recorded on the station with the file's *arrival key* (:func:`arrival_key`: name,
+size, mtime, inode and content hash) in the same commit; a file still in the inbox after a
+crash (scored and committed, not yet moved) matches its key and is moved on without being
+scored again, while a new file under a used name does not. ``done/`` and ``failed/`` keep
+every file: a name already there gets a suffix.
 """
 
+import hashlib
 import logging
+import os
 import threading
 import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from fedge.edge_agent.agent import EdgeAgent, ImageFile
@@ -22,6 +31,60 @@ from fedge.edge_agent.images import MAX_IMAGE_BYTES
 log = logging.getLogger(__name__)
 
 IMAGE_SUFFIXES = frozenset({".png", ".jpg", ".jpeg", ".bmp", ".pgm"})
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """One file as it lies in the inbox: its bytes and what identifies this arrival."""
+
+    name: str
+    data: bytes
+    size: int
+    mtime_ns: int
+    inode: int
+
+    @property
+    def source(self) -> str:
+        return f"file:{self.name}"
+
+    @property
+    def key(self) -> str:
+        return arrival_key(self.name, self.size, self.mtime_ns, self.inode, self.data)
+
+
+def arrival_key(name: str, size: int, mtime_ns: int, inode: int, data: bytes) -> str:
+    """What tells this arrival from any other, including a later file of the same name.
+
+    The stat signature changes whenever a file is written or renamed in anew (even with
+    the same bytes: a second identical image is a second part); the content hash covers
+    file systems with coarse mtimes that rewrite in place. A file left untouched in the
+    inbox (a crash between commit and move) keeps its key.
+    """
+    digest = hashlib.sha256(data).hexdigest()
+    return f"{name}|{size}|{mtime_ns}|{inode}|{digest}"
+
+
+def read_arrival(path: Path) -> Arrival:
+    """The file's bytes and stat from one open descriptor (both describe the same file)."""
+    with path.open("rb") as file:
+        stat = os.fstat(file.fileno())
+        if stat.st_size > MAX_IMAGE_BYTES:
+            raise InferenceError(f"{path.name} is larger than {MAX_IMAGE_BYTES} bytes")
+        data = file.read()
+    return Arrival(path.name, data, stat.st_size, stat.st_mtime_ns, stat.st_ino)
+
+
+def free_destination(directory: Path, name: str) -> Path:
+    """``directory/name``, or a suffixed name when one is there already (never overwrite).
+
+    A random suffix, not a counter: a camera reusing one name would otherwise cost a
+    probe per earlier file.
+    """
+    target = directory / name
+    while target.exists():
+        stem, suffix = os.path.splitext(name)
+        target = directory / f"{stem}~{uuid.uuid4().hex[:8]}{suffix}"
+    return target
 
 
 class InboxWatcher:
@@ -78,18 +141,19 @@ class InboxWatcher:
         files: list[tuple[Path, ImageFile]] = []
         finished: list[Path] = []
         for path in paths:
-            source = f"file:{path.name}"
-            if self.agent.store.has_source(source):
-                finished.append(path)  # scored before a crash; only the move was left
-                continue
             try:
-                if path.stat().st_size > MAX_IMAGE_BYTES:
-                    raise InferenceError(f"{path.name} is larger than {MAX_IMAGE_BYTES} bytes")
-                files.append((path, ImageFile(path.read_bytes(), path.suffix, source)))
+                arrival = read_arrival(path)
             except InferenceError as exc:
                 self._not_scored(path, exc)
+                continue
             except FileNotFoundError:
                 continue
+            key = arrival.key
+            if self.agent.store.scored_arrival(key, arrival.source, arrival.mtime_ns / 1e9):
+                self.agent.counters["watch.already_scored"] += 1
+                finished.append(path)  # scored before a crash; only the move was left
+                continue
+            files.append((path, ImageFile(arrival.data, path.suffix, arrival.source, key)))
         scored = 0
         if files:
             results = self.agent.score_images([file for _, file in files])
@@ -100,7 +164,7 @@ class InboxWatcher:
                     scored += 1
                     finished.append(path)
         for path in finished:
-            path.replace(self.done / path.name)
+            path.replace(free_destination(self.done, path.name))
             self._last_seen.pop(path, None)
         return scored
 
@@ -111,7 +175,7 @@ class InboxWatcher:
             return
         self.agent.counters["watch.failed"] += 1
         log.error("cannot score %s: %s", path.name, error)
-        path.replace(self.failed / path.name)
+        path.replace(free_destination(self.failed, path.name))
         self._last_seen.pop(path, None)
 
 

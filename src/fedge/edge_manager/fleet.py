@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
+from fedge.edge_manager.class_names import unknown_class
 from fedge.edge_manager.desired import next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.home import ManagerHome
@@ -120,11 +121,9 @@ class Fleet:
             known = {c for row in self.registry.list() for c in str(row["classes"]).split(",")}
             known.discard("")
             where = f"a class of any published model (nothing is deployed to {edge} yet)"
-        if class_name not in known:
-            names = ", ".join(sorted(known)) or "none, publish a model first"
-            raise ManagerError(
-                f"{class_name!r} is not {where}; known classes: {names}; nothing was changed"
-            )
+        refusal = unknown_class(class_name, known, where)
+        if refusal is not None:
+            raise ManagerError(f"{refusal}; nothing was changed")
 
     def deployed_model(self, edge: str) -> tuple[str, int] | None:
         """(name, version) of the model in ``edge``'s latest desired deployment, if any."""
@@ -327,7 +326,7 @@ class Fleet:
 
     def add_label(self, prediction_id: str, label: str, who: str) -> str:
         row = self.store.one(
-            "SELECT edge FROM predictions WHERE prediction_id=? LIMIT 1", (prediction_id,)
+            "SELECT edge, model FROM predictions WHERE prediction_id=? LIMIT 1", (prediction_id,)
         )
         if row is None:
             raise ManagerError(f"no prediction {prediction_id!r} has reached the manager")
@@ -336,6 +335,7 @@ class Fleet:
             validate.bounded_text(who, "who", 128)
         except ProtocolError as exc:
             raise ManagerError(str(exc)) from None
+        self._check_label(str(row["model"]), label)
         label_id = f"l-{uuid.uuid4().hex}"
         now = time.time()
         with self.store.transaction():
@@ -346,6 +346,20 @@ class Fleet:
             )
             self._push_labels(str(row["edge"]), now)
         return label_id
+
+    def _check_label(self, model_ref: str, label: str) -> None:
+        """A label must be a class of the model that made the prediction (case and all)."""
+        name, _, version = model_ref.rpartition(":")
+        row = self.store.one(
+            "SELECT manifest FROM models WHERE name=? AND version=?",
+            (name, int(version) if version.isdigit() else -1),
+        )
+        if row is None:
+            return  # a model this registry never held (pruned, foreign): nothing to check
+        classes = json.loads(row["manifest"])["classes"]
+        refusal = unknown_class(label, classes, f"a class of {model_ref}, which scored it")
+        if refusal is not None:
+            raise ManagerError(f"{refusal}; nothing was stored")
 
     def _push_labels(self, edge: str, now: float) -> None:
         """The edge's labels document: the newest labels given here, down to the station.

@@ -261,6 +261,11 @@ class Ingestor:
     ) -> Outcome:
         batch = codec.decode(payload, RecordBatch, max_bytes=self.max_bytes)
         self._check_edge(conn, edge, batch.edge)
+        # Any traffic is a sign of life (issue 15: "last seen" stayed frozen while the
+        # edge sent telemetry); max(): a batch delayed in a queue does not move it back.
+        conn.execute(
+            "UPDATE edges SET last_seen=max(coalesce(last_seen, 0), ?) WHERE edge=?", (now, edge)
+        )
         self._storable(batch.seq, "seq")
         self._storable(batch.session, "session")
         for record in batch.records:

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedge.edge_manager.class_names import class_count_problem
 from fedge.edge_manager.errors import RegistryError, UnknownModelError
 from fedge.edge_manager.onnx_spec import read_spec
 from fedge.edge_manager.store import Store
@@ -152,6 +153,9 @@ class Registry:
                 "the model's class names are unknown: pass --classes (e.g. clean,scratch) "
                 "or set ONNX metadata 'classes'"
             )
+        problem = class_count_problem(spec.outputs, classes)
+        if problem is not None:
+            raise RegistryError(f"cannot publish {name}:{version}: {problem}")
         if positive_classes is None:
             meta_positive = spec.metadata.get("positive_classes", "")
             positive_classes = tuple(c for c in meta_positive.split(",") if c)

@@ -54,7 +54,13 @@ def prepare(data: bytes | Path, spec: Preprocess) -> npt.NDArray[np.float32]:
         if image.size != (spec.image_size, spec.image_size):
             image = image.resize((spec.image_size, spec.image_size), _RESAMPLE[spec.resample])
         pixels = np.asarray(image, dtype=np.float32) * np.float32(spec.scale)
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+    except UnidentifiedImageError:
+        # Pillow's message names its file object (``<_io.BytesIO object at 0x...>``).
+        name = data.name if isinstance(data, Path) else "the image"
+        raise ImageError(
+            f"{name} is not a readable image (expected PNG, JPEG, BMP or PGM)"
+        ) from None
+    except (OSError, ValueError, Image.DecompressionBombError) as exc:
         if isinstance(exc, ImageError):
             raise
         raise ImageError(f"not a readable image: {exc}") from None

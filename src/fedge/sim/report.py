@@ -2,12 +2,15 @@
 
 import dataclasses
 import json
+import time
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from fedge.errors import FedgeError
 from fedge.sim.runner import Comparison, Curve
 from fedge.sim.scenario import Scenario
 
@@ -171,3 +174,44 @@ def write_report(
     md = out_dir / f"{comparison.scenario}.md"
     md.write_text(markdown(comparison, summary, png.name, archs))
     return md, png, summary
+
+
+class ReportExistsError(FedgeError):
+    """A report directory already holds this scenario's report (it is never overwritten)."""
+
+
+def report_dir(out: Path | None, scenario: str, *, force: bool, now: float) -> Path:
+    """Where a run's report goes: a new ``sim-out/SCENARIO-YYYYmmdd-HHMMSS`` by default.
+
+    A run never silently replaces an earlier one's report (issue 15): an explicit ``out``
+    that already holds ``SCENARIO.md`` is refused unless ``force``.
+    """
+    if out is None:
+        stamp = time.strftime("%Y%m%d-%H%M%S", time.localtime(now))
+        base = Path("sim-out") / f"{scenario}-{stamp}"
+        chosen, n = base, 1
+        while chosen.exists():  # two runs in the same second
+            n += 1
+            chosen = base.with_name(f"{base.name}-{n}")
+        return chosen
+    existing = out / f"{scenario}.md"
+    if existing.exists() and not force:
+        raise ReportExistsError(
+            f"{existing} exists (an earlier run's report); choose another --out, "
+            "omit --out for a new directory, or pass --force to replace it"
+        )
+    return out
+
+
+def speedup_text(speedup: Mapping[str, object], baseline: str) -> str:
+    """``summary['tta_speedup']`` for people: median and min over the seeds that reached it."""
+    per_seed = speedup.get("per_seed")
+    values = list(per_seed.values()) if isinstance(per_seed, dict) else []
+    reached = sum(value is not None for value in values)
+    median, low = speedup.get("median"), speedup.get("min")
+    if not isinstance(median, int | float) or not isinstance(low, int | float):
+        return f"{speedup.get('strategy')} vs {baseline}: no seed reached the target"
+    return (
+        f"{speedup.get('strategy')} vs {baseline}: median {median:.2f}x, "
+        f"min {low:.2f}x ({reached} of {len(values)} seed(s) reached the target)"
+    )

@@ -9,6 +9,7 @@ message only after it is safely stored.
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -19,6 +20,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fedge.transport.errors import TransportError
+from fedge.transport.link import LinkEvent, LinkState, advance
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +102,10 @@ class MqttSession:
         self._on_published = on_published
         self._on_disconnect = on_disconnect
         self.connected = threading.Event()
+        # What the connection is doing (read by `manager serve` to report the broker).
+        self.link = LinkState()
+        self._link_lock = threading.Lock()
+        self._stopping = False
         self._client = paho.Client(
             CallbackAPIVersion.VERSION2,
             client_id=settings.client_id,
@@ -118,6 +124,7 @@ class MqttSession:
         self._client.reconnect_delay_set(settings.reconnect_min_s, settings.reconnect_max_s)
         self._client.on_connect = self._handle_connect
         self._client.on_disconnect = self._handle_disconnect
+        self._client.on_connect_fail = self._handle_connect_fail
         self._client.on_message = self._handle_message
         self._client.on_publish = self._handle_publish
 
@@ -160,6 +167,9 @@ class MqttSession:
         if final is not None and self.connected.is_set():
             info = self._client.publish(final[0], final[1], qos=1, retain=final[2])
             info.wait_for_publish(timeout=2.0)
+        self._stopping = True
+        if self.connected.is_set():
+            self._note(LinkEvent.STOPPED)
         self._client.disconnect()
         self._client.loop_stop()
         self.connected.clear()
@@ -194,6 +204,25 @@ class MqttSession:
 
     # -- paho callbacks (network thread)
 
+    def _note(self, event: LinkEvent, detail: str = "") -> None:
+        """Fold a connection event into ``link`` and log what changed (never the password)."""
+        with self._link_lock:
+            self.link, note = advance(self.link, event, at=time.time(), detail=detail)
+        if note is not None:
+            settings = self.settings
+            log.log(
+                note.level,
+                "mqtt %s -> %s:%s: %s",
+                settings.client_id,
+                settings.host,
+                settings.port,
+                note.message,
+            )
+
+    def _handle_connect_fail(self, client: paho.Client, userdata: object) -> None:
+        if not self._stopping:
+            self._note(LinkEvent.UNREACHABLE)
+
     def _handle_connect(
         self,
         client: paho.Client,
@@ -203,13 +232,9 @@ class MqttSession:
         properties: Properties | None,
     ) -> None:
         if reason_code.is_failure:
-            log.error(
-                "broker %s:%s refused the connection: %s",
-                self.settings.host,
-                self.settings.port,
-                reason_code,
-            )
+            self._note(LinkEvent.REFUSED, str(reason_code))
             return
+        self._note(LinkEvent.CONNECTED)
         self.connected.set()
         self._on_connect(bool(flags.session_present))
 
@@ -222,6 +247,8 @@ class MqttSession:
         properties: Properties | None,
     ) -> None:
         self.connected.clear()
+        if not self._stopping:
+            self._note(LinkEvent.DROPPED, str(reason_code))
         self._on_disconnect(str(reason_code))
         if self._will_factory is not None:
             self._set_will()  # before paho's loop reconnects
