@@ -43,6 +43,9 @@ from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResu
 
 log = logging.getLogger(__name__)
 
+# How often the publisher trims the store's prediction and label index.
+PRUNE_EVERY_S = 60.0
+
 
 @dataclass(frozen=True)
 class ImageFile:
@@ -467,6 +470,7 @@ class EdgeAgent:
 
     def _publish_loop(self) -> None:
         last_metrics = time.monotonic()
+        last_prune = 0.0
         while not self._stop.wait(self.settings.flush_interval_s):
             try:
                 config = self.config
@@ -484,6 +488,9 @@ class EdgeAgent:
                 if time.monotonic() - last_metrics >= interval:
                     last_metrics = time.monotonic()
                     self._emit_metrics()
+                if time.monotonic() - last_prune >= PRUNE_EVERY_S:
+                    last_prune = time.monotonic()
+                    self._prune_index()
             except Exception:  # the publisher must outlive any single failure
                 log.exception("publisher iteration failed")
 
@@ -492,6 +499,11 @@ class EdgeAgent:
 
     def _on_published(self, result: PublishResult) -> None:
         self.outbox.on_published(result)
+
+    def _prune_index(self) -> None:
+        """The store's prediction and label index keeps ``keep_days`` (at least a day)."""
+        keep_s = max(self.settings.keep_days, 1.0) * 86400.0
+        self.counters["store.pruned"] += self.store.prune(time.time() - keep_s)
 
     def _emit_metrics(self) -> None:
         backlog = self.store.backlog()

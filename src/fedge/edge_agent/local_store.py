@@ -43,6 +43,8 @@ CREATE TABLE IF NOT EXISTS predictions (
     prediction_id TEXT PRIMARY KEY, at REAL NOT NULL, model TEXT NOT NULL,
     decision TEXT NOT NULL, source TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS predictions_source ON predictions (source);
+CREATE INDEX IF NOT EXISTS predictions_at ON predictions (at);
+CREATE INDEX IF NOT EXISTS labels_at ON labels (at);
 """
 
 # Added after the first release: which inbox arrival a prediction scored (see
@@ -297,6 +299,25 @@ class LocalStore:
     def acknowledge(self, entry_id: int) -> None:
         with self._lock:
             self._conn.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
+
+    def prune(self, before: float, limit: int = 5000) -> int:
+        """Forget the predictions and labels recorded before ``before``; return how many.
+
+        They are the station's own index (which predictions exist to be labelled, which
+        inbox files were scored) and would grow with every image forever (issue 9,
+        defect 8). What is still to be sent lives in ``pending`` and ``outbox``, which
+        this never touches. At most ``limit`` rows of each per call: one short
+        transaction, so scoring never waits long.
+        """
+        removed = 0
+        with self._transaction() as conn:
+            for table in ("predictions", "labels"):
+                removed += conn.execute(
+                    f"DELETE FROM {table} WHERE rowid IN "
+                    f"(SELECT rowid FROM {table} WHERE at < ? LIMIT ?)",
+                    (before, limit),
+                ).rowcount
+        return removed
 
     def backlog(self) -> dict[str, int]:
         with self._lock:
