@@ -9,9 +9,10 @@ STAMP := $(VENV)/.setup-done
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@command -v mosquitto >/dev/null 2>&1 || { \
-	  echo "installing mosquitto (Debian package)"; \
-	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q mosquitto mosquitto-clients; }
+	@{ command -v mosquitto && command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
+	  echo "installing mosquitto, chromium and chromium-driver (Debian packages)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+	    mosquitto mosquitto-clients chromium chromium-driver; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: 2.13.0 is a CPU build on this disk; a bare `torch` would pull CUDA.

@@ -31,6 +31,8 @@ HELP = [
     ["deploy", "--help"],
     ["sim", "--help"],
     ["demo", "--help"],
+    ["console", "--help"],
+    ["console", "token", "--help"],
 ]
 
 

@@ -40,6 +40,7 @@ DEFAULT_HOME = Path("fedge-home")
 # What `pip install 'fedge[agent]'` leaves out: the commands that need these import them
 # in their bodies, so on a station they fail with one line instead of a traceback.
 TRAINING_MODULES = frozenset({"torch", "flwr", "onnx", "ray", "sklearn", "matplotlib"})
+CONSOLE_MODULES = frozenset({"starlette", "jinja2", "uvicorn", "multipart"})
 
 
 def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
@@ -56,11 +57,15 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
             raise typer.Exit(1) from None
         except ModuleNotFoundError as exc:
             missing = (exc.name or "").partition(".")[0]
-            if missing not in TRAINING_MODULES:
+            if missing in CONSOLE_MODULES:
+                extra = "the console with: pip install 'fedge\\[console]'"
+            elif missing in TRAINING_MODULES:
+                extra = "the training side with: pip install 'fedge\\[train]'"
+            else:
                 raise
             err_console.print(
                 f"[red]error:[/red] this command needs {missing}, which this install lacks; "
-                "install the training side with: pip install 'fedge\\[train]'",
+                f"install {extra}",
                 highlight=False,
             )
             raise typer.Exit(1) from None

@@ -9,6 +9,7 @@ from fedge.cli import (
     agent,
     aggregator,
     bench,
+    console,
     deploy,
     edge,
     labels,
@@ -32,6 +33,7 @@ app.add_typer(labels.app, name="labels")
 app.add_typer(predictions.app, name="predictions")
 app.add_typer(bench.app, name="bench")
 app.add_typer(aggregator.app, name="aggregator")
+app.add_typer(console.app, name="console")
 app.command("deploy")(deploy.deploy)
 app.command("sim")(sim.sim)
 app.command("quickstart")(quickstart.quickstart)

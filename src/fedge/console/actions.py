@@ -1,0 +1,93 @@
+"""What operators change from the console, through the same library calls as the CLI.
+
+A threshold is ``Fleet.set_threshold`` (a new signed config version, as ``fedge edge
+set-threshold``); a label is ``Fleet.add_label`` (stored, then sent down to the station,
+as ``fedge labels add``). Form fields are parsed here into typed values first: a field
+that is malformed or not one the form can send raises :class:`BadInput`, and the
+library's own checks (range, unknown edge or class) raise ManagerError. Either way
+nothing is written.
+"""
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from fedge.console.errors import BadInput
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.labels import Applied
+
+THRESHOLD_FIELDS = frozenset({"csrf", "threshold", "class_name", "back"})
+LABEL_FIELDS = frozenset({"csrf", "prediction_id", "label"})
+BACK_TO = frozenset({"fleet", "edge"})  # where a threshold form returns to
+
+
+@dataclass(frozen=True)
+class ThresholdChange:
+    edge: str
+    threshold: float
+    class_name: str | None
+    back: str
+
+
+@dataclass(frozen=True)
+class LabelChange:
+    prediction_id: str
+    label: str
+
+
+def _only(form: Mapping[str, str], allowed: frozenset[str]) -> None:
+    extra = sorted(set(form) - allowed)
+    if extra:
+        raise BadInput(f"the form sent fields it does not have ({', '.join(extra)}); reload it")
+
+
+def parse_threshold(edge: str, form: Mapping[str, str]) -> ThresholdChange:
+    _only(form, THRESHOLD_FIELDS)
+    raw = form.get("threshold", "").strip()
+    try:
+        value = float(raw)
+    except ValueError:
+        raise BadInput(f"threshold must be a number in [0, 1], not {raw!r}") from None
+    if not math.isfinite(value):
+        raise BadInput(f"threshold must be a number in [0, 1], not {raw!r}")
+    class_name = form.get("class_name", "").strip() or None
+    back = form.get("back", "fleet")
+    if back not in BACK_TO:
+        raise BadInput(f"the form's return page {back!r} is not one it can send; reload it")
+    return ThresholdChange(edge, value, class_name, back)
+
+
+def parse_label(form: Mapping[str, str]) -> LabelChange:
+    _only(form, LABEL_FIELDS)
+    prediction_id = form.get("prediction_id", "").strip()
+    label = form.get("label", "").strip()
+    if not prediction_id or not label:
+        raise BadInput("choose a prediction and a label")
+    return LabelChange(prediction_id, label)
+
+
+def set_threshold(fleet: Fleet, change: ThresholdChange) -> str:
+    """Push the threshold; returns what was done, for the page and the audit log."""
+    pushed = fleet.set_threshold([change.edge], change.threshold, change.class_name)
+    scope = f" for {change.class_name}" if change.class_name else ""
+    return ", ".join(
+        f"{p.edge}: desired config v{p.version} (threshold {change.threshold:g}{scope})"
+        for p in pushed
+    )
+
+
+def add_label(fleet: Fleet, change: LabelChange, who: str) -> str:
+    """Label (or relabel) a prediction; returns what changed, as ``fedge labels add`` says."""
+    label_id, outcome = fleet.add_label(change.prediction_id, change.label, who)
+    previous = outcome.previous
+    if outcome.applied is Applied.UNCHANGED and previous is not None:
+        return (
+            f"{change.prediction_id} is already labelled {change.label} "
+            f"(by {previous.who}); nothing was changed"
+        )
+    if outcome.applied is Applied.RELABELLED and previous is not None:
+        return (
+            f"{change.prediction_id} relabelled {previous.label} -> {change.label} "
+            f"({label_id}; was labelled by {previous.who})"
+        )
+    return f"{change.prediction_id} labelled {change.label} ({label_id})"

@@ -1,0 +1,314 @@
+"""The console's web application: routes, access checks and live updates (Starlette).
+
+Every store access opens its own connection (``opened``) in a worker thread: SQLite
+connections belong to the thread that made them, and a short-lived connection always
+reads the latest commit of ``fedge manager serve``. Routes hold no SQL: pages come from
+``views``, changes from ``actions``, access from ``accounts`` and ``sessions``.
+"""
+
+import asyncio
+import json
+import secrets
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.templating import Jinja2Templates
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from fedge.console import accounts, actions, audit, views
+from fedge.console.accounts import Account, Role
+from fedge.console.audit import Outcome
+from fedge.console.errors import BadInput
+from fedge.console.sessions import COOKIE, Session, Sessions, csrf_ok
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.fleet import Fleet, opened
+from fedge.edge_manager.home import ManagerHome
+
+HERE = Path(__file__).parent
+LOGIN_CSRF_COOKIE = "fedge_console_login"
+T = TypeVar("T")
+
+# Pages load nothing from elsewhere (plants are offline) and run no inline script.
+SECURITY_HEADERS = [
+    (
+        b"content-security-policy",
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
+    ),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"same-origin"),
+    (b"cache-control", b"no-store"),
+]
+
+
+class SecurityHeaders:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+class Console:
+    def __init__(self, home: ManagerHome, poll_s: float = 0.5) -> None:
+        self.home = home
+        self.poll_s = poll_s
+        self.sessions = Sessions()
+        env = Environment(
+            loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
+        )
+        env.filters["when"] = views.when
+        self.templates = Jinja2Templates(env=env)
+
+    # -- store access, always in a worker thread
+
+    def _run(self, work: Callable[[Fleet], T]) -> T:
+        with opened(self.home) as fleet:
+            return work(fleet)
+
+    async def run(self, work: Callable[[Fleet], T]) -> T:
+        return await run_in_threadpool(self._run, work)
+
+    async def _audit(self, *args: Any) -> None:
+        await self.run(lambda fleet: audit.record(fleet.store, audit.entry(*args)))
+
+    # -- who is asking
+
+    async def user(self, request: Request) -> tuple[Session, Account] | None:
+        session = self.sessions.get(request.cookies.get(COOKIE))
+        if session is None:
+            return None
+        account = await self.run(lambda fleet: accounts.account(fleet.store, session.name))
+        if account is None:  # the token was removed: its sessions end now
+            self.sessions.end(session.session_id)
+            return None
+        return session, account
+
+    def render(
+        self,
+        request: Request,
+        page: str,
+        who: tuple[Session, Account] | None,
+        status: int = 200,
+        **context: Any,
+    ) -> Response:
+        if who is not None:
+            session, account = who
+            context.update(user=account, csrf=session.csrf, flash=session.flash[:])
+            session.flash.clear()
+        return self.templates.TemplateResponse(request, page, context, status_code=status)
+
+    def refuse(self, request: Request, who: Any, message: str, status: int = 403) -> Response:
+        return self.render(request, "message.html", who, status, title="Refused", error=message)
+
+    # -- login
+
+    async def login_page(self, request: Request) -> Response:
+        token = secrets.token_urlsafe(32)
+        response = self.render(request, "login.html", None, login_csrf=token)
+        response.set_cookie(LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict")
+        return response
+
+    async def login(self, request: Request) -> Response:
+        form = await request.form()
+        submitted, cookie = form.get("csrf"), request.cookies.get(LOGIN_CSRF_COOKIE)
+        fresh = isinstance(submitted, str) and cookie and secrets.compare_digest(submitted, cookie)
+        if not fresh:
+            return self.refuse(request, None, "the login form is stale or forged; reload it")
+        token = form.get("token")
+        account = None
+        if isinstance(token, str):
+            account = await self.run(lambda fleet: accounts.authenticate(fleet.store, token))
+        if account is None:
+            await self._audit("-", "-", "login", "", "unknown token", Outcome.REFUSED)
+            error = "unknown token; ask an admin for one (`fedge console token add`)"
+            return self.render(request, "login.html", None, 403, login_csrf=cookie, error=error)
+        await self._audit(account.name, account.role.value, "login", "", "", Outcome.DONE)
+        session = self.sessions.create(account.name)
+        response = RedirectResponse("/", status_code=303)
+        response.set_cookie(COOKIE, session.session_id, httponly=True, samesite="strict")
+        response.delete_cookie(LOGIN_CSRF_COOKIE)
+        return response
+
+    async def logout(self, request: Request) -> Response:
+        who = await self.user(request)
+        form = await request.form()
+        if who is None or not csrf_ok(who[0], form.get("csrf")):
+            return self.refuse(request, who, "no session or a missing CSRF token")
+        self.sessions.end(who[0].session_id)
+        response = RedirectResponse("/login", status_code=303)
+        response.delete_cookie(COOKIE)
+        return response
+
+    # -- pages
+
+    async def page(self, request: Request, name: str, status: int = 200, **extra: Any) -> Response:
+        """Page ``name`` ('fleet', 'labels', 'audit' or 'edge:<id>') for the user, or login."""
+        who = await self.user(request)
+        if who is None:
+            return RedirectResponse("/login", status_code=303)
+        kind, _, edge = name.partition(":")
+        if kind == "audit" and who[1].role is not Role.ADMIN:
+            return self.refuse(request, who, "only an admin can read the audit log")
+        try:
+            context = await self.run(lambda fleet: _page_context(fleet, kind, edge))
+        except ManagerError as exc:  # an edge that is not enrolled
+            return self.render(request, "message.html", who, 404, title="Not found", error=str(exc))
+        return self.render(request, f"{kind}.html", who, status, **context, **extra)
+
+    async def fleet_page(self, request: Request) -> Response:
+        return await self.page(request, "fleet")
+
+    async def edge_page(self, request: Request) -> Response:
+        return await self.page(request, f"edge:{request.path_params['edge']}")
+
+    async def labels_page(self, request: Request) -> Response:
+        return await self.page(request, "labels")
+
+    async def audit_page(self, request: Request) -> Response:
+        return await self.page(request, "audit")
+
+    # -- actions: session, CSRF, role, then the library call; every attempt is audited
+
+    async def act(
+        self,
+        request: Request,
+        action: str,
+        target: str,
+        do: Callable[[Fleet, Account, dict[str, str]], str],
+        error_page: Callable[[dict[str, str]], str],
+        done_url: Callable[[dict[str, str]], str],
+    ) -> Response:
+        who = await self.user(request)
+        if who is None:
+            await self._audit("-", "-", action, target, "no session", Outcome.REFUSED)
+            return self.refuse(request, None, "log in first: this action needs a session")
+        session, account = who
+        raw = await request.form()
+        form = {key: value for key, value in raw.items() if isinstance(value, str)}
+        if not csrf_ok(session, form.get("csrf")):
+            await self._audit(account.name, account.role, action, target, "CSRF", Outcome.REFUSED)
+            return self.refuse(request, who, "missing or wrong CSRF token; reload the page")
+        if not account.role.can_act:
+            await self._audit(account.name, account.role, action, target, "role", Outcome.REFUSED)
+            return self.refuse(request, who, f"{account.name} is a viewer: viewers cannot act")
+        if len(form) != len(raw):
+            await self._audit(account.name, account.role, action, target, "file", Outcome.INVALID)
+            return self.refuse(request, who, "the form sent a file it does not have", 400)
+
+        def attempt(fleet: Fleet) -> tuple[str, Outcome]:
+            try:
+                done, outcome = do(fleet, account, form), Outcome.DONE
+            except (BadInput, ManagerError) as exc:
+                done, outcome = str(exc), Outcome.INVALID
+            entry = audit.entry(account.name, account.role, action, target, done, outcome)
+            audit.record(fleet.store, entry)
+            return done, outcome
+
+        message, outcome = await self.run(attempt)
+        if outcome is Outcome.INVALID:
+            return await self.page(request, error_page(form), 400, error=message)
+        session.flash.append(message)
+        return RedirectResponse(done_url(form), status_code=303)
+
+    async def threshold(self, request: Request) -> Response:
+        edge = str(request.path_params["edge"])
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return actions.set_threshold(fleet, actions.parse_threshold(edge, form))
+
+        def back(form: dict[str, str]) -> str:
+            # An unknown edge's page is a 404 that names it: the same message the action had.
+            return f"edge:{edge}" if form.get("back") == "edge" else "fleet"
+
+        def done(form: dict[str, str]) -> str:
+            return f"/edges/{edge}" if form.get("back") == "edge" else "/"
+
+        return await self.act(request, "set-threshold", edge, do, back, done)
+
+    async def label(self, request: Request) -> Response:
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return actions.add_label(fleet, actions.parse_label(form), account.name)
+
+        form = await request.form()
+        target = str(form.get("prediction_id", ""))[:128]
+        return await self.act(request, "label", target, do, lambda _: "labels", lambda _: "/labels")
+
+    # -- live updates
+
+    async def events(self, request: Request) -> Response:
+        who = await self.user(request)
+        if who is None:
+            return Response("log in first", status_code=403)
+        session_id, name = who[0].session_id, who[1].name
+
+        def snapshot(fleet: Fleet) -> str | None:
+            if accounts.account(fleet.store, name) is None:
+                return None  # the token was removed: the stream ends with the session
+            rows = views.fleet_rows(fleet)
+            return json.dumps({row.edge: row.cells for row in rows}, sort_keys=True)
+
+        async def stream() -> AsyncIterator[str]:
+            last = None
+            # Polling the store is what makes a change made anywhere (CLI, another
+            # console, an edge's report ingested by serve) show up within poll_s.
+            while self.sessions.get(session_id) is not None:
+                payload = await self.run(snapshot)
+                if payload is None:
+                    self.sessions.end(session_id)
+                    return
+                if payload != last:
+                    yield f"data: {payload}\n\n"
+                    last = payload
+                await asyncio.sleep(self.poll_s)
+
+        return StreamingResponse(
+            stream(), media_type="text/event-stream", headers={"x-accel-buffering": "no"}
+        )
+
+
+def _page_context(fleet: Fleet, kind: str, edge: str) -> dict[str, Any]:
+    if kind == "fleet":
+        return {"rows": views.fleet_rows(fleet)}
+    if kind == "edge":
+        return {"detail": views.edge_detail(fleet, edge)}
+    if kind == "labels":
+        return {"queue": views.label_queue(fleet)}
+    return {"entries": audit.recent(fleet.store)}
+
+
+def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
+    """The console over ``home``'s store; its own tables are created here if missing."""
+    with opened(home) as fleet:
+        accounts.ensure_tables(fleet.store)
+    console = Console(home, poll_s)
+    routes = [
+        Route("/", console.fleet_page),
+        Route("/login", console.login_page, methods=["GET"]),
+        Route("/login", console.login, methods=["POST"]),
+        Route("/logout", console.logout, methods=["POST"]),
+        Route("/edges/{edge}", console.edge_page),
+        Route("/edges/{edge}/threshold", console.threshold, methods=["POST"]),
+        Route("/labels", console.labels_page, methods=["GET"]),
+        Route("/labels", console.label, methods=["POST"]),
+        Route("/audit", console.audit_page),
+        Route("/events", console.events),
+        Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
+    ]
+    app = Starlette(routes=routes)
+    app.add_middleware(SecurityHeaders)
+    app.state.console = console
+    return app

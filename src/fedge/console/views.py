@@ -1,0 +1,122 @@
+"""What the pages show, read through the Fleet library; formatted once for HTML and SSE.
+
+A fleet row is turned into display cells here, and both the template and the live
+update stream send those same cells, so a value on an open page never differs from the
+same value after a reload.
+"""
+
+import datetime
+from dataclasses import dataclass
+from typing import Any
+
+from fedge.console.queries import ConfigVersion, config_at, config_history
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.predictions import PredictionFilter, PredictionView, list_predictions
+from fedge.protocols.config import EdgeConfig
+
+QUEUE_LIMIT = 50
+RECENT_PREDICTIONS = 20
+
+
+def when(ts: float | None) -> str:
+    """Local date and time to the second, or '-' (the CLI's format)."""
+    if ts is None:
+        return "-"
+    return datetime.datetime.fromtimestamp(float(ts)).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def thresholds(config: EdgeConfig | None) -> str:
+    if config is None:
+        return "?"
+    per_class = ", ".join(f"{k} {v:g}" for k, v in sorted(config.class_thresholds.items()))
+    return f"{config.default_threshold:g}" + (f" ({per_class})" if per_class else "")
+
+
+@dataclass(frozen=True)
+class FleetRow:
+    edge: str
+    state: str
+    in_sync: bool
+    cells: dict[str, str]  # field -> text, the same on the page and in live updates
+
+
+@dataclass(frozen=True)
+class EdgeDetail:
+    row: FleetRow
+    view: dict[str, Any]  # Fleet.show's view
+    desired: EdgeConfig | None
+    history: list[ConfigVersion]
+    predictions: list[PredictionView]
+
+
+@dataclass(frozen=True)
+class QueueItem:
+    prediction: PredictionView
+    classes: tuple[str, ...]  # what it can be labelled: its model's classes
+
+
+def fleet_row(fleet: Fleet, view: dict[str, Any]) -> FleetRow:
+    edge = str(view["edge"])
+    applied = int(view["config_applied"])
+    desired = int(view["desired_config_version"])
+    in_force = config_at(fleet, edge, applied)
+    predictions = int(view["predictions"])
+    rejects = int(view["rejects"] or 0)
+    gaps = view["gaps"]
+    missing = sum(int(g["to_seq"]) - int(g["from_seq"]) + 1 for g in gaps)
+    cells = {
+        "state": str(view["state"]),
+        "serving": str(view["serving"] or "-"),
+        "config": f"v{desired} / v{applied}",
+        "sync": "in sync" if view["in_sync"] else "converging",
+        "threshold": thresholds(in_force),
+        "last_seen": when(view["last_seen"]),
+        "predictions": str(predictions),
+        "reject_rate": percent(rejects / predictions if predictions else None),
+        "agreement": percent(view["label_agreement"]),
+        "gaps": f"{len(gaps)} ({missing} batches)" if gaps else "none",
+    }
+    return FleetRow(edge, str(view["state"]), bool(view["in_sync"]), cells)
+
+
+def fleet_rows(fleet: Fleet) -> list[FleetRow]:
+    return [fleet_row(fleet, fleet.show(str(row["edge"]))) for row in fleet.list()]
+
+
+def edge_detail(fleet: Fleet, edge: str) -> EdgeDetail:
+    """Raises UnknownEdgeError (a ManagerError) for an edge that is not enrolled."""
+    view = fleet.show(edge)
+    recent = list_predictions(fleet.store, PredictionFilter(edge=edge, limit=RECENT_PREDICTIONS))
+    return EdgeDetail(
+        fleet_row(fleet, view),
+        view,
+        fleet.desired_config(edge),
+        config_history(fleet, edge),
+        recent,
+    )
+
+
+def model_classes(fleet: Fleet, model_ref: str) -> tuple[str, ...]:
+    name, _, version = model_ref.rpartition(":")
+    if not version.isdigit():
+        return ()
+    try:
+        return tuple(fleet.registry.get(name, int(version)).manifest.classes)
+    except ManagerError:
+        return ()  # a model this registry never held: no choices offered, none accepted
+
+
+def label_queue(fleet: Fleet, limit: int = QUEUE_LIMIT) -> list[QueueItem]:
+    unlabelled = list_predictions(fleet.store, PredictionFilter(unlabelled=True, limit=limit))
+    classes: dict[str, tuple[str, ...]] = {}
+    items = []
+    for prediction in unlabelled:
+        if prediction.model not in classes:
+            classes[prediction.model] = model_classes(fleet, prediction.model)
+        items.append(QueueItem(prediction, classes[prediction.model]))
+    return items
