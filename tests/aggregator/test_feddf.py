@@ -19,8 +19,8 @@ from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import StrategyConfigError, build_strategy
 from fedge.aggregator.feddf import DistillingTieredFedAvg
 from fedge.aggregator.grids import NODE_ID_BASE
+from fedge.aggregator.replies import arrays_of
 from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.streaming import arrays_of
 from fedge.models import digits
 from fedge.sim import runner
 from fedge.sim.data import make_partitions

@@ -36,10 +36,11 @@ from fedge.aggregator.factory import build_strategy
 from fedge.aggregator.job_dir import FINAL_MODEL, HALT_REQUEST, RUNS_DB, JobError
 from fedge.aggregator.job_spec import ManifestError
 from fedge.aggregator.jobs import halt_job, job_status
+from fedge.aggregator.latency import LatencyProfile
+from fedge.aggregator.replies import to_array_record
 from fedge.aggregator.run_store import RunState, RunStore
-from fedge.aggregator.streaming import StreamingFedAvg, _Late, to_array_record
+from fedge.aggregator.streaming import StreamingFedAvg, _Late
 from fedge.aggregator.tiered import TieredFedAvg
-from fedge.aggregator.tiers import LatencyProfile
 from fedge.sim.jobs import resume_job, run_job
 
 ROUNDS = 12

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
+from fedge.aggregator.latency import LatencyProfile
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import RunState, RunStore
-from fedge.aggregator.tiers import LatencyProfile, Tiers
+from fedge.aggregator.tiers import Tiers
 
 
 @pytest.fixture

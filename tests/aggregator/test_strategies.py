@@ -7,10 +7,12 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedge.aggregator import latency
 from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.deadline import DeadlineConfig
 from fedge.aggregator.grids import NODE_ID_BASE
 from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.streaming import DeadlineConfig, StreamingFedAvg
+from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.sim.grid import InProcessGrid
 
@@ -86,10 +88,8 @@ def test_round_ends_at_the_deadline_and_the_straggler_is_recorded_late() -> None
     records: list[RoundRecord] = []
     strategy.observers.append(records.append)
     # Seed the latency profile so the first round already has a deadline (3 x 0.05 s).
-    from fedge.aggregator import tiers
-
     for node in grid.get_node_ids():
-        strategy.profiles[node] = tiers.observe(None, 0.05)
+        strategy.profiles[node] = latency.observe(None, 0.05)
     try:
         started = time.monotonic()
         strategy.start(grid, _initial(), num_rounds=1, train_config=ConfigRecord())

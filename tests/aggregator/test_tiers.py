@@ -8,8 +8,8 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
+from fedge.aggregator.latency import LatencyProfile, mean_latencies, observe, observe_timeout
 from fedge.aggregator.tiers import (
-    LatencyProfile,
     Tiers,
     TierSelectionState,
     adaptive_probabilities,
@@ -19,9 +19,6 @@ from fedge.aggregator.tiers import (
     form_tiers,
     initial_state,
     maybe_update_probabilities,
-    mean_latencies,
-    observe,
-    observe_timeout,
     record_tier_accuracy,
 )
 

@@ -35,11 +35,12 @@ def test_manager_labels_join_the_station_training_set_once(tmp_path: Path) -> No
         agent.handle_labels(envelope)
         labelled = agent.station.labelled()
         assert [(i.prediction_id, i.label) for i in labelled] == [("p-1", "clean")]
-        assert agent.counters["labels.from_manager"] == 2
+        # One label per prediction (issue 15): the document holds the current one only.
+        assert agent.counters["labels.from_manager"] == 1
         assert agent.store.backlog()["pending_records"] == 0  # not sent back up
         agent.handle_labels(envelope)  # the retained copy again, e.g. on reconnect
         assert agent.counters["labels.stale"] == 1
-        assert agent.counters["labels.from_manager"] == 2
+        assert agent.counters["labels.from_manager"] == 1
 
         # Forged (another key) or for another edge: counted, nothing changes.
         document = codec.decode(json.loads(envelope)["payload"].encode(), StationLabels)
@@ -103,3 +104,27 @@ def test_telemetry_says_what_the_station_could_train_on(tmp_path: Path) -> None:
     assert metrics["station.images"] == 2.0
     assert metrics["station.labelled"] == 1.0
     assert metrics["training.running"] == 0.0
+
+
+def test_a_relabel_at_the_manager_replaces_the_label_on_the_station(tmp_path: Path) -> None:
+    fh = make_fleet_home(tmp_path, edges=("st-01",))
+    envelopes = []
+    with fh.fleet() as fleet:
+        fleet.store.conn.execute(
+            "INSERT INTO predictions VALUES ('p-1', 'st-01', 0, ?, 'inspect:1', '{}', "
+            "'accept', 0.5, 1, 1.0, 'api')",
+            (time.time(),),
+        )
+        for label in ("scratch", "clean"):
+            fleet.add_label("p-1", label, "alice")
+            (row,) = [r for r in fleet.unpublished(skip=set()) if r["kind"] == LABELS]
+            envelopes.append(row["envelope"].encode())
+    agent = EdgeAgent(fh.agent_settings("st-01"))
+    try:
+        agent.station.keep("p-1", b"png bytes", ".png")
+        for envelope in envelopes:  # the station saw the first label, then the relabel
+            agent.handle_labels(envelope)
+        assert [(i.prediction_id, i.label) for i in agent.station.labelled()] == [("p-1", "clean")]
+    finally:
+        agent.store.close()
+        agent.station.close()

@@ -66,7 +66,9 @@ def _batch(
     elif stream is Stream.TELEMETRY:
         records = tuple(MetricRecord(f"m{i}", float(i), 1.0) for i in range(n))
     else:
-        records = tuple(LabelRecord(f"l-{seq}-{i}", "p-1", "scratch", "op", 1.0) for i in range(n))
+        records = tuple(
+            LabelRecord(f"l-{seq}-{i}", f"p-{seq}-{i}", "scratch", "op", 1.0) for i in range(n)
+        )
     return RecordBatch(edge, stream, session, seq, records)
 
 

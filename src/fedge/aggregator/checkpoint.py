@@ -48,7 +48,8 @@ import numpy.typing as npt
 from flwr.app import ArrayRecord
 
 from fedge.aggregator.job_dir import halt_requested
-from fedge.aggregator.streaming import StreamingFedAvg, arrays_of, to_array_record
+from fedge.aggregator.replies import arrays_of, to_array_record
+from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.errors import FedgeError
 
 log = logging.getLogger(__name__)

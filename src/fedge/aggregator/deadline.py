@@ -19,6 +19,27 @@ import numpy as np
 
 
 @dataclass(frozen=True)
+class DeadlineConfig:
+    """Deadline mode, usable with any selection (all off by default = plain FedAvg)."""
+
+    over_selection: float = 0.0  # select ceil(k * (1 + over_selection)) parties
+    quorum_fraction: float = 1.0  # the round may end once this share of k replied
+    deadline_factor: float | None = None  # deadline = expected latency * factor
+    late_policy: str = "drop"  # "drop" or "stale" (fold later with a staleness weight)
+    staleness_exponent: float = 0.5
+
+    def __post_init__(self) -> None:
+        if self.over_selection < 0:
+            raise ValueError(f"over_selection must be >= 0, got {self.over_selection}")
+        if not 0 < self.quorum_fraction <= 1:
+            raise ValueError(f"quorum_fraction must be in (0, 1], got {self.quorum_fraction}")
+        if self.deadline_factor is not None and self.deadline_factor <= 0:
+            raise ValueError(f"deadline_factor must be > 0, got {self.deadline_factor}")
+        if self.late_policy not in ("drop", "stale"):
+            raise ValueError(f"late_policy must be 'drop' or 'stale', got {self.late_policy!r}")
+
+
+@dataclass(frozen=True)
 class RoundPlan:
     """Who is asked, how many replies end the round early, and when it ends at the latest."""
 

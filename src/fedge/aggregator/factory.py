@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.streaming import DeadlineConfig, StreamingFedAvg
+from fedge.aggregator.deadline import DeadlineConfig
+from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.errors import FedgeError
 

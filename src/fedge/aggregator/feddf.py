@@ -34,7 +34,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
 from fedge.aggregator import deadline as deadlines
 from fedge.aggregator import ensemble
 from fedge.aggregator.fold import StreamingMean
-from fedge.aggregator.streaming import arrays_of, serialise, to_array_record
+from fedge.aggregator.replies import arrays_of, serialise, to_array_record
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.models import digits
 
@@ -203,7 +203,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
                 raise ValueError(f"checkpoint's {arch} model: {exc}") from None
         self.models = models
 
-    def _is_echo(self, record: ArrayRecord) -> bool:
+    def _echoes(self) -> Sequence[ArrayRecord]:
         # A late in-process reply may echo a model sent in an earlier round: any global
         # model counts, not only this round's.
-        return super()._is_echo(record) or any(record is m for m in self.models.values())
+        return (*super()._echoes(), *self.models.values())

@@ -49,7 +49,12 @@ from typing import Literal
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import KINDS, StrategyConfigError, build_strategy
-from fedge.aggregator.job_spec import CheckpointSpec, JobSpec, ManifestError
+from fedge.aggregator.job_spec import (
+    CheckpointSpec,
+    JobSpec,
+    ManifestError,
+    check_tier_credits,
+)
 from fedge.toml_table import TomlTable
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -219,6 +224,7 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         text=text,
     )
     validate_strategy(manifest, parties=len(edges) if edges != "all" else 2)
+    check_tier_credits(job.rounds, kind, params, parties=len(edges) if edges != "all" else None)
     return manifest
 
 

@@ -62,9 +62,9 @@ from fedge.aggregator.job_dir import (
     job_lock,
 )
 from fedge.aggregator.jobs import the_run
+from fedge.aggregator.replies import arrays_of, to_array_record
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import PartyEvaluation, RunState, RunStore
-from fedge.aggregator.streaming import arrays_of, to_array_record
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.protocols.model_spec import MODEL_SPEC_KEY
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import sqlite_utils
 
+from fedge.aggregator.latency import LatencyProfile
 from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.tiers import LatencyProfile, Tiers
+from fedge.aggregator.tiers import Tiers
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (

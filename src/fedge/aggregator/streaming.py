@@ -1,10 +1,10 @@
-"""The round loop every fedge strategy shares: push, pull until quorum or deadline, fold.
+"""The round every fedge strategy shares: FedAvg with streaming folds, deadlines and quorum.
 
 Flower's ``Strategy.start`` sends a round's messages and waits for every reply before
 aggregating (``grid.send_and_receive``): one straggler decides the round's length and all
-replies sit in memory at once. This loop keeps Flower's contract -- ``configure_train``
-builds the messages, replies are Flower ``Message``s, an error reply is a failure -- and
-changes the waiting:
+replies sit in memory at once. :meth:`StreamingFedAvg.start` keeps Flower's contract --
+``configure_train`` builds the messages, replies are Flower ``Message``s, an error reply is
+a failure -- and changes the waiting (the collect loops, :mod:`fedge.aggregator.collect`):
 
 - replies are pulled as they arrive and folded into a running weighted mean (memory: one
   model, not one per party);
@@ -18,58 +18,44 @@ In simulation the clock is virtual: replies come back at once and carry the time
 work would have taken (``virtual-time-s``), so they are settled in virtual arrival order
 (deterministic for a seed). Any Flower ClientApp works: without a virtual time, the wall
 time from push to pull is the party's latency.
+
+Flower's own ``Strategy.start`` works too: ``configure_train`` remembers its plan and
+:meth:`StreamingFedAvg.aggregate_train` settles the round Flower collected exactly as the
+virtual-clock loop does -- same decoding, same fold order, same failed and late replies,
+same latency profiles and tier updates -- so both loops give the same models for a seed.
+What Flower's loop cannot do is end a round early: it waits for every reply.
 """
 
 import dataclasses
-import math
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
 import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
 
 from fedge.aggregator import deadline as deadlines
-from fedge.aggregator import tiers
-from fedge.aggregator.clock import VIRTUAL_TIME_KEY, ClockMode
+from fedge.aggregator import latency
+from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.collect import ReplyStream, collect_all
+from fedge.aggregator.deadline import DeadlineConfig
 from fedge.aggregator.fold import StreamingMean
+from fedge.aggregator.replies import (
+    Collected,
+    check_reply,
+    decode_arrays,
+    fold_reply,
+    reply_weight,
+    serialise,
+    sort_replies,
+    weighted_metrics,
+)
 from fedge.aggregator.rounds import RoundObserver, RoundRecord
-
-NUM_EXAMPLES = "num-examples"
-
-
-@dataclass(frozen=True)
-class DeadlineConfig:
-    """Deadline mode, usable with any selection (all off by default = plain FedAvg)."""
-
-    over_selection: float = 0.0  # select ceil(k * (1 + over_selection)) parties
-    quorum_fraction: float = 1.0  # the round may end once this share of k replied
-    deadline_factor: float | None = None  # deadline = expected latency * factor
-    late_policy: str = "drop"  # "drop" or "stale" (fold later with a staleness weight)
-    staleness_exponent: float = 0.5
-
-    def __post_init__(self) -> None:
-        if self.over_selection < 0:
-            raise ValueError(f"over_selection must be >= 0, got {self.over_selection}")
-        if not 0 < self.quorum_fraction <= 1:
-            raise ValueError(f"quorum_fraction must be in (0, 1], got {self.quorum_fraction}")
-        if self.deadline_factor is not None and self.deadline_factor <= 0:
-            raise ValueError(f"deadline_factor must be > 0, got {self.deadline_factor}")
-        if self.late_policy not in ("drop", "stale"):
-            raise ValueError(f"late_policy must be 'drop' or 'stale', got {self.late_policy!r}")
 
 
 @dataclass
@@ -80,14 +66,15 @@ class _Late:
     group: str = ""  # the fold it belongs to (see StreamingFedAvg.fold_group)
 
 
-def arrays_of(record: ArrayRecord) -> dict[str, np.ndarray]:
-    return {key: array.numpy() for key, array in record.items()}
+@dataclass(frozen=True)
+class _Configured:
+    """What ``configure_train`` planned, for ``aggregate_train`` to settle."""
 
-
-def to_array_record(arrays: dict[str, np.ndarray]) -> ArrayRecord:
-    return ArrayRecord(
-        array_dict={key: Array(np.ascontiguousarray(value)) for key, value in arrays.items()}
-    )
+    server_round: int
+    arrays: ArrayRecord
+    plan: deadlines.RoundPlan
+    tier: int | None
+    sent_at: float  # Unix time, as a reply's ``metadata.created_at``
 
 
 class StreamingFedAvg(FedAvg):
@@ -117,15 +104,15 @@ class StreamingFedAvg(FedAvg):
         self.deadline = deadline or DeadlineConfig()
         self.pull_interval_s = pull_interval_s
         self.rng = np.random.default_rng(seed)
-        self.profiles: dict[int, tiers.LatencyProfile] = {}
+        self.profiles: dict[int, latency.LatencyProfile] = {}
         self.elapsed_s = 0.0
         self.observers: list[RoundObserver] = []
         # Called with each round's record and its on-time replies (e.g. per-party metrics).
         self.reply_observers: list[Callable[[RoundRecord, dict[int, Message]], None]] = []
         self._late: list[_Late] = []
         self._sent: tuple[ArrayRecord, ...] = ()  # the model(s) sent this round
-        # wall mode: message id -> node, round, t0, fold group
-        self._pending: dict[str, tuple[int, int, float, str]] = {}
+        self._stream = ReplyStream()  # wall clock: replies still awaited
+        self._configured: _Configured | None = None  # what configure_train planned
 
     # -- hooks for subclasses
 
@@ -194,7 +181,7 @@ class StreamingFedAvg(FedAvg):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.elapsed_s = float(state["elapsed_s"])
-        self.profiles = {int(k): tiers.LatencyProfile(**v) for k, v in state["profiles"].items()}
+        self.profiles = {int(k): latency.LatencyProfile(**v) for k, v in state["profiles"].items()}
 
     def late_replies(self) -> list[tuple[dict[str, np.ndarray], float, int, str]]:
         """Late replies held for staleness folding: (arrays, weight, origin round, group).
@@ -211,7 +198,7 @@ class StreamingFedAvg(FedAvg):
             _Late(dict(arrays), weight, origin, group) for arrays, weight, origin, group in replies
         ]
 
-    # -- the loop
+    # -- Flower's contract: configure, then aggregate what Flower's start() collected
 
     def plan(self, server_round: int, grid: Grid) -> tuple[deadlines.RoundPlan, int | None]:
         node_ids = sorted(grid.get_node_ids())
@@ -231,8 +218,47 @@ class StreamingFedAvg(FedAvg):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        plan, _ = self.plan(server_round, grid)
-        return self._messages(server_round, arrays, config, plan)
+        plan, tier = self.plan(server_round, grid)
+        messages = self._messages(server_round, arrays, config, plan)
+        self._configured = _Configured(server_round, arrays, plan, tier, time.time())
+        return messages
+
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
+        """Settle and fold a round whose replies Flower's ``Strategy.start`` collected.
+
+        The same settlement as the virtual-clock loop (:meth:`run_round`): a party's
+        latency is its ``virtual-time-s``, else the wall time from ``configure_train`` to
+        its reply's creation; replies past the deadline are late (dropped or held for
+        staleness folding), errors and malformed replies failed, missing ones failed too.
+        Latency profiles, tier accuracies and observers are updated as in our loop.
+        """
+        configured = self._configured
+        if configured is None or configured.server_round != server_round:
+            raise ValueError(
+                f"aggregate_train(round {server_round}) without configure_train for that "
+                "round: call configure_train first, as Strategy.start does"
+            )
+        self._configured = None
+        selected = set(configured.plan.selected)
+        by_node: dict[int, Message] = {}
+        wall: dict[int, float] = {}
+        for reply in replies:
+            node = reply.metadata.src_node_id
+            if node in selected and node not in by_node:
+                by_node[node] = reply
+                wall[node] = max(0.0, reply.metadata.created_at - configured.sent_at)
+        collected = sort_replies(
+            configured.plan.selected, by_node, wall, missing="no answer within Flower's timeout"
+        )
+        arrays, record = self._settle(
+            server_round, configured.arrays, configured.plan, configured.tier, collected
+        )
+        for observer in self.observers:
+            observer(record)
+        metrics = MetricRecord(dict(record.train_metrics)) if record.train_metrics else None
+        return arrays, metrics
 
     def _messages(
         self,
@@ -258,6 +284,8 @@ class StreamingFedAvg(FedAvg):
         for key, value in self.round_config(server_round, plan).items():
             round_config[key] = value
         return round_config
+
+    # -- our loop
 
     def start(
         self,
@@ -311,47 +339,93 @@ class StreamingFedAvg(FedAvg):
     ) -> tuple[ArrayRecord, RoundRecord]:
         plan, tier = self.plan(server_round, grid)
         messages = self._messages(server_round, arrays, config, plan)
-        folds: dict[str, StreamingMean] = {}
         if self.clock is ClockMode.VIRTUAL:
-            replies, arrivals, failures = self._collect_all(grid, messages, timeout)
-            settlement = deadlines.settle(plan, arrivals)
-            on_time = list(settlement.on_time)
-        else:
-            replies, arrivals, failures, settlement = self._collect_streaming(
-                server_round, grid, messages, plan, timeout, folds
+            collected = collect_all(grid, messages, timeout, self.pull_interval_s)
+            return self._settle(server_round, arrays, plan, tier, collected)
+        folds: dict[str, StreamingMean] = {}
+
+        def fold(group: str, reply: Message) -> None:
+            fold_reply(
+                folds.setdefault(group, StreamingMean()),
+                reply,
+                self.arrayrecord_key,
+                self._sent,
+                self._echoes(),
             )
-            on_time = []
-        stale_folded = self._fold_late(folds, server_round)
-        for node in on_time:  # virtual mode: in virtual arrival order
-            fold = folds.setdefault(self.fold_group(node), StreamingMean())
-            fold.add(self._arrays(replies[node]), _weight(replies[node]))
-        if self.deadline.late_policy == "stale" and self.clock is ClockMode.VIRTUAL:
-            for node in settlement.late:
-                late = replies[node]
-                self._late.append(
-                    _Late(self._arrays(late), _weight(late), server_round, self.fold_group(node))
-                )
-        metrics = _weighted_metrics([replies[n] for n in settlement.on_time if n in replies])
-        new_arrays = self.aggregate(server_round, arrays, folds, metrics)
-        record = self.close_round(
-            server_round, plan, tier, settlement, arrivals, replies, failures, stale_folded, metrics
+
+        collected, settlement = self._stream.collect(
+            server_round,
+            grid,
+            messages,
+            plan,
+            timeout,
+            groups={n: self.fold_group(n) for n in plan.selected},
+            fold=fold,
+            straggler=self._late_arrival,
+            keep_late=self.deadline.late_policy == "stale",
+            pull_interval_s=self.pull_interval_s,
         )
-        return new_arrays, record
+        stale_folded = self._fold_late(folds, server_round)
+        return self.close_round(
+            server_round, arrays, plan, tier, folds, settlement, collected, stale_folded
+        )
+
+    def _settle(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        plan: deadlines.RoundPlan,
+        tier: int | None,
+        collected: Collected,
+    ) -> tuple[ArrayRecord, RoundRecord]:
+        """A round whose replies are all in: settle on arrival times, then fold.
+
+        On-time replies are folded in arrival order, after the late replies of earlier
+        rounds (the virtual-clock loop and Flower's ``start`` both come here).
+        """
+        echoes = self._echoes()
+        for node, reply in collected.replies.items():
+            if collected.arrivals.get(node) is None:
+                continue
+            try:  # a malformed reply is a failed party, refused before the round settles
+                check_reply(reply, self.arrayrecord_key, self._sent, echoes)
+            except ValueError as exc:
+                collected.fail(node, f"malformed reply: {exc}")
+        settlement = deadlines.settle(plan, collected.arrivals)
+        folds: dict[str, StreamingMean] = {}
+        stale_folded = self._fold_late(folds, server_round)
+        for node in settlement.on_time:  # in arrival order
+            reply = collected.replies[node]
+            fold = folds.setdefault(self.fold_group(node), StreamingMean())
+            fold.add(decode_arrays(reply, self.arrayrecord_key, echoes), reply_weight(reply))
+        if self.deadline.late_policy == "stale":
+            for node in settlement.late:
+                reply = collected.replies[node]
+                arrays_late = decode_arrays(reply, self.arrayrecord_key, echoes)
+                group = self.fold_group(node)
+                self._late.append(_Late(arrays_late, reply_weight(reply), server_round, group))
+        return self.close_round(
+            server_round, arrays, plan, tier, folds, settlement, collected, stale_folded
+        )
 
     def close_round(
         self,
         server_round: int,
+        arrays: ArrayRecord,
         plan: deadlines.RoundPlan,
         tier: int | None,
+        folds: dict[str, StreamingMean],
         settlement: deadlines.Settlement,
-        arrivals: dict[int, float | None],
-        replies: dict[int, Message],
-        failures: dict[int, str],
+        collected: Collected,
         stale_folded: int,
-        metrics: dict[str, float],
-    ) -> RoundRecord:
-        """What every round ends with, whatever it folded: profiles, clock, record, hooks."""
-        self._update_profiles(arrivals, settlement, plan)
+    ) -> tuple[ArrayRecord, RoundRecord]:
+        """What every round ends with, whatever it folded: the new model, profiles, clock,
+        record, hooks."""
+        replies = collected.replies
+        on_time_replies = {n: replies[n] for n in settlement.on_time if n in replies}
+        metrics = weighted_metrics(list(on_time_replies.values()))
+        new_arrays = self.aggregate(server_round, arrays, folds, metrics)
+        latency.observe_round(self.profiles, collected.arrivals, settlement, plan.deadline_s)
         self.elapsed_s += settlement.round_time_s
         record = RoundRecord(
             server_round=server_round,
@@ -367,7 +441,7 @@ class StreamingFedAvg(FedAvg):
             tier=tier,
             stale_folded=stale_folded,
             train_metrics=metrics,
-            failures=failures,
+            failures=collected.failures,
         )
         log(
             INFO,
@@ -380,164 +454,22 @@ class StreamingFedAvg(FedAvg):
             len(settlement.failed),
             settlement.round_time_s,
         )
-        on_time_replies = {n: replies[n] for n in settlement.on_time if n in replies}
         self.after_round(record, on_time_replies)
         for observer in self.reply_observers:
             observer(record, on_time_replies)
-        return record
+        return new_arrays, record
 
-    def _fold_reply(self, fold: StreamingMean, message: Message) -> None:
-        """Decode and fold a reply one array at a time, emptying the reply as it goes."""
-        record = message.content[self.arrayrecord_key]
-        if not isinstance(record, ArrayRecord):
-            raise ValueError(f"reply's {self.arrayrecord_key!r} is not an ArrayRecord")
-        weight = _weight(message)
-        if self._is_echo(record):  # an in-process party echoed what we sent: don't empty it
-            fold.add(arrays_of(record), weight)
-            return
-        layout = {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in record.items()}
-        if self._sent and not any(layout == _layout(sent) for sent in self._sent):
-            raise ValueError("its arrays are not the model that was sent (names or shapes)")
+    # -- replies
 
-        def decoded() -> Iterator[tuple[str, np.ndarray]]:
-            for key in list(record.keys()):
-                yield key, record.pop(key).numpy()
-
-        fold.add_streamed(layout, decoded(), weight)
-
-    def _is_echo(self, record: ArrayRecord) -> bool:
-        return any(record is sent for sent in self._sent)
-
-    def _arrays(self, message: Message) -> dict[str, np.ndarray]:
-        """Decode a reply's model, emptying the reply as it goes.
-
-        ``content[key]``, not ``content.array_records[key]``: the latter is a view that
-        refers to itself, so the reply's arrays would outlive it until the cyclic GC ran.
-        Popping each array as it is decoded keeps one array's bytes, not the model's,
-        alongside the decoded copy (the aggregation benchmark measures this).
-        """
-        record = message.content[self.arrayrecord_key]
-        if not isinstance(record, ArrayRecord):
-            raise ValueError(f"reply's {self.arrayrecord_key!r} is not an ArrayRecord")
-        if self._is_echo(record):  # an in-process party echoed what we sent: don't empty it
-            return arrays_of(record)
-        arrays: dict[str, np.ndarray] = {}
-        for key in list(record.keys()):
-            arrays[key] = record.pop(key).numpy()
-        return arrays
-
-    # -- collection
-
-    def _collect_all(
-        self, grid: Grid, messages: list[Message], timeout: float
-    ) -> tuple[dict[int, Message], dict[int, float | None], dict[int, str]]:
-        """Virtual clock: every reply comes back quickly; settle on reported times."""
-        pushed = grid.push_messages(messages)
-        ids = {mid: m.metadata.dst_node_id for mid, m in zip(pushed, messages, strict=True)}
-        replies: dict[int, Message] = {}
-        wall: dict[int, float] = {}
-        started = time.monotonic()
-        backoff = _Backoff(self.pull_interval_s)
-        while len(replies) < len(ids) and time.monotonic() < started + timeout:
-            got = list(grid.pull_messages([i for i in ids if ids[i] not in replies]))
-            for reply in got:
-                node = ids[reply.metadata.reply_to_message_id]
-                replies[node] = reply
-                wall[node] = time.monotonic() - started
-            if len(replies) < len(ids):
-                backoff.wait(progressed=bool(got))
-        arrivals: dict[int, float | None] = {}
-        failures: dict[int, str] = {}
-        for node in ids.values():
-            answer = replies.get(node)
-            if answer is None:
-                arrivals[node] = None
-                failures[node] = f"no answer within {timeout}s"
-            elif answer.has_error():
-                arrivals[node] = None
-                failures[node] = str(answer.error.reason or "")[:300]
-            else:
-                # A ClientApp that knows nothing of virtual time is timed on the wall.
-                virtual = _virtual_time(answer)
-                arrivals[node] = wall[node] if virtual is None else virtual
-        return replies, arrivals, failures
-
-    def _collect_streaming(
-        self,
-        server_round: int,
-        grid: Grid,
-        messages: list[Message],
-        plan: deadlines.RoundPlan,
-        timeout: float,
-        folds: dict[str, StreamingMean],
-    ) -> tuple[
-        dict[int, Message],
-        dict[int, float | None],
-        dict[int, str],
-        deadlines.Settlement,
-    ]:
-        """Wall clock: fold each reply into ``folds`` as it is pulled; stop at quorum or
-        deadline."""
-        started = time.monotonic()
-        message_ids = list(grid.push_messages(messages))
-        for mid, message in zip(message_ids, messages, strict=True):
-            node = message.metadata.dst_node_id
-            self._pending[mid] = (node, server_round, started, self.fold_group(node))
-        replies: dict[int, Message] = {}
-        arrivals: dict[int, float | None] = {}
-        failures: dict[int, str] = {}
-        on_time: list[int] = []
-        limit = plan.deadline_s if plan.deadline_s is not None else timeout
-        end = started + min(limit, timeout)
-        this_round = set(message_ids)
-        backoff = _Backoff(self.pull_interval_s)
-        while True:
-            now = time.monotonic()
-            pulled = list(grid.pull_messages(list(self._pending)))
-            for reply in pulled:
-                node, origin, t0, group = self._pending.pop(reply.metadata.reply_to_message_id)
-                if origin != server_round:  # a straggler from an earlier round
-                    self._late_arrival(reply, origin, group)
-                    continue
-                arrivals[node] = now - t0
-                if reply.has_error():
-                    arrivals[node] = None
-                    failures[node] = str(reply.error.reason or "")[:300]
-                    continue
-                try:
-                    # Fold now, array by array, and let the reply go: memory stays at one
-                    # model. A malformed reply (no or a bad weight, arrays that are not the
-                    # model sent) is refused before anything is folded: a failed party.
-                    self._fold_reply(folds.setdefault(group, StreamingMean()), reply)
-                except ValueError as exc:
-                    arrivals[node] = None
-                    failures[node] = f"malformed reply: {exc}"[:300]
-                    continue
-                replies[node] = reply
-                on_time.append(node)
-            outstanding = [m for m in this_round if m in self._pending]
-            # The round ends at its quorum, when nobody is left, or at the deadline.
-            if len(on_time) >= plan.quorum or not outstanding or time.monotonic() >= end:
-                break
-            backoff.wait(progressed=bool(pulled))
-        late = tuple(self._pending[m][0] for m in this_round if m in self._pending)
-        if self.deadline.late_policy == "drop":
-            for mid in [m for m in this_round if m in self._pending]:
-                del self._pending[mid]  # replies to these ids are ignored when they come
-        elapsed = time.monotonic() - started
-        settlement = deadlines.Settlement(
-            on_time=tuple(on_time),
-            late=late,
-            failed=tuple(n for n, t in arrivals.items() if t is None),
-            round_time_s=elapsed,
-            quorum_met=len(on_time) >= plan.quorum,
-        )
-        return replies, arrivals, failures, settlement
+    def _echoes(self) -> Sequence[ArrayRecord]:
+        """Models we sent that an in-process party may hand back as is (never emptied)."""
+        return self._sent
 
     def _late_arrival(self, reply: Message, origin_round: int, group: str) -> None:
         if reply.has_error() or self.deadline.late_policy != "stale":
             return
-        self._late.append(_Late(self._arrays(reply), _weight(reply), origin_round, group))
+        arrays = decode_arrays(reply, self.arrayrecord_key, self._echoes())
+        self._late.append(_Late(arrays, reply_weight(reply), origin_round, group))
 
     def _fold_late(self, folds: dict[str, StreamingMean], server_round: int) -> int:
         folded = 0
@@ -550,92 +482,3 @@ class StreamingFedAvg(FedAvg):
             folded += 1
         self._late.clear()
         return folded
-
-    def _update_profiles(
-        self,
-        arrivals: dict[int, float | None],
-        settlement: deadlines.Settlement,
-        plan: deadlines.RoundPlan,
-    ) -> None:
-        for node, latency in arrivals.items():
-            if latency is not None:
-                self.profiles[node] = tiers.observe(self.profiles.get(node), latency)
-        t_max = plan.deadline_s if plan.deadline_s is not None else settlement.round_time_s
-        for node in settlement.failed:
-            self.profiles[node] = tiers.observe_timeout(self.profiles.get(node), t_max)
-        for node in settlement.late:
-            if arrivals.get(node) is None:
-                self.profiles[node] = tiers.observe_timeout(self.profiles.get(node), t_max)
-
-
-class _Backoff:
-    """Poll fast while replies are coming, then back off to ``ceiling_s``.
-
-    A fixed interval costs up to a whole interval per round even when the replies are
-    already there (in-process rounds take a few milliseconds); starting at 0.5 ms and
-    doubling keeps idle polling cheap in a long deployment round.
-    """
-
-    def __init__(self, ceiling_s: float, floor_s: float = 0.0005) -> None:
-        self.floor_s = min(floor_s, ceiling_s)
-        self.ceiling_s = ceiling_s
-        self.current_s = self.floor_s
-
-    def wait(self, *, progressed: bool) -> None:
-        if progressed:
-            self.current_s = self.floor_s
-        time.sleep(self.current_s)
-        self.current_s = min(self.current_s * 2, self.ceiling_s)
-
-
-def serialise(fold: StreamingMean) -> ArrayRecord:
-    """The fold's mean as an ArrayRecord, one array at a time (no second full copy)."""
-    record = ArrayRecord()
-    for key, mean in fold.take_result():
-        record[key] = Array(np.ascontiguousarray(mean))
-        del mean
-    return record
-
-
-def _floats(record: MetricRecord) -> dict[str, float]:
-    return {k: float(v) for k, v in record.items() if isinstance(v, int | float)}
-
-
-def _weight(message: Message) -> float:
-    metrics = message.content.metric_records
-    for record in metrics.values():
-        if NUM_EXAMPLES in record:
-            value = record[NUM_EXAMPLES]
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise ValueError(f"'{NUM_EXAMPLES}' is not a number: {value!r}")
-            weight = float(value)
-            # A party's weight decides its share of the model: refuse what no party has.
-            if not (math.isfinite(weight) and weight >= 0):
-                raise ValueError(f"'{NUM_EXAMPLES}' must be a finite number >= 0, got {value!r}")
-            return weight
-    raise ValueError(f"reply from node {message.metadata.src_node_id} has no '{NUM_EXAMPLES}'")
-
-
-def _layout(record: ArrayRecord) -> dict[str, tuple[tuple[int, ...], np.dtype[Any]]]:
-    """Names, shapes and dtypes of a model's arrays, read without decoding them."""
-    return {k: (tuple(a.shape), np.dtype(a.dtype)) for k, a in record.items()}
-
-
-def _virtual_time(message: Message) -> float | None:
-    for record in message.content.metric_records.values():
-        if VIRTUAL_TIME_KEY in record:
-            return float(record[VIRTUAL_TIME_KEY])  # type: ignore[arg-type]
-    return None
-
-
-def _weighted_metrics(replies: list[Message]) -> dict[str, float]:
-    totals: dict[str, float] = {}
-    weight_sum = 0.0
-    for reply in replies:
-        weight = _weight(reply)
-        weight_sum += weight
-        for record in reply.content.metric_records.values():
-            for key, value in record.items():
-                if isinstance(value, int | float) and key != NUM_EXAMPLES and math.isfinite(value):
-                    totals[key] = totals.get(key, 0.0) + weight * float(value)
-    return {k: v / weight_sum for k, v in totals.items()} if weight_sum else {}

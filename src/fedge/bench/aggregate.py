@@ -9,7 +9,7 @@ by :class:`ReplyGrid`, a Flower ``Grid`` that stands in for the SuperLink. Each 
 its own round code unchanged against that grid:
 
 - ours: :meth:`StreamingFedAvg.run_round` (wall clock, no deadline, quorum = everyone):
-  ``_collect_streaming`` pulls, folds each reply into a :class:`StreamingMean` and
+  ``collect.ReplyStream`` pulls, folds each reply into a :class:`StreamingMean` and
   releases its ``ArrayRecord``, then ``to_array_record(fold.result())``;
 - Flower: what ``Strategy.start`` does in a round -- ``FedAvg.configure_train``,
   ``grid.send_and_receive`` (returns once every reply is in: the list holds all of them),
@@ -66,7 +66,8 @@ from flwr.serverapp.strategy import FedAvg
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.fold import StreamingMean
 from fedge.aggregator.grids import NODE_ID_BASE, LocalGrid
-from fedge.aggregator.streaming import StreamingFedAvg, arrays_of, to_array_record
+from fedge.aggregator.replies import arrays_of, to_array_record
+from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError
@@ -257,7 +258,7 @@ def _round(
 
 
 def _fold_round(grid: ReplyGrid, model: ArrayRecord) -> tuple[ArrayRecord, int]:
-    """The fold alone, on the same pulled replies: what ``_collect_streaming`` does, except
+    """The fold alone, on the same pulled replies: what ``collect.ReplyStream`` does, except
     that the record is read with ``content[key]``, not ``content.array_records[key]``.
 
     ``RecordDict.array_records`` builds a ``_SyncedDict`` view that is a reference cycle

@@ -82,15 +82,24 @@ def resume(
     job_dir: DirOption = DEFAULT_DIR,
     verbose: VerboseOption = False,
     home: HomeOption = DEFAULT_HOME,
+    manifest: Annotated[
+        Path | None,
+        typer.Option(
+            help="A corrected manifest: only rounds, credits_per_tier, checkpoint and "
+            "timeouts may differ from the job's."
+        ),
+    ] = None,
 ) -> None:
     """Continue a halted, failed or killed job from its newest checkpoint.
 
-    Example: fedge aggregator resume --dir jobs/tiered
+    Example: fedge aggregator resume --dir jobs/tiered --manifest tiered-more-credits.toml
     """
     from fedge.federation.fleet_job import is_fleet_job
     from fedge.sim.jobs import resume_job
 
     _quiet_flower(verbose)
+    if manifest is not None:
+        _amend(job_dir, manifest)
     if is_fleet_job(job_dir):
         from fedge.edge_manager.home import ManagerHome
         from fedge.federation.fleet_job import resume_fleet_job
@@ -102,6 +111,35 @@ def resume(
     with _progress_bar("resuming") as progress:
         result = resume_job(job_dir, progress=progress)
     _report(result)
+
+
+def _amend(job_dir: Path, manifest: Path) -> None:
+    from fedge.aggregator.amend import amend_job
+    from fedge.aggregator.fleet_manifest import parse_fleet_manifest
+    from fedge.aggregator.job_dir import JOB_MANIFEST, JOB_SCENARIO
+    from fedge.aggregator.jobs import require_job
+    from fedge.federation.fleet_job import is_fleet_job
+    from fedge.sim.job_manifest import parse_manifest
+
+    require_job(job_dir)
+
+    def parse_sim(text: str) -> object:  # read against the job's frozen scenario copy
+        return parse_manifest(
+            text, source=str(manifest), base_dir=job_dir, scenario_file=job_dir / JOB_SCENARIO
+        )
+
+    fleet = is_fleet_job(job_dir)
+    amended = amend_job(job_dir, manifest, parse_fleet_manifest if fleet else parse_sim)
+    if not amended.changes:
+        console.print(f"{manifest} is the job's manifest as it is: nothing to amend")
+        return
+    for field, (old, new) in amended.changes.items():
+        console.print(f"{field}: {old} -> {new}", highlight=False, markup=False)
+    console.print(
+        f"{job_dir / JOB_MANIFEST} amended (the previous one is {amended.previous})",
+        highlight=False,
+        markup=False,
+    )
 
 
 @app.command()

@@ -71,6 +71,28 @@ def set_threshold(
     warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
 
 
+@app.command("unset-threshold")
+@friendly_errors
+def unset_threshold(
+    edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
+    class_name: Annotated[str, typer.Option("--class", help="The class whose threshold goes.")],
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Remove a per-class threshold (a new signed config version); the default applies.
+
+    Example: fedge edge unset-threshold st-07 --class scratch
+    """
+    _, fleet = open_fleet(home)
+    edges = fleet.edges() if edge == "all" else [edge]
+    for pushed in fleet.clear_threshold(edges, class_name):
+        console.print(
+            f"{pushed.edge}: desired config v{pushed.version} (no threshold for "
+            f"{escape(class_name)}: the default applies)",
+            highlight=False,
+        )
+    warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
+
+
 @app.command("set-training")
 @friendly_errors
 def set_training(

@@ -3,17 +3,21 @@
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from fedge.cli.common import (
     DEFAULT_HOME,
     HomeOption,
     console,
+    err_console,
     fitted_table,
     friendly_errors,
     open_fleet,
     print_json,
     warn_if_not_serving,
+    when,
 )
+from fedge.edge_manager.labels import Applied
 
 app = typer.Typer(help="Operator labels.", no_args_is_help=True)
 
@@ -26,12 +30,31 @@ def add(
     who: Annotated[str, typer.Option(help="Who labelled it.")] = "operator",
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Label a prediction that reached the manager.
+    """Label a prediction that reached the manager, or relabel it.
+
+    A prediction has one current label: a new one replaces it, and the old one is kept in
+    its history (`fedge predictions show`). Prints the label id, then what changed.
 
     Example: fedge labels add p-1f3a... scratch --who alice
     """
     _, fleet = open_fleet(home)
-    console.print(fleet.add_label(prediction_id, label, who))
+    label_id, outcome = fleet.add_label(prediction_id, label, who)
+    console.print(label_id, highlight=False)
+    previous = outcome.previous
+    if outcome.applied is Applied.UNCHANGED and previous is not None:
+        err_console.print(
+            f"{escape(prediction_id)} is already labelled {escape(label)} (by "
+            f"{escape(previous.who)} at {when(previous.at)}); nothing was changed",
+            highlight=False,
+        )
+        return
+    if outcome.applied is Applied.RELABELLED and previous is not None:
+        err_console.print(
+            f"relabelled {escape(prediction_id)}: {escape(previous.label)} -> {escape(label)} "
+            f"(was labelled by {escape(previous.who)} at {when(previous.at)}, "
+            f"{previous.origin.value})",
+            highlight=False,
+        )
     warn_if_not_serving(home, "the label is stored and is sent to its edge once it runs")
 
 

@@ -49,25 +49,56 @@ def init(
     grpc_port: int = 50551,
     superlink_host: str = "127.0.0.1",
     superlink_port: int = 9092,
+    advertise_host: Annotated[
+        str,
+        typer.Option(
+            help="The host agents reach this manager at (written into their agent.toml), "
+            "needed when a bind host is 0.0.0.0."
+        ),
+    ] = "",
 ) -> None:
     """Create a manager home with a fresh signing key.
 
-    Example: fedge manager init --fleet plant-a --home ./fedge-home
+    Example: fedge manager init --fleet plant-a --broker-host 0.0.0.0 --advertise-host mgr.lan
     """
-    manager_home = ManagerHome(home)
-    manager_home.init(
-        ManagerSettings(
-            fleet,
-            broker_host,
-            broker_port,
-            grpc_host,
-            grpc_port,
-            superlink_host=superlink_host,
-            superlink_port=superlink_port,
-        )
+    settings = ManagerSettings(
+        fleet,
+        broker_host,
+        broker_port,
+        grpc_host,
+        grpc_port,
+        superlink_host=superlink_host,
+        superlink_port=superlink_port,
+        advertise_host=advertise_host,
     )
-    console.print(f"manager home for fleet [bold]{fleet}[/bold] created in {home}")
+    problem = settings.agent_address_problem(fix="give it with --advertise-host HOST")
+    if problem is not None:  # refused now rather than at the first `fedge edge enroll`
+        raise ManagerError(problem)
+    manager_home = ManagerHome(home)
+    manager_home.init(settings)
+    console.print(f"manager home for fleet [bold]{escape(fleet)}[/bold] created in {home}")
     console.print(f"public key (pin it on agents): {manager_home.public_key_path}")
+    console.print(f"agents are given {escape(settings.agent_grpc_target)} (gRPC)", highlight=False)
+
+
+@app.command()
+@friendly_errors
+def advertise(
+    host: Annotated[str, typer.Argument(help="Host name or address agents reach this at.")],
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Set the host agents are given in their agent.toml and deployments.
+
+    Edges enrolled before keep their old address until enrolled again (`fedge edge enroll`).
+
+    Example: fedge manager advertise mgr.plant-a.lan
+    """
+    settings = ManagerHome(home).advertise(host)
+    addresses = (
+        f"agents are given broker {settings.agent_broker_host} port {settings.broker_port}, "
+        f"gRPC {settings.agent_grpc_target}, SuperLink {settings.agent_superlink}"
+    )
+    console.print(escape(addresses), highlight=False)
 
 
 @app.command()

@@ -112,4 +112,9 @@ def show(
             f"  label       {escape(label.label)} by {escape(label.who)} at {when(label.at)} "
             f"({label.origin})"
         )
+    for label in view.replaced_labels:
+        lines.append(
+            f"  relabelled  from {escape(label.label)} by {escape(label.who)} at "
+            f"{when(label.at)} ({label.origin}), replaced at {when(label.replaced_at)}"
+        )
     console.print("\n".join(lines), highlight=False)

@@ -15,11 +15,13 @@ def next_config(
     threshold: float | None = None,
     class_name: str | None = None,
     training: TrainingPolicy | None = None,
+    clear_class: str | None = None,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
 
     ``class_name`` sets that class's threshold; without it the default threshold changes.
     ``training`` replaces the station's training policy (None keeps the current one).
+    ``clear_class`` removes that class's threshold: the default applies to it again.
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -30,6 +32,8 @@ def next_config(
             default = threshold
         else:
             class_thresholds[class_name] = threshold
+    if clear_class is not None:
+        class_thresholds.pop(clear_class, None)
     return dataclasses.replace(
         base,
         version=version,

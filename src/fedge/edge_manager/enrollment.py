@@ -27,6 +27,7 @@ def managed_broker(home: ManagerHome) -> MosquittoBroker:
 
 
 def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> str:
+    """The agent's config, with the addresses agents reach the manager at (advertised)."""
     settings = home.settings()
     public_key = home.public_key_path.read_text().strip()
     return "\n".join(
@@ -34,11 +35,11 @@ def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> s
             f'fleet = "{settings.fleet}"',
             f'edge = "{edge}"',
             f'data_dir = "{data_dir}"',
-            f'broker_host = "{settings.broker_host}"',
+            f'broker_host = "{settings.agent_broker_host}"',
             f"broker_port = {settings.broker_port}",
             f'password = "{password}"',
-            f'grpc_target = "{settings.grpc_target}"',
-            f'superlink = "{settings.superlink_address}"',
+            f'grpc_target = "{settings.agent_grpc_target}"',
+            f'superlink = "{settings.agent_superlink}"',
             f'manager_public_key = "{public_key}"',
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",
@@ -49,8 +50,13 @@ def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> s
 
 def enroll(home: ManagerHome, fleet: Fleet, edge: str, data_dir: Path) -> str:
     """Register ``edge`` and return its agent.toml (which holds its secret: write it 0600)."""
+    settings = home.settings()
+    # An agent given a wildcard (0.0.0.0) could never connect: refused before any secret.
+    problem = settings.agent_address_problem()
+    if problem is not None:
+        raise ManagerError(f"cannot enrol {edge}: {problem}")
     # Broker users share one namespace (the username is the client id).
-    if edge == home.settings().manager_user:
+    if edge == settings.manager_user:
         raise ManagerError(f"{edge!r} is the manager's own broker user; pick another edge id")
     if edge in home.operator_accounts():
         raise ManagerError(f"{edge!r} is an operator's name; pick another edge id")

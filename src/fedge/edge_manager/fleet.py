@@ -15,10 +15,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
-from fedge.edge_manager.class_names import unknown_class
+from fedge.edge_manager import labels
+from fedge.edge_manager.class_names import suggestion, unknown_class
 from fedge.edge_manager.desired import next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.home import ManagerHome, is_wildcard
 from fedge.edge_manager.registry import Registry
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
@@ -61,7 +62,7 @@ class Fleet:
         key = home.signing_key()
         store = Store(home.db_path) if store is None else store
         registry = Registry(store, home.artifacts, key)
-        return cls(store, settings.fleet, key, registry, settings.grpc_target)
+        return cls(store, settings.fleet, key, registry, settings.agent_grpc_target)
 
     # -- edges
 
@@ -111,6 +112,23 @@ class Fleet:
             edges, "threshold", threshold=threshold, class_name=class_name, training=None
         )
 
+    def clear_threshold(self, edges: list[str], class_name: str) -> list[Pushed]:
+        """Remove ``class_name``'s threshold on ``edges`` (the default applies to it again):
+        a new signed config version each. Refused, for all, if one edge has none."""
+        for edge in self.edges(edges):
+            desired = self.desired_config(edge)
+            per_class = {} if desired is None else desired.class_thresholds
+            if class_name not in per_class:
+                has = ", ".join(sorted(per_class)) or "none"
+                raise ManagerError(
+                    f"{edge} has no threshold for class {class_name!r}"
+                    f"{suggestion(class_name, per_class)}; its per-class thresholds: {has}; "
+                    "nothing was changed"
+                )
+        return self._push_config(
+            edges, "clear", threshold=None, class_name=None, training=None, clear_class=class_name
+        )
+
     def _check_class(self, edge: str, class_name: str) -> None:
         """Refuse a per-class threshold for a class the edge's model does not have."""
         deployed = self.deployed_model(edge)
@@ -149,6 +167,7 @@ class Fleet:
         threshold: float | None,
         class_name: str | None,
         training: TrainingPolicy | None,
+        clear_class: str | None = None,
     ) -> list[Pushed]:
         self.edges(edges)
         pushed = []
@@ -164,6 +183,7 @@ class Fleet:
                         threshold=threshold,
                         class_name=class_name,
                         training=training,
+                        clear_class=clear_class,
                     )
                 except ProtocolError as exc:
                     raise ManagerError(f"{what} for {edge}: {exc}") from None
@@ -188,6 +208,11 @@ class Fleet:
     # -- deployments
 
     def deploy(self, name: str, version: int, edges: list[str]) -> str:
+        if is_wildcard(self.grpc_target.rpartition(":")[0]):  # edges fetch the model there
+            raise ManagerError(
+                f"edges cannot fetch a model from {self.grpc_target}, a wildcard address; "
+                "set the address agents reach this manager at with `fedge manager advertise HOST`"
+            )
         model = self.registry.get(name, version)
         self.edges(edges)
         model.verify()  # a damaged registry copy is refused here, before anything is written
@@ -293,38 +318,13 @@ class Fleet:
         )
 
     def label_agreement(self, edge: str) -> float | None:
-        """Share of labelled predictions whose decision the label agrees with.
-
-        A label agrees with "reject" when it names one of the model's positive (defect)
-        classes, and with "accept" otherwise.
-        """
-        rows = self.store.query(
-            "SELECT p.model, p.decision, l.label FROM labels l "
-            "JOIN predictions p ON p.prediction_id = l.prediction_id WHERE p.edge=?",
-            (edge,),
-        )
-        if not rows:
-            return None
-        positives: dict[str, set[str]] = {}
-        agree = 0
-        for row in rows:
-            if row["model"] not in positives:
-                positives[row["model"]] = self._positive_classes(row["model"])
-            is_defect = row["label"] in positives[row["model"]]
-            agree += (row["decision"] == "reject") == is_defect
-        return agree / len(rows)
-
-    def _positive_classes(self, ref: str) -> set[str]:
-        name, _, version = ref.rpartition(":")
-        row = self.store.one(
-            "SELECT manifest FROM models WHERE name=? AND version=?",
-            (name, int(version) if version.isdigit() else -1),
-        )
-        return set() if row is None else set(json.loads(row["manifest"])["positive_classes"])
+        return labels.agreement(self.store.conn, edge)
 
     # -- operator labels
 
-    def add_label(self, prediction_id: str, label: str, who: str) -> str:
+    def add_label(self, prediction_id: str, label: str, who: str) -> tuple[str, labels.Outcome]:
+        """Label a prediction, or relabel it: the new label replaces the current one, which
+        goes to the label history (labels.py). The same label again changes nothing."""
         row = self.store.one(
             "SELECT edge, model FROM predictions WHERE prediction_id=? LIMIT 1", (prediction_id,)
         )
@@ -335,31 +335,27 @@ class Fleet:
             validate.bounded_text(who, "who", 128)
         except ProtocolError as exc:
             raise ManagerError(str(exc)) from None
-        self._check_label(str(row["model"]), label)
-        label_id = f"l-{uuid.uuid4().hex}"
+        labels.check_label(self.store.conn, str(row["model"]), label)
         now = time.time()
-        with self.store.transaction():
-            self.store.conn.execute(
-                "INSERT INTO labels (label_id, prediction_id, edge, label, who, at, origin) "
-                "VALUES (?,?,?,?,?,?, 'operator')",
-                (label_id, prediction_id, row["edge"], label, who, now),
+        with self.store.transaction() as conn:
+            current = labels.current_label(conn, prediction_id)
+            if current is not None and current.label == label:
+                return current.label_id, labels.Outcome(labels.Applied.UNCHANGED, current)
+            # A relabel must win here and on the station, which both keep the newest `at`,
+            # even when the station's clock ran ahead of the manager's.
+            at = now if current is None else max(now, current.at)
+            new = labels.Label(
+                f"l-{uuid.uuid4().hex}",
+                prediction_id,
+                str(row["edge"]),
+                label,
+                who,
+                at,
+                labels.Origin.OPERATOR,
             )
+            outcome = labels.apply(conn, new, now)
             self._push_labels(str(row["edge"]), now)
-        return label_id
-
-    def _check_label(self, model_ref: str, label: str) -> None:
-        """A label must be a class of the model that made the prediction (case and all)."""
-        name, _, version = model_ref.rpartition(":")
-        row = self.store.one(
-            "SELECT manifest FROM models WHERE name=? AND version=?",
-            (name, int(version) if version.isdigit() else -1),
-        )
-        if row is None:
-            return  # a model this registry never held (pruned, foreign): nothing to check
-        classes = json.loads(row["manifest"])["classes"]
-        refusal = unknown_class(label, classes, f"a class of {model_ref}, which scored it")
-        if refusal is not None:
-            raise ManagerError(f"{refusal}; nothing was stored")
+        return new.label_id, outcome
 
     def _push_labels(self, edge: str, now: float) -> None:
         """The edge's labels document: the newest labels given here, down to the station.

@@ -1,12 +1,14 @@
 """The manager's home directory: where its store, keys, artifacts and secrets live.
 
-<home>/manager.toml          fleet id, broker and gRPC addresses (no secrets)
+<home>/manager.toml          fleet id, broker and gRPC addresses, advertised host (no secrets)
 <home>/manager.db            SQLite store (WAL)
 <home>/keys/manager.key      Ed25519 private key, 0600   (+ manager.pub)
 <home>/secrets/              broker, edge and operator credentials, 0600, never logged
 <home>/artifacts/<name>/<version>/model.onnx
 """
 
+import dataclasses
+import ipaddress
 import json
 import math
 import os
@@ -19,6 +21,10 @@ from typing import Any
 from fedge.edge_manager.errors import ManagerError
 from fedge.protocols import validate
 from fedge.protocols.signing import SigningKey
+
+ADVERTISE_FIX = (
+    "set it with `fedge manager advertise HOST` (`--advertise-host` at `fedge manager init`)"
+)
 
 
 @dataclass(frozen=True)
@@ -46,6 +52,11 @@ class ManagerSettings:
     keep_batches_days: float = 30.0
     # Deploy events, rejected messages and desired documents older than the published one.
     keep_history_days: float = 90.0
+    # The host agents reach the broker, gRPC and the SuperLink at (issue 15), written into
+    # enrolled agents' configs and deployments instead of the bind hosts above, which may
+    # be a wildcard (0.0.0.0) no agent can connect to. Empty: the bind hosts are reachable
+    # as they are (one machine). A manager.toml from before it lacks it: empty.
+    advertise_host: str = ""
 
     def __post_init__(self) -> None:
         for name in RETENTION_FIELDS:
@@ -54,6 +65,13 @@ class ManagerSettings:
                 raise ManagerError(
                     f"{name} must be a number of days > 0 (inf keeps forever), got {value!r}"
                 )
+        if self.advertise_host and is_wildcard(self.advertise_host):
+            raise ManagerError(
+                f"advertise_host {self.advertise_host!r} is a wildcard: give the address "
+                "agents reach this manager at, e.g. its host name or LAN address"
+            )
+        if not all(c.isalnum() or c in ".-:_" for c in self.advertise_host):
+            raise ManagerError(f"advertise_host {self.advertise_host!r} is not a host name")
 
     @property
     def grpc_target(self) -> str:
@@ -62,6 +80,53 @@ class ManagerSettings:
     @property
     def superlink_address(self) -> str:
         return f"{self.superlink_host}:{self.superlink_port}"
+
+    # -- what agents are given (the advertised host, or else the bind host)
+
+    @property
+    def agent_broker_host(self) -> str:
+        return self.advertise_host or self.broker_host
+
+    @property
+    def agent_grpc_target(self) -> str:
+        return _host_port(self.advertise_host or self.grpc_host, self.grpc_port)
+
+    @property
+    def agent_superlink(self) -> str:
+        return _host_port(self.advertise_host or self.superlink_host, self.superlink_port)
+
+    def agent_address_problem(self, fix: str = ADVERTISE_FIX) -> str | None:
+        """Why agents cannot be given these addresses (a wildcard), naming ``fix``; or None."""
+        wildcards = [
+            f"{name} {host!r}"
+            for name, host in (
+                ("broker_host", self.broker_host),
+                ("grpc_host", self.grpc_host),
+                ("superlink_host", self.superlink_host),
+            )
+            if is_wildcard(self.advertise_host or host)
+        ]
+        if not wildcards:
+            return None
+        return (
+            f"{', '.join(wildcards)}: a wildcard only says where to listen, and agents need "
+            f"the address they reach this manager at; {fix}"
+        )
+
+
+def is_wildcard(host: str) -> bool:
+    """An address that means "every interface" to a server and nothing to a client."""
+    bare = host.strip().strip("[]")
+    if bare in ("", "*"):
+        return True
+    try:
+        return ipaddress.ip_address(bare).is_unspecified
+    except ValueError:
+        return False
+
+
+def _host_port(host: str, port: int) -> str:
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 RETENTION_FIELDS = (
@@ -133,6 +198,7 @@ class ManagerHome:
                     f'manager_user = "{settings.manager_user}"',
                     f'superlink_host = "{settings.superlink_host}"',
                     f"superlink_port = {settings.superlink_port}",
+                    f'advertise_host = "{settings.advertise_host}"',
                     # float() so `inf` is written as TOML's inf
                     *(f"{name} = {float(getattr(settings, name))}" for name in RETENTION_FIELDS),
                     "",
@@ -150,6 +216,13 @@ class ManagerHome:
             return ManagerSettings(**data)
         except (TypeError, ManagerError) as exc:
             raise ManagerError(f"{self.settings_path}: {exc}") from None
+
+    def advertise(self, host: str) -> ManagerSettings:
+        """Set the host agents are given (``advertise_host``); agents enrolled before keep
+        the address in their agent.toml until enrolled again."""
+        settings = dataclasses.replace(self.settings(), advertise_host=host)
+        self.save_settings(settings)
+        return settings
 
     def signing_key(self) -> SigningKey:
         return SigningKey.load(self.key_path)

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fedge.edge_manager import gaps
+from fedge.edge_manager import gaps, labels
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
@@ -324,15 +324,10 @@ class Ingestor:
                 ],
             )
         else:
-            conn.executemany(
-                "INSERT OR IGNORE INTO labels (label_id, prediction_id, edge, label, who, at, "
-                "origin) VALUES (?,?,?,?,?,?, 'edge')",
-                [
-                    (r.label_id, r.prediction_id, edge, r.label, r.who, r.at)
-                    for r in batch.records
-                    if isinstance(r, LabelRecord)
-                ],
-            )
+            # One current label per prediction, the newest `at` winning (labels.py).
+            for r in batch.records:
+                if isinstance(r, LabelRecord):
+                    labels.apply(conn, labels.Label.reported(r, edge), now)
         self.counters[f"stored.{stream}"] += len(batch.records)
         return Outcome(Verdict.STORED)
 

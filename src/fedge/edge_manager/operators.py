@@ -96,8 +96,9 @@ def add_operator(home: ManagerHome, name: str) -> OperatorCredential:
     home.save_operator_accounts(accounts)
     _reload_broker(home)
     settings = home.settings()
+    # The file may be used on another machine: the advertised host, as agents get.
     return OperatorCredential(
-        settings.fleet, name, password, settings.broker_host, settings.broker_port
+        settings.fleet, name, password, settings.agent_broker_host, settings.broker_port
     )
 
 

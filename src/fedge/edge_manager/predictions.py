@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.labels import history as label_history
 from fedge.edge_manager.store import Store
 
 DECISIONS = ("accept", "reject")
@@ -45,6 +46,9 @@ class LabelView:
     who: str
     at: float
     origin: str  # 'operator' (given at the manager) or 'edge' (given on the station)
+    # Set on a label that is no longer current: the label that replaced it, and when.
+    replaced_by: str | None = None
+    replaced_at: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -62,7 +66,8 @@ class PredictionView:
     config_version: int
     latency_ms: float
     source: str
-    labels: tuple[LabelView, ...]
+    labels: tuple[LabelView, ...]  # the current label, if any (one per prediction)
+    replaced_labels: tuple[LabelView, ...] = ()  # relabelled away, oldest first
 
     @property
     def top_class(self) -> str:
@@ -71,6 +76,7 @@ class PredictionView:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["labels"] = [label.to_dict() for label in self.labels]
+        data["replaced_labels"] = [label.to_dict() for label in self.replaced_labels]
         return data
 
 
@@ -129,6 +135,7 @@ def _view(store: Store, row: dict[str, Any]) -> PredictionView:
         (row["prediction_id"],),
     )
     scores = json.loads(row["scores"])
+    view_id = str(row["prediction_id"])
     return PredictionView(
         prediction_id=str(row["prediction_id"]),
         edge=str(row["edge"]),
@@ -145,6 +152,12 @@ def _view(store: Store, row: dict[str, Any]) -> PredictionView:
                 str(r["label_id"]), str(r["label"]), str(r["who"]), float(r["at"]), str(r["origin"])
             )
             for r in labels
+        ),
+        replaced_labels=tuple(
+            LabelView(
+                old.label_id, old.label, old.who, old.at, old.origin.value, replaced_by, replaced_at
+            )
+            for old, replaced_by, replaced_at in label_history(store.conn, view_id)
         ),
     )
 

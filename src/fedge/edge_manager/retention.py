@@ -89,6 +89,13 @@ def prune_step(
                 f"(SELECT rowid FROM {table} WHERE at < ? ORDER BY at LIMIT ?)",
                 (cutoff, chunk),
             ).rowcount
+    cutoff = _cutoff(now, policy.labels_s)
+    if cutoff is not None:  # replaced labels (labels.py) go with the labels, by their `at`
+        pruned["labels"] += conn.execute(
+            "DELETE FROM label_history WHERE rowid IN "
+            "(SELECT rowid FROM label_history WHERE at < ? ORDER BY at LIMIT ?)",
+            (cutoff, chunk),
+        ).rowcount
     cutoff = _cutoff(now, policy.batches_s)
     if cutoff is not None:
         pruned["batches"] = _prune_batch_keys(conn, cutoff, chunk)
@@ -176,6 +183,11 @@ def due(store: Store, policy: RetentionPolicy, now: float) -> dict[str, int]:
             0
             if cutoff is None
             else int(store.scalar(f"SELECT count(*) FROM {table} WHERE at < ?", (cutoff,)))
+        )
+    cutoff = _cutoff(now, policy.labels_s)
+    if cutoff is not None:
+        counts["labels"] += int(
+            store.scalar("SELECT count(*) FROM label_history WHERE at < ?", (cutoff,))
         )
     cutoff = _cutoff(now, policy.batches_s)
     counts["batches"] = (

@@ -64,6 +64,14 @@ CREATE TABLE IF NOT EXISTS labels (
     label_id TEXT PRIMARY KEY, prediction_id TEXT NOT NULL, edge TEXT NOT NULL,
     label TEXT NOT NULL, who TEXT NOT NULL, at REAL NOT NULL, origin TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS labels_prediction ON labels (prediction_id);
+-- One current label per prediction in `labels` (labels.py, issue 15); the labels it
+-- replaced, and late ones older than it, with what replaced them and when.
+CREATE TABLE IF NOT EXISTS label_history (
+    label_id TEXT PRIMARY KEY, prediction_id TEXT NOT NULL, edge TEXT NOT NULL,
+    label TEXT NOT NULL, who TEXT NOT NULL, at REAL NOT NULL, origin TEXT NOT NULL,
+    replaced_by TEXT NOT NULL, replaced_at REAL NOT NULL);
+CREATE INDEX IF NOT EXISTS label_history_prediction ON label_history (prediction_id);
+CREATE INDEX IF NOT EXISTS label_history_at ON label_history (at);
 CREATE TABLE IF NOT EXISTS rejections (
     at REAL NOT NULL, edge TEXT NOT NULL, topic TEXT NOT NULL, reason TEXT NOT NULL,
     detail TEXT NOT NULL);
@@ -80,6 +88,22 @@ CREATE TABLE IF NOT EXISTS retention_totals (
     what TEXT PRIMARY KEY, rows INTEGER NOT NULL, last_at REAL NOT NULL);
 """
 
+_NEWER_LABEL = (
+    "SELECT n.label_id FROM labels n WHERE n.prediction_id = l.prediction_id "
+    "AND (n.at > l.at OR (n.at = l.at AND n.rowid > l.rowid)) "
+    "ORDER BY n.at DESC, n.rowid DESC LIMIT 1"
+)
+_ONE_LABEL_PER_PREDICTION = f"""
+BEGIN IMMEDIATE;
+INSERT OR IGNORE INTO label_history (label_id, prediction_id, edge, label, who, at, origin,
+    replaced_by, replaced_at)
+    SELECT l.label_id, l.prediction_id, l.edge, l.label, l.who, l.at, l.origin,
+        ({_NEWER_LABEL}), l.at FROM labels l WHERE ({_NEWER_LABEL}) IS NOT NULL;
+DELETE FROM labels WHERE label_id IN (SELECT label_id FROM label_history);
+CREATE UNIQUE INDEX IF NOT EXISTS labels_one_per_prediction ON labels (prediction_id);
+COMMIT;
+"""
+
 
 class Store:
     def __init__(self, path: Path | str) -> None:
@@ -93,6 +117,11 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.conn.executescript(SCHEMA)
+        if self.scalar("SELECT 1 FROM sqlite_master WHERE name='labels_one_per_prediction'"):
+            return
+        # A store from before issue 15 may hold several labels of one prediction: all but
+        # the newest move to the history, then the index keeps it one.
+        self.db.conn.executescript(_ONE_LABEL_PER_PREDICTION)
 
     @property
     def conn(self) -> sqlite3.Connection:

@@ -47,7 +47,7 @@ from typing import Literal
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import KINDS, StrategyConfigError, build_strategy
-from fedge.aggregator.job_spec import CheckpointSpec, JobSpec, ManifestError
+from fedge.aggregator.job_spec import CheckpointSpec, JobSpec, ManifestError, check_tier_credits
 from fedge.models.digits import ARCHITECTURES
 from fedge.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_path
 from fedge.toml_table import TomlTable
@@ -200,6 +200,7 @@ def parse_manifest(
     params_table = strategy_table.optional_table("params", None)
     strategy = StrategySpec(kind=kind, params=dict(params_table.items()) if params_table else {})
     _validate_strategy(strategy, scenario, job.seed)
+    check_tier_credits(job.rounds, kind, strategy.params, parties=scenario.fleet.parties)
 
     federation = FederationSpec()
     if federation_table is not None:

@@ -194,7 +194,7 @@ def _train(
 
     from fedge.aggregator.clock import ClockMode
     from fedge.aggregator.factory import build_strategy
-    from fedge.aggregator.streaming import arrays_of
+    from fedge.aggregator.replies import arrays_of
     from fedge.aggregator.tiered import TieredFedAvg
     from fedge.models import digits
     from fedge.sim.data import make_partitions

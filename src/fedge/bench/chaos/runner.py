@@ -216,7 +216,10 @@ def _observe(
         stored_labels = {
             r[0]
             for r in plant.query(
-                "SELECT label_id FROM labels WHERE edge=? AND origin='edge'", (edge,)
+                # A label replaced by a newer one moved to the history (issue 15).
+                "SELECT label_id FROM labels WHERE edge=? AND origin='edge' UNION ALL "
+                "SELECT label_id FROM label_history WHERE edge=? AND origin='edge'",
+                (edge, edge),
             )
         }
         row = plant.query("SELECT config_applied, serving FROM edges WHERE edge=?", (edge,))[0]
