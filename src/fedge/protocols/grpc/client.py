@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+from typing import Self
 
 import grpc
 
@@ -159,7 +160,27 @@ def download_artifact(
     )
 
 
-class ReportUploader:
+class _Channel:
+    """One gRPC channel, closed by ``close()`` or at the end of a ``with`` block."""
+
+    _channel: grpc.Channel
+
+    def close(self) -> None:
+        self._channel.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class ReportUploader(_Channel):
     """Uploads record-batch payloads over one channel; one bidi call per batch."""
 
     def __init__(self, target: str, edge: str, token: str) -> None:
@@ -207,20 +228,6 @@ class ReportUploader:
             raise UploadError(f"upload to {self.target}: no ack for {len(missing)} payloads")
         return [acks[i] for i in ids]
 
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> ReportUploader:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
-
 
 # A poll should find a manager that came back within a poll or two, not after gRPC's
 # default reconnect backoff of up to two minutes.
@@ -230,7 +237,7 @@ _SYNC_CHANNEL_OPTIONS = [
 ]
 
 
-class DesiredClient:
+class DesiredClient(_Channel):
     """An edge's DesiredSync calls over one channel: fetch desired envelopes, send statuses."""
 
     def __init__(self, target: str, edge: str, token: str) -> None:
@@ -264,17 +271,3 @@ class DesiredClient:
             code, status = _status(exc)
             raise SyncError(f"{kind} report to {self.target}: {status}", code) from exc
         return SinkResult(accepted=bool(ack.accepted), error=str(ack.error) or None)
-
-    def close(self) -> None:
-        self._channel.close()
-
-    def __enter__(self) -> DesiredClient:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.close()
