@@ -193,6 +193,42 @@ def test_a_job_that_ran_out_of_credits_resumes_with_a_corrected_manifest(
     assert (result.state, result.last_round, result.resumed_from) == (RunState.COMPLETED, 6, 3)
 
 
+def test_an_amend_cut_off_after_the_checkpoint_grants_credits_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoint is rewritten before job.toml: an amend that dies in between and is
+    run again must not grant the extra credits a second time."""
+    job_dir = tmp_path / "job"
+    with monkeypatch.context() as unchecked:
+        unchecked.setattr("fedge.sim.job_manifest.check_tier_credits", lambda *a, **k: None)
+        with pytest.raises(JobError):
+            run_job(write_job(tmp_path, rounds=6, credits=1), job_dir)
+
+    def parse(text: str) -> object:
+        return parse_manifest(text, base_dir=job_dir, scenario_file=job_dir / "scenario.toml")
+
+    corrected = write_job(tmp_path, rounds=6, credits=3)
+    with monkeypatch.context() as crash:
+
+        def killed(*_: object) -> None:
+            raise OSError("killed before job.toml was written")
+
+        crash.setattr("fedge.aggregator.amend._keep_previous", killed)
+        with pytest.raises(OSError, match="killed"):
+            amend_job(job_dir, corrected, parse)
+    checkpoint = latest_checkpoint(job_dir)
+    assert checkpoint is not None
+    once = list(checkpoint.strategy_state["selection"]["credits"])
+    assert "credits_per_tier = 1" in (job_dir / JOB_MANIFEST).read_text()
+
+    amend_job(job_dir, corrected, parse)  # run again, to the end this time
+    checkpoint = latest_checkpoint(job_dir)
+    assert checkpoint is not None
+    assert list(checkpoint.strategy_state["selection"]["credits"]) == once
+    result = resume_job(job_dir)
+    assert (result.state, result.last_round) == (RunState.COMPLETED, 6)
+
+
 def store_state(job_dir: Path) -> RunState:
     store = RunStore(job_dir / RUNS_DB)
     try:

@@ -51,6 +51,7 @@ AMENDABLE = frozenset(
     }
 )
 CREDITS = "strategy.params.credits_per_tier"
+CREDITS_BASIS = "credits_basis"
 
 
 @dataclass(frozen=True)
@@ -160,7 +161,12 @@ def _amended_meta(path: Path, changes: dict[str, Any]) -> dict[str, Any] | None:
     selection = (meta.get("strategy") or {}).get("selection")
     if CREDITS in changes and selection is not None:
         old, new = changes[CREDITS]
-        selection["credits"] = regranted(list(selection["credits"]), old, new)
+        # The checkpoint names the grant its remaining credits were counted against, so
+        # an amend that rewrote the checkpoint but died before job.toml, run again, finds
+        # them already regranted and changes nothing (no credits granted twice).
+        basis = selection.get(CREDITS_BASIS, old)
+        selection["credits"] = regranted(list(selection["credits"]), basis, new)
+        selection[CREDITS_BASIS] = new
         touched = True
     return meta if touched else None
 
