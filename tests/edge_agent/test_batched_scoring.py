@@ -13,7 +13,7 @@ import pytest
 from conftest import build_onnx_model
 from PIL import Image
 
-from fedge.bench.inference import make_agent
+from fedge.bench.inference_setup import make_agent
 from fedge.edge_agent.agent import EdgeAgent, ImageFile
 from fedge.edge_agent.errors import InferenceError, StorageError
 from fedge.edge_agent.group_commit import GroupCommit

@@ -17,7 +17,7 @@ import pytest
 from conftest import build_onnx_model
 from PIL import Image
 
-from fedge.bench.inference import make_agent
+from fedge.bench.inference_setup import make_agent
 from fedge.edge_agent import watcher
 from fedge.edge_agent.agent import EdgeAgent, ImageFile
 from fedge.edge_agent.errors import InferenceError
