@@ -6,25 +6,23 @@ numbered batches and drains the outbox, deleting a batch only on the broker's PU
 """
 
 import logging
-import sqlite3
 import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from fedge import __version__
-from fedge.edge_agent import runtime, scoring
+from fedge.edge_agent import runtime
 from fedge.edge_agent.decisions import ConfigAction, decide_config
 from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
-from fedge.edge_agent.errors import InferenceError, NotServingError, StorageError
-from fedge.edge_agent.group_commit import GroupCommit
-from fedge.edge_agent.images import decode_for
+from fedge.edge_agent.errors import InferenceError
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
+from fedge.edge_agent.scorer import ImageFile as ImageFile
+from fedge.edge_agent.scorer import Scorer
 from fedge.edge_agent.scoring import Scored
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
@@ -37,7 +35,7 @@ from fedge.protocols.grpc.client import DesiredClient, ReportUploader
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
-from fedge.protocols.records import MetricRecord, PredictionRecord, Stream
+from fedge.protocols.records import MetricRecord, Stream
 from fedge.protocols.signing import open_signed, trusted
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
 
@@ -47,29 +45,11 @@ log = logging.getLogger(__name__)
 PRUNE_EVERY_S = 60.0
 
 
-@dataclass(frozen=True)
-class ImageFile:
-    """An image file's bytes as a camera or the station's software handed them over."""
-
-    data: bytes
-    suffix: str  # ".png", ".jpg", ...: how the kept training copy is named
-    source: str = ""  # recorded with the prediction (e.g. "file:<name>")
-    # Which inbox arrival this is, kept with the prediction on the station only (a reused
-    # file name is a new arrival; see fedge.edge_agent.watcher.arrival_key).
-    arrival: str = ""
-
-
 class EdgeAgent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
         self.keys = trusted(settings.public_key())
         self.store = LocalStore(settings.data_dir / "agent.db")
-        # (record, inbox arrival) pairs: the arrival commits with its prediction.
-        self._commits: GroupCommit[tuple[PredictionRecord, str]] = GroupCommit(
-            lambda items: self.store.add_predictions(
-                [record for record, _ in items], [arrival for _, arrival in items]
-            )
-        )
         # The station's training set: what it scores, kept on the device with its labels.
         self.station = StationData(
             settings.data_dir,
@@ -82,6 +62,15 @@ class EdgeAgent:
         )
         self.supervisor: SupernodeSupervisor | None = None
         self.counters: Counter[str] = Counter()
+        self.scorer = Scorer(
+            settings,
+            self.store,
+            self.station,
+            self.counters,
+            model=lambda: self.model,
+            config=lambda: self.config,
+        )
+        self._commits = self.scorer.commits  # one commit group per agent
         self._lock = threading.Lock()
         self.config: EdgeConfig | None = self._load_config()
         self.model: runtime.LoadedModel | None = None
@@ -365,68 +354,21 @@ class EdgeAgent:
         self.mqtt.publish(self._topic(kind), payload, retain=retained)
         self.desired_poller.offer_status(kind, payload, retained=retained)
 
-    # -- inference
+    # -- inference (see :mod:`fedge.edge_agent.scorer`)
 
     def preprocess_for(self, model: runtime.LoadedModel) -> Preprocess:
-        """How ``model`` wants its images (its manifest, else agent.toml's size)."""
-        return model.manifest.preprocess or Preprocess(image_size=self.settings.image_size)
+        return self.scorer.preprocess_for(model)
 
     def score_image(self, data: bytes, *, suffix: str, source: str = "") -> Scored:
-        """Decode an image file's bytes as the serving model says, score it, keep it.
-
-        The image is kept in the station's training set (bounded by retention) under the
-        prediction's id, so an operator's label for the prediction makes it a training
-        example. It stays on the station.
-        """
-        (result,) = self.score_images([ImageFile(data, suffix, source)])
-        if isinstance(result, InferenceError):
-            raise result
-        return result
+        return self.scorer.score_image(data, suffix=suffix, source=source)
 
     def score_images(self, files: Sequence[ImageFile]) -> list[Scored | InferenceError]:
-        """:meth:`score_image` for several files: one model call and one commit for all.
-
-        One result per file, in order: its :class:`Scored`, or the error that kept it
-        from being scored (an undecodable file fails alone, not the batch).
-        """
-        model = self.model  # one snapshot: a deployment may swap it meanwhile
-        if model is None:
-            raise NotServingError("no model deployed yet; deploy one with `fedge deploy`")
-        preprocess = self.preprocess_for(model)
-        results: dict[int, Scored | InferenceError] = {}
-        decoded: list[tuple[int, np.ndarray]] = []
-        for index, file in enumerate(files):
-            try:
-                decoded.append((index, decode_for(file.data, preprocess)))
-            except InferenceError as exc:
-                results[index] = exc
-        scored = self.score_many(
-            [image for _, image in decoded],
-            [files[i].source for i, _ in decoded],
-            model=model,
-            arrivals=[files[i].arrival for i, _ in decoded],
-        )
-        for (index, _), item in zip(decoded, scored, strict=True):
-            results[index] = item
-            self._keep_for_training(item.record, files[index])
-        return [results[index] for index in range(len(files))]
-
-    def _keep_for_training(self, record: PredictionRecord, file: ImageFile) -> None:
-        try:
-            self.station.keep(record.prediction_id, file.data, file.suffix, record.at)
-        except (StationDataError, OSError, sqlite3.Error) as exc:
-            # Scoring succeeded and is recorded; only the training copy is lost.
-            self.counters["station.keep_failed"] += 1
-            log.error("could not keep %s for training: %s", record.prediction_id, exc)
+        return self.scorer.score_images(files)
 
     def score(
         self, image: np.ndarray, source: str = "", *, model: runtime.LoadedModel | None = None
     ) -> Scored:
-        """Score one image (H x W, or C x H x W; float, prepared) and record the prediction.
-
-        ``model`` is the model the image was prepared for (default: the serving one).
-        """
-        return self.score_many([image], [source], model=model)[0]
+        return self.scorer.score(image, source, model=model)
 
     def score_many(
         self,
@@ -436,32 +378,7 @@ class EdgeAgent:
         model: runtime.LoadedModel | None = None,
         arrivals: Sequence[str] | None = None,
     ) -> list[Scored]:
-        """Score prepared images in one model call and record them in one commit.
-
-        Every record is durable when this returns, with its inbox arrival (if any).
-        Calls from several threads at once share commits
-        (:mod:`fedge.edge_agent.group_commit`).
-        """
-        model, config = model or self.model, self.config
-        if model is None:
-            raise NotServingError("no model deployed yet; deploy one with `fedge deploy`")
-        keys = [""] * len(images) if arrivals is None else list(arrivals)
-        if len(keys) != len(images):
-            raise InferenceError(f"{len(images)} images but {len(keys)} arrivals")
-        scored = scoring.score(model, config, images, sources or [""] * len(images))
-        try:
-            self._commits.submit([(s.record, key) for s, key in zip(scored, keys, strict=True)])
-        except sqlite3.Error as exc:
-            # Rolled back: none of these predictions exists, and the caller is told so
-            # (an inbox file stays in the inbox, an API client gets a 503 and retries).
-            self.counters["store.write_failed"] += 1
-            raise StorageError(
-                f"predictions not recorded ({exc}); is the disk under "
-                f"{self.settings.data_dir} full?"
-            ) from None
-        for item in scored:
-            self.counters[f"decision.{item.record.decision}"] += 1
-        return scored
+        return self.scorer.score_many(images, sources, model=model, arrivals=arrivals)
 
     def add_metric(self, name: str, value: float) -> None:
         self.store.add_record(Stream.TELEMETRY, MetricRecord(name, value, time.time()))
