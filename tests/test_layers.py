@@ -21,6 +21,7 @@ LAYER = {
     "protocols": 1,
     "transport": 2,
     "models": 3,
+    "monitoring": 3,
     "party": 4,
     "aggregator": 4,
     "edge_manager": 5,

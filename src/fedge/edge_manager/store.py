@@ -86,6 +86,34 @@ CREATE TABLE IF NOT EXISTS pruned_batches (
     batches INTEGER NOT NULL, PRIMARY KEY (edge, stream));
 CREATE TABLE IF NOT EXISTS retention_totals (
     what TEXT PRIMARY KEY, rows INTEGER NOT NULL, last_at REAL NOT NULL);
+-- The closed loop (issue "The closed loop"). The validation gate's verdicts: the newest
+-- row of a model is its verdict; ``evidence`` is JSON (per station and overall accuracy
+-- of the candidate and the serving model, the policy, the evaluation it came from).
+CREATE TABLE IF NOT EXISTS gate_results (
+    name TEXT NOT NULL, version INTEGER NOT NULL, blessed INTEGER NOT NULL,
+    evidence TEXT NOT NULL, eval_id TEXT NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (name, version, at));
+-- What stations report when the gate asks them to score their held-out labelled images
+-- with a model: one row per (evaluation, edge, prediction, model); ``scores`` and
+-- ``stats`` are JSON objects (class -> probability; monitoring.features.image_stats).
+-- The images never leave the station; these rows also train the MPP predictor.
+CREATE TABLE IF NOT EXISTS evaluations (
+    eval_id TEXT NOT NULL, edge TEXT NOT NULL, prediction_id TEXT NOT NULL,
+    model TEXT NOT NULL, label TEXT NOT NULL, scores TEXT NOT NULL, stats TEXT NOT NULL,
+    at REAL NOT NULL, PRIMARY KEY (eval_id, edge, prediction_id, model));
+-- Alerts (drift, estimated accuracy) per edge: open while cleared_at IS NULL.
+CREATE TABLE IF NOT EXISTS alerts (
+    alert_id TEXT PRIMARY KEY, edge TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL,
+    value REAL NOT NULL, threshold REAL NOT NULL, detail TEXT NOT NULL,
+    raised_at REAL NOT NULL, cleared_at REAL);
+CREATE INDEX IF NOT EXISTS alerts_edge ON alerts (edge, raised_at);
+-- Label-free accuracy per edge, model and window: the MPP estimate, the calibration
+-- baseline, and the true accuracy over the window's labelled predictions (if any).
+CREATE TABLE IF NOT EXISTS estimates (
+    edge TEXT NOT NULL, model TEXT NOT NULL, window_start REAL NOT NULL,
+    window_end REAL NOT NULL, n INTEGER NOT NULL, mpp REAL, calibration REAL,
+    labelled INTEGER NOT NULL, true_accuracy REAL,
+    PRIMARY KEY (edge, model, window_start));
 """
 
 _NEWER_LABEL = (

@@ -1,0 +1,1 @@
+"""Watching a serving model without labels: image and score features, drift, MPP."""
