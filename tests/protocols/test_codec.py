@@ -865,9 +865,9 @@ _CASES: list[_Case] = [
     (
         "stage_unknown",
         DeployStatus,
-        _payload("deploy_status", stage="rolled_back"),
+        _payload("deploy_status", stage="rolled_forward"),
         DecodeError,
-        ("stage", "rolled_back"),
+        ("stage", "rolled_forward"),
     ),
     # -- records vs stream
     (

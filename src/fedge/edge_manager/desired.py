@@ -16,12 +16,14 @@ def next_config(
     class_name: str | None = None,
     training: TrainingPolicy | None = None,
     clear_class: str | None = None,
+    model: str | None = None,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
 
     ``class_name`` sets that class's threshold; without it the default threshold changes.
     ``training`` replaces the station's training policy (None keeps the current one).
     ``clear_class`` removes that class's threshold: the default applies to it again.
+    ``model`` ties the thresholds to that model version (None keeps the current tie).
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -41,6 +43,7 @@ def next_config(
         class_thresholds=class_thresholds,
         issued_at=now,
         training=base.training if training is None else training,
+        model=base.model if model is None else model,
     )
 
 

@@ -48,11 +48,17 @@ class EdgeConfig:
     issued_at: float = 0.0
     # Optional extension (absent on the wire while None): local training as a party.
     training: TrainingPolicy | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # The model version ("inspect:4") the thresholds above were set for, so that a
+    # rollout moves model and thresholds together. An edge serving another model applies
+    # that model's recommended thresholds (its manifest) when it has them, else these.
+    model: str | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
         validate.identifier(self.edge, "edge")
         validate.positive(self.version, "version")
+        if self.model is not None:
+            validate.bounded_text(self.model, "model", 200)
         validate.probability(self.default_threshold, "default_threshold")
         validate.probability_map(self.class_thresholds, "class_thresholds")
         validate.finite(self.report_interval_s, "report_interval_s", minimum=0.05)

@@ -37,6 +37,9 @@ class DeployStage(StrEnum):
     STAGED = "staged"
     ACTIVE = "active"
     FAILED = "failed"
+    # The agent's own rollback: the model failed its health checks after activation and
+    # the previous verified model serves again (``reason`` says which check).
+    ROLLED_BACK = "rolled_back"
 
 
 @dataclass(frozen=True)

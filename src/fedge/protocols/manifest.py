@@ -96,6 +96,22 @@ class Trainable:
 
 
 @dataclass(frozen=True)
+class Thresholds:
+    """Thresholds recommended with a model version (e.g. chosen on held-out data for a
+    target recall): what an edge applies when it serves this model and its operator set
+    no threshold for this model version (see ``EdgeConfig.model``)."""
+
+    default_threshold: float
+    class_thresholds: dict[str, float] = field(default_factory=dict)
+    note: str = ""
+
+    def __post_init__(self) -> None:
+        validate.probability(self.default_threshold, "thresholds.default_threshold")
+        validate.probability_map(self.class_thresholds, "thresholds.class_thresholds")
+        validate.bounded_text(self.note, "thresholds.note", 256)
+
+
+@dataclass(frozen=True)
 class ModelManifest:
     name: str
     version: int
@@ -112,6 +128,10 @@ class ModelManifest:
     # Optional extensions (absent on the wire while None, so older agents still decode).
     preprocess: Preprocess | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
     trainable: Trainable | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    thresholds: Thresholds | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # The p95 inference latency the model must keep on a station after activation, or
+    # the agent rolls back to its previous model (issue "The closed loop").
+    latency_budget_ms: float | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.name, "model name")
@@ -130,6 +150,12 @@ class ModelManifest:
             raise ValidationError(f"positive classes {sorted(unknown)} are not in classes")
         if self.preprocess is not None:
             _check_feedable(self.inputs[0], self.preprocess)
+        if self.thresholds is not None:
+            unknown = set(self.thresholds.class_thresholds) - set(self.classes)
+            if unknown:
+                raise ValidationError(f"thresholds for unknown classes {sorted(unknown)}")
+        if self.latency_budget_ms is not None:
+            validate.finite(self.latency_budget_ms, "latency_budget_ms", minimum=0.001)
 
     @property
     def ref(self) -> str:
