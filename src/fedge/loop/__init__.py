@@ -1,0 +1,1 @@
+"""Continuous training: when the fleet trains again, and the run from job to rollout."""
