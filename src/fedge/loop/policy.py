@@ -13,6 +13,7 @@ Pure: the runner (:mod:`fedge.loop.runner`) observes the store and asks :func:`d
 from __future__ import annotations
 
 import re
+import tomllib
 from dataclasses import dataclass, field
 
 from fedge.errors import FedgeError
@@ -128,3 +129,28 @@ def decide(policy: LoopPolicy, seen: Observation, now: float) -> Decision:
         if policy.min_new_labels
         else "no triggering alert",
     )
+
+
+def job_for(template: str, start_model: str) -> str:
+    """The policy's fleet job manifest with ``[task] model`` set to ``start_model``.
+
+    The text is edited, not re-serialised, so the operator's comments and layout stay;
+    the result is parsed again by the fleet job's own loader before anything runs.
+    """
+    try:
+        document = tomllib.loads(template)
+    except tomllib.TOMLDecodeError as exc:
+        raise LoopPolicyError(f"the policy's job manifest is not TOML: {exc}") from None
+    task = document.get("task")
+    if not isinstance(task, dict) or "model" not in task:
+        raise LoopPolicyError("the policy's job manifest needs a [task] table with model = ...")
+    lines = template.splitlines()
+    section = ""
+    for index, line in enumerate(lines):
+        stripped = line.strip()
+        if stripped.startswith("["):
+            section = stripped.strip("[] ")
+        elif section == "task" and re.match(r"model\s*=", stripped):
+            lines[index] = f'model = "{start_model}"'
+            return "\n".join(lines) + "\n"
+    raise LoopPolicyError("the policy's job manifest sets task.model in a form fedge cannot edit")

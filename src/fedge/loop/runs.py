@@ -1,0 +1,165 @@
+"""Continuous-training policies and runs in the manager's store, and what a policy sees.
+
+A thin adapter: rows in, :class:`~fedge.loop.policy.LoopPolicy` /
+:class:`~fedge.loop.pipeline.LoopRun` out. Every state a run enters is written with an
+event, in one transaction, so ``fedge loop status`` shows each step it took and a
+restarted runner continues from the stored state.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+import uuid
+
+from fedge.edge_manager.store import Store
+from fedge.loop.pipeline import LoopRun, RunState
+from fedge.loop.policy import LoopPolicy, LoopPolicyError, Observation
+
+
+def policy_to_json(policy: LoopPolicy) -> str:
+    fields = dataclasses.asdict(policy)
+    fields["on_alerts"] = sorted(policy.on_alerts)
+    fields["canary"] = list(policy.canary)
+    return json.dumps(fields, sort_keys=True)
+
+
+def policy_from_json(text: str) -> LoopPolicy:
+    try:
+        fields = json.loads(text)
+        fields["on_alerts"] = frozenset(fields["on_alerts"])
+        fields["canary"] = tuple(fields["canary"])
+        return LoopPolicy(**fields)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise LoopPolicyError(f"stored loop policy cannot be read: {exc}") from None
+
+
+def save_policy(store: Store, policy: LoopPolicy, now: float | None = None) -> None:
+    store.conn.execute(
+        "INSERT INTO loop_policies (model, policy, enabled, updated_at) VALUES (?,?,?,?) "
+        "ON CONFLICT (model) DO UPDATE SET policy=excluded.policy, enabled=excluded.enabled, "
+        "updated_at=excluded.updated_at",
+        (policy.model, policy_to_json(policy), int(policy.enabled), now or time.time()),
+    )
+
+
+def policies(store: Store) -> list[LoopPolicy]:
+    rows = store.query("SELECT policy FROM loop_policies ORDER BY model")
+    return [policy_from_json(str(r["policy"])) for r in rows]
+
+
+def policy(store: Store, model: str) -> LoopPolicy | None:
+    row = store.one("SELECT policy FROM loop_policies WHERE model=?", (model,))
+    return None if row is None else policy_from_json(str(row["policy"]))
+
+
+def observe(store: Store, model: str) -> Observation:
+    """New operator labels and open alerts since this model's last loop run started.
+
+    Labels count from the start of the last run (or ever, before the first): the
+    labels a run's job could not have trained on. Only alerts of edges serving a
+    version of ``model`` count.
+    """
+    last = store.one(
+        "SELECT state, started_at FROM loop_runs WHERE model=? ORDER BY started_at DESC LIMIT 1",
+        (model,),
+    )
+    since = 0.0 if last is None else float(last["started_at"])
+    running = last is not None and not RunState(str(last["state"])).ended
+    new_labels = int(
+        store.scalar("SELECT count(*) FROM labels WHERE origin='operator' AND at > ?", (since,))
+        or 0
+    )
+    alerts = store.query(
+        "SELECT DISTINCT edge, kind FROM alerts WHERE cleared_at IS NULL AND raised_at > ? "
+        "AND model LIKE ? ORDER BY edge, kind",
+        (since, f"{model}:%"),
+    )
+    return Observation(
+        new_labels=new_labels,
+        open_alerts=tuple((str(a["edge"]), str(a["kind"])) for a in alerts),
+        running=running,
+        last_started_at=None if last is None else since,
+    )
+
+
+def new_run(model: str, trigger: str, now: float) -> LoopRun:
+    return LoopRun(
+        run_id=f"loop-{uuid.uuid4().hex[:10]}",
+        model=model,
+        state=RunState.TRAINING,
+        trigger=trigger,
+        started_at=now,
+        updated_at=now,
+    )
+
+
+def save_run(store: Store, run: LoopRun, step: str, detail: str) -> None:
+    """Write ``run`` as it is now and the step that made it so (one transaction)."""
+    with store.transaction() as conn:
+        conn.execute(
+            "INSERT INTO loop_runs (run_id, model, state, trigger, started_at, updated_at, "
+            "job_dir, candidate, rollout_id, reason) VALUES (?,?,?,?,?,?,?,?,?,?) "
+            "ON CONFLICT (run_id) DO UPDATE SET state=excluded.state, "
+            "updated_at=excluded.updated_at, job_dir=excluded.job_dir, "
+            "candidate=excluded.candidate, rollout_id=excluded.rollout_id, "
+            "reason=excluded.reason",
+            (
+                run.run_id,
+                run.model,
+                run.state.value,
+                run.trigger,
+                run.started_at,
+                run.updated_at,
+                run.job_dir,
+                run.candidate,
+                run.rollout_id,
+                run.reason,
+            ),
+        )
+        conn.execute(
+            "INSERT INTO loop_events (run_id, at, step, detail) VALUES (?,?,?,?)",
+            (run.run_id, run.updated_at, step, detail),
+        )
+
+
+def _run(row: dict[str, object]) -> LoopRun:
+    return LoopRun(
+        run_id=str(row["run_id"]),
+        model=str(row["model"]),
+        state=RunState(str(row["state"])),
+        trigger=str(row["trigger"]),
+        started_at=float(str(row["started_at"])),
+        updated_at=float(str(row["updated_at"])),
+        job_dir=str(row["job_dir"]),
+        candidate=str(row["candidate"]),
+        rollout_id=str(row["rollout_id"]),
+        reason=str(row["reason"]),
+    )
+
+
+def runs(store: Store, model: str | None = None, limit: int = 20) -> list[LoopRun]:
+    if model is None:
+        rows = store.query("SELECT * FROM loop_runs ORDER BY started_at DESC LIMIT ?", (limit,))
+    else:
+        rows = store.query(
+            "SELECT * FROM loop_runs WHERE model=? ORDER BY started_at DESC LIMIT ?",
+            (model, limit),
+        )
+    return [_run(r) for r in rows]
+
+
+def unfinished(store: Store) -> list[LoopRun]:
+    ended = [s.value for s in RunState if s.ended]
+    marks = ",".join("?" * len(ended))
+    rows = store.query(
+        f"SELECT * FROM loop_runs WHERE state NOT IN ({marks}) ORDER BY started_at", tuple(ended)
+    )
+    return [_run(r) for r in rows]
+
+
+def events(store: Store, run_id: str) -> list[dict[str, object]]:
+    return store.query(
+        "SELECT at, step, detail FROM loop_events WHERE run_id=? ORDER BY at, rowid", (run_id,)
+    )

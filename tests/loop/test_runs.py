@@ -1,0 +1,83 @@
+"""Loop policies and runs in the manager's store; what a policy observes."""
+
+from pathlib import Path
+
+import pytest
+
+from fedge.edge_manager.store import Store
+from fedge.loop import runs
+from fedge.loop.pipeline import Published, RunState, advance
+from fedge.loop.policy import LoopPolicy, LoopPolicyError, alert_kinds, job_for
+
+JOB = """# the operator's comment stays
+[job]
+name = "nightly"
+rounds = 2
+
+[task]
+model = "inspect:1"   # replaced
+lr = 0.003
+
+[federation]
+backend = "fleet"
+"""
+
+
+def test_the_job_starts_from_the_serving_model_and_keeps_the_rest() -> None:
+    text = job_for(JOB, "inspect:7")
+    assert 'model = "inspect:7"' in text and "inspect:1" not in text
+    assert "# the operator's comment stays" in text and "lr = 0.003" in text
+    with pytest.raises(LoopPolicyError, match=r"\[task\] table"):
+        job_for('[job]\nname = "x"\n', "inspect:7")
+    with pytest.raises(LoopPolicyError, match="not TOML"):
+        job_for("[task\nmodel=", "inspect:7")
+
+
+def test_policies_round_trip_through_the_store(tmp_path: Path) -> None:
+    store = Store(tmp_path / "m.db")
+    policy = LoopPolicy(
+        model="inspect", job=JOB, on_alerts=alert_kinds(["drift"]), canary=("st-03",)
+    )
+    runs.save_policy(store, policy)
+    assert runs.policy(store, "inspect") == policy
+    runs.save_policy(store, LoopPolicy(model="inspect", job=JOB, enabled=False))
+    assert [p.enabled for p in runs.policies(store)] == [False]
+    assert runs.policy(store, "other") is None
+
+
+def _label(store: Store, at: float, origin: str = "operator") -> None:
+    store.conn.execute(
+        "INSERT INTO labels VALUES (?,?,?,?,?,?,?)",
+        (f"l{at}{origin}", f"p{at}{origin}", "st-01", "scratch", "op", at, origin),
+    )
+
+
+def _alert(store: Store, edge: str, kind: str, model: str, at: float) -> None:
+    store.conn.execute(
+        "INSERT INTO alerts VALUES (?,?,?,?,?,?,?,?,NULL)",
+        (f"a-{edge}-{kind}-{at}", edge, model, kind, 0.4, 0.25, "{}", at),
+    )
+
+
+def test_observe_counts_labels_and_alerts_since_the_last_run(tmp_path: Path) -> None:
+    store = Store(tmp_path / "m.db")
+    for at in (10.0, 20.0, 30.0):
+        _label(store, at)
+    _label(store, 40.0, origin="station")  # a station's own label is not an operator's
+    _alert(store, "st-02", "input_drift", "inspect:3", 25.0)
+    _alert(store, "st-03", "input_drift", "other:1", 25.0)  # another model's edge
+    seen = runs.observe(store, "inspect")
+    assert (seen.new_labels, seen.running, seen.last_started_at) == (3, False, None)
+    assert seen.open_alerts == (("st-02", "input_drift"),)
+
+    run = runs.new_run("inspect", "3 new labels", now=22.0)
+    runs.save_run(store, run, "triggered", "3 new labels")
+    seen = runs.observe(store, "inspect")
+    assert (seen.new_labels, seen.running, seen.last_started_at) == (1, True, 22.0)
+    assert seen.open_alerts == (("st-02", "input_drift"),)
+
+    moved = advance(run, Published("inspect:4"), 50.0)
+    runs.save_run(store, moved, "published", "inspect:4")
+    assert runs.unfinished(store) == [moved]
+    assert [e["step"] for e in runs.events(store, run.run_id)] == ["triggered", "published"]
+    assert runs.runs(store, "inspect")[0].state is RunState.GATING
