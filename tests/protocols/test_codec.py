@@ -12,6 +12,12 @@ from fedge.protocols import codec
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig, TrainingPolicy
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
+from fedge.protocols.evaluation import (
+    EvaluationItem,
+    EvaluationReport,
+    EvaluationRequest,
+    EvaluationStatus,
+)
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, TensorSpec, Trainable
@@ -126,6 +132,29 @@ STATION_LABELS = StationLabels(
     version=2,
     labels=(LabelRecord("l-0002", "p-0001", "ok", "operator-7", T0),),
     issued_at=T0,
+)
+EVALUATION_REQUEST = EvaluationRequest(
+    fleet="plant-a",
+    edge="edge-01",
+    version=5,
+    eval_id="ev-7",
+    manifest_envelopes=('{"kind":"signed"}',),
+    grpc_target="manager:50051",
+    max_images=50,
+    issued_at=T0,
+)
+EVALUATION_REPORT = EvaluationReport(
+    edge="edge-01",
+    eval_id="ev-7",
+    version=5,
+    status=EvaluationStatus.DONE,
+    holdout=12,
+    items=(
+        EvaluationItem(
+            "p-0001", "inspect:2", "defect", {"ok": 0.125, "defect": 0.875}, {"mean": 0.5}
+        ),
+    ),
+    reported_at=T0,
 )
 # Optional extensions: present on the wire only when set (older agents decode the rest).
 TRAINING_CONFIG = EdgeConfig(
@@ -246,6 +275,20 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'"weights_sha256":"cdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcdcd",'
         b'"weights_size":77},"version":3}',
     ),
+    (
+        EVALUATION_REQUEST,
+        b'{"edge":"edge-01","eval_id":"ev-7","fleet":"plant-a","grpc_target":"manager:50051",'
+        b'"issued_at":1700000000.5,"kind":"evaluation_request",'
+        b'"manifest_envelopes":["{\\"kind\\":\\"signed\\"}"],"max_images":50,"schema":1,'
+        b'"version":5}',
+    ),
+    (
+        EVALUATION_REPORT,
+        b'{"edge":"edge-01","eval_id":"ev-7","holdout":12,"items":[{"label":"defect",'
+        b'"model":"inspect:2","prediction_id":"p-0001","scores":{"defect":0.875,"ok":0.125},'
+        b'"stats":{"mean":0.5}}],"kind":"evaluation_report","reason":"",'
+        b'"reported_at":1700000000.5,"schema":1,"status":"done","version":5}',
+    ),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -260,6 +303,8 @@ GOLDEN_IDS = [
     "station_labels",
     "edge_config_training",
     "model_manifest_trainable",
+    "evaluation_request",
+    "evaluation_report",
 ]
 
 

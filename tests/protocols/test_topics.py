@@ -20,6 +20,7 @@ def test_root() -> None:
     [
         (Down.CONFIG, "fedge/v1/plant-a/edge-01/down/config"),
         (Down.DEPLOY, "fedge/v1/plant-a/edge-01/down/deploy"),
+        (Down.EVALUATE, "fedge/v1/plant-a/edge-01/down/evaluate"),
     ],
 )
 def test_down_layout(kind: Down, expected: str) -> None:
@@ -35,6 +36,7 @@ def test_down_layout(kind: Down, expected: str) -> None:
         (Up.TELEMETRY, "fedge/v1/plant-a/edge-01/up/telemetry"),
         (Up.PREDICTIONS, "fedge/v1/plant-a/edge-01/up/predictions"),
         (Up.LABELS, "fedge/v1/plant-a/edge-01/up/labels"),
+        (Up.EVALUATE, "fedge/v1/plant-a/edge-01/up/evaluate"),
     ],
 )
 def test_up_layout(kind: Up, expected: str) -> None:
@@ -42,7 +44,7 @@ def test_up_layout(kind: Up, expected: str) -> None:
 
 
 def test_documented_kinds_are_exactly_these() -> None:
-    assert {k.value for k in Down} == {"config", "deploy", "labels"}
+    assert {k.value for k in Down} == {"config", "deploy", "labels", "evaluate"}
     assert {k.value for k in Up} == {
         "state",
         "config",
@@ -50,6 +52,7 @@ def test_documented_kinds_are_exactly_these() -> None:
         "telemetry",
         "predictions",
         "labels",
+        "evaluate",
     }
     assert {d.value for d in Direction} == {"down", "up"}
 

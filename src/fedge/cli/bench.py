@@ -254,6 +254,54 @@ def distill(
     )
 
 
+@app.command()
+@friendly_errors
+def mpp(
+    seed: Annotated[int, typer.Option(help="Seed of the data and the primary model.")] = 0,
+    seeds: Annotated[
+        int | None,
+        typer.Option(help="Run seeds 0..N-1 instead of --seed; report medians.", min=1),
+    ] = None,
+    train_images: Annotated[
+        int, typer.Option(help="Primary model's training images.", min=10)
+    ] = 4000,
+    epochs: Annotated[int, typer.Option(help="Primary model's training epochs.", min=1)] = 4,
+    gate_images: Annotated[
+        int, typer.Option(help="Held-out gate images (fit MPP).", min=10)
+    ] = 2000,
+    test_images: Annotated[int, typer.Option(help="Images per scenario.", min=1)] = 2000,
+    stream_before: Annotated[
+        int, typer.Option(help="In-distribution images before the shift.", min=1)
+    ] = 1000,
+    stream_after: Annotated[int, typer.Option(help="Shifted images after it.", min=1)] = 400,
+    window: Annotated[int, typer.Option(help="Drift window (images).", min=2)] = 100,
+    step: Annotated[int, typer.Option(help="Images the window slides by.", min=1)] = 10,
+    json_path: JsonOption = None,
+) -> None:
+    """Label-free accuracy (MPP) per scenario and drift-alert delay on image streams.
+
+    Example: fedge bench mpp --seeds 5 --json out.json
+    """
+    from fedge.bench.mpp import MppBenchSize, run_mpp, run_mpp_seeds
+
+    if seeds is not None and seed != 0:
+        raise typer.BadParameter("give --seed or --seeds, not both", param_hint="--seed")
+    size = MppBenchSize(
+        train_images=train_images,
+        epochs=epochs,
+        gate_images=gate_images,
+        test_images=test_images,
+        stream_before=stream_before,
+        stream_after=stream_after,
+        window=window,
+        step=step,
+    )
+    if seeds is not None:
+        _run("mpp", json_path, lambda progress: run_mpp_seeds(seeds, size=size, progress=progress))
+        return
+    _run("mpp", json_path, lambda progress: run_mpp(seed, size=size, progress=progress))
+
+
 @app.command("agent-footprint")
 @friendly_errors
 def agent_footprint(
@@ -340,5 +388,28 @@ def chaos(
             heal_timeout_s=heal_timeout,
             keep=keep,
             progress=progress,
+        ),
+    )
+
+
+@app.command("rollout")
+@friendly_errors
+def rollout(
+    edges: Annotated[int, typer.Option(help="Real agents, one process each.")] = 20,
+    health_window: Annotated[float, typer.Option(help="Seconds each wave is watched.")] = 3.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 180.0,
+    json_path: JsonOption = None,
+) -> None:
+    """A bad and a good model rolled out staged to real agents: exposure, rollback time.
+
+    Example: fedge bench rollout --edges 20 --json out.json
+    """
+    from fedge.bench.rollout import run_rollout_bench
+
+    _run(
+        "rollout",
+        json_path,
+        lambda progress: run_rollout_bench(
+            edges, health_window_s=health_window, timeout_s=timeout, progress=progress
         ),
     )

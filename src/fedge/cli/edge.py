@@ -27,6 +27,15 @@ def _when(ts: Any) -> str:
     return when(None if ts is None else float(ts))
 
 
+# Where the serving model's thresholds come from (Fleet.show's thresholds_source).
+_SOURCES = {
+    "config": "the desired config's",
+    "model": "the serving model's recommended ones (the config is for another model)",
+    "untied": "the desired config's, set for another model (the serving one recommends none)",
+    "default": "the built-in default 0.5 (no config yet, no recommended ones)",
+}
+
+
 def _per_class(thresholds: dict[str, float]) -> str:
     """Per-class thresholds for people (``scratch 0.6``), not a dict's repr."""
     return ", ".join(f"{name} {value:g}" for name, value in sorted(thresholds.items())) or "none"
@@ -58,16 +67,30 @@ def set_threshold(
     edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
     value: Annotated[float, typer.Argument(help="Threshold in [0, 1].")],
     class_name: Annotated[str | None, typer.Option("--class", help="Only this class.")] = None,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help="The model version the threshold is for, e.g. inspect:4 (default: the "
+            "model deployed to the edge)."
+        ),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Push a new decision threshold to an edge (a new signed config version).
 
-    Example: fedge edge set-threshold st-07 0.72 --class scratch
+    The thresholds are tied to a model version: an edge that serves another one applies
+    that model's recommended thresholds (if it was published with some).
+
+    Example: fedge edge set-threshold st-07 0.72 --class scratch --model inspect:4
     """
     _, fleet = open_fleet(home)
     edges = fleet.edges() if edge == "all" else [edge]
-    for pushed in fleet.set_threshold(edges, value, class_name):
-        console.print(f"{pushed.edge}: desired config v{pushed.version} (threshold {value})")
+    for pushed in fleet.set_threshold(edges, value, class_name, model):
+        tie = f"for {pushed.model}" if pushed.model else "for any model: none is deployed"
+        console.print(
+            f"{pushed.edge}: desired config v{pushed.version} (threshold {value}, {escape(tie)})",
+            highlight=False,
+        )
     warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
 
 
@@ -149,9 +172,11 @@ def show(
     console.print(
         f"  config         desired v{view['desired_config_version']} "
         f"(threshold {desired.get('default_threshold', '-')}, "
-        f"per class {escape(_per_class(desired.get('class_thresholds', {})))}) / reported "
+        f"per class {escape(_per_class(desired.get('class_thresholds', {})))}) "
+        f"for {escape(view['thresholds_for'] or 'any model')} / reported "
         f"v{view['config_applied']} {sync} {escape(str(view['config_reason']))}"
     )
+    console.print(f"  thresholds     {escape(_SOURCES[view['thresholds_source']])}")
     console.print(f"  serving        {escape(view['serving'] or '-')}")
     deployment = f"{view['deploy_id'] or '-'} {view['deploy_stage']} {view['deploy_reason']}"
     console.print(f"  deployment     {escape(deployment)}")
@@ -184,7 +209,7 @@ def list_edges(
         print_json(fleet.list())
         return
     table = fitted_table(
-        "edge", "state", "session", "last seen", "serving", "config (desired/applied)"
+        "edge", "state", "session", "last seen", "serving", "config (desired/applied)", "deploy"
     )
     for row in fleet.list():
         table.add_row(
@@ -194,5 +219,6 @@ def list_edges(
             _when(row["last_seen"]),
             row["serving"] or "-",
             f"v{row['config_desired']}/v{row['config_applied']}",
+            escape(row["deploy_stage"] or "-"),
         )
     console.print(table)

@@ -8,15 +8,18 @@ from fedge import __version__
 from fedge.cli import (
     agent,
     aggregator,
+    alerts,
     bench,
     console,
     deploy,
     edge,
     labels,
+    loop,
     manager,
     model,
     predictions,
     quickstart,
+    rollout,
     sim,
 )
 
@@ -31,9 +34,12 @@ app.add_typer(model.app, name="model")
 app.add_typer(edge.app, name="edge")
 app.add_typer(labels.app, name="labels")
 app.add_typer(predictions.app, name="predictions")
+app.add_typer(alerts.app, name="alerts")
 app.add_typer(bench.app, name="bench")
 app.add_typer(aggregator.app, name="aggregator")
 app.add_typer(console.app, name="console")
+app.add_typer(rollout.app, name="rollout")
+app.add_typer(loop.app, name="loop")
 app.command("deploy")(deploy.deploy)
 app.command("sim")(sim.sim)
 app.command("quickstart")(quickstart.quickstart)

@@ -17,9 +17,12 @@ from fedge.cli.common import (
     print_json,
     when,
 )
-from fedge.protocols.manifest import Lineage, ModelManifest
+from fedge.cli.gate import gate
+from fedge.protocols.manifest import Lineage, ModelManifest, Thresholds
 
 app = typer.Typer(help="The model registry.", no_args_is_help=True)
+# The validation gate (cli/gate.py): `fedge model gate inspect:4`.
+app.command("gate")(gate)
 
 
 def _split(value: str | None) -> tuple[str, ...] | None:
@@ -61,9 +64,23 @@ def publish(
         int | None, typer.Option(help="Input image side (preprocessing travels with the model).")
     ] = None,
     channels: Annotated[int, typer.Option(help="Input channels (1 gray, 3 RGB).")] = 1,
+    threshold: Annotated[
+        float | None, typer.Option(help="Recommended decision threshold in [0, 1].")
+    ] = None,
+    class_threshold: Annotated[
+        list[str] | None,
+        typer.Option(help="Recommended threshold of one class, CLASS=VALUE (repeatable)."),
+    ] = None,
+    latency_budget_ms: Annotated[
+        float | None,
+        typer.Option(help="p95 latency (ms) it must keep on a station, or it is rolled back."),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Store, hash, sign and register an ONNX model (trainable with --weights --family).
+
+    --threshold and --class-threshold are the thresholds recommended with this version:
+    an edge serving it applies them unless its config was set for this very version.
 
     Example: fedge model publish model.onnx --name inspect --version 3 --classes clean,scratch
     --positive scratch --weights weights.npz --family inspection-cnn --param width=16
@@ -87,6 +104,7 @@ def publish(
         raise typer.BadParameter(str(exc)) from None
     if weights is not None and preprocess is None:
         raise typer.BadParameter("a trainable model needs --image-size (its preprocessing)")
+    thresholds = _thresholds(threshold, class_threshold or [])
     _, fleet = open_fleet(home)
     published = fleet.registry.publish(
         path,
@@ -99,10 +117,37 @@ def publish(
         trainable=None
         if weights is None or family is None
         else TrainableSource(weights, family, params),
+        thresholds=thresholds,
+        latency_budget_ms=latency_budget_ms,
     )
     console.print(
         _published_line(published.manifest), markup=False, highlight=False, soft_wrap=True
     )
+
+
+def _thresholds(default: float | None, per_class: list[str]) -> Thresholds | None:
+    """--threshold and --class-threshold as the manifest's recommended thresholds."""
+    from fedge.protocols.errors import ProtocolError
+
+    classes: dict[str, float] = {}
+    for item in per_class:
+        name, sep, value = item.partition("=")
+        try:
+            number = float(value)
+        except ValueError:
+            number = None
+        if not sep or not name.strip() or number is None:
+            raise typer.BadParameter(
+                f"{item!r} must be CLASS=VALUE, e.g. scratch=0.3", param_hint="--class-threshold"
+            )
+        classes[name.strip()] = number
+    if default is None and not classes:
+        return None
+    try:
+        # Without --threshold the class thresholds stand alone over the usual 0.5.
+        return Thresholds(0.5 if default is None else default, classes)
+    except ProtocolError as exc:
+        raise typer.BadParameter(str(exc)) from None
 
 
 @app.command("list")

@@ -19,6 +19,7 @@ from fedge.edge_agent.decisions import ConfigAction, decide_config
 from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
 from fedge.edge_agent.errors import InferenceError
+from fedge.edge_agent.evaluations import Evaluations
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
 from fedge.edge_agent.scorer import ImageFile as ImageFile
@@ -69,6 +70,7 @@ class EdgeAgent:
             self.counters,
             model=lambda: self.model,
             config=lambda: self.config,
+            observe=lambda *seen: self.deployments.probation.observe(*seen),
         )
         self._commits = self.scorer.commits  # one commit group per agent
         self._lock = threading.Lock()
@@ -85,6 +87,10 @@ class EdgeAgent:
             report=self._report_status,
         )
         self.model = self.deployments.restore_active()
+        # The gate's evaluations of candidate models on the station's held-out images.
+        self.evaluations = Evaluations(
+            settings, self.store, self.station, self.keys, self.counters, report=self._report_status
+        )
         self.session = self.store.get("session")
         self._session = int(self.session) if self.session is not None else -1
         self._stop = threading.Event()
@@ -133,6 +139,7 @@ class EdgeAgent:
                 topics.Down.CONFIG.value: self.handle_config,
                 topics.Down.DEPLOY.value: self.handle_deploy,
                 topics.Down.LABELS.value: self.handle_labels,
+                topics.Down.EVALUATE.value: self.handle_evaluate,
             },
             statements=self._statements,
             counters=self.counters,
@@ -242,6 +249,9 @@ class EdgeAgent:
         last_deploy = self.deployments.last_status
         if last_deploy is not None:
             statements.append((topics.Up.DEPLOY, last_deploy))
+        last_evaluation = self.evaluations.last_report
+        if last_evaluation is not None:
+            statements.append((topics.Up.EVALUATE, last_evaluation))
         return statements
 
     def _known_versions(self) -> dict[str, int]:
@@ -250,6 +260,7 @@ class EdgeAgent:
             topics.Down.CONFIG.value: self.applied_version,
             topics.Down.DEPLOY.value: self.deployments.done_version,
             topics.Down.LABELS.value: int(self.store.get("labels_version") or 0),
+            topics.Down.EVALUATE.value: self.evaluations.done_version,
         }
 
     # -- incoming
@@ -272,6 +283,8 @@ class EdgeAgent:
             self.handle_config(message.payload)
         elif kind is topics.Down.LABELS:
             self.handle_labels(message.payload)
+        elif kind is topics.Down.EVALUATE:
+            self.handle_evaluate(message.payload)
         else:
             self.handle_deploy(message.payload)
 
@@ -345,6 +358,9 @@ class EdgeAgent:
 
     def handle_deploy(self, envelope: bytes) -> None:
         self.deployments.handle(envelope)
+
+    def handle_evaluate(self, envelope: bytes) -> None:
+        self.evaluations.handle(envelope)
 
     def _install_model(self, model: runtime.LoadedModel) -> None:
         self.model = model
@@ -435,6 +451,8 @@ class EdgeAgent:
             "predictions",
             float(self.counters["decision.accept"] + self.counters["decision.reject"]),
         )
+        # Cumulative, beside "predictions": a staged rollout's error_rate is their ratio.
+        self.add_metric("inference.errors", float(self.counters["inference.errors"]))
         # What the station could train on, and whether it is ready to (the manager's
         # telemetry shows operators which stations a fleet job would find).
         for name, value in self.station.counts().items():
@@ -451,6 +469,8 @@ class EdgeAgent:
             "serving": self.serving,
             "config_version": self.applied_version,
             "threshold": None if self.config is None else self.config.default_threshold,
+            "thresholds": self.scorer.thresholds().describe(),
+            "probation": self.deployments.probation.status(),
             "backlog": self.store.backlog(),
             "counters": dict(self.counters),
             "training": None if self.supervisor is None else self.supervisor.status(),

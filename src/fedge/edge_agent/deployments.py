@@ -13,6 +13,14 @@ this module reaches only through the callbacks it is given:
 
 Restoring: see :mod:`fedge.edge_agent.restore`; the download, verification and smoke
 test of a deployment: :mod:`fedge.edge_agent.deployer`.
+
+After a deployment activates, the new model is on probation
+(:mod:`fedge.edge_agent.probation`, verdicts by :mod:`fedge.edge_agent.health`). One that
+fails it is rolled back here: the previous kept model that verifies serves again (the
+same swap as a deployment's, under the same locks), the manager gets a ``rolled_back``
+status with the reason, the failed model leaves the kept history and its deployment is
+remembered as rolled back (``rolled_back_deployments``), so neither a restart nor a
+re-fetch of the retained desired document activates it again.
 """
 
 import logging
@@ -21,9 +29,10 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
-from fedge.edge_agent import deployer, restore, runtime
+from fedge.edge_agent import deployer, health, restore, runtime
 from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.probation import Probation, Trial
 from fedge.edge_agent.settings import AgentSettings
 from fedge.protocols import codec, topics
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
@@ -33,6 +42,9 @@ from fedge.protocols.signing import TrustedKeys, open_signed
 log = logging.getLogger(__name__)
 
 Report = Callable[[topics.Up, bytes, bool], None]
+
+# The deployments this agent rolled back (id -> reason), never activated again.
+ROLLED_BACK = "rolled_back_deployments"
 
 
 class Deployments:
@@ -57,6 +69,7 @@ class Deployments:
         self._serving = serving
         self._report = report
         self._deploy_lock = threading.Lock()
+        self.probation = Probation(settings.probation_policy(), store, counters, self.rollback)
         stored = store.get("last_deploy_status")
         # Re-stated (retained) by every new session, after the birth.
         self.last_status: bytes | None = None if stored is None else stored.encode()
@@ -87,6 +100,8 @@ class Deployments:
         for kept, failure in restored.failures:
             if kept is not active:
                 log.error("kept model %s does not verify either: %s", kept.ref, failure)
+        if restored.kept is not None:
+            self.probation.resume(restored.kept.ref)
         if unreadable is None and restored.kept is active:
             return restored.model
         error = unreadable or restored.failures[0][1]
@@ -162,14 +177,26 @@ class Deployments:
             manifest_ref = ("", 0)
 
             def stage(stage: DeployStage, reason: str) -> None:
-                self._report_stage(desired, manifest_ref, stage, reason)
+                self._report_stage(
+                    desired.deployment_id, desired.version, manifest_ref, stage, reason
+                )
 
             try:
                 manifest = deployer.open_manifest(desired.manifest_envelope.encode(), self.keys)
                 manifest_ref = (manifest.name, manifest.version)
+                earlier = restore.decode_rolled_back(self.store.get(ROLLED_BACK))
+                if desired.deployment_id in earlier:
+                    # Due again only because a restore lowered the done version: it
+                    # failed its probation here once and is not activated again.
+                    self.counters["deploy.rolled_back_before"] += 1
+                    reason = earlier[desired.deployment_id]
+                    stage(DeployStage.ROLLED_BACK, f"rolled back earlier, not again: {reason}")
+                    self.store.put("deploy_done_version", str(desired.version))
+                    return
                 model = deployer.prepare(desired, self.settings, self.keys, stage)
                 kept = restore.kept_from(desired, model)
                 with self._lock:
+                    previous = self._serving()
                     # The signed manifest and the deployment go with the pointer: a start
                     # re-verifies the model, and falls back to an earlier one if it fails.
                     self.store.put("active_model", restore.encode_kept(kept))
@@ -178,6 +205,12 @@ class Deployments:
                         "model_history", restore.encode_history(restore.remember(history, kept))
                     )
                     self._install(model)
+                    if previous and previous != model.ref:
+                        self.probation.begin(
+                            model, desired.deployment_id, desired.version, previous
+                        )
+                    else:  # nothing to go back to, or the same model again: no trial
+                        self.probation.end()
                 self.counters["deploy.active"] += 1
                 log.info("now serving %s", model.ref)
                 stage(DeployStage.ACTIVE, "")
@@ -206,14 +239,97 @@ class Deployments:
             return
         self.counters["models.pruned"] += len(removed)
 
+    # -- the local rollback
+
+    def rollback(self, trial: Trial, verdict: health.Verdict) -> None:
+        """``trial``'s model failed its probation: serve the previous verified model again.
+
+        Runs on its own thread (started by the probation). Nothing happens if another
+        deployment replaced the model meanwhile.
+        """
+        with self._deploy_lock:
+            raw = self.store.get("active_model")
+            try:
+                active = None if raw is None else restore.decode_kept(raw)
+            except DeployError:
+                active = None
+            if active is None or (active.ref, active.deployment_id) != (
+                trial.model,
+                trial.deployment_id,
+            ):
+                self.counters["rollback.superseded"] += 1
+                return
+            history = restore.decode_history(self.store.get("model_history"))
+            restored = restore.restore(
+                restore.without(history, active), lambda kept: restore.verify(kept, self.keys)
+            )
+            for kept, failure in restored.failures:
+                log.error("kept model %s does not verify: %s", kept.ref, failure)
+            name, _, version = trial.model.rpartition(":")
+            ref = (name, int(version))
+            if restored.model is None or restored.kept is None:
+                self.counters["rollback.no_previous"] += 1
+                self.probation.end()
+                log.error(
+                    "%s failed its probation (%s) but no previous model verifies; still serving it",
+                    trial.model,
+                    verdict.reason,
+                )
+                self._report_stage(
+                    trial.deployment_id,
+                    trial.deployment_version,
+                    ref,
+                    DeployStage.FAILED,
+                    f"health_check_failed: {verdict.reason}; no previous model verifies, "
+                    f"still serving {trial.model}",
+                )
+                return
+            model, previous = restored.model, restored.kept
+            earlier = restore.decode_rolled_back(self.store.get(ROLLED_BACK))
+            with self._lock:
+                self.store.put("active_model", restore.encode_kept(previous))
+                self.store.put(
+                    "model_history",
+                    restore.encode_history(
+                        restore.remember(restore.without(history, active), previous)
+                    ),
+                )
+                self.store.put(
+                    ROLLED_BACK,
+                    restore.encode_rolled_back(
+                        restore.add_rolled_back(earlier, trial.deployment_id, verdict.reason)
+                    ),
+                )
+                # The done version stays the bad deployment's: its retained desired
+                # document is stale to this agent from now on, restarts included.
+                done = max(self.done_version, trial.deployment_version)
+                self.store.put("deploy_done_version", str(done))
+                self.probation.end()
+                self._install(model)
+            self.counters["rollback.done"] += 1
+            log.warning("rolled back from %s to %s: %s", trial.model, previous.ref, verdict.reason)
+            self._report_stage(
+                trial.deployment_id,
+                trial.deployment_version,
+                ref,
+                DeployStage.ROLLED_BACK,
+                f"{verdict.reason}; serving {previous.ref} again",
+            )
+            self.prune()
+
     def _report_stage(
-        self, desired: DeploymentDesired, ref: tuple[str, int], stage: DeployStage, reason: str
+        self,
+        deployment_id: str,
+        deployment_version: int,
+        ref: tuple[str, int],
+        stage: DeployStage,
+        reason: str,
     ) -> None:
         name, version = ref
         status = DeployStatus(
             self.settings.edge,
-            desired.deployment_id,
-            desired.version,
+            deployment_id,
+            deployment_version,
             name or "unknown",
             version,
             stage,

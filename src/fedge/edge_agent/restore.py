@@ -170,6 +170,37 @@ def candidates(active: KeptModel | None, history: Iterable[KeptModel]) -> tuple[
     return (active, *(k for k in history if k.path != active.path))
 
 
+def without(history: Iterable[KeptModel], kept: KeptModel) -> tuple[KeptModel, ...]:
+    """``history`` less ``kept``'s file: a model rolled back is no fallback any more."""
+    return tuple(k for k in history if k.path != kept.path)
+
+
+# Rolled-back deployments remembered (the newest): enough for every retained document.
+KEEP_ROLLED_BACK = 16
+
+
+def decode_rolled_back(raw: str | None) -> dict[str, str]:
+    """The deployments rolled back on this station (id -> reason), oldest first."""
+    try:
+        data = json.loads(raw or "{}")
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def encode_rolled_back(rolled_back: dict[str, str]) -> str:
+    return json.dumps(rolled_back, separators=(",", ":"))
+
+
+def add_rolled_back(
+    rolled_back: dict[str, str], deployment_id: str, reason: str, keep: int = KEEP_ROLLED_BACK
+) -> dict[str, str]:
+    """``rolled_back`` with ``deployment_id`` added as the newest, at most ``keep``."""
+    entries = [(k, v) for k, v in rolled_back.items() if k != deployment_id]
+    entries.append((deployment_id, reason[:500]))
+    return dict(entries[-keep:])
+
+
 @dataclass(frozen=True)
 class Restored(Generic[T]):
     """What serves after a start (``model`` from ``kept``), and what failed on the way."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from fedge.edge_agent import runtime, scoring
+from fedge.edge_agent.decisions import ThresholdsInForce, ThresholdSource, thresholds_in_force
 from fedge.edge_agent.errors import InferenceError, NotServingError, StorageError
 from fedge.edge_agent.group_commit import GroupCommit
 from fedge.edge_agent.images import decode_for
@@ -29,6 +30,10 @@ from fedge.protocols.manifest import Preprocess
 from fedge.protocols.records import PredictionRecord
 
 log = logging.getLogger(__name__)
+
+
+# (model, its raw score rows, their latencies in ms, images it failed on).
+Observer = Callable[[runtime.LoadedModel, np.ndarray, Sequence[float], int], None]
 
 
 @dataclass(frozen=True)
@@ -53,17 +58,45 @@ class Scorer:
         *,
         model: Callable[[], runtime.LoadedModel | None],
         config: Callable[[], EdgeConfig | None],
+        observe: Observer | None = None,
     ) -> None:
         self.settings = settings
         self.station = station
         self.counters = counters
         self._model = model
         self._config = config
+        # Told of every model call (the probation of a new model, fedge.edge_agent.probation).
+        self._observe = observe
+        self._untied_seen: set[tuple[int, str]] = set()
         # (record, inbox arrival) pairs: the arrival commits with its prediction.
         self.commits: GroupCommit[tuple[PredictionRecord, str]] = GroupCommit(
             lambda items: store.add_predictions(
                 [record for record, _ in items], [arrival for _, arrival in items]
             )
+        )
+
+    def thresholds(self) -> ThresholdsInForce:
+        """The thresholds in force for the serving model, and where they come from."""
+        model = self._model()
+        return thresholds_in_force(self._config(), None if model is None else model.manifest)
+
+    def _check_untied(self, in_force: ThresholdsInForce) -> None:
+        """A config set for another model applies as the serving one has none: counted
+        and logged once per (config version, model)."""
+        if in_force.source is not ThresholdSource.UNTIED:
+            return
+        key = (in_force.config_version, in_force.model)
+        if key in self._untied_seen:
+            return
+        self._untied_seen.add(key)
+        self.counters["thresholds.untied"] += 1
+        log.warning(
+            "config v%d sets thresholds for %s but %s serves and recommends none: "
+            "applying them untied; set a threshold for %s (fedge edge set-threshold)",
+            in_force.config_version,
+            in_force.tied_to,
+            in_force.model,
+            in_force.model,
         )
 
     def preprocess_for(self, model: runtime.LoadedModel) -> Preprocess:
@@ -147,7 +180,18 @@ class Scorer:
         keys = [""] * len(images) if arrivals is None else list(arrivals)
         if len(keys) != len(images):
             raise InferenceError(f"{len(images)} images but {len(keys)} arrivals")
-        scored = scoring.score(model, config, images, sources or [""] * len(images))
+        self._check_untied(thresholds_in_force(config, model.manifest))
+        try:
+            scored = scoring.score(model, config, images, sources or [""] * len(images))
+        except InferenceError:
+            # The model failed on images it was given (a staged rollout's error_rate).
+            self.counters["inference.errors"] += len(images)
+            if self._observe is not None:
+                self._observe(model, np.empty((0, 0)), [], len(images))
+            raise
+        if self._observe is not None and scored:
+            rows = np.stack([s.scores for s in scored])
+            self._observe(model, rows, [s.record.latency_ms for s in scored], 0)
         try:
             self.commits.submit([(s.record, key) for s, key in zip(scored, keys, strict=True)])
         except sqlite3.Error as exc:

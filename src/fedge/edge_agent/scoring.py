@@ -14,9 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedge.edge_agent.decisions import decide
+from fedge.edge_agent.decisions import decide, thresholds_in_force
 from fedge.edge_agent.errors import InferenceError
 from fedge.edge_agent.runtime import LoadedModel
+from fedge.monitoring.features import image_stats
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.records import PredictionRecord
 
@@ -75,14 +76,22 @@ def record_for(
     latency_ms: float,
     source: str,
     at: float,
+    stats: dict[str, float] | None = None,
 ) -> PredictionRecord:
-    """The prediction record of one image's probabilities under the config in force."""
+    """The prediction record of one image's probabilities under the config in force.
+
+    ``stats`` are the image's statistics (monitoring.features.image_stats): the manager
+    watches them for input drift and estimates accuracy from them without labels.
+    """
     classes = model.manifest.classes
     # Scores are clamped to [0, 1]: a model's float noise must not fail validation.
     scores = {
         name: min(1.0, max(0.0, float(p))) for name, p in zip(classes, probs.tolist(), strict=True)
     }
-    decision = decide(scores, model.manifest.positive_classes, config)
+    # The config's thresholds, or the serving model's own when the config is tied to
+    # another model version (decisions.thresholds_in_force).
+    in_force = thresholds_in_force(config, model.manifest)
+    decision = decide(scores, model.manifest.positive_classes, in_force)
     return PredictionRecord(
         prediction_id=f"p-{uuid.uuid4().hex}",
         at=at,
@@ -93,6 +102,7 @@ def record_for(
         config_version=0 if config is None else config.version,
         latency_ms=latency_ms,
         source=source[:512],
+        stats=stats,
     )
 
 
@@ -107,7 +117,9 @@ def score(
         raise InferenceError(f"{len(images)} images but {len(sources)} sources")
     probs, latency_ms = run(model, images)
     at = time.time()
+    # Computed on the prepared image (what the model saw), after the model call so that
+    # the measured latency stays the model's own.
     return [
-        Scored(record_for(model, config, row, latency_ms, source, at), row)
-        for row, source in zip(probs, sources, strict=True)
+        Scored(record_for(model, config, row, latency_ms, source, at, image_stats(image)), row)
+        for row, source, image in zip(probs, sources, images, strict=True)
     ]

@@ -31,6 +31,18 @@ holdout_percent = 20              # share kept for local evaluation, never train
 # A long outage: telemetry is not recorded while the outbox holds this many batches or
 # more (predictions and labels always are; the station's disk is their only limit).
 telemetry_backlog_limit = 2000
+
+# A newly deployed model's probation (fedge.edge_agent.health): its first
+# probation_images images or probation_s seconds, whichever comes first. It is rolled
+# back to the previous model if more than probation_max_error_rate of its images fail,
+# its p95 latency is over the manifest's latency budget, a score is NaN, or its defect
+# scores stop varying (std < probation_min_spread) where the previous model's varied.
+# Fewer than probation_min_images images by the end of the time: it passes.
+probation_images = 50
+probation_s = 600.0
+probation_min_images = 10
+probation_max_error_rate = 0.05
+probation_min_spread = 0.001
 """
 
 import tomllib
@@ -38,6 +50,7 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
 from fedge.edge_agent.errors import SettingsError
+from fedge.edge_agent.health import ProbationPolicy
 from fedge.protocols import validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import PublicKey
@@ -71,9 +84,24 @@ class AgentSettings:
     # During a long outage telemetry stops being recorded once the outbox holds this
     # many batches; predictions and labels are always kept (they are the data).
     telemetry_backlog_limit: int = 2000
+    # A new model's probation after activation (see fedge.edge_agent.health).
+    probation_images: int = 50
+    probation_s: float = 600.0
+    probation_min_images: int = 10
+    probation_max_error_rate: float = 0.05
+    probation_min_spread: float = 0.001
 
     def public_key(self) -> PublicKey:
         return PublicKey.from_text(self.manager_public_key)
+
+    def probation_policy(self) -> ProbationPolicy:
+        return ProbationPolicy(
+            images=self.probation_images,
+            seconds=self.probation_s,
+            min_images=self.probation_min_images,
+            max_error_rate=self.probation_max_error_rate,
+            min_spread=self.probation_min_spread,
+        )
 
 
 def load_settings(path: Path) -> AgentSettings:
@@ -112,6 +140,7 @@ def load_settings(path: Path) -> AgentSettings:
         validate.identifier(settings.fleet, "fleet")
         validate.identifier(settings.edge, "edge")
         settings.public_key()
+        settings.probation_policy()
         if settings.report_via not in ("mqtt", "grpc"):
             raise SettingsError(f"{path}: report_via must be 'mqtt' or 'grpc'")
         if settings.grpc_fallback_after_s < 0 or settings.grpc_poll_interval_s <= 0:

@@ -11,7 +11,7 @@ import json
 import time
 import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,7 +20,7 @@ from fedge.edge_manager.class_names import suggestion, unknown_class
 from fedge.edge_manager.desired import next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.home import ManagerHome, is_wildcard
-from fedge.edge_manager.registry import Registry
+from fedge.edge_manager.registry import Registry, parse_ref
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
 from fedge.protocols.config import EdgeConfig, TrainingPolicy
@@ -38,6 +38,8 @@ LABELS = "labels"
 class Pushed:
     edge: str
     version: int
+    # The model version the config's thresholds are set for (None: any model).
+    model: str | None = None
 
 
 def token_digest(token: str) -> str:
@@ -102,15 +104,52 @@ class Fleet:
         return None if row is None else codec.decode(row["document"].encode(), EdgeConfig)
 
     def set_threshold(
-        self, edges: list[str], threshold: float, class_name: str | None = None
+        self,
+        edges: list[str],
+        threshold: float,
+        class_name: str | None = None,
+        model: str | None = None,
     ) -> list[Pushed]:
+        """A new config version on each edge, its thresholds tied to ``model`` (a version
+        deployed to the edge), by default to the model of the edge's newest deployment
+        (none deployed yet: the tie stays as it was). Refused, for all, on a bad edge,
+        class or model."""
+        self.edges(edges)
+        ties = {edge: self._threshold_model(edge, model) for edge in edges}
         if class_name is not None:
-            self.edges(edges)
             for edge in edges:
-                self._check_class(edge, class_name)
+                self._check_class(edge, class_name, ties[edge])
         return self._push_config(
-            edges, "threshold", threshold=threshold, class_name=class_name, training=None
+            edges,
+            "threshold",
+            threshold=threshold,
+            class_name=class_name,
+            training=None,
+            models=ties,
         )
+
+    def _threshold_model(self, edge: str, model: str | None) -> str | None:
+        """The model version ``edge``'s thresholds are for: ``model`` if it was deployed
+        to the edge, else the model of its newest deployment."""
+        if model is None:
+            deployed = self.deployed_model(edge)
+            return None if deployed is None else f"{deployed[0]}:{deployed[1]}"
+        name, version = parse_ref(model)
+        self.registry.get(name, version)  # unknown: UnknownModelError, nothing changed
+        rows = self.store.query(
+            "SELECT DISTINCT d.model_name AS name, d.model_version AS version FROM desired x "
+            "JOIN deployments d ON d.deployment_id = json_extract(x.document, '$.deployment_id') "
+            "WHERE x.edge=? AND x.kind=? ORDER BY d.model_name, d.model_version",
+            (edge, DEPLOY),
+        )
+        refs = [f"{r['name']}:{r['version']}" for r in rows]
+        if f"{name}:{version}" not in refs:
+            raise ManagerError(
+                f"{name}:{version} was never deployed to {edge} (deployed: "
+                f"{', '.join(refs) or 'none'}); deploy it first, or leave out --model to "
+                "tie the threshold to the model the edge runs; nothing was changed"
+            )
+        return f"{name}:{version}"
 
     def clear_threshold(self, edges: list[str], class_name: str) -> list[Pushed]:
         """Remove ``class_name``'s threshold on ``edges`` (the default applies to it again):
@@ -129,9 +168,10 @@ class Fleet:
             edges, "clear", threshold=None, class_name=None, training=None, clear_class=class_name
         )
 
-    def _check_class(self, edge: str, class_name: str) -> None:
-        """Refuse a per-class threshold for a class the edge's model does not have."""
-        deployed = self.deployed_model(edge)
+    def _check_class(self, edge: str, class_name: str, model: str | None = None) -> None:
+        """Refuse a per-class threshold for a class the edge's model (or ``model``, the
+        one the threshold is for) does not have."""
+        deployed = self.deployed_model(edge) if model is None else parse_ref(model)
         if deployed is not None:
             known = set(self.registry.get(*deployed).manifest.classes)
             where = f"a class of {deployed[0]}:{deployed[1]}, the model deployed to {edge}"
@@ -168,6 +208,7 @@ class Fleet:
         class_name: str | None,
         training: TrainingPolicy | None,
         clear_class: str | None = None,
+        models: dict[str, str | None] | None = None,
     ) -> list[Pushed]:
         self.edges(edges)
         pushed = []
@@ -184,11 +225,12 @@ class Fleet:
                         class_name=class_name,
                         training=training,
                         clear_class=clear_class,
+                        model=None if models is None else models.get(edge),
                     )
                 except ProtocolError as exc:
                     raise ManagerError(f"{what} for {edge}: {exc}") from None
                 self._write_desired(edge, CONFIG, config.version, codec.encode(config), now)
-                pushed.append(Pushed(edge, config.version))
+                pushed.append(Pushed(edge, config.version, config.model))
         return pushed
 
     def _write_desired(
@@ -205,6 +247,13 @@ class Fleet:
             (edge, kind, version, document.decode(), envelope.decode(), now),
         )
 
+    def write_desired(
+        self, edge: str, kind: str, version: int, document: bytes, now: float
+    ) -> None:
+        """A desired document of a kind another module builds (the gate's "evaluate",
+        gating.py): signed here and published by the serve loop like the others."""
+        self._write_desired(edge, kind, version, document, now)
+
     # -- deployments
 
     def deploy(self, name: str, version: int, edges: list[str]) -> str:
@@ -218,7 +267,7 @@ class Fleet:
         model.verify()  # a damaged registry copy is refused here, before anything is written
         deployment_id = f"d-{uuid.uuid4().hex[:12]}"
         now = time.time()
-        with self.store.transaction():
+        with self._writing():
             self.store.conn.execute(
                 "INSERT INTO deployments (deployment_id, model_name, model_version, edges, "
                 "created_at) VALUES (?,?,?,?,?)",
@@ -239,6 +288,28 @@ class Fleet:
                 )
                 self._write_desired(edge, DEPLOY, desired.version, codec.encode(desired), now)
         return deployment_id
+
+    # -- staged rollouts (rollouts.py): a step's writes join the caller's transaction
+
+    def _writing(self) -> AbstractContextManager[object]:
+        """A transaction of its own, or the caller's when one is open: a rollout step
+        records a move and writes the edge's deployment and config in one transaction."""
+        return nullcontext() if self.store.conn.in_transaction else self.store.transaction()
+
+    def push_config(self, config: EdgeConfig, now: float) -> Pushed:
+        """Write ``config`` (a full document, e.g. thresholds tied to a model) as the edge's
+        next desired config; its version must be the next one (``desired.next_config``)."""
+        self.edges([config.edge])
+        current = self.desired_config(config.edge)
+        expected = 1 if current is None else current.version + 1
+        if config.version != expected:
+            raise ManagerError(
+                f"config v{config.version} for {config.edge} is stale: the next version is "
+                f"v{expected}; build it from the current desired config"
+            )
+        with self._writing():
+            self._write_desired(config.edge, CONFIG, config.version, codec.encode(config), now)
+        return Pushed(config.edge, config.version)
 
     # -- the serve loop's side
 
@@ -291,6 +362,8 @@ class Fleet:
         row["desired_config"] = None if desired is None else json.loads(codec.encode(desired))
         row["desired_config_version"] = 0 if desired is None else desired.version
         row["in_sync"] = row["desired_config_version"] == row["config_applied"]
+        row["thresholds_for"] = None if desired is None else desired.model
+        row["thresholds_source"] = self._thresholds_source(desired, str(row["serving"] or ""))
         counts = self.store.one(
             "SELECT count(*) AS predictions, "
             "coalesce(sum(decision='reject'), 0) AS rejects, "
@@ -310,11 +383,24 @@ class Fleet:
         row["label_agreement"] = self.label_agreement(edge)
         return row
 
+    def _thresholds_source(self, desired: EdgeConfig | None, serving: str) -> str:
+        """Where the serving model's thresholds come from on the edge (the agent's rule,
+        fedge.edge_agent.decisions.thresholds_in_force): config, model or untied."""
+        if desired is not None and (desired.model in (None, serving) or not serving):
+            return "config"
+        try:
+            recommended = self.registry.get(*parse_ref(serving)).manifest.thresholds
+        except ManagerError:  # nothing serves, or a model this registry does not know
+            recommended = None
+        if recommended is not None:
+            return "model"
+        return "default" if desired is None else "untied"
+
     def list(self) -> list[dict[str, Any]]:
         return self.store.query(
             "SELECT e.edge, e.state, e.session, e.last_seen, e.serving, e.config_applied, "
             "coalesce((SELECT max(version) FROM desired d WHERE d.edge=e.edge AND d.kind='config'),"
-            " 0) AS config_desired, e.deploy_stage FROM edges e ORDER BY e.edge"
+            " 0) AS config_desired, e.deploy_stage, e.deploy_reason FROM edges e ORDER BY e.edge"
         )
 
     def label_agreement(self, edge: str) -> float | None:

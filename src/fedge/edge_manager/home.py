@@ -57,6 +57,12 @@ class ManagerSettings:
     # be a wildcard (0.0.0.0) no agent can connect to. Empty: the bind hosts are reachable
     # as they are (one machine). A manager.toml from before it lacks it: empty.
     advertise_host: str = ""
+    # The monitor (monitor.py, issue "The closed loop"): how often serve checks every
+    # edge's serving model; the window of predictions drift and estimates are judged on;
+    # the label-free (MPP) accuracy under which an alert is raised.
+    monitor_interval_s: float = 10.0
+    monitor_min_window: int = 100
+    min_estimated_accuracy: float = 0.8
 
     def __post_init__(self) -> None:
         for name in RETENTION_FIELDS:
@@ -72,6 +78,7 @@ class ManagerSettings:
             )
         if not all(c.isalnum() or c in ".-:_" for c in self.advertise_host):
             raise ManagerError(f"advertise_host {self.advertise_host!r} is not a host name")
+        _check_monitor_settings(self)
 
     @property
     def grpc_target(self) -> str:
@@ -112,6 +119,21 @@ class ManagerSettings:
             f"{', '.join(wildcards)}: a wildcard only says where to listen, and agents need "
             f"the address they reach this manager at; {fix}"
         )
+
+
+def _check_monitor_settings(settings: ManagerSettings) -> None:
+    interval, window = settings.monitor_interval_s, settings.monitor_min_window
+    accuracy = settings.min_estimated_accuracy
+    if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
+        0 < interval < math.inf
+    ):
+        raise ManagerError(f"monitor_interval_s must be a number of seconds > 0, got {interval!r}")
+    if isinstance(window, bool) or not isinstance(window, int) or not 10 <= window <= 100_000:
+        raise ManagerError(f"monitor_min_window must be an integer in 10..100000, got {window!r}")
+    if isinstance(accuracy, bool) or not isinstance(accuracy, int | float) or not (
+        0.0 <= accuracy <= 1.0
+    ):
+        raise ManagerError(f"min_estimated_accuracy must be in [0, 1], got {accuracy!r}")
 
 
 def is_wildcard(host: str) -> bool:
@@ -199,6 +221,9 @@ class ManagerHome:
                     f'superlink_host = "{settings.superlink_host}"',
                     f"superlink_port = {settings.superlink_port}",
                     f'advertise_host = "{settings.advertise_host}"',
+                    f"monitor_interval_s = {float(settings.monitor_interval_s)}",
+                    f"monitor_min_window = {settings.monitor_min_window}",
+                    f"min_estimated_accuracy = {float(settings.min_estimated_accuracy)}",
                     # float() so `inf` is written as TOML's inf
                     *(f"{name} = {float(getattr(settings, name))}" for name in RETENTION_FIELDS),
                     "",

@@ -15,12 +15,13 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fedge.edge_manager import gaps, labels
+from fedge.edge_manager import evaluations, gaps, labels
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
 from fedge.protocols.deployment import DeployStatus
 from fedge.protocols.errors import ProtocolError, ValidationError
+from fedge.protocols.evaluation import EvaluationReport
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.records import (
     LabelRecord,
@@ -33,7 +34,7 @@ from fedge.protocols.records import (
 log = logging.getLogger(__name__)
 SQLITE_INT_MAX = 2**63 - 1
 # The retained up/ topics whose documents may also come over gRPC (DesiredSync.Report).
-STATUS_KINDS = (topics.Up.STATE, topics.Up.CONFIG, topics.Up.DEPLOY)
+STATUS_KINDS = (topics.Up.STATE, topics.Up.CONFIG, topics.Up.DEPLOY, topics.Up.EVALUATE)
 
 
 class Verdict(StrEnum):
@@ -105,6 +106,8 @@ class Ingestor:
             return self._config_report(conn, edge, payload, now)
         if kind is topics.Up.DEPLOY:
             return self._deploy_status(conn, edge, payload, now)
+        if kind is topics.Up.EVALUATE:
+            return self._evaluation_report(conn, edge, payload, now)
         return self._records(conn, edge, payload, now, expected_stream=Stream(kind.value))
 
     @staticmethod
@@ -218,6 +221,19 @@ class Ingestor:
         self.counters["stored.deploy_status"] += 1
         return Outcome(Verdict.STORED)
 
+    def _evaluation_report(
+        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+    ) -> Outcome:
+        """A station's answer to the gate (edge_manager/evaluations.py), stored once."""
+        report = codec.decode(payload, EvaluationReport, max_bytes=self.max_bytes)
+        self._check_edge(conn, edge, report.edge)
+        self._storable(report.version, "version")
+        if not evaluations.store_report(conn, edge, report, now):
+            self.counters["duplicate.evaluation_report"] += 1
+            return Outcome(Verdict.DUPLICATE)
+        self.counters["stored.evaluation_report"] += 1
+        return Outcome(Verdict.STORED)
+
     # -- record batches
 
     def _seq_state(self, conn: sqlite3.Connection, edge: str, stream: str) -> gaps.SeqState:
@@ -304,7 +320,8 @@ class Ingestor:
         elif batch.stream is Stream.PREDICTIONS:
             conn.executemany(
                 "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
-                "threshold, config_version, latency_ms, source) VALUES (?,?,?,?,?,?,?,?,?,?,?)",
+                "threshold, config_version, latency_ms, source, stats) "
+                "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                 [
                     (
                         r.prediction_id,
@@ -318,6 +335,8 @@ class Ingestor:
                         r.config_version,
                         r.latency_ms,
                         r.source,
+                        # '' from an agent that sends no image statistics (monitor.py)
+                        "" if r.stats is None else json.dumps(r.stats, sort_keys=True),
                     )
                     for r in batch.records
                     if isinstance(r, PredictionRecord)

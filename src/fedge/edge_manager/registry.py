@@ -12,13 +12,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedge.edge_manager.class_names import class_count_problem
+from fedge.edge_manager.class_names import class_count_problem, unknown_class
 from fedge.edge_manager.errors import RegistryError, UnknownModelError
 from fedge.edge_manager.onnx_spec import read_spec
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, Trainable
+from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, Thresholds, Trainable
 from fedge.protocols.signing import SigningKey
 
 
@@ -132,10 +132,21 @@ class Registry:
         lineage: Lineage | None = None,
         preprocess: Preprocess | None = None,
         trainable: TrainableSource | None = None,
+        thresholds: Thresholds | None = None,
+        latency_budget_ms: float | None = None,
     ) -> PublishedModel:
+        """Register ``source`` as ``name:version``, signed.
+
+        ``thresholds`` are the thresholds recommended with this version (an edge serving
+        it applies them unless its config is set for this version);
+        ``latency_budget_ms`` is the p95 latency the model must keep after activation
+        on a station, or that station rolls it back (issue "The closed loop").
+        """
         try:  # the name and version become directories: check them before any copy
             validate.identifier(name, "model name")
             validate.positive(version, "model version")
+            if latency_budget_ms is not None:
+                validate.finite(latency_budget_ms, "latency budget (ms)", minimum=0.001)
         except ProtocolError as exc:
             raise RegistryError(str(exc)) from None
         if not source.is_file():
@@ -156,6 +167,10 @@ class Registry:
         problem = class_count_problem(spec.outputs, classes)
         if problem is not None:
             raise RegistryError(f"cannot publish {name}:{version}: {problem}")
+        for class_name in sorted(thresholds.class_thresholds if thresholds else {}):
+            refusal = unknown_class(class_name, classes, f"a class of {name}:{version}")
+            if refusal is not None:
+                raise RegistryError(f"cannot publish {name}:{version}: threshold for {refusal}")
         if positive_classes is None:
             meta_positive = spec.metadata.get("positive_classes", "")
             positive_classes = tuple(c for c in meta_positive.split(",") if c)
@@ -197,6 +212,8 @@ class Registry:
                 lineage=lineage,
                 preprocess=preprocess,
                 trainable=trainable_spec,
+                thresholds=thresholds,
+                latency_budget_ms=latency_budget_ms,
             )
         except ProtocolError as exc:
             raise RegistryError(f"cannot publish {name}:{version}: {exc}") from None

@@ -25,14 +25,19 @@ import grpc
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.edge_manager.monitor import Monitor, policy_from
 from fedge.edge_manager.retention import Pruner, RetentionPolicy
+from fedge.edge_manager.rollouts import RolloutDriver
 from fedge.edge_manager.store import Store
+from fedge.protocols import alerts as alert_wire
 from fedge.protocols import topics
 from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.signing import SigningKey
+from fedge.transport.errors import TransportError
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
 
 log = logging.getLogger(__name__)
+ROLLOUT_TICK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ class ManagerService:
         self.grpc_port = self.settings.grpc_port if grpc_port is None else grpc_port
         self.counters: Counter[str] = Counter()
         self.pruner = Pruner(RetentionPolicy.from_settings(self.settings))
+        self._rollouts_due = 0.0
+        self._monitor_due = 0.0
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -197,14 +204,23 @@ class ManagerService:
         store = fleet.store
         ingestor = Ingestor(store, self.settings.fleet)
         self.ingestor = ingestor
+        rollouts = RolloutDriver(fleet)  # staged rollouts step here, on the one writer
+        monitor = Monitor(
+            store,
+            self.settings.fleet,
+            policy_from(self.settings.monitor_min_window, self.settings.min_estimated_accuracy),
+        )
+        self.monitor = monitor
         self._ready.set()
         try:
             while not self._stop.is_set():
                 items = self._drain()
                 if items:
                     self._process(store, fleet, ingestor, items)
+                self._drive_rollouts(rollouts)
                 self._publish_pending(fleet)
                 self._prune(store)
+                self._watch(monitor)
         finally:
             store.close()
 
@@ -272,6 +288,18 @@ class ManagerService:
         conn.execute("RELEASE message")
         return outcome
 
+    def _drive_rollouts(self, driver: RolloutDriver) -> None:
+        """Staged rollouts (rollouts.py): a tick about once a second; the desired documents
+        it writes are published right after, by this same thread (no paho lock held)."""
+        now = time.time()
+        if now < self._rollouts_due:
+            return
+        self._rollouts_due = now + ROLLOUT_TICK_S
+        try:
+            self.counters["rollout.steps"] += driver.tick(now)
+        except Exception:  # the worker outlives any one failed tick (it is rolled back)
+            log.exception("rollout tick failed; it is tried again in a second")
+
     def _prune(self, store: Store) -> None:
         """Retention (retention.py): one bounded step when due, between ingest batches."""
         now = time.time()
@@ -283,6 +311,27 @@ class ManagerService:
             log.exception("pruning failed; it is tried again at the next interval")
             return
         self.counters.update({f"pruned.{what}": n for what, n in pruned.items() if n})
+
+    def _watch(self, monitor: Monitor) -> None:
+        """The monitor (monitor.py): one tick when due; what it raised or cleared is
+        published on the fleet's alerts topic (QoS 1, not retained: the store keeps them)."""
+        now = time.time()
+        if now < self._monitor_due:
+            return
+        self._monitor_due = now + self.settings.monitor_interval_s
+        try:
+            alerts = monitor.tick(now)
+        except Exception:  # the worker outlives any one failed tick (it is rolled back)
+            log.exception("monitor tick failed; it is tried again at the next interval")
+            return
+        for alert in alerts:
+            self.counters[f"alerts.{alert.state.value}"] += 1
+            try:
+                self.mqtt.publish(
+                    topics.alerts(self.settings.fleet), alert_wire.encode(alert), qos=1
+                )
+            except TransportError:
+                log.exception("could not publish alert %s (it is in the store)", alert.alert_id)
 
     # -- publishing desired documents
 

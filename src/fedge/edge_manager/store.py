@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS telemetry (
 CREATE TABLE IF NOT EXISTS predictions (
     prediction_id TEXT NOT NULL, edge TEXT NOT NULL, seq INTEGER NOT NULL, at REAL NOT NULL,
     model TEXT NOT NULL, scores TEXT NOT NULL, decision TEXT NOT NULL, threshold REAL NOT NULL,
-    config_version INTEGER NOT NULL, latency_ms REAL NOT NULL, source TEXT NOT NULL);
+    config_version INTEGER NOT NULL, latency_ms REAL NOT NULL, source TEXT NOT NULL,
+    stats TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS predictions_id ON predictions (prediction_id);
 CREATE INDEX IF NOT EXISTS predictions_edge ON predictions (edge);
 CREATE TABLE IF NOT EXISTS labels (
@@ -101,12 +102,30 @@ CREATE TABLE IF NOT EXISTS evaluations (
     eval_id TEXT NOT NULL, edge TEXT NOT NULL, prediction_id TEXT NOT NULL,
     model TEXT NOT NULL, label TEXT NOT NULL, scores TEXT NOT NULL, stats TEXT NOT NULL,
     at REAL NOT NULL, PRIMARY KEY (eval_id, edge, prediction_id, model));
+-- One row per station report of an evaluation (edge_manager/evaluations.py): done or
+-- failed (and why), how many held-out labelled images the station has, how many items it
+-- sent; the gate reads which stations answered here, their items in `evaluations`.
+CREATE TABLE IF NOT EXISTS evaluation_reports (
+    eval_id TEXT NOT NULL, edge TEXT NOT NULL, version INTEGER NOT NULL, status TEXT NOT NULL,
+    reason TEXT NOT NULL, holdout INTEGER NOT NULL, items INTEGER NOT NULL,
+    reported_at REAL NOT NULL, received_at REAL NOT NULL, PRIMARY KEY (eval_id, edge));
 -- Alerts (drift, estimated accuracy) per edge: open while cleared_at IS NULL.
 CREATE TABLE IF NOT EXISTS alerts (
     alert_id TEXT PRIMARY KEY, edge TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL,
     value REAL NOT NULL, threshold REAL NOT NULL, detail TEXT NOT NULL,
     raised_at REAL NOT NULL, cleared_at REAL);
 CREATE INDEX IF NOT EXISTS alerts_edge ON alerts (edge, raised_at);
+-- Continuous training (fedge.loop): a policy per model (JSON of loop.policy.LoopPolicy),
+-- its runs (job -> gate -> rollout, loop.pipeline) and every step they took.
+CREATE TABLE IF NOT EXISTS loop_policies (
+    model TEXT PRIMARY KEY, policy TEXT NOT NULL, enabled INTEGER NOT NULL,
+    updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS loop_runs (
+    run_id TEXT PRIMARY KEY, model TEXT NOT NULL, state TEXT NOT NULL, trigger TEXT NOT NULL,
+    started_at REAL NOT NULL, updated_at REAL NOT NULL, job_dir TEXT NOT NULL,
+    candidate TEXT NOT NULL, rollout_id TEXT NOT NULL, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS loop_events (
+    run_id TEXT NOT NULL, at REAL NOT NULL, step TEXT NOT NULL, detail TEXT NOT NULL);
 -- Label-free accuracy per edge, model and window: the MPP estimate, the calibration
 -- baseline, and the true accuracy over the window's labelled predictions (if any).
 CREATE TABLE IF NOT EXISTS estimates (
@@ -114,6 +133,39 @@ CREATE TABLE IF NOT EXISTS estimates (
     window_end REAL NOT NULL, n INTEGER NOT NULL, mpp REAL, calibration REAL,
     labelled INTEGER NOT NULL, true_accuracy REAL,
     PRIMARY KEY (edge, model, window_start));
+-- The MPP predictor of a model (monitoring.mpp.MppPredictor JSON), fitted on the model's
+-- `evaluations` rows; refitted when their number changes (a new gate evaluation).
+CREATE INDEX IF NOT EXISTS evaluations_model ON evaluations (model, edge);
+CREATE TABLE IF NOT EXISTS mpp_models (
+    model TEXT PRIMARY KEY, predictor TEXT NOT NULL, n_rows INTEGER NOT NULL,
+    accuracy REAL NOT NULL, fitted_at REAL NOT NULL);
+-- Operators' acknowledgements of alerts (`fedge alerts clear`): an acknowledged condition
+-- is not raised again for its (edge, model, kind) until it has stopped holding once
+-- (rearmed_at, set by the monitor); published_at: when serve announced the clearing.
+CREATE TABLE IF NOT EXISTS alert_acks (
+    alert_id TEXT PRIMARY KEY, edge TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL,
+    who TEXT NOT NULL, note TEXT NOT NULL, at REAL NOT NULL, rearmed_at REAL,
+    published_at REAL);
+-- Staged rollouts (edge_manager/rollouts.py, rollout.py): the plan is JSON
+-- (rollout_plan.RolloutPlan); state pending|canary|wave|paused|completed|aborted|
+-- rolled_back, wave the last wave moved (-1: none yet, 0: the canary); finished_at is set
+-- once nothing more will happen. Per edge: its wave, state (waiting|moved|rolling_back|
+-- rolled_back), what it ran before it moved (model ref, desired config JSON or NULL) to
+-- go back to, and the deployment and config versions the rollout wrote for it.
+CREATE TABLE IF NOT EXISTS rollouts (
+    rollout_id TEXT PRIMARY KEY, model_name TEXT NOT NULL, model_version INTEGER NOT NULL,
+    plan TEXT NOT NULL, state TEXT NOT NULL, wave INTEGER NOT NULL,
+    forced_unblessed INTEGER NOT NULL, reason TEXT NOT NULL, created_at REAL NOT NULL,
+    updated_at REAL NOT NULL, finished_at REAL);
+CREATE TABLE IF NOT EXISTS rollout_edges (
+    rollout_id TEXT NOT NULL, edge TEXT NOT NULL, wave INTEGER NOT NULL, state TEXT NOT NULL,
+    previous_model TEXT, previous_config TEXT, moved_at REAL, deployment_id TEXT,
+    config_version INTEGER, restore_deployment_id TEXT, restore_config_version INTEGER,
+    restored_at REAL, PRIMARY KEY (rollout_id, edge));
+CREATE TABLE IF NOT EXISTS rollout_events (
+    rollout_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, edge TEXT NOT NULL,
+    detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS rollout_events_id ON rollout_events (rollout_id, at);
 """
 
 _NEWER_LABEL = (
@@ -132,6 +184,13 @@ CREATE UNIQUE INDEX IF NOT EXISTS labels_one_per_prediction ON labels (predictio
 COMMIT;
 """
 
+# (table, column, definition) added after a release; see Store._add_missing_columns.
+# predictions.stats: the image statistics of the prediction as JSON ('' when the agent sent
+# none), issue "The closed loop".
+ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
+    ("predictions", "stats", "TEXT NOT NULL DEFAULT ''"),
+)
+
 
 class Store:
     def __init__(self, path: Path | str) -> None:
@@ -145,11 +204,26 @@ class Store:
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
         self.db.conn.executescript(SCHEMA)
+        self._add_missing_columns()
         if self.scalar("SELECT 1 FROM sqlite_master WHERE name='labels_one_per_prediction'"):
             return
         # A store from before issue 15 may hold several labels of one prediction: all but
         # the newest move to the history, then the index keeps it one.
         self.db.conn.executescript(_ONE_LABEL_PER_PREDICTION)
+
+    def _add_missing_columns(self) -> None:
+        """Columns added to existing tables after a release: a store from before gets them
+        with their default (``CREATE TABLE IF NOT EXISTS`` leaves an old table as it was)."""
+        for table, column, definition in ADDED_COLUMNS:
+            present = {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}
+            if column in present:
+                continue
+            try:
+                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+            except sqlite3.OperationalError as exc:
+                # Another process opening the same store added it a moment ago.
+                if "duplicate column" not in str(exc):
+                    raise
 
     @property
     def conn(self) -> sqlite3.Connection:

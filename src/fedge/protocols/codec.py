@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from fedge.protocols.config import ConfigReport, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
+from fedge.protocols.evaluation import EvaluationReport, EvaluationRequest
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.manifest import ModelManifest
@@ -44,6 +45,8 @@ KINDS: dict[type[Any], str] = {
     Liveness: "liveness",
     RecordBatch: "record_batch",
     StationLabels: "station_labels",
+    EvaluationRequest: "evaluation_request",
+    EvaluationReport: "evaluation_report",
 }
 
 

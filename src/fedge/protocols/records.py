@@ -40,6 +40,9 @@ class PredictionRecord:
     config_version: int
     latency_ms: float
     source: str = ""
+    # Statistics of the scored image (monitoring.features.image_stats), for drift and
+    # label-free accuracy at the manager; left out by agents from before they existed.
+    stats: dict[str, float] | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.prediction_id, "prediction_id")
@@ -51,6 +54,20 @@ class PredictionRecord:
         validate.u64(self.config_version, "config_version")
         validate.finite(self.latency_ms, "latency_ms", minimum=0.0)
         validate.bounded_text(self.source, "source", 512)
+        if self.stats is not None:
+            _check_stats(self.stats)
+
+
+MAX_STATS = 16
+"""Image statistics per prediction: a handful of numbers, never a payload of its own."""
+
+
+def _check_stats(stats: dict[str, float]) -> None:
+    if len(stats) > MAX_STATS:
+        raise ValidationError(f"stats has {len(stats)} entries, limit {MAX_STATS}")
+    for key, value in stats.items():
+        validate.identifier(key, "stats key")
+        validate.finite(value, f"stats[{key!r}]")
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,15 @@
 
     fedge/v1/{fleet}/{edge}/down/config        retained, signed EdgeConfig      (cloud writes)
     fedge/v1/{fleet}/{edge}/down/deploy        retained, signed DeploymentDesired
+    fedge/v1/{fleet}/{edge}/down/evaluate      retained, signed EvaluationRequest (the gate)
     fedge/v1/{fleet}/{edge}/up/state           retained Liveness (birth, will)  (edge writes)
     fedge/v1/{fleet}/{edge}/up/config          retained ConfigReport
     fedge/v1/{fleet}/{edge}/up/deploy          retained DeployStatus
+    fedge/v1/{fleet}/{edge}/up/evaluate        retained EvaluationReport
     fedge/v1/{fleet}/{edge}/up/telemetry       RecordBatch, QoS 1
     fedge/v1/{fleet}/{edge}/up/predictions     RecordBatch, QoS 1
     fedge/v1/{fleet}/{edge}/up/labels          RecordBatch, QoS 1
+    fedge/v1/{fleet}/alerts                    Alert raised or cleared, QoS 1 (cloud writes)
 
 The fleet level lets one broker serve several factories while ACLs keep them apart.
 """
@@ -30,6 +33,7 @@ class Down(StrEnum):
     CONFIG = "config"
     DEPLOY = "deploy"
     LABELS = "labels"
+    EVALUATE = "evaluate"
 
 
 class Up(StrEnum):
@@ -39,6 +43,7 @@ class Up(StrEnum):
     TELEMETRY = "telemetry"
     PREDICTIONS = "predictions"
     LABELS = "labels"
+    EVALUATE = "evaluate"
 
 
 @dataclass(frozen=True)
@@ -61,6 +66,13 @@ def down(fleet: str, edge: str, kind: Down) -> str:
 
 def up(fleet: str, edge: str, kind: Up) -> str:
     return f"{edge_root(fleet, edge)}/up/{kind.value}"
+
+
+def alerts(fleet: str) -> str:
+    """Where the manager publishes alerts (protocols.alerts): operators read it; no edge
+    can write it (an edge's ACL covers only its own ``{edge}/up/`` subtree)."""
+    validate.identifier(fleet, "fleet")
+    return f"{ROOT}/{fleet}/alerts"
 
 
 def edge_subscription(fleet: str, edge: str) -> str:

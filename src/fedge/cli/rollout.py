@@ -1,0 +1,206 @@
+"""``fedge rollout``: staged rollouts with abort criteria and automatic rollback."""
+
+import time
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+
+from fedge.cli.common import (
+    DEFAULT_HOME,
+    HomeOption,
+    console,
+    fitted_table,
+    friendly_errors,
+    open_fleet,
+    print_json,
+    warn_if_not_serving,
+    when,
+)
+from fedge.edge_manager import rollout_views
+from fedge.edge_manager.rollout import Step
+from fedge.edge_manager.rollout_plan import RolloutError, make_plan
+from fedge.edge_manager.rollouts import Rollouts
+
+app = typer.Typer(
+    help="Staged rollouts: canary first, waves, abort criteria, rollback.", no_args_is_help=True
+)
+
+_SERVE = "the rollout is stored and moves once `fedge manager serve` runs"
+_COLOURS = {"completed": "green", "aborted": "red", "rolled_back": "red", "paused": "yellow"}
+
+
+def _when(ts: Any) -> str:
+    return when(None if ts is None else float(ts))
+
+
+def _csv(text: str) -> list[str]:
+    return [part.strip() for part in text.split(",") if part.strip()]
+
+
+@app.command()
+@friendly_errors
+def start(
+    model: Annotated[str, typer.Argument(help="NAME:VERSION, e.g. inspect:4")],
+    edges: Annotated[str, typer.Option(help="Comma-separated target edges, or 'all'.")] = "all",
+    canary: Annotated[str, typer.Option(help="Comma-separated canary edges (moved first).")] = "",
+    waves: Annotated[str, typer.Option(help="Cumulative shares of the rest.")] = "25%,50%,100%",
+    health_window: Annotated[
+        str, typer.Option(help="How long each wave is watched: 30s, 10m, 2h.")
+    ] = "10m",
+    abort_if: Annotated[
+        str,
+        typer.Option(
+            help="Abort criteria, e.g. 'agreement_drop>0.02,failed_activation>0,error_rate>0.01'."
+        ),
+    ] = "failed_activation>0",
+    force_unblessed: Annotated[
+        bool,
+        typer.Option(
+            "--force-unblessed", help="Roll out a model the gate did not bless (recorded)."
+        ),
+    ] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Start a staged rollout of a blessed model.
+
+    Example: fedge rollout start inspect:4 --canary st-03 --waves 25%,50%,100%
+    --health-window 10m --abort-if "agreement_drop>0.02,failed_activation>0"
+    """
+    _, fleet = open_fleet(home)
+    if not edges.strip():
+        raise RolloutError("--edges is empty: name the target edges or give 'all'")
+    targets = fleet.edges() if edges.strip() == "all" else fleet.edges(_csv(edges))
+    plan = make_plan(
+        targets, canary=_csv(canary), waves=waves, health_window=health_window, abort_if=abort_if
+    )
+    rollout_id = Rollouts(fleet).start(
+        model, plan, now=time.time(), force_unblessed=force_unblessed
+    )
+    console.print(f"rollout {rollout_id}: {model} -> {len(plan.edges)} edge(s), pending")
+    if force_unblessed:
+        console.print("[yellow]--force-unblessed is recorded with the rollout[/yellow]")
+    warn_if_not_serving(home, _SERVE)
+
+
+@app.command()
+@friendly_errors
+def status(
+    rollout_id: Annotated[str | None, typer.Argument(help="Rollout id (default: newest).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of tables.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """A rollout's state, edges and events.
+
+    Example: fedge rollout status r-1a2b3c4d5e
+    """
+    _, fleet = open_fleet(home)
+    chosen = rollout_id or rollout_views.latest_id(fleet.store)
+    if chosen is None:
+        raise RolloutError("no rollout yet; start one with `fedge rollout start`")
+    view = rollout_views.status(fleet.store, chosen)
+    if as_json:
+        print_json(view)
+        return
+    colour = _COLOURS.get(view["state"], "cyan")
+    console.print(
+        f"rollout [bold]{view['rollout_id']}[/bold] {view['model']}: "
+        f"[{colour}]{escape(view['label'])}[/{colour}]"
+        + (f" -- {escape(view['reason'])}" if view["reason"] else "")
+    )
+    plan = view["plan"]
+    console.print(
+        f"waves {', '.join(f'{w * 100:g}%' for w in plan['waves'])}; health window "
+        f"{plan['health_window_s']:g}s; abort if {', '.join(plan['abort_if'])}"
+        + ("; [yellow]forced unblessed[/yellow]" if view["forced_unblessed"] else "")
+    )
+    table = fitted_table("edge", "wave", "state", "serving", "previous", "moved", whole=("edge",))
+    for edge in view["edges"]:
+        table.add_row(
+            edge["edge"],
+            "canary" if edge["wave"] == 0 else str(edge["wave"]),
+            edge["state"],
+            edge["serving"] or "-",
+            edge["previous_model"] or "-",
+            _when(edge["moved_at"]),
+        )
+    console.print(table)
+    events = fitted_table("at", "event", "edge", "detail", title="events")
+    for event in view["events"]:
+        events.add_row(
+            _when(event["at"]), event["kind"], event["edge"] or "-", escape(event["detail"])
+        )
+    console.print(events)
+
+
+@app.command("list")
+@friendly_errors
+def list_rollouts(
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Every rollout, newest first.
+
+    Example: fedge rollout list
+    """
+    _, fleet = open_fleet(home)
+    rows = rollout_views.list_rollouts(fleet.store)
+    if as_json:
+        print_json(rows)
+        return
+    table = fitted_table("rollout", "model", "state", "moved", "started", whole=("rollout",))
+    for row in rows:
+        colour = _COLOURS.get(str(row["state"]), "cyan")
+        table.add_row(
+            row["rollout_id"],
+            row["model"],
+            f"[{colour}]{escape(row['label'])}[/{colour}]",
+            f"{row['moved']}/{row['edges']}",
+            _when(row["created_at"]),
+        )
+    console.print(table)
+
+
+def _operated(verb: str, rollout_id: str, result: Step, home_path: Any) -> None:
+    console.print(f"rollout {rollout_id}: {verb}, now {result.state.value}")
+    if result.roll_back:
+        console.print(f"rolling back {', '.join(result.roll_back)} to their previous model")
+    warn_if_not_serving(home_path, "the change is stored and acted on once it runs")
+
+
+@app.command()
+@friendly_errors
+def pause(rollout_id: str, home: HomeOption = DEFAULT_HOME) -> None:
+    """Hold a rollout's next waves (abort criteria are still watched).
+
+    Example: fedge rollout pause r-1a2b3c4d5e
+    """
+    _, fleet = open_fleet(home)
+    _operated("paused", rollout_id, Rollouts(fleet).pause(rollout_id, time.time()), home)
+
+
+@app.command()
+@friendly_errors
+def resume(rollout_id: str, home: HomeOption = DEFAULT_HOME) -> None:
+    """Let a paused rollout go on from its wave.
+
+    Example: fedge rollout resume r-1a2b3c4d5e
+    """
+    _, fleet = open_fleet(home)
+    _operated("resumed", rollout_id, Rollouts(fleet).resume(rollout_id, time.time()), home)
+
+
+@app.command()
+@friendly_errors
+def abort(
+    rollout_id: str,
+    reason: Annotated[str, typer.Option(help="Recorded with the rollout.")] = "by operator",
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Stop a rollout and send every moved edge back to its previous model and thresholds.
+
+    Example: fedge rollout abort r-1a2b3c4d5e
+    """
+    _, fleet = open_fleet(home)
+    result = Rollouts(fleet).abort(rollout_id, time.time(), reason)
+    _operated("aborted", rollout_id, result, home)

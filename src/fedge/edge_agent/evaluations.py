@@ -1,0 +1,315 @@
+"""The gate's evaluations on the station: score held-out labelled images, report scores.
+
+The manager asks (a signed, retained :class:`EvaluationRequest` on ``down/evaluate``, or
+over gRPC without MQTT) for the candidate model and the model this station serves to be
+scored on the station's held-out labelled images (``fedge.party.dataset``: the share a
+station never trains on). Images never leave the station: the report carries per image
+and model the class scores, the station's label and the image statistics
+(``monitoring.features.image_stats``) of the prepared input.
+
+Each model is downloaded and verified exactly as a deployment does it
+(:func:`fedge.edge_agent.deployer.prepare`: signed manifest, size, sha256, load, smoke
+test) but into a working directory of its own, ``<data_dir>/evaluation``, and loaded in
+an ONNX Runtime session of its own: nothing is activated, the serving session is not
+touched, and a deployment's pruning of ``<data_dir>/models`` cannot delete a model
+mid-evaluation (a model already there is hard-linked, not downloaded again). The
+working directory is removed afterwards.
+
+The report is published retained on ``up/evaluate`` (QoS 1), stored first in the agent's
+store and re-stated by every new session, as the deploy status is: a manager that was
+down or restarted gets it from the broker, a broker that lost it gets it again, and the
+manager stores it once. Retained rather than the record outbox because it is a status
+-- the answer to the latest request, superseding the previous one -- and the outbox's
+numbered streams carry records. The stored report is also the "done" mark (its version):
+after a restart a finished evaluation is neither lost (re-stated) nor run again (stale),
+and an unfinished one runs again, as the request is still retained.
+"""
+
+import contextlib
+import dataclasses
+import logging
+import os
+import shutil
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from fedge.edge_agent import deployer, runtime, scoring
+from fedge.edge_agent.errors import DeployError, InferenceError
+from fedge.edge_agent.images import decode_for
+from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.settings import AgentSettings
+from fedge.monitoring.features import image_stats
+from fedge.party.dataset import LabelledImage, StationData
+from fedge.protocols import codec, topics
+from fedge.protocols.deployment import DeploymentDesired
+from fedge.protocols.errors import ProtocolError
+from fedge.protocols.evaluation import (
+    EvaluationItem,
+    EvaluationReport,
+    EvaluationRequest,
+    EvaluationStatus,
+)
+from fedge.protocols.manifest import ModelManifest, Preprocess
+from fedge.protocols.signing import TrustedKeys, open_signed
+
+log = logging.getLogger(__name__)
+
+Report = Callable[[topics.Up, bytes, bool], None]
+
+LAST_REPORT_KEY = "last_evaluation_report"
+WORK_DIR = "evaluation"
+# What the manager decodes (codec.DEFAULT_MAX_BYTES), less a margin.
+REPORT_MAX_BYTES = codec.DEFAULT_MAX_BYTES - 4096
+BATCH = 32
+
+
+class EvaluationFailed(Exception):
+    """The evaluation cannot be done; reported as ``failed`` with ``tag: detail``."""
+
+    def __init__(self, tag: str, detail: str) -> None:
+        super().__init__(f"{tag}: {detail}")
+
+
+def fit_report(
+    report: EvaluationReport, per_image: Sequence[tuple[EvaluationItem, ...]], limit: int
+) -> EvaluationReport:
+    """``report`` with the items of ``per_image`` (oldest image first), dropping the
+    oldest images until the encoded report fits ``limit`` bytes."""
+    images = list(per_image)
+    while True:
+        items = tuple(item for image in images for item in image)
+        candidate = dataclasses.replace(report, items=items)
+        if len(codec.encode(candidate)) <= limit or not images:
+            return candidate
+        images = images[len(images) - len(images) * 3 // 4 :] if len(images) > 1 else []
+
+
+def check_classes(manifests: Sequence[ModelManifest]) -> None:
+    """The models of one evaluation must name the same classes in the same order."""
+    first = manifests[0]
+    for other in manifests[1:]:
+        if other.classes != first.classes:
+            raise EvaluationFailed(
+                "class_mismatch",
+                f"{first.ref} has classes {','.join(first.classes)} but {other.ref} has "
+                f"{','.join(other.classes)}",
+            )
+
+
+class Evaluations:
+    """One per agent: checks requests on the caller's thread, evaluates on its own."""
+
+    def __init__(
+        self,
+        settings: AgentSettings,
+        store: LocalStore,
+        station: StationData,
+        keys: TrustedKeys,
+        counters: Counter[str],
+        *,
+        report: Report,
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.station = station
+        self.keys = keys
+        self.counters = counters
+        self._report = report
+        self._lock = threading.Lock()
+        stored = store.get(LAST_REPORT_KEY)
+        # Re-stated (retained) by every new session, after the birth.
+        self.last_report: bytes | None = None if stored is None else stored.encode()
+
+    @property
+    def done_version(self) -> int:
+        """The newest request version this station answered (done or failed)."""
+        if self.last_report is None:
+            return 0
+        try:
+            return codec.decode(self.last_report, EvaluationReport).version
+        except ProtocolError:
+            return 0
+
+    def handle(self, envelope: bytes) -> None:
+        """A request (MQTT or gRPC): checked here, carried out on its own thread."""
+        try:
+            request = open_signed(envelope, EvaluationRequest, self.keys)
+            if request.edge != self.settings.edge or request.fleet != self.settings.fleet:
+                raise ProtocolError(f"evaluation is for {request.fleet}/{request.edge}")
+        except ProtocolError as exc:
+            # Nothing in it can be trusted, not even its id: counted and logged only.
+            self.counters[f"evaluate.rejected.{exc.reason}"] += 1
+            log.error("evaluation request rejected (%s): %s", exc.reason, exc)
+            return
+        if request.version <= self.done_version:
+            self.counters["evaluate.stale"] += 1
+            return
+        threading.Thread(
+            target=self.evaluate, args=(request,), name="evaluate", daemon=True
+        ).start()
+
+    def evaluate(self, request: EvaluationRequest) -> None:
+        """Score the held-out images with every model of ``request``; publish the report."""
+        with self._lock:
+            if request.version <= self.done_version:
+                return
+            started = time.monotonic()
+            try:
+                report = self._run(request)
+            except EvaluationFailed as exc:
+                report = self._failed(request, str(exc))
+            except Exception as exc:  # a bug must still answer, or the gate waits in vain
+                log.exception("evaluation %s failed unexpectedly", request.eval_id)
+                report = self._failed(request, f"internal: {type(exc).__name__}: {exc}")
+            finally:
+                shutil.rmtree(self.settings.data_dir / WORK_DIR, ignore_errors=True)
+            payload = codec.encode(report)
+            # Stored first: a crash after this re-states it rather than losing it.
+            self.store.put(LAST_REPORT_KEY, payload.decode())
+            self.last_report = payload
+            self._report(topics.Up.EVALUATE, payload, True)
+            self.counters[f"evaluate.{report.status.value}"] += 1
+            log.info(
+                "evaluation %s %s in %.1f s (%d items)%s",
+                request.eval_id,
+                report.status.value,
+                time.monotonic() - started,
+                len(report.items),
+                f": {report.reason}" if report.reason else "",
+            )
+
+    def _failed(self, request: EvaluationRequest, reason: str) -> EvaluationReport:
+        return EvaluationReport(
+            self.settings.edge,
+            request.eval_id,
+            request.version,
+            EvaluationStatus.FAILED,
+            reason[:1000],
+            self._holdout_count(),
+            (),
+            time.time(),
+        )
+
+    def _holdout_count(self) -> int:
+        try:
+            return sum(image.holdout for image in self.station.labelled())
+        except Exception:  # only for a failure report: never mask the real reason
+            return 0
+
+    def _run(self, request: EvaluationRequest) -> EvaluationReport:
+        held_out = [image for image in self.station.labelled() if image.holdout]
+        if not held_out:
+            raise EvaluationFailed(
+                "no_holdout",
+                "this station has no held-out labelled images (label some of the images "
+                "it scored; a share of them is held out for evaluation)",
+            )
+        manifests = []
+        for envelope in request.manifest_envelopes:
+            try:
+                manifests.append(deployer.open_manifest(envelope.encode(), self.keys))
+            except DeployError as exc:
+                raise EvaluationFailed("bad_manifest", str(exc)) from None
+        check_classes(manifests)
+        work = self.settings.data_dir / WORK_DIR
+        shutil.rmtree(work, ignore_errors=True)  # a crashed evaluation's leftovers
+        models = [
+            self._prepare(request, envelope, manifest, work)
+            for envelope, manifest in zip(request.manifest_envelopes, manifests, strict=True)
+        ]
+        chosen = held_out[-request.max_images :]  # the newest: the line as it is now
+        per_model = [self._score(model, chosen) for model in models]
+        per_image: list[tuple[EvaluationItem, ...]] = []
+        unreadable = 0
+        for index in range(len(chosen)):
+            complete = tuple(item for scored in per_model if (item := scored[index]) is not None)
+            if len(complete) == len(models):
+                per_image.append(complete)
+            else:
+                unreadable += 1
+        reason = f"{unreadable} held-out image(s) unreadable, left out" if unreadable else ""
+        report = EvaluationReport(
+            self.settings.edge,
+            request.eval_id,
+            request.version,
+            EvaluationStatus.DONE,
+            reason,
+            len(held_out),
+            (),
+            time.time(),
+        )
+        return fit_report(report, per_image, REPORT_MAX_BYTES)
+
+    def _prepare(
+        self, request: EvaluationRequest, envelope: str, manifest: ModelManifest, work: Path
+    ) -> runtime.LoadedModel:
+        """Download (or reuse) and verify one model into ``work``; load it, not activate."""
+        relative = Path("models") / manifest.name / str(manifest.version) / "model.onnx"
+        existing, target = self.settings.data_dir / relative, work / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        # Verified again below like a download; when the station lacks it (or it was
+        # pruned meanwhile) it is downloaded instead.
+        with contextlib.suppress(OSError):
+            os.link(existing, target)
+        desired = DeploymentDesired(
+            self.settings.fleet,
+            self.settings.edge,
+            request.version,
+            request.eval_id,
+            envelope,
+            request.grpc_target,
+            request.issued_at,
+        )
+        eval_settings = dataclasses.replace(self.settings, data_dir=work)
+        try:
+            return deployer.prepare(desired, eval_settings, self.keys, lambda _s, _r: None)
+        except DeployError as exc:
+            raise EvaluationFailed(exc.reason, f"{manifest.ref}: {exc.detail}") from None
+
+    def _score(
+        self, model: runtime.LoadedModel, images: Sequence[LabelledImage]
+    ) -> list[EvaluationItem | None]:
+        """One item per image (None where the image cannot be read), in order."""
+        preprocess = model.manifest.preprocess or Preprocess(image_size=self.settings.image_size)
+        classes = model.manifest.classes
+        results: list[EvaluationItem | None] = []
+        for start in range(0, len(images), BATCH):
+            batch = images[start : start + BATCH]
+            prepared: list[tuple[LabelledImage, np.ndarray] | None] = []
+            for image in batch:
+                try:
+                    prepared.append((image, decode_for(image.path, preprocess)))
+                except (InferenceError, OSError) as exc:
+                    self.counters["evaluate.unreadable"] += 1
+                    log.warning("held-out image %s not scored: %s", image.prediction_id, exc)
+                    prepared.append(None)
+            readable = [p for p in prepared if p is not None]
+            try:
+                probs, _ = scoring.run(model, [array for _, array in readable])
+            except InferenceError as exc:
+                raise EvaluationFailed("inference_failed", str(exc)) from None
+            rows = iter(probs.tolist())
+            for entry in prepared:
+                if entry is None:
+                    results.append(None)
+                    continue
+                image, array = entry
+                scores = {
+                    name: round(min(1.0, max(0.0, float(p))), 6)
+                    for name, p in zip(classes, next(rows), strict=True)
+                }
+                try:
+                    item: EvaluationItem | None = EvaluationItem(
+                        image.prediction_id, model.ref, image.label, scores, image_stats(array)
+                    )
+                except ProtocolError as exc:  # e.g. a label that is no class name
+                    self.counters["evaluate.unreadable"] += 1
+                    log.warning("held-out image %s not reported: %s", image.prediction_id, exc)
+                    item = None
+                results.append(item)
+        return results

@@ -1,0 +1,167 @@
+"""Station evaluation reports at the manager: checked against the request, stored once.
+
+A station answers an :class:`~fedge.protocols.evaluation.EvaluationRequest` with an
+:class:`~fedge.protocols.evaluation.EvaluationReport` on its retained ``up/evaluate``
+topic (or over gRPC without MQTT). The report is retained and re-stated by the agent on
+every new session, so it reaches a manager that was down; storing it is idempotent: one
+``evaluation_reports`` row per (evaluation, edge), one ``evaluations`` row per (image,
+model). A report is checked before anything is written: it must answer a request this
+manager sent to that edge (same version and evaluation id) and name only the models
+that request asked for; otherwise it is rejected (counted in ``rejections``) and
+changes nothing.
+"""
+
+import json
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from fedge.edge_manager.gate import Scored, StationReport
+from fedge.edge_manager.store import Store
+from fedge.protocols import codec
+from fedge.protocols.errors import ValidationError
+from fedge.protocols.evaluation import EvaluationReport, EvaluationRequest, EvaluationStatus
+from fedge.protocols.manifest import ModelManifest
+
+EVALUATE = "evaluate"  # the desired-document kind (Fleet's `desired` table)
+
+
+def manifest_of(envelope: str) -> ModelManifest:
+    """The manifest inside a registry envelope this manager signed (not re-verified)."""
+    try:
+        payload = json.loads(envelope)["payload"]
+        return codec.decode(str(payload).encode(), ModelManifest)
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValidationError(f"unreadable manifest envelope: {exc}") from None
+
+
+def request_for(conn: sqlite3.Connection, edge: str, version: int) -> EvaluationRequest | None:
+    row = conn.execute(
+        "SELECT document FROM desired WHERE edge=? AND kind=? AND version=?",
+        (edge, EVALUATE, version),
+    ).fetchone()
+    return None if row is None else codec.decode(str(row[0]).encode(), EvaluationRequest)
+
+
+def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, now: float) -> bool:
+    """Store ``report`` of ``edge`` inside the caller's transaction; False if it was
+    stored before (a retained copy again). Raises ValidationError, writing nothing, for a
+    report that answers no request of this manager's."""
+    request = request_for(conn, edge, report.version)
+    if request is None or request.eval_id != report.eval_id:
+        raise ValidationError(
+            f"{edge} reports evaluation {report.eval_id!r} v{report.version}, which this "
+            "manager did not ask it for"
+        )
+    asked = {manifest_of(envelope).ref for envelope in request.manifest_envelopes}
+    named = {item.model for item in report.items}
+    if not named <= asked:
+        raise ValidationError(
+            f"{edge} reports scores of {sorted(named - asked)}, not of the models asked "
+            f"for ({', '.join(sorted(asked))})"
+        )
+    added = conn.execute(
+        "INSERT OR IGNORE INTO evaluation_reports (eval_id, edge, version, status, reason, "
+        "holdout, items, reported_at, received_at) VALUES (?,?,?,?,?,?,?,?,?)",
+        (
+            report.eval_id,
+            edge,
+            report.version,
+            report.status.value,
+            report.reason,
+            report.holdout,
+            len(report.items),
+            report.reported_at,
+            now,
+        ),
+    )
+    if added.rowcount == 0:
+        return False
+    conn.executemany(
+        "INSERT OR IGNORE INTO evaluations (eval_id, edge, prediction_id, model, label, scores, "
+        "stats, at) VALUES (?,?,?,?,?,?,?,?)",
+        [
+            (
+                report.eval_id,
+                edge,
+                item.prediction_id,
+                item.model,
+                item.label,
+                json.dumps(item.scores, sort_keys=True),
+                json.dumps(item.stats, sort_keys=True),
+                now,
+            )
+            for item in report.items
+        ],
+    )
+    return True
+
+
+# -- the gate's reads
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    edge: str
+    status: EvaluationStatus
+    reason: str
+    holdout: int
+    items: int
+
+
+def reports(store: Store, eval_id: str) -> dict[str, ReportRow]:
+    """The stations that answered ``eval_id`` so far, by edge."""
+    rows = store.query(
+        "SELECT edge, status, reason, holdout, items FROM evaluation_reports WHERE eval_id=?",
+        (eval_id,),
+    )
+    return {
+        str(r["edge"]): ReportRow(
+            str(r["edge"]),
+            EvaluationStatus(str(r["status"])),
+            str(r["reason"]),
+            int(r["holdout"]),
+            int(r["items"]),
+        )
+        for r in rows
+    }
+
+
+def station_report(
+    store: Store, eval_id: str, edge: str, serving: str | None, row: ReportRow | None
+) -> StationReport:
+    """What the gate judges for ``edge``: its items, or why there are none."""
+    if row is None:
+        return StationReport(edge, serving, "missing", "did not answer in time")
+    items = tuple(
+        Scored(str(r["prediction_id"]), str(r["model"]), str(r["label"]), _scores(r))
+        for r in store.query(
+            "SELECT prediction_id, model, label, scores FROM evaluations "
+            "WHERE eval_id=? AND edge=? ORDER BY prediction_id, model",
+            (eval_id, edge),
+        )
+    )
+    return StationReport(edge, serving, row.status.value, row.reason, row.holdout, items)
+
+
+def _scores(row: dict[str, Any]) -> dict[str, float]:
+    try:
+        data = json.loads(str(row["scores"]))
+    except ValueError:
+        return {}
+    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def manager_labels(store: Store, prediction_ids: set[str]) -> dict[str, str]:
+    """The manager's current label of each prediction that has one."""
+    labels: dict[str, str] = {}
+    ids = sorted(prediction_ids)
+    for start in range(0, len(ids), 500):  # SQLite's variable limit
+        chunk = ids[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        for row in store.query(
+            f"SELECT prediction_id, label FROM labels WHERE prediction_id IN ({marks})",
+            tuple(chunk),
+        ):
+            labels[str(row["prediction_id"])] = str(row["label"])
+    return labels

@@ -1,0 +1,220 @@
+"""What a moved edge reported since it moved: the abort metrics of a staged rollout.
+
+Read from the manager's store (an adapter: SQLite in, :class:`EdgeHealth` out). Every
+metric covers the edge's reports since ``moved_at`` and is left out while there is
+nothing to judge it on (no labels yet, no estimate yet), so a criterion never trips on
+missing evidence -- except ``failed_activation``, which is 0 until the edge says
+otherwise.
+
+- ``failed_activation``: 1 if the edge reported the rollout's deployment ``failed`` or
+  ``rolled_back`` (the agent's own rollback after its local health checks), else 0.
+- ``error_rate``: inference errors over attempts, from the agent's cumulative telemetry
+  counters ``inference.errors`` and ``predictions`` (increments since the move; a counter
+  that went down means the agent restarted and counts from zero).
+- ``latency_p95_ms``: of the new model's predictions on the edge (nearest rank).
+- ``agreement_drop``: label agreement of the previous model's predictions on the edge
+  minus the new model's (labels.agreement's rule: a label agrees with "reject" when it
+  names a positive class).
+- ``alerts``: open alerts raised on the edge since it moved.
+- ``est_accuracy_drop``: the previous model's MPP estimate on the edge minus the new
+  model's (``estimates``, weighted by window size).
+"""
+
+import json
+import math
+import sqlite3
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from fedge.edge_manager.rollout import EdgeHealth, EdgeState, Rollout
+from fedge.edge_manager.rollout_plan import Metric
+
+# The agent's telemetry counters (cumulative since it started) behind error_rate.
+ERRORS_METRIC = "inference.errors"
+SCORED_METRIC = "predictions"
+
+
+def settled_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
+    """When ``edge`` first reported ``deployment_id`` active, failed or rolled back."""
+    value = conn.execute(
+        "SELECT min(at) FROM deploy_events WHERE edge=? AND deployment_id=? "
+        "AND stage IN ('active', 'failed', 'rolled_back')",
+        (edge, deployment_id),
+    ).fetchone()[0]
+    return None if value is None else float(value)
+
+
+def rollout_health(
+    conn: sqlite3.Connection, rollout: Rollout, rows: Mapping[str, Mapping[str, Any]]
+) -> dict[str, EdgeHealth]:
+    """The health of every moved or rolling-back edge of ``rollout`` (``rows``: its
+    ``rollout_edges`` rows by edge)."""
+    metrics = [c.metric for c in rollout.plan.abort_if]
+    found: dict[str, EdgeHealth] = {}
+    for edge in rollout.edges:
+        row = rows[edge.edge]
+        previous = str(row["previous_model"] or "")
+        if edge.state is EdgeState.MOVED:
+            found[edge.edge] = moved_health(
+                conn,
+                edge=edge.edge,
+                model=rollout.model,
+                previous_model=previous,
+                deployment_id=str(row["deployment_id"]),
+                moved_at=float(row["moved_at"]),
+                metrics=metrics,
+            )
+        elif edge.state is EdgeState.ROLLING_BACK:
+            restored = int(row["restore_config_version"] or 0)
+            found[edge.edge] = EdgeHealth(back=is_back(conn, edge.edge, previous, restored))
+    return found
+
+
+def moved_health(
+    conn: sqlite3.Connection,
+    *,
+    edge: str,
+    model: str,
+    previous_model: str,
+    deployment_id: str,
+    moved_at: float,
+    metrics: Iterable[Metric],
+) -> EdgeHealth:
+    """The health of an edge on the rollout's model, for the metrics asked for."""
+    readers: dict[Metric, Callable[[], float | None]] = {
+        Metric.FAILED_ACTIVATION: lambda: failed_activation(conn, edge, deployment_id),
+        Metric.ERROR_RATE: lambda: error_rate(conn, edge, moved_at),
+        Metric.LATENCY_P95_MS: lambda: latency_p95_ms(conn, edge, model, moved_at),
+        Metric.AGREEMENT_DROP: lambda: agreement_drop(conn, edge, model, previous_model, moved_at),
+        Metric.ALERTS: lambda: open_alerts(conn, edge, moved_at),
+        Metric.EST_ACCURACY_DROP: lambda: estimate_drop(
+            conn, edge, model, previous_model, moved_at
+        ),
+    }
+    observed: dict[str, float] = {}
+    for metric in metrics:
+        value = readers[metric]()
+        if value is not None:
+            observed[metric.value] = value
+    return EdgeHealth(settled_at=settled_at(conn, edge, deployment_id), metrics=observed)
+
+
+def is_back(
+    conn: sqlite3.Connection, edge: str, previous_model: str, restore_config_version: int
+) -> bool:
+    """Whether ``edge`` serves its previous model and applied its restored thresholds."""
+    row = conn.execute("SELECT serving, config_applied FROM edges WHERE edge=?", (edge,)).fetchone()
+    return row is not None and row[0] == previous_model and int(row[1]) >= restore_config_version
+
+
+def failed_activation(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float:
+    row = conn.execute(
+        "SELECT 1 FROM deploy_events WHERE edge=? AND deployment_id=? "
+        "AND stage IN ('failed', 'rolled_back') LIMIT 1",
+        (edge, deployment_id),
+    ).fetchone()
+    return 1.0 if row is not None else 0.0
+
+
+def error_rate(conn: sqlite3.Connection, edge: str, since: float) -> float | None:
+    errors = _counter_increase(conn, edge, ERRORS_METRIC, since)
+    scored = _counter_increase(conn, edge, SCORED_METRIC, since)
+    if errors is None or errors + (scored or 0.0) <= 0:
+        return None
+    return errors / (errors + (scored or 0.0))
+
+
+def _counter_increase(conn: sqlite3.Connection, edge: str, name: str, since: float) -> float | None:
+    """How much a cumulative counter grew since ``since`` (None: never reported since)."""
+    before = conn.execute(
+        "SELECT value FROM telemetry WHERE edge=? AND name=? AND at < ? ORDER BY at DESC LIMIT 1",
+        (edge, name, since),
+    ).fetchone()
+    values = [
+        float(v)
+        for (v,) in conn.execute(
+            "SELECT value FROM telemetry WHERE edge=? AND name=? AND at >= ? ORDER BY at, rowid",
+            (edge, name, since),
+        )
+    ]
+    if not values:
+        return None
+    last = 0.0 if before is None else float(before[0])
+    grown = 0.0
+    for value in values:
+        grown += value - last if value >= last else value  # a restart counts from 0
+        last = value
+    return grown
+
+
+def latency_p95_ms(conn: sqlite3.Connection, edge: str, model: str, since: float) -> float | None:
+    latencies = sorted(
+        float(v)
+        for (v,) in conn.execute(
+            "SELECT latency_ms FROM predictions WHERE edge=? AND model=? AND at >= ?",
+            (edge, model, since),
+        )
+    )
+    if not latencies:
+        return None
+    return latencies[max(0, math.ceil(0.95 * len(latencies)) - 1)]
+
+
+def agreement(
+    conn: sqlite3.Connection, edge: str, model: str, *, since: float = 0.0
+) -> float | None:
+    """Share of ``model``'s labelled predictions on ``edge`` (at or after ``since``) whose
+    decision their current label agrees with; None when none is labelled."""
+    row = conn.execute("SELECT manifest FROM models WHERE name=? AND version=?", _ref(model))
+    found = row.fetchone()
+    positives = set() if found is None else set(json.loads(found[0])["positive_classes"])
+    rows = conn.execute(
+        "SELECT p.decision, l.label FROM labels l JOIN (SELECT prediction_id, decision "
+        "FROM predictions WHERE edge=? AND model=? AND at >= ? GROUP BY prediction_id) p "
+        "ON p.prediction_id = l.prediction_id",
+        (edge, model, since),
+    ).fetchall()
+    if not rows:
+        return None
+    agree = sum(1 for decision, label in rows if (decision == "reject") == (label in positives))
+    return agree / len(rows)
+
+
+def agreement_drop(
+    conn: sqlite3.Connection, edge: str, model: str, previous_model: str, since: float
+) -> float | None:
+    new = agreement(conn, edge, model, since=since)
+    old = agreement(conn, edge, previous_model)
+    return None if new is None or old is None else old - new
+
+
+def open_alerts(conn: sqlite3.Connection, edge: str, since: float) -> float:
+    count = conn.execute(
+        "SELECT count(*) FROM alerts WHERE edge=? AND raised_at >= ? AND cleared_at IS NULL",
+        (edge, since),
+    ).fetchone()[0]
+    return float(count)
+
+
+def estimate_drop(
+    conn: sqlite3.Connection, edge: str, model: str, previous_model: str, since: float
+) -> float | None:
+    new = _mean_estimate(conn, edge, model, "window_end > ?", since)
+    old = _mean_estimate(conn, edge, previous_model, "window_start >= ?", 0.0)
+    return None if new is None or old is None else old - new
+
+
+def _mean_estimate(
+    conn: sqlite3.Connection, edge: str, model: str, when: str, at: float
+) -> float | None:
+    value = conn.execute(
+        f"SELECT sum(mpp * n) / sum(n) FROM estimates WHERE edge=? AND model=? AND {when} "
+        "AND mpp IS NOT NULL AND n > 0",
+        (edge, model, at),
+    ).fetchone()[0]
+    return None if value is None else float(value)
+
+
+def _ref(model: str) -> tuple[str, int]:
+    name, _, version = model.rpartition(":")
+    return name, int(version) if version.isdigit() else -1

@@ -1,0 +1,259 @@
+"""A staged rollout's plan: which edges, canary first, in which waves, watched how long,
+stopped on what. Pure parsing and validation into frozen dataclasses.
+
+Staged rollouts with abort criteria follow AWS IoT Jobs (``abortConfig``: a failure type,
+a threshold, a minimum number of executions) and Greengrass deployments: a change reaches
+a canary first, then growing shares of the fleet, each wave observed for a health window
+before the next, and any wave can stop the rollout (issue "The closed loop").
+
+Every problem raises :class:`RolloutError` naming the bad part of the input.
+"""
+
+import difflib
+import itertools
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from fedge.edge_manager.errors import ManagerError
+
+
+class RolloutError(ManagerError):
+    """A rollout cannot be planned, started or changed; nothing was changed."""
+
+
+class Metric(StrEnum):
+    """What an abort criterion watches on each moved edge, since it moved (rollout_health)."""
+
+    AGREEMENT_DROP = "agreement_drop"  # label agreement, previous model minus new model
+    FAILED_ACTIVATION = "failed_activation"  # 1 if the new model failed or was rolled back
+    ERROR_RATE = "error_rate"  # inference errors / (errors + scored images)
+    LATENCY_P95_MS = "latency_p95_ms"  # of the new model's predictions
+    ALERTS = "alerts"  # open alerts raised on the edge since it moved
+    EST_ACCURACY_DROP = "est_accuracy_drop"  # MPP estimate, previous model minus new model
+
+
+class Op(StrEnum):
+    GT = ">"
+    GE = ">="
+
+
+@dataclass(frozen=True)
+class Criterion:
+    """Abort when ``metric`` ``op`` ``value`` holds on any moved edge."""
+
+    metric: Metric
+    op: Op
+    value: float
+
+    def tripped(self, observed: float) -> bool:
+        return observed > self.value if self.op is Op.GT else observed >= self.value
+
+    def __str__(self) -> str:
+        return f"{self.metric.value}{self.op.value}{self.value:g}"
+
+
+@dataclass(frozen=True)
+class RolloutPlan:
+    """``edges``: every target edge, canary included, sorted; ``waves``: cumulative
+    fractions of the non-canary edges, increasing, the last 1.0."""
+
+    edges: tuple[str, ...]
+    canary: tuple[str, ...]
+    waves: tuple[float, ...]
+    health_window_s: float
+    abort_if: tuple[Criterion, ...]
+
+    def __post_init__(self) -> None:
+        if not self.edges:
+            raise RolloutError("a rollout needs at least one target edge")
+        if len(set(self.edges)) != len(self.edges):
+            raise RolloutError(f"edges named twice: {', '.join(_twice(self.edges))}")
+        outside = sorted(set(self.canary) - set(self.edges))
+        if outside:
+            raise RolloutError(
+                f"canary edge(s) {', '.join(outside)} are not among the rollout's target edges"
+            )
+        _check_waves(self.waves, ", ".join(f"{w * 100:g}%" for w in self.waves))
+        if not math.isfinite(self.health_window_s) or self.health_window_s <= 0:
+            raise RolloutError(f"the health window must be > 0 s, got {self.health_window_s}")
+
+    def assignment(self) -> tuple[tuple[str, int], ...]:
+        """(edge, wave) for every target edge: the canary is wave 0, then wave k holds
+        the non-canary edges up to ``ceil(waves[k-1] * n)`` in name order (cumulative, so
+        ``25%,50%,100%`` of 8 edges moves 2, then 2 more, then the last 4). A wave can be
+        empty when the fleet is small; it is skipped."""
+        rest = sorted(set(self.edges) - set(self.canary))
+        pairs = [(edge, 0) for edge in sorted(self.canary)]
+        done = 0
+        for number, share in enumerate(self.waves, start=1):
+            upto = min(len(rest), math.ceil(share * len(rest) - 1e-9))
+            pairs += [(edge, number) for edge in rest[done:upto]]
+            done = max(done, upto)
+        return tuple(pairs)
+
+    def to_json_dict(self) -> dict[str, object]:
+        return {
+            "edges": list(self.edges),
+            "canary": list(self.canary),
+            "waves": list(self.waves),
+            "health_window_s": self.health_window_s,
+            "abort_if": [str(c) for c in self.abort_if],
+        }
+
+    @classmethod
+    def from_json_dict(cls, data: dict[str, object]) -> "RolloutPlan":
+        """The plan as :meth:`to_json_dict` stored it."""
+        try:
+            edges = data["edges"]
+            canary = data["canary"]
+            waves = data["waves"]
+            window = data["health_window_s"]
+            abort_if = data["abort_if"]
+            assert isinstance(edges, list) and isinstance(canary, list)
+            assert isinstance(waves, list) and isinstance(abort_if, list)
+            assert isinstance(window, int | float)
+        except (KeyError, AssertionError):
+            raise RolloutError(f"a stored rollout plan is damaged: {data!r}") from None
+        return cls(
+            edges=tuple(str(e) for e in edges),
+            canary=tuple(str(e) for e in canary),
+            waves=tuple(float(w) for w in waves),
+            health_window_s=float(window),
+            abort_if=parse_criteria(",".join(str(c) for c in abort_if)),
+        )
+
+
+def make_plan(
+    edges: Sequence[str],
+    *,
+    canary: Sequence[str] = (),
+    waves: str = "100%",
+    health_window: str = "10m",
+    abort_if: str = "failed_activation>0",
+) -> RolloutPlan:
+    """A plan from what an operator typed (``--waves 25%,50%,100% --health-window 10m``)."""
+    if _twice(canary):
+        raise RolloutError(f"canary edges named twice: {', '.join(_twice(canary))}")
+    if _twice(edges):
+        raise RolloutError(f"edges named twice: {', '.join(_twice(edges))}")
+    return RolloutPlan(
+        edges=tuple(sorted(edges)),
+        canary=tuple(sorted(canary)),
+        waves=parse_waves(waves),
+        health_window_s=parse_duration(health_window),
+        abort_if=parse_criteria(abort_if),
+    )
+
+
+_PERCENT = re.compile(r"^(\d+(?:\.\d+)?)\s*%?$")
+
+
+def parse_waves(text: str) -> tuple[float, ...]:
+    """``"25%,50%,100%"`` -> ``(0.25, 0.5, 1.0)``: cumulative shares, increasing, to 100%."""
+    parts = [p.strip() for p in text.split(",")]
+    if not text.strip():
+        raise RolloutError("--waves is empty; give cumulative percentages, e.g. 25%,50%,100%")
+    shares = []
+    for part in parts:
+        match = _PERCENT.match(part)
+        if match is None:
+            raise RolloutError(
+                f"wave {part!r} in {text!r} is not a percentage; write e.g. 25%,50%,100%"
+            )
+        percent = float(match.group(1))
+        if not 0 < percent <= 100:
+            raise RolloutError(f"wave {part!r} in {text!r} must be in (0%, 100%]")
+        shares.append(percent / 100.0)
+    _check_waves(tuple(shares), text)
+    return tuple(shares)
+
+
+def _check_waves(shares: tuple[float, ...], text: str) -> None:
+    if not shares:
+        raise RolloutError("a rollout needs at least one wave (e.g. --waves 100%)")
+    for before, after in itertools.pairwise(shares):
+        if after <= before:
+            raise RolloutError(
+                f"waves {text!r} must increase (they are cumulative): "
+                f"{after * 100:g}% comes after {before * 100:g}%"
+            )
+    if shares[0] <= 0 or any(share > 1.0 for share in shares):
+        raise RolloutError(f"waves {text!r} must be between 0% and 100%")
+    if shares[-1] != 1.0:
+        raise RolloutError(f"waves {text!r} must end at 100% so that every edge is reached")
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h)$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str) -> float:
+    """``"10m"`` -> 600.0 seconds (units: ms, s, m, h)."""
+    match = _DURATION.match(text.strip())
+    if match is None:
+        raise RolloutError(
+            f"health window {text!r} is not a duration; write a number and a unit "
+            "(ms, s, m or h), e.g. 30s, 10m, 2h"
+        )
+    seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
+    if seconds <= 0:
+        raise RolloutError(f"health window {text!r} must be longer than 0")
+    if seconds > 7 * 86400:
+        raise RolloutError(f"health window {text!r} is longer than a week; use at most 168h")
+    return seconds
+
+
+_CRITERION = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)\s*(>=|>|<=|<|==|=)\s*(.*)$")
+
+
+def parse_criteria(text: str) -> tuple[Criterion, ...]:
+    """``"agreement_drop>0.02,failed_activation>0"`` -> criteria (``>`` or ``>=`` only)."""
+    if not text.strip():
+        raise RolloutError(
+            "--abort-if is empty; give at least one criterion, e.g. failed_activation>0"
+        )
+    criteria: list[Criterion] = []
+    for raw in text.split(","):
+        part = raw.strip()
+        match = _CRITERION.match(part)
+        if match is None:
+            raise RolloutError(
+                f"abort criterion {part!r} in {text!r} must look like METRIC>NUMBER, "
+                f"e.g. error_rate>0.01; metrics: {_known()}"
+            )
+        name, op, number = match.groups()
+        if name not in {m.value for m in Metric}:
+            close = difflib.get_close_matches(name, [m.value for m in Metric], n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise RolloutError(
+                f"abort criterion {part!r}: unknown metric {name!r}{hint}; metrics: {_known()}"
+            )
+        if op not in (">", ">="):
+            raise RolloutError(
+                f"abort criterion {part!r}: comparison {op!r} is not supported; an abort "
+                "criterion says when a metric is too high: use > or >="
+            )
+        try:
+            value = float(number.strip())
+        except ValueError:
+            raise RolloutError(
+                f"abort criterion {part!r}: {number.strip()!r} is not a number"
+            ) from None
+        if not math.isfinite(value) or value < 0:
+            raise RolloutError(f"abort criterion {part!r}: the limit must be a finite number >= 0")
+        metric = Metric(name)
+        if any(c.metric is metric for c in criteria):
+            raise RolloutError(f"abort criteria {text!r} name {name} twice; give it once")
+        criteria.append(Criterion(metric, Op(op), value))
+    return tuple(criteria)
+
+
+def _known() -> str:
+    return ", ".join(m.value for m in Metric)
+
+
+def _twice(names: Sequence[str]) -> list[str]:
+    return sorted({n for n in names if list(names).count(n) > 1})

@@ -1,0 +1,29 @@
+"""``fedge bench rollout`` at a tiny size through the CLI: real Mosquitto, manager and
+agent processes; the bad model stays on the canary and comes back, the good one completes."""
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from fedge.cli.main import app
+
+pytestmark = pytest.mark.integration
+
+
+def test_bench_rollout_keeps_the_bad_model_on_the_canary(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(
+        app, ["bench", "rollout", "--edges", "3", "--health-window", "1", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    data = json.loads(out.read_text())
+    assert '"benchmark": "rollout"' in result.stdout
+    assert data["bad_model_edges_exposed"] == 1 == data["canary"]
+    assert data["bad_rollout_state"] == "rolled_back"
+    assert "failed_activation=1 > 0" in data["bad_rollout_reason"]
+    assert 0 < data["rollback_s"] <= data["health_window_s"] + 5.0
+    assert data["good_model_completed_s"] > 3 * data["health_window_s"]  # three waves watched
+    assert data["false_aborts"] == 0 and data["met_target"] is True
+    assert data["machine"]["cpu_count"] >= 1

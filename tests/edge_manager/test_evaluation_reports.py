@@ -1,0 +1,145 @@
+"""Evaluation reports at the manager: stored once; bad, forged or oversized ones rejected,
+counted and changing nothing; and the gate's refusals before anything is started."""
+
+import dataclasses
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FLEET, FleetHome, make_fleet_home, publish_model
+
+from fedge.edge_manager import gating
+from fedge.edge_manager.errors import ManagerError, UnknownModelError
+from fedge.edge_manager.gate import GatePolicy
+from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.protocols import codec, topics
+from fedge.protocols.evaluation import EvaluationItem, EvaluationReport, EvaluationStatus
+
+EDGE = "st-01"
+
+
+@pytest.fixture
+def fh(tmp_path: Path) -> Iterator[FleetHome]:
+    fh = make_fleet_home(tmp_path)
+    publish_model(fh, 1, seed=1)
+    publish_model(fh, 2, seed=2)
+    with fh.fleet() as fleet:
+        for i, edge in enumerate(("st-01", "st-02", "st-01")):
+            fleet.store.conn.execute(
+                "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
+                "threshold, config_version, latency_ms, source) "
+                "VALUES (?, ?, 0, ?, 'inspect:1', '{}', 'accept', 0.5, 1, 1.0, 'api')",
+                (f"p-{i}", edge, time.time()),
+            )
+        fleet.add_label("p-0", "scratch", "qa")
+        fleet.add_label("p-2", "clean", "qa")
+        fleet.store.conn.execute("UPDATE edges SET serving='inspect:1' WHERE edge=?", (EDGE,))
+    yield fh
+    fh.close()
+
+
+def _report(request: gating.GateRequest, **changes: object) -> EvaluationReport:
+    items = tuple(
+        EvaluationItem(pid, model, label, {"clean": 0.3, "scratch": 0.7}, {"mean": 0.5})
+        for pid, label in (("p-0", "scratch"), ("p-2", "clean"))
+        for model in ("inspect:1", "inspect:2")
+    )
+    report = EvaluationReport(EDGE, request.eval_id, 1, EvaluationStatus.DONE, "", 2, items, 1.0)
+    return dataclasses.replace(report, **changes)  # type: ignore[arg-type]
+
+
+def _ingest(fh: FleetHome, payload: bytes, edge: str = EDGE) -> Outcome:
+    topic = topics.up(FLEET, edge, topics.Up.EVALUATE)
+    with fh.fleet() as fleet, fleet.store.transaction() as conn:
+        return Ingestor(fleet.store, FLEET).handle(conn, topic, payload, time.time())
+
+
+def _counts(fh: FleetHome) -> tuple[int, int, int]:
+    return (
+        int(fh.db.scalar("SELECT count(*) FROM evaluation_reports")),
+        int(fh.db.scalar("SELECT count(*) FROM evaluations")),
+        int(fh.db.scalar("SELECT count(*) FROM rejections")),
+    )
+
+
+def test_a_report_is_stored_once_and_bad_ones_change_nothing(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        request = gating.start(fleet, "inspect:2", [EDGE])
+    assert request.serving == {EDGE: "inspect:1"}
+    good = _report(request)
+    bad: dict[str, bytes] = {
+        "unknown evaluation": codec.encode(_report(request, eval_id="ev-forged")),
+        "unknown version": codec.encode(_report(request, version=7)),
+        "a model not asked for": codec.encode(
+            _report(request, items=(dataclasses.replace(good.items[0], model="inspect:9"),))
+        ),
+        "another edge's name": codec.encode(_report(request, edge="st-02")),
+        "malformed": b'{"schema":1,"kind":"evaluation_report"',
+        "oversized": codec.encode(good) + b" " * (300 * 1024),
+        "invalid": codec.encode(good).replace(b'"done"', b'"maybe"'),
+    }
+    for what, payload in bad.items():
+        outcome = _ingest(fh, payload)
+        assert outcome.verdict is Verdict.REJECTED, what
+    assert _counts(fh) == (0, 0, len(bad))
+    reasons = [r["reason"] for r in fh.db.query("SELECT reason FROM rejections ORDER BY rowid")]
+    assert reasons[-2:] == ["oversized", "malformed"]
+
+    assert _ingest(fh, codec.encode(good)).verdict is Verdict.STORED
+    assert _ingest(fh, codec.encode(good)).verdict is Verdict.DUPLICATE  # retained again
+    assert _counts(fh) == (1, 4, len(bad))
+    row = fh.row("SELECT * FROM evaluations WHERE prediction_id='p-0' AND model='inspect:2'")
+    assert row["stats"] == '{"mean": 0.5}' and row["label"] == "scratch"
+    state = gating.progress(fh.db, request)
+    assert state.done and state.answered[EDGE].items == 4
+
+
+def test_a_report_over_grpc_is_stored_like_one_over_mqtt(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        request = gating.start(fleet, "inspect:2", [EDGE])
+        with fleet.store.transaction() as conn:
+            outcome = Ingestor(fleet.store, FLEET).handle_status(
+                conn, EDGE, topics.Up.EVALUATE, codec.encode(_report(request)), time.time()
+            )
+    assert outcome.verdict is Verdict.STORED
+
+
+def test_a_newer_evaluation_supersedes_and_the_verdict_is_recorded(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        first = gating.start(fleet, "inspect:2", [EDGE])
+        second = gating.start(fleet, "inspect:2", [EDGE])
+        state = gating.progress(fleet.store, first)
+        assert state.superseded == {EDGE: second.eval_id} and state.done
+        verdict = gating.decide(fleet, first, GatePolicy(min_examples=1))
+    assert not verdict.blessed
+    stored = gating.stored(fh.db, "inspect", 2)
+    assert stored is not None and not stored.blessed and stored.eval_id == first.eval_id
+    assert stored.evidence["superseded"] == {EDGE: second.eval_id}
+    assert "superseded by evaluation" in stored.evidence["stations"][0]["reason"]
+
+
+def test_the_gate_refuses_bad_input_and_starts_nothing(fh: FleetHome) -> None:
+    def evaluate_rows() -> int:
+        return int(fh.db.scalar("SELECT count(*) FROM desired WHERE kind='evaluate'"))
+
+    with fh.fleet() as fleet:
+        with pytest.raises(UnknownModelError, match="inspect:9 is not in the registry"):
+            gating.start(fleet, "inspect:9")
+        with pytest.raises(ManagerError, match="st-02 has no labelled predictions"):
+            gating.start(fleet, "inspect:2", ["st-01", "st-02"])
+        with pytest.raises(ManagerError, match="unknown edge"):
+            gating.start(fleet, "inspect:2", ["st-09"])
+        fleet.registry.publish(
+            fleet.registry.get("inspect", 1).path, name="inspect", version=3,
+            classes=("clean", "dent"),
+        )  # fmt: skip
+        with pytest.raises(ManagerError, match="st-01 serves inspect:1 with clean,scratch"):
+            gating.start(fleet, "inspect:3")
+        fleet.store.conn.execute("UPDATE edges SET serving='other:4' WHERE edge=?", (EDGE,))
+        with pytest.raises(ManagerError, match="not in this registry"):
+            gating.start(fleet, "inspect:2")
+        fleet.store.conn.execute("DELETE FROM labels")
+        with pytest.raises(ManagerError, match="no edge has labelled predictions"):
+            gating.start(fleet, "inspect:2")
+    assert evaluate_rows() == 0
