@@ -75,6 +75,9 @@ def test_a_report_is_stored_once_and_bad_ones_change_nothing(fh: FleetHome) -> N
             _report(request, items=(dataclasses.replace(good.items[0], model="inspect:9"),))
         ),
         "another edge's name": codec.encode(_report(request, edge="st-02")),
+        "another edge's image": codec.encode(
+            _report(request, items=(dataclasses.replace(good.items[0], prediction_id="p-1"),))
+        ),
         "malformed": b'{"schema":1,"kind":"evaluation_report"',
         "oversized": codec.encode(good) + b" " * (300 * 1024),
         "invalid": codec.encode(good).replace(b'"done"', b'"maybe"'),
@@ -83,8 +86,12 @@ def test_a_report_is_stored_once_and_bad_ones_change_nothing(fh: FleetHome) -> N
         outcome = _ingest(fh, payload)
         assert outcome.verdict is Verdict.REJECTED, what
     assert _counts(fh) == (0, 0, len(bad))
-    reasons = [r["reason"] for r in fh.db.query("SELECT reason FROM rejections ORDER BY rowid")]
-    assert reasons[-2:] == ["oversized", "malformed"]
+    rejected = fh.db.query("SELECT reason, detail FROM rejections ORDER BY rowid")
+    assert [r["reason"] for r in rejected][-2:] == ["oversized", "malformed"]
+    details = " | ".join(r["detail"] for r in rejected)
+    for said in ("did not ask it for", "not of the models asked", "came from 'st-01'",
+                 "a station evaluates its own images only"):  # fmt: skip
+        assert said in details, details
 
     assert _ingest(fh, codec.encode(good)).verdict is Verdict.STORED
     assert _ingest(fh, codec.encode(good)).verdict is Verdict.DUPLICATE  # retained again

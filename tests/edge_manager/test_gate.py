@@ -9,6 +9,7 @@ from fedge.edge_manager.gate import (
     GatePolicyError,
     Scored,
     StationReport,
+    Verdict,
     judge,
     recommend_thresholds,
     top_class,
@@ -41,7 +42,7 @@ def station(
     return StationReport(edge, serving, "done", holdout=n, items=tuple(items)), labels
 
 
-def gate(*reports: tuple[StationReport, dict[str, str]], policy: GatePolicy = POLICY):  # type: ignore[no-untyped-def]
+def gate(*reports: tuple[StationReport, dict[str, str]], policy: GatePolicy = POLICY) -> Verdict:
     labels = {k: v for _, lab in reports for k, v in lab.items()}
     return judge(CAND, [r for r, _ in reports], labels, policy, ("scratch",))
 
@@ -186,4 +187,4 @@ def test_ties_and_policy_bounds() -> None:
         {"max_station_drop": float("nan")},
     ):
         with pytest.raises(GatePolicyError):
-            GatePolicy(**bad)  # type: ignore[arg-type]
+            GatePolicy(**bad)

@@ -101,6 +101,16 @@ def check_classes(manifests: Sequence[ModelManifest]) -> None:
             )
 
 
+def _version_of(report: bytes | None) -> int:
+    """The request version a stored report answers (0: none, or unreadable)."""
+    if report is None:
+        return 0
+    try:
+        return codec.decode(report, EvaluationReport).version
+    except ProtocolError:
+        return 0
+
+
 class Evaluations:
     """One per agent: checks requests on the caller's thread, evaluates on its own."""
 
@@ -124,16 +134,12 @@ class Evaluations:
         stored = store.get(LAST_REPORT_KEY)
         # Re-stated (retained) by every new session, after the birth.
         self.last_report: bytes | None = None if stored is None else stored.encode()
+        self._done_version = _version_of(self.last_report)
 
     @property
     def done_version(self) -> int:
         """The newest request version this station answered (done or failed)."""
-        if self.last_report is None:
-            return 0
-        try:
-            return codec.decode(self.last_report, EvaluationReport).version
-        except ProtocolError:
-            return 0
+        return self._done_version
 
     def handle(self, envelope: bytes) -> None:
         """A request (MQTT or gRPC): checked here, carried out on its own thread."""
@@ -171,7 +177,7 @@ class Evaluations:
             payload = codec.encode(report)
             # Stored first: a crash after this re-states it rather than losing it.
             self.store.put(LAST_REPORT_KEY, payload.decode())
-            self.last_report = payload
+            self.last_report, self._done_version = payload, report.version
             self._report(topics.Up.EVALUATE, payload, True)
             self.counters[f"evaluate.{report.status.value}"] += 1
             log.info(
@@ -232,6 +238,10 @@ class Evaluations:
                 per_image.append(complete)
             else:
                 unreadable += 1
+        if not per_image:
+            raise EvaluationFailed(
+                "unreadable", f"none of the {len(chosen)} held-out images could be scored"
+            )
         reason = f"{unreadable} held-out image(s) unreadable, left out" if unreadable else ""
         report = EvaluationReport(
             self.settings.edge,

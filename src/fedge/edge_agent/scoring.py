@@ -17,7 +17,7 @@ import numpy as np
 from fedge.edge_agent.decisions import decide, thresholds_in_force
 from fedge.edge_agent.errors import InferenceError
 from fedge.edge_agent.runtime import LoadedModel
-from fedge.monitoring.features import image_stats
+from fedge.monitoring.features import image_stats_many
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.records import PredictionRecord
 
@@ -119,7 +119,8 @@ def score(
     at = time.time()
     # Computed on the prepared image (what the model saw), after the model call so that
     # the measured latency stays the model's own.
+    stats = image_stats_many(np.stack([np.asarray(image) for image in images]))
     return [
-        Scored(record_for(model, config, row, latency_ms, source, at, image_stats(image)), row)
-        for row, source, image in zip(probs, sources, images, strict=True)
+        Scored(record_for(model, config, row, latency_ms, source, at, image_stats), row)
+        for row, source, image_stats in zip(probs, sources, stats, strict=True)
     ]

@@ -60,6 +60,12 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
             f"{edge} reports scores of {sorted(named - asked)}, not of the models asked "
             f"for ({', '.join(sorted(asked))})"
         )
+    foreign = _foreign_predictions(conn, edge, {item.prediction_id for item in report.items})
+    if foreign:
+        raise ValidationError(
+            f"{edge} reports images of other stations' predictions ({', '.join(foreign[:3])}"
+            f"{', ...' if len(foreign) > 3 else ''}); a station evaluates its own images only"
+        )
     added = conn.execute(
         "INSERT OR IGNORE INTO evaluation_reports (eval_id, edge, version, status, reason, "
         "holdout, items, reported_at, received_at) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -95,6 +101,22 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
         ],
     )
     return True
+
+
+def _foreign_predictions(conn: sqlite3.Connection, edge: str, ids: set[str]) -> list[str]:
+    """The prediction ids among ``ids`` that another edge reported (unknown ones are not:
+    the station may have scored them before retention pruned them here)."""
+    ordered, foreign = sorted(ids), []
+    for start in range(0, len(ordered), 500):  # SQLite's variable limit
+        chunk = ordered[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        rows = conn.execute(
+            f"SELECT DISTINCT prediction_id FROM predictions WHERE prediction_id IN ({marks}) "
+            "AND edge != ?",
+            (*chunk, edge),
+        ).fetchall()
+        foreign += [str(row[0]) for row in rows]
+    return sorted(foreign)
 
 
 # -- the gate's reads

@@ -232,7 +232,9 @@ def decide(
     labels = evaluations.manager_labels(store, ids)
     name, version = parse_ref(request.candidate)
     manifest = fleet.registry.get(name, version).manifest
-    verdict = judge(request.candidate, stations, labels, policy, manifest.positive_classes)
+    # The defect classes as the agent decides them: declared, else all but the first.
+    positives = manifest.positive_classes or manifest.classes[1:]
+    verdict = judge(request.candidate, stations, labels, policy, positives)
     decided_at = time.time() if now is None else now
     evidence = {
         **verdict.evidence(),

@@ -19,31 +19,74 @@ import numpy as np
 import numpy.typing as npt
 
 IMAGE_STATS = ("mean", "std", "p05", "p95", "edges")
+MAX_SIDE = 48
 SCORE_FEATURES = ("top", "margin", "entropy")
 
 
 def image_stats(pixels: npt.NDArray[np.floating]) -> dict[str, float]:
     """Statistics of one prepared image (``(channels, h, w)`` or ``(h, w)``, any scale).
 
-    ``edges`` is the mean absolute difference between neighbouring pixels, a cheap
-    sharpness measure. Values are rounded to 6 digits: they travel in every prediction.
+    ``edges`` is the mean absolute difference between neighbouring pixels (of the
+    sampling grid, for images over ``MAX_SIDE`` pixels a side), a cheap sharpness
+    measure. Values are rounded to 6 digits: they travel in every prediction.
     """
-    image = np.asarray(pixels, dtype=np.float64)
-    if image.ndim == 3:
-        image = image.mean(axis=0)
-    if image.ndim != 2 or image.size == 0:
+    image = np.asarray(pixels)
+    if image.ndim not in (2, 3) or image.size == 0:
         raise ValueError(f"image_stats needs a 2-D or (channels, h, w) image, got {image.shape}")
-    dx = np.abs(np.diff(image, axis=1)).mean() if image.shape[1] > 1 else 0.0
-    dy = np.abs(np.diff(image, axis=0)).mean() if image.shape[0] > 1 else 0.0
-    p05, p95 = np.percentile(image, [5.0, 95.0])
-    values = {
-        "mean": float(image.mean()),
-        "std": float(image.std()),
-        "p05": float(p05),
-        "p95": float(p95),
-        "edges": float((dx + dy) / 2.0),
+    return image_stats_many(image[None])[0]
+
+
+def image_stats_many(images: npt.NDArray[np.floating]) -> list[dict[str, float]]:
+    """:func:`image_stats` of a batch (``(n, h, w)`` or ``(n, channels, h, w)``) at once.
+
+    The agent computes these for every image it scores, beside a model call of a
+    fraction of a millisecond: vectorised over the batch, with the percentiles from a
+    partial sort (``np.partition``) rather than ``np.percentile``'s full one, and the
+    same linear interpolation, so both functions give the same values.
+    """
+    batch = np.asarray(images)
+    if batch.ndim == 4:
+        batch = batch.mean(axis=1)
+    if batch.ndim != 3 or batch.shape[1] == 0 or batch.shape[2] == 0:
+        raise ValueError(f"image_stats_many needs (n, h, w) or (n, c, h, w), got {images.shape}")
+    # Statistics of a drift signal, not of every pixel: an image over MAX_SIDE pixels a
+    # side is sampled on a regular grid first (the same grid everywhere, so a reference
+    # window and a current one stay comparable), which keeps the cost per image flat.
+    step = max(1, -(-max(batch.shape[1:]) // MAX_SIDE))
+    batch = batch[:, ::step, ::step].astype(np.float64)
+    n, height, width = batch.shape
+    if n == 0:
+        return []
+    zeros = np.zeros(n)
+    dx = np.abs(np.diff(batch, axis=2)).mean(axis=(1, 2)) if width > 1 else zeros
+    dy = np.abs(np.diff(batch, axis=1)).mean(axis=(1, 2)) if height > 1 else zeros
+    flat = batch.reshape(n, -1)
+    p05, p95 = _percentiles(flat, (5.0, 95.0))
+    columns = {
+        "mean": flat.mean(axis=1),
+        "std": flat.std(axis=1),
+        "p05": p05,
+        "p95": p95,
+        "edges": (dx + dy) / 2.0,
     }
-    return {k: round(v, 6) for k, v in values.items()}
+    return [{k: round(float(v[i]), 6) for k, v in columns.items()} for i in range(n)]
+
+
+def _percentiles(
+    flat: npt.NDArray[np.float64], qs: tuple[float, ...]
+) -> list[npt.NDArray[np.float64]]:
+    """Per row, numpy's default ("linear") percentile, from one partial sort per row."""
+    size = flat.shape[1]
+    positions = [q / 100.0 * (size - 1) for q in qs]
+    kth = sorted({k for p in positions for k in (math.floor(p), min(math.floor(p) + 1, size - 1))})
+    part = np.partition(flat, kth, axis=1)
+    out = []
+    for position in positions:
+        low = math.floor(position)
+        high = min(low + 1, size - 1)
+        frac = position - low
+        out.append(part[:, low] + (part[:, high] - part[:, low]) * frac)
+    return out
 
 
 def score_features(scores: Mapping[str, float] | npt.NDArray[np.floating]) -> dict[str, float]:
