@@ -47,7 +47,9 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
     with fh.fleet() as fleet:
         for index in range(3):
             fleet.store.conn.execute(
-                "INSERT INTO predictions VALUES (?, 'st-01', ?, ?, 'inspect:1', "
+                "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
+                "decision, threshold, config_version, latency_ms, source) "
+                "VALUES (?, 'st-01', ?, ?, 'inspect:1', "
                 "'{\"clean\": 0.7, \"scratch\": 0.3}', 'accept', 0.5, 0, 1.0, ?)",
                 (f"p-{index}", index, time.time() - index, f"file:part-{index}.png"),
             )

@@ -17,7 +17,9 @@ def test_manager_labels_join_the_station_training_set_once(tmp_path: Path) -> No
     fh = make_fleet_home(tmp_path, edges=("st-01",))
     with fh.fleet() as fleet:
         fleet.store.conn.execute(
-            "INSERT INTO predictions VALUES ('p-1', 'st-01', 0, ?, 'inspect:1', '{}', "
+            "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
+            "decision, threshold, config_version, latency_ms, source) "
+            "VALUES ('p-1', 'st-01', 0, ?, 'inspect:1', '{}', "
             "'accept', 0.5, 1, 1.0, 'api')",
             (time.time(),),
         )
@@ -68,7 +70,9 @@ def test_a_labels_document_always_fits_what_the_station_accepts(tmp_path: Path) 
     with fh.fleet() as fleet:
         for index in range(150):
             fleet.store.conn.execute(
-                "INSERT INTO predictions VALUES (?, 'st-01', 0, ?, 'inspect:1', '{}', "
+                "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
+                "decision, threshold, config_version, latency_ms, source) "
+                "VALUES (?, 'st-01', 0, ?, 'inspect:1', '{}', "
                 "'accept', 0.5, 1, 1.0, 'api')",
                 (f"p-{index}", time.time()),
             )
@@ -111,7 +115,9 @@ def test_a_relabel_at_the_manager_replaces_the_label_on_the_station(tmp_path: Pa
     envelopes = []
     with fh.fleet() as fleet:
         fleet.store.conn.execute(
-            "INSERT INTO predictions VALUES ('p-1', 'st-01', 0, ?, 'inspect:1', '{}', "
+            "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
+            "decision, threshold, config_version, latency_ms, source) "
+            "VALUES ('p-1', 'st-01', 0, ?, 'inspect:1', '{}', "
             "'accept', 0.5, 1, 1.0, 'api')",
             (time.time(),),
         )

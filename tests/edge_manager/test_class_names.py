@@ -69,7 +69,9 @@ def test_a_misspelled_threshold_class_is_refused_with_a_suggestion(fh: FleetHome
 def _prediction(fh: FleetHome) -> None:
     with fh.fleet() as fleet:
         fleet.store.conn.execute(
-            "INSERT INTO predictions VALUES ('p-1', ?, 0, ?, 'inspect:1', '{}', "
+            "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
+            "decision, threshold, config_version, latency_ms, source) "
+            "VALUES ('p-1', ?, 0, ?, 'inspect:1', '{}', "
             "'accept', 0.5, 1, 1.0, 'api')",
             (EDGE, time.time()),
         )

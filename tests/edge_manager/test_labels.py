@@ -28,7 +28,9 @@ def fh(tmp_path: Path) -> Iterator[FleetHome]:
     publish_model(fleet_home, 1)
     for i, decision in enumerate(("reject", "accept")):
         fleet_home.db.conn.execute(
-            "INSERT INTO predictions VALUES (?, ?, 0, ?, 'inspect:1', '{}', ?, 0.5, 1, 1.0, 'api')",
+            "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
+            "decision, threshold, config_version, latency_ms, source) "
+            "VALUES (?, ?, 0, ?, 'inspect:1', '{}', ?, 0.5, 1, 1.0, 'api')",
             (f"p-{i}", EDGE, time.time(), decision),
         )
     yield fleet_home
