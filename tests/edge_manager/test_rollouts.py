@@ -29,6 +29,7 @@ from conftest import (
 )
 
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError, UnknownModelError
+from fedge.edge_manager.rollout_health import MIN_AGREEMENT_LABELS
 from fedge.edge_manager.rollout_plan import RolloutError, make_plan
 from fedge.edge_manager.rollouts import Rollouts
 from fedge.edge_manager.service import ManagerService
@@ -247,7 +248,7 @@ def test_a_canary_whose_labels_disagree_is_rolled_back(plant: Plant) -> None:
     fh = plant.fh
     edge = "st-02"
     # inspect:1's predictions on the canary, labelled as it decided: agreement 1.0.
-    names = drop_images(fh.inbox(edge), "before", 6, seed=11)
+    names = drop_images(fh.inbox(edge), "before", MIN_AGREEMENT_LABELS, seed=11)
     wait_until(
         lambda: fh.db.query(
             "SELECT prediction_id FROM predictions WHERE edge=? AND source LIKE 'file:before%'",
@@ -275,7 +276,7 @@ def test_a_canary_whose_labels_disagree_is_rolled_back(plant: Plant) -> None:
         expect=lambda r: r.get("serving") == f"inspect:{DISAGREES}",
     )
     assert rollout_row(fh, rollout_id)["state"] == "canary"
-    drop_images(fh.inbox(edge), "after", 6, seed=12)
+    drop_images(fh.inbox(edge), "after", MIN_AGREEMENT_LABELS, seed=12)
     wait_until(
         lambda: fh.db.scalar(
             "SELECT count(*) FROM predictions WHERE edge=? AND model=?",
@@ -283,7 +284,7 @@ def test_a_canary_whose_labels_disagree_is_rolled_back(plant: Plant) -> None:
         ),
         30,
         "the new model's predictions",
-        expect=lambda n: n == 6,
+        expect=lambda n: n == MIN_AGREEMENT_LABELS,
     )
     _label_all(fh, edge, f"inspect:{DISAGREES}", agree=False)
 

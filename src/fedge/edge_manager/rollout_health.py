@@ -32,6 +32,8 @@ from fedge.edge_manager.rollout_plan import Metric
 # The agent's telemetry counters (cumulative since it started) behind error_rate.
 ERRORS_METRIC = "inference.errors"
 SCORED_METRIC = "predictions"
+# Labelled predictions an agreement_drop needs on each side (new and previous model).
+MIN_AGREEMENT_LABELS = 20
 
 
 def settled_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
@@ -161,10 +163,15 @@ def latency_p95_ms(conn: sqlite3.Connection, edge: str, model: str, since: float
 
 
 def agreement(
-    conn: sqlite3.Connection, edge: str, model: str, *, since: float = 0.0
+    conn: sqlite3.Connection,
+    edge: str,
+    model: str,
+    *,
+    since: float = 0.0,
+    min_labels: int = 1,
 ) -> float | None:
     """Share of ``model``'s labelled predictions on ``edge`` (at or after ``since``) whose
-    decision their current label agrees with; None when none is labelled."""
+    decision their current label agrees with; None with fewer than ``min_labels``."""
     row = conn.execute("SELECT manifest FROM models WHERE name=? AND version=?", _ref(model))
     found = row.fetchone()
     positives = set() if found is None else set(json.loads(found[0])["positive_classes"])
@@ -174,7 +181,7 @@ def agreement(
         "ON p.prediction_id = l.prediction_id",
         (edge, model, since),
     ).fetchall()
-    if not rows:
+    if not rows or len(rows) < min_labels:
         return None
     agree = sum(1 for decision, label in rows if (decision == "reject") == (label in positives))
     return agree / len(rows)
@@ -183,8 +190,10 @@ def agreement(
 def agreement_drop(
     conn: sqlite3.Connection, edge: str, model: str, previous_model: str, since: float
 ) -> float | None:
-    new = agreement(conn, edge, model, since=since)
-    old = agreement(conn, edge, previous_model)
+    # Judged once both sides rest on MIN_AGREEMENT_LABELS labels: one disagreeing label
+    # on a canary would otherwise be an agreement of 0 and abort a good model.
+    new = agreement(conn, edge, model, since=since, min_labels=MIN_AGREEMENT_LABELS)
+    old = agreement(conn, edge, previous_model, min_labels=MIN_AGREEMENT_LABELS)
     return None if new is None or old is None else old - new
 
 
