@@ -63,17 +63,17 @@ def test_observe_counts_labels_and_alerts_since_the_last_run(tmp_path: Path) -> 
     store = Store(tmp_path / "m.db")
     for at in (10.0, 20.0, 30.0):
         _label(store, at)
-    _label(store, 40.0, origin="station")  # a station's own label is not an operator's
+    _label(store, 40.0, origin="edge")  # given on the station's screen: counts too
     _alert(store, "st-02", "input_drift", "inspect:3", 25.0)
     _alert(store, "st-03", "input_drift", "other:1", 25.0)  # another model's edge
     seen = runs.observe(store, "inspect")
-    assert (seen.new_labels, seen.running, seen.last_started_at) == (3, False, None)
+    assert (seen.new_labels, seen.running, seen.last_started_at) == (4, False, None)
     assert seen.open_alerts == (("st-02", "input_drift"),)
 
     run = runs.new_run("inspect", "3 new labels", now=22.0)
     runs.save_run(store, run, "triggered", "3 new labels")
     seen = runs.observe(store, "inspect")
-    assert (seen.new_labels, seen.running, seen.last_started_at) == (1, True, 22.0)
+    assert (seen.new_labels, seen.running, seen.last_started_at) == (2, True, 22.0)
     assert seen.open_alerts == (("st-02", "input_drift"),)
 
     moved = advance(run, Published("inspect:4"), 50.0)

@@ -55,7 +55,7 @@ def policy(store: Store, model: str) -> LoopPolicy | None:
 
 
 def observe(store: Store, model: str) -> Observation:
-    """New operator labels and open alerts since this model's last loop run started.
+    """New labels and open alerts since this model's last loop run started.
 
     Labels count from the start of the last run (or ever, before the first): the
     labels a run's job could not have trained on. Only alerts of edges serving a
@@ -67,10 +67,8 @@ def observe(store: Store, model: str) -> Observation:
     )
     since = 0.0 if last is None else float(last["started_at"])
     running = last is not None and not RunState(str(last["state"])).ended
-    new_labels = int(
-        store.scalar("SELECT count(*) FROM labels WHERE origin='operator' AND at > ?", (since,))
-        or 0
-    )
+    # Given at the manager or on a station's own screen: both are an operator's judgement.
+    new_labels = int(store.scalar("SELECT count(*) FROM labels WHERE at > ?", (since,)) or 0)
     alerts = store.query(
         "SELECT DISTINCT edge, kind FROM alerts WHERE cleared_at IS NULL AND raised_at > ? "
         "AND model LIKE ? ORDER BY edge, kind",
