@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from fedge.aggregator.superlink import SuperLink
+from fedge.demo.closed_loop import run_closed_loop
 from fedge.demo.learning import run_learning
 from fedge.demo.report import write_report
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTeacher
@@ -78,7 +79,14 @@ def run_demo(out: Path) -> int:
     home = ManagerHome(out / "manager")
     home.init(
         ManagerSettings(
-            "plant-a", broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
+            "plant-a",
+            broker_port=free_port(),
+            grpc_port=free_port(),
+            superlink_port=free_port(),
+            # The demo's stations score tens of parts, not thousands: judge drift on
+            # windows of 40 and look every 2 s.
+            monitor_interval_s=2.0,
+            monitor_min_window=40,
         )
     )
     fleet = Fleet.open(home)
@@ -129,6 +137,7 @@ def run_demo(out: Path) -> int:
         status = _fleet_flow(out, fleet, store, run)
         if status == 0:
             run.learning = run_learning(out, home, fleet, store, ports, console, _wait)
+            run.closed_loop = run_closed_loop(out, home, fleet, store, ports, console, _wait)
             write_report(out, fleet, store, run, console)
     finally:
         for process in processes:

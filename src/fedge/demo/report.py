@@ -10,6 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fedge.demo import closed_loop
 from fedge.demo.learning import plot, report_lines
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun
 from fedge.edge_manager.fleet import Fleet
@@ -158,6 +159,7 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
                 "![scores](demo.png)",
                 "",
                 *([] if run.learning is None else report_lines(run.learning)),
+                *([] if run.closed_loop is None else closed_loop.report_lines(run.closed_loop)),
             ]
         )
     )
@@ -171,6 +173,7 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
         learning["job_dir"] = str(run.learning.job_dir)
     summary = {
         "learning": learning,
+        "closed_loop": None if run.closed_loop is None else closed_loop.summary(run.closed_loop),
         "edges": edges,
         "models": models,
         "push_s": run.push_s,

@@ -15,6 +15,7 @@ from fedge.demo.learning import Learning
 if TYPE_CHECKING:  # torch is imported only once training starts
     from torch import nn
 
+    from fedge.demo.closed_loop import ClosedLoop
     from fedge.models.inspection_student import StudentReport
 
 EDGES = ("st-01", "st-02", "st-03")
@@ -42,3 +43,4 @@ class FleetRun:
     student: StudentReport | None = None
     truth: dict[str, str] = dataclasses.field(default_factory=dict)
     learning: Learning | None = None
+    closed_loop: ClosedLoop | None = None
