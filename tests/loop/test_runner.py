@@ -32,6 +32,9 @@ class FakeRollout:
         self.started.append(candidate)
         return f"ro-{len(self.started)}"
 
+    def find(self, candidate: str) -> str | None:
+        return f"ro-{len(self.started)}" if candidate in self.started else None
+
     def outcome(self, rollout_id: str) -> tuple[bool | None, str]:
         return self.outcomes.pop(0) if self.outcomes else (None, "")
 
@@ -45,6 +48,12 @@ def _home(tmp_path: Path) -> ManagerHome:
 def _label(home: ManagerHome, n: int) -> None:
     store = Store(home.db_path)
     for i in range(n):
+        store.conn.execute(
+            "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
+            "threshold, config_version, latency_ms, source) VALUES (?,?,0,?,?,'{}','accept',"
+            "0.5,1,1.0,'')",
+            (f"p{i}", "st-01", 1000.0 + i, "inspect:1"),
+        )
         store.conn.execute(
             "INSERT INTO labels VALUES (?,?,?,?,?,?,?)",
             (f"l{i}", f"p{i}", "st-01", "scratch", "op", 1000.0 + i, "operator"),
@@ -116,3 +125,27 @@ def test_a_killed_runner_resumes_the_rollout_it_was_following(
     (run,) = LoopRunner(home, Wiring(lambda c: (True, ""), after)).tick()
     assert run.state is RunState.ROLLED_BACK and "canary st-03" in run.reason
     assert after.started == [] and len(jobs) == 1  # nothing was done twice
+
+
+def test_a_runner_killed_before_storing_the_rollout_id_adopts_the_rollout(
+    tmp_path: Path, jobs: list[str]
+) -> None:
+    home = _home(tmp_path)
+    _label(home, 5)
+    store = Store(home.db_path)
+    runs.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
+    store.close()
+
+    class DiesAfterStart(FakeRollout):
+        def start(self, candidate: str, policy: LoopPolicy) -> str:
+            super().start(candidate, policy)
+            raise KeyboardInterrupt  # killed after the rollout began, before its id was stored
+
+    first = DiesAfterStart([])
+    with pytest.raises(KeyboardInterrupt):
+        LoopRunner(home, Wiring(lambda c: (True, ""), first)).tick()
+    after = FakeRollout([(True, "")])
+    after.started = list(first.started)  # the manager's store still has that rollout
+    (run,) = LoopRunner(home, Wiring(lambda c: (True, ""), after)).tick()
+    assert run.state is RunState.COMPLETED and run.rollout_id == "ro-1"
+    assert after.started == ["inspect:2"]  # adopted, not started a second time

@@ -45,10 +45,18 @@ def test_policies_round_trip_through_the_store(tmp_path: Path) -> None:
     assert runs.policy(store, "other") is None
 
 
-def _label(store: Store, at: float, origin: str = "operator") -> None:
+def _label(store: Store, at: float, origin: str = "operator", model: str = "inspect:3") -> None:
+    """A prediction of ``model`` and its label."""
+    prediction = f"p{at}{origin}"
+    store.conn.execute(
+        "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
+        "threshold, config_version, latency_ms, source) VALUES (?,?,0,?,?,'{}','accept',0.5,1,"
+        "1.0,'')",
+        (prediction, "st-01", at, model),
+    )
     store.conn.execute(
         "INSERT INTO labels VALUES (?,?,?,?,?,?,?)",
-        (f"l{at}{origin}", f"p{at}{origin}", "st-01", "scratch", "op", at, origin),
+        (f"l{at}{origin}", prediction, "st-01", "scratch", "op", at, origin),
     )
 
 
@@ -64,8 +72,10 @@ def test_observe_counts_labels_and_alerts_since_the_last_run(tmp_path: Path) -> 
     for at in (10.0, 20.0, 30.0):
         _label(store, at)
     _label(store, 40.0, origin="edge")  # given on the station's screen: counts too
+    _label(store, 45.0, model="inspect_x:1")  # another model's prediction: does not count
     _alert(store, "st-02", "input_drift", "inspect:3", 25.0)
     _alert(store, "st-03", "input_drift", "other:1", 25.0)  # another model's edge
+    _alert(store, "st-01", "input_drift", "inspectXY:1", 25.0)  # "inspect" is no prefix
     seen = runs.observe(store, "inspect")
     assert (seen.new_labels, seen.running, seen.last_started_at) == (4, False, None)
     assert seen.open_alerts == (("st-02", "input_drift"),)

@@ -1,5 +1,6 @@
 """``fedge loop``: continuous training -- when the fleet trains again, and what came of it."""
 
+import logging
 import time
 from pathlib import Path
 from typing import Annotated
@@ -209,7 +210,16 @@ def run(
     manager_home = ManagerHome(home)
     runner = LoopRunner(manager_home, manager_wiring(manager_home))
     while True:
-        for done in runner.tick():
+        try:
+            touched = runner.tick()
+        except Exception:
+            if once:
+                raise
+            # A pass that failed (a locked store, a full disk) is tried again: the runs
+            # are in the store, and the next pass continues them where they were.
+            logging.getLogger("fedge.loop").exception("loop pass failed; next in %ss", interval)
+            touched = []
+        for done in touched:
             console.print(
                 f"loop run {done.run_id} of {done.model}: {done.state.value}"
                 + (f" ({escape(done.reason)})" if done.reason else ""),

@@ -57,6 +57,10 @@ class RolloutStep(Protocol):
         """Start a staged rollout of ``candidate`` as the policy says; its id."""
         ...
 
+    def find(self, candidate: str) -> str | None:
+        """The newest rollout of ``candidate`` already started, if any."""
+        ...
+
     def outcome(self, rollout_id: str) -> tuple[bool | None, str]:
         """None while it runs; True once completed; False once aborted or rolled back."""
         ...
@@ -122,7 +126,12 @@ class LoopRunner:
                 blessed, why = self.wiring.gate(run.candidate)
                 return Gated(blessed, why)
             if not run.rollout_id:
-                return RolloutStarted(self.wiring.rollout.start(run.candidate, policy))
+                # A runner killed between starting the rollout and storing its id finds
+                # it again (the candidate is this run's own): never a second rollout.
+                started = self.wiring.rollout.find(run.candidate)
+                if started is None:
+                    started = self.wiring.rollout.start(run.candidate, policy)
+                return RolloutStarted(started)
             return self._follow(run)
         except (FedgeError, OSError) as exc:
             return StepFailed(f"{run.state.value}: {exc}")

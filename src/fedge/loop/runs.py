@@ -58,8 +58,8 @@ def observe(store: Store, model: str) -> Observation:
     """New labels and open alerts since this model's last loop run started.
 
     Labels count from the start of the last run (or ever, before the first): the
-    labels a run's job could not have trained on. Only alerts of edges serving a
-    version of ``model`` count.
+    labels a run's job could not have trained on; only labels of predictions a version
+    of ``model`` made, and only alerts about a version of ``model``, count.
     """
     last = store.one(
         "SELECT state, started_at FROM loop_runs WHERE model=? ORDER BY started_at DESC LIMIT 1",
@@ -67,12 +67,23 @@ def observe(store: Store, model: str) -> Observation:
     )
     since = 0.0 if last is None else float(last["started_at"])
     running = last is not None and not RunState(str(last["state"])).ended
-    # Given at the manager or on a station's own screen: both are an operator's judgement.
-    new_labels = int(store.scalar("SELECT count(*) FROM labels WHERE at > ?", (since,)) or 0)
+    # Labels of this model's predictions, given at the manager or on a station's own
+    # screen (both are an operator's judgement). substr, not LIKE: "_" in a name is no
+    # wildcard.
+    prefix = f"{model}:"
+    new_labels = int(
+        store.scalar(
+            "SELECT count(*) FROM labels l WHERE l.at > ? AND EXISTS (SELECT 1 FROM "
+            "predictions p WHERE p.prediction_id = l.prediction_id "
+            "AND substr(p.model, 1, ?) = ?)",
+            (since, len(prefix), prefix),
+        )
+        or 0
+    )
     alerts = store.query(
         "SELECT DISTINCT edge, kind FROM alerts WHERE cleared_at IS NULL AND raised_at > ? "
-        "AND model LIKE ? ORDER BY edge, kind",
-        (since, f"{model}:%"),
+        "AND substr(model, 1, ?) = ? ORDER BY edge, kind",
+        (since, len(prefix), prefix),
     )
     return Observation(
         new_labels=new_labels,

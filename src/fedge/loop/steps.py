@@ -50,14 +50,33 @@ class ManagerRollout:
             ]
             if not edges:
                 raise ManagerError(f"no edge serves a version of {name}: nothing to roll out to")
+            strays = sorted(set(policy.canary) - set(edges))
+            if strays:  # a rollout without its canary would move a whole wave first
+                raise ManagerError(
+                    f"canary edge(s) {', '.join(strays)} of the loop policy serve no version "
+                    f"of {name}; change the policy (`fedge loop enable ... --canary`)"
+                )
             plan = make_plan(
                 edges,
-                canary=[e for e in policy.canary if e in edges],
+                canary=list(policy.canary),
                 waves=policy.waves,
                 health_window=policy.health_window,
                 abort_if=policy.abort_if,
             )
             return Rollouts(fleet).start(candidate, plan, now=time.time())
+
+    def find(self, candidate: str) -> str | None:
+        name, version = parse_ref(candidate)
+        store = Store(self.home.db_path)
+        try:
+            found = store.scalar(
+                "SELECT rollout_id FROM rollouts WHERE model_name=? AND model_version=? "
+                "ORDER BY created_at DESC LIMIT 1",
+                (name, version),
+            )
+        finally:
+            store.close()
+        return None if found is None else str(found)
 
     def outcome(self, rollout_id: str) -> tuple[bool | None, str]:
         store = Store(self.home.db_path)
