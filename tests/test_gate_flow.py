@@ -190,6 +190,13 @@ def test_the_gate_blesses_a_better_model_and_stops_one_worse_on_a_station(
         (e, m) for e in EDGES for m in ("inspect:1", "inspect:3")
     ]
     assert all(r["stats"] > 20 for r in rows)  # image statistics, never images
+    # Each held-out image also came as re-lit copies (for MPP), stored apart from it.
+    copies = fh.db.query(
+        "SELECT augmented, count(*) AS n FROM evaluations WHERE eval_id=? GROUP BY augmented",
+        (request.eval_id,),
+    )
+    assert [r["augmented"] for r in copies] == [0, 1, 2]
+    assert len({r["n"] for r in copies}) == 1  # every image with both copies
     shown = processes.cli("model", "gate", "inspect:3", "--show", expect=0)
     assert "NOT BLESSED" in shown.stdout and "fail" in shown.stdout, shown.stdout
     assert GRPC_EDGE in shown.stdout

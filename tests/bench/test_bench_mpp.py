@@ -20,7 +20,7 @@ TINY = [
     "--train-images", "300", "--epochs", "1", "--gate-images", "150", "--test-images", "100",
     "--stream-before", "200", "--stream-after", "100", "--window", "50", "--step", "25",
 ]  # fmt: skip
-ESTIMATORS = {"mpp", "mpp_lighting_augmented", "calibration", "atc"}
+ESTIMATORS = {"mpp", "mpp_plain", "calibration", "atc"}
 
 
 def run_bench(tmp_path: Path, *args: str) -> dict[str, Any]:
@@ -57,6 +57,12 @@ def test_one_seed_reports_every_scenario_and_stream(tmp_path: Path) -> None:
     assert lighting["features"]
     assert data["drift_in_distribution_stream"]["images"] == 300
 
+    # The product's MPP is fitted on the gate images and their re-lit copies, as stations
+    # report them; the plain fit (gate images only) is reported beside it.
+    assert data["mpp"]["relit_copies"] == 2
+    assert "2 re-lit copies of each" in data["mpp"]["fitted_on"]
+    assert 0.0 <= data["mpp"]["relit_accuracy"] <= 1.0
+    assert data["mpp_plain"]["fitted_on"].endswith("only")
     assert data["met_target"] == all(data["checks"].values())
     assert {"mpp_in_distribution", "mpp_lighting_spot", "no_false_alert"} <= set(data["checks"])
     assert data["machine"]["cpu_count"] >= 1

@@ -5,6 +5,7 @@ verified there, so these tests need no download; the download path is exercised 
 ``tests/test_gate_flow.py`` against a real manager.
 """
 
+import dataclasses
 import functools
 import io
 import shutil
@@ -19,12 +20,14 @@ from PIL import Image
 
 from fedge.edge_agent import deployer
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.evaluations import WORK_DIR, fit_report
+from fedge.edge_agent.evaluations import REPORT_MAX_BYTES, WORK_DIR, fit_report
 from fedge.edge_manager.registry import PublishedModel
 from fedge.monitoring.features import IMAGE_STATS
 from fedge.party.dataset import is_holdout
 from fedge.protocols import codec, topics
 from fedge.protocols.evaluation import (
+    DEFAULT_AUGMENT,
+    MAX_IMAGES,
     EvaluationItem,
     EvaluationReport,
     EvaluationRequest,
@@ -94,11 +97,15 @@ def keep_labelled(agent: EdgeAgent, count: int) -> list[str]:
 
 
 def request(
-    fh: FleetHome, models: list[PublishedModel], version: int = 1, edge: str = EDGE
+    fh: FleetHome,
+    models: list[PublishedModel],
+    version: int = 1,
+    edge: str = EDGE,
+    augment: int | None = None,
 ) -> EvaluationRequest:
     return EvaluationRequest(
         FLEET, edge, version, f"ev-{version}", tuple(m.envelope.decode() for m in models),
-        "127.0.0.1:1", 50, 1.0,
+        "127.0.0.1:1", 50, 1.0, augment,
     )  # fmt: skip
 
 
@@ -120,12 +127,25 @@ def test_the_station_scores_its_held_out_images_with_each_model(
     (report,) = reports(sent)
     assert (report.status, report.eval_id, report.version) == (EvaluationStatus.DONE, "ev-1", 1)
     assert report.holdout == 12
-    assert {(i.prediction_id, i.model) for i in report.items} == {
-        (pid, ref) for pid in held_out for ref in ("inspect:1", "inspect:2")
+    # Each image as it is and as DEFAULT_AUGMENT re-lit copies, by each model.
+    assert {(i.prediction_id, i.model, i.augmented) for i in report.items} == {
+        (pid, ref, copy)
+        for pid in held_out
+        for ref in ("inspect:1", "inspect:2")
+        for copy in (None, *range(1, DEFAULT_AUGMENT + 1))
     }
     for item in report.items:
         assert set(item.stats) == set(IMAGE_STATS)
         assert set(item.scores) == {"clean", "scratch"}
+    by_key = {(i.prediction_id, i.model, i.augmented): i for i in report.items}
+    for pid in held_out:
+        original = by_key[(pid, "inspect:1", None)]
+        for copy in range(1, DEFAULT_AUGMENT + 1):
+            relit = by_key[(pid, "inspect:1", copy)]
+            assert relit.label == original.label  # re-lighting keeps the label
+            assert relit.stats != original.stats  # ... and changes the image
+            # Both models score the same copy (seeded by the image and the copy).
+            assert by_key[(pid, "inspect:2", copy)].stats == relit.stats
     # Nothing activated, nothing left behind; the station's models are untouched.
     assert agent.serving == ""
     assert not (fh.data_dir(EDGE) / WORK_DIR).exists()
@@ -153,6 +173,20 @@ def test_the_station_scores_its_held_out_images_with_each_model(
     finally:
         again.store.close()
         again.station.close()
+
+
+def test_a_request_for_no_copies_gets_the_images_as_they_are(
+    fh: FleetHome, agent: EdgeAgent, sent: Sent
+) -> None:
+    model = publish_model(fh, 1, seed=1)
+    on_station(fh, model)
+    held_out = keep_labelled(agent, 4)
+    agent.evaluations.evaluate(request(fh, [model], augment=0))
+    (report,) = reports(sent)
+    assert report.status is EvaluationStatus.DONE
+    assert sorted((i.prediction_id, i.augmented) for i in report.items) == [
+        (pid, None) for pid in sorted(held_out)
+    ]
 
 
 def test_forged_foreign_and_malformed_requests_are_counted_and_ignored(
@@ -225,3 +259,37 @@ def test_a_report_too_large_drops_its_oldest_images() -> None:
     kept = sorted({i.prediction_id for i in fitted.items})
     assert 0 < len(kept) < 100 and kept[-1] == "p-0099"  # the newest stay
     assert all(len([i for i in fitted.items if i.prediction_id == pid]) == 2 for pid in kept)
+
+
+def test_a_report_too_large_loses_re_lit_copies_before_images() -> None:
+    stats = dict.fromkeys(IMAGE_STATS, 0.123456)
+
+    def pid(index: int) -> str:
+        return f"p-{index:04d}{'0' * 28}"  # as long as an agent's ids (p-<uuid4 hex>)
+
+    def items(index: int) -> tuple[EvaluationItem, ...]:
+        return tuple(
+            EvaluationItem(pid(index), model, "clean", {"clean": 0.5, "scratch": 0.5}, stats, copy)
+            for model in ("inspect:1", "inspect:2")
+            for copy in (None, 1, 2)
+        )
+
+    per_image = [items(i) for i in range(MAX_IMAGES)]
+    base = EvaluationReport("st-01", "ev-1", 1, EvaluationStatus.DONE, holdout=MAX_IMAGES)
+    everything = dataclasses.replace(base, items=tuple(i for image in per_image for i in image))
+    limit = REPORT_MAX_BYTES
+    assert len(codec.encode(everything)) > limit  # 1200 items do not fit
+    fitted = fit_report(base, per_image, limit)
+    assert len(codec.encode(fitted)) <= limit
+    originals = [i for i in fitted.items if i.augmented is None]
+    copied = sorted({i.prediction_id for i in fitted.items if i.augmented is not None})
+    assert len(originals) == 2 * MAX_IMAGES  # every image as it is stays
+    assert 0 < len(copied) < MAX_IMAGES
+    assert copied == [pid(i) for i in range(MAX_IMAGES - len(copied), MAX_IMAGES)]  # newest
+    for name in copied:  # an image's copies go together
+        assert len([i for i in fitted.items if i.prediction_id == name]) == 6
+    # Room for one image only: its copies are left out before it is.
+    newest_as_is = tuple(i for i in per_image[-1] if i.augmented is None)
+    room = len(codec.encode(dataclasses.replace(base, items=newest_as_is))) + 10
+    tiny = fit_report(base, per_image, room)
+    assert [(i.prediction_id, i.augmented) for i in tiny.items] == [(pid(MAX_IMAGES - 1), None)] * 2

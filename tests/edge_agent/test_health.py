@@ -3,16 +3,17 @@
 import math
 import threading
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from fedge.edge_agent import health, restore, runtime
+from fedge.edge_agent import health, restore, runtime, served
 from fedge.edge_agent.decisions import ThresholdSource, decide, thresholds_in_force
 from fedge.edge_agent.health import Outcome, ProbationPolicy, Verdict, Window
 from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.probation import Probation, Trial
+from fedge.edge_agent.probation import KEY, Probation, Trial, decode_trial, encode_trial
 from fedge.edge_agent.runtime import LoadedModel
 from fedge.edge_agent.settings import AgentSettings
 from fedge.models.tiny_onnx import build_linear_classifier
@@ -232,18 +233,28 @@ def test_a_trial_survives_a_restart_and_a_failure_starts_the_rollback(tmp_path: 
         failed.append((trial, verdict))
         done.set()
 
+    def on_pass(trial: Trial, verdict: Verdict) -> None:
+        raise AssertionError(f"{trial.model} passed: {verdict}")
+
     v1, v2 = _loaded(tmp_path, 1), _loaded(tmp_path, 2)
     varied = np.array([[0.9, 0.1], [0.4, 0.6], [0.7, 0.3], [0.2, 0.8]])
-    first = Probation(policy, store, Counter(), on_fail)
+    first = Probation(policy, store, Counter(), on_fail, on_pass)
     first.observe(v1, varied, [1.0] * 4, 0)  # inspect:1's baseline
-    first.begin(v2, "d-2", 2, "inspect:1")
+    trial = first.trial_for(v2, "d-2", 2, "inspect:1", baseline_trusted=True)
+    store.put(KEY, encode_trial(trial))  # the deployments store it with the pointers
+    first.start(trial)
     assert first.status()["state"] == "on_probation"
+    # An unproven previous model's scores are no baseline.
+    assert (
+        first.trial_for(v2, "d-2", 2, "inspect:1", baseline_trusted=False).baseline_spread is None
+    )
 
     # The agent restarts: the trial of the model still serving starts again.
     counters: Counter[str] = Counter()
-    second = Probation(policy, store, counters, on_fail)
-    second.resume("inspect:2")
+    second = Probation(policy, store, counters, on_fail, on_pass)
+    assert second.resume("inspect:2") is None
     assert (second.status()["model"], second.status()["images"]) == ("inspect:2", 0)
+    assert second.status()["starts"] == 1
     assert second.status()["baseline_spread"] == pytest.approx(health.spread([0.1, 0.6, 0.3, 0.8]))
     second.observe(v1, varied, [1.0] * 4, 0)  # a batch of the old model: not in the window
     assert second.status()["images"] == 0
@@ -257,10 +268,77 @@ def test_a_trial_survives_a_restart_and_a_failure_starts_the_rollback(tmp_path: 
     assert len(failed) == 1
 
     # A restart that fell back to another model drops the trial.
-    third = Probation(policy, store, Counter(), on_fail)
+    third = Probation(policy, store, Counter(), on_fail, on_pass)
     third.resume("inspect:1")
     assert third.status() == {"state": "none", "reason": ""}
     store.close()
+
+
+def test_a_trial_resumed_more_than_max_restarts_times_fails(tmp_path: Path) -> None:
+    """A model that kills the agent never fills a window: its starts are counted."""
+    policy = ProbationPolicy(images=4, min_images=2, max_restarts=2)
+    store = LocalStore(tmp_path / "agent.db")
+    store.put(KEY, encode_trial(Trial("inspect:2", "d-2", 2, "inspect:1")))
+
+    def never(trial: Trial, verdict: Verdict) -> None:
+        raise AssertionError("judged on images")
+
+    for start in (1, 2):
+        assert Probation(policy, store, Counter(), never, never).resume("inspect:2") is None
+        assert decode_trial(store.get(KEY)) == Trial(
+            "inspect:2", "d-2", 2, "inspect:1", starts=start
+        )
+    counters: Counter[str] = Counter()
+    failed = Probation(policy, store, counters, never, never).resume("inspect:2")
+    assert failed is not None
+    trial, verdict = failed
+    assert (trial.model, trial.starts, verdict.check, verdict.measured, verdict.limit) == (
+        "inspect:2",
+        3,
+        "restarts",
+        3.0,
+        2.0,
+    )
+    assert verdict.reason == (
+        "restarts: the agent restarted 3 times while this model was on probation (limit 2)"
+    )
+    assert counters["probation.failed.restarts"] == 1
+    assert health.restarted(ProbationPolicy(), 3) is None  # the default allows three
+    store.close()
+
+
+def test_a_failed_trial_goes_back_only_to_the_model_it_replaced() -> None:
+    def kept(version: int, deployment: str) -> restore.KeptModel:
+        return restore.KeptModel(
+            Path(f"/m/{version}"), "inspect", version, deployment_id=deployment
+        )
+
+    # Newest first: inspect:4 (the model the manager moved away from), then inspect:1.
+    history = (kept(4, "d-4"), kept(1, "d-1"), kept(2, "d-2"))
+    assert restore.rollback_target(history, "inspect:1", {}) == kept(1, "d-1")
+    # Not kept, or brought by a deployment rolled back here: nothing to go back to.
+    assert restore.rollback_target(history, "inspect:3", {}) is None
+    assert restore.rollback_target(history, "inspect:2", {"d-2": "latency"}) is None
+
+
+def test_a_config_comes_back_with_the_model_it_was_set_for() -> None:
+    tied_1 = replace(_config("inspect:1"), version=3)
+    tied_2 = replace(_config("inspect:2"), version=5, default_threshold=0.8)
+    untied = replace(_config(None), version=2)
+    configs = served.decode_configs(served.remember_config({}, untied, "inspect:1"))
+    assert served.config_for(configs, tied_2, "inspect:1") == untied  # in force as it served
+    configs = served.decode_configs(served.remember_config(configs, tied_1, "inspect:1"))
+    configs = served.decode_configs(served.remember_config(configs, tied_2, "inspect:1"))
+    assert list(configs) == ["inspect:1", "inspect:2"]
+    assert served.config_for(configs, tied_2, "inspect:1") == tied_1
+    # The config in force applies to the model as set, or none is remembered: no change.
+    assert served.config_for(configs, tied_1, "inspect:1") is None
+    assert served.config_for(configs, untied, "inspect:1") is None
+    assert served.config_for(configs, tied_2, "inspect:7") is None
+    assert served.config_for({"inspect:1": "garbage"}, tied_2, "inspect:1") is None
+    proven = served.decode_proven(served.add_proven(["inspect:1", "inspect:2"], "inspect:1"))
+    assert proven == ("inspect:2", "inspect:1")
+    assert served.decode_proven("not json") == () == served.decode_proven(None)
 
 
 def test_rolled_back_deployments_are_remembered_newest_last_and_bounded() -> None:

@@ -2,6 +2,7 @@
 counted and changing nothing; and the gate's refusals before anything is started."""
 
 import dataclasses
+import sqlite3
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,8 +14,14 @@ from fedge.edge_manager import gating
 from fedge.edge_manager.errors import ManagerError, UnknownModelError
 from fedge.edge_manager.gate import GatePolicy
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
-from fedge.protocols.evaluation import EvaluationItem, EvaluationReport, EvaluationStatus
+from fedge.protocols.evaluation import (
+    EvaluationItem,
+    EvaluationReport,
+    EvaluationRequest,
+    EvaluationStatus,
+)
 
 EDGE = "st-01"
 
@@ -150,3 +157,70 @@ def test_the_gate_refuses_bad_input_and_starts_nothing(fh: FleetHome) -> None:
         with pytest.raises(ManagerError, match="no edge has labelled predictions"):
             gating.start(fleet, "inspect:2")
     assert evaluate_rows() == 0
+
+
+def test_re_lit_copies_are_stored_apart_and_the_gate_ignores_them(fh: FleetHome) -> None:
+    """The station's images as they are: the candidate (inspect:2) right on both, the
+    serving model on one; its re-lit copies: the candidate always wrong, the serving
+    model always right -- enough to fail the candidate if the gate counted them."""
+    right = {"p-0": {"clean": 0.3, "scratch": 0.7}, "p-2": {"clean": 0.8, "scratch": 0.2}}
+    wrong = {"p-0": right["p-2"], "p-2": right["p-0"]}
+    labels = {"p-0": "scratch", "p-2": "clean"}
+    items = []
+    for pid, label in labels.items():
+        serving_scores = right[pid] if pid == "p-0" else wrong[pid]
+        items += [
+            EvaluationItem(pid, "inspect:2", label, right[pid], {"mean": 0.5}),
+            EvaluationItem(pid, "inspect:1", label, serving_scores, {"mean": 0.5}),
+        ]
+        for copy in (1, 2):
+            items += [
+                EvaluationItem(pid, "inspect:2", label, wrong[pid], {"mean": 0.9}, copy),
+                EvaluationItem(pid, "inspect:1", label, right[pid], {"mean": 0.9}, copy),
+            ]
+    with fh.fleet() as fleet:
+        request = gating.start(fleet, "inspect:2", [EDGE], augment=2)
+        assert b'"augment":2' in codec.encode(
+            codec.decode(
+                str(fh.db.scalar("SELECT document FROM desired WHERE kind='evaluate'")).encode(),
+                EvaluationRequest,
+            )
+        )
+        report = _report(request, items=tuple(items))
+        assert _ingest(fh, codec.encode(report)).verdict is Verdict.STORED
+        stored = fh.db.query(
+            "SELECT prediction_id, augmented, label FROM evaluations WHERE model='inspect:2' "
+            "ORDER BY prediction_id"
+        )
+        assert [(r["prediction_id"], r["augmented"], r["label"]) for r in stored] == [
+            ("p-0", 0, "scratch"), ("p-0~1", 1, "scratch"), ("p-0~2", 2, "scratch"),
+            ("p-2", 0, "clean"), ("p-2~1", 1, "clean"), ("p-2~2", 2, "clean"),
+        ]  # fmt: skip
+        verdict = gating.decide(fleet, request, GatePolicy(min_examples=1))
+    assert verdict.blessed, verdict.reason
+    (station,) = verdict.stations
+    assert (station.examples, station.candidate_accuracy, station.serving_accuracy) == (2, 1, 0.5)
+    assert station.unlabelled == 0  # the copies were not read as images without a label
+
+
+def test_a_store_from_before_re_lit_copies_gets_the_column(tmp_path: Path) -> None:
+    path = tmp_path / "old.db"
+    old = sqlite3.connect(path)
+    old.execute(
+        "CREATE TABLE evaluations (eval_id TEXT NOT NULL, edge TEXT NOT NULL, "
+        "prediction_id TEXT NOT NULL, model TEXT NOT NULL, label TEXT NOT NULL, "
+        "scores TEXT NOT NULL, stats TEXT NOT NULL, at REAL NOT NULL, "
+        "PRIMARY KEY (eval_id, edge, prediction_id, model))"
+    )
+    old.execute(
+        "INSERT INTO evaluations VALUES ('e', 'st-01', 'p-0', 'm:1', 'clean', '{}', '{}', 1)"
+    )
+    old.commit()
+    old.close()
+    store = Store(path)
+    try:
+        assert store.query("SELECT prediction_id, augmented FROM evaluations") == [
+            {"prediction_id": "p-0", "augmented": 0}
+        ]
+    finally:
+        store.close()

@@ -58,6 +58,29 @@ def test_a_candidate_better_everywhere_is_blessed() -> None:
     assert verdict.reason.startswith("better overall")
 
 
+def test_re_lit_copies_never_judge_a_model() -> None:
+    """A station's re-lit copies (augmented items, same prediction id) train MPP only:
+    here the candidate gets every copy wrong and the serving model every copy right,
+    which would fail the candidate if they counted."""
+    report, labels = station("st-01", 20, 19, 16)
+    copies = []
+    for item in report.items:
+        wrong = "scratch" if item.label == "clean" else "clean"
+        predicted = wrong if item.model == CAND else item.label
+        for copy in (1, 2):
+            copies.append(
+                Scored(item.prediction_id, item.model, item.label, _scores(predicted), copy)
+            )
+    with_copies = StationReport(
+        "st-01", SERV, "done", holdout=20, items=report.items + tuple(copies)
+    )
+    verdict = judge(CAND, [with_copies], labels, POLICY, ("scratch",))
+    assert verdict.blessed, verdict.reason
+    (evidence,) = verdict.stations
+    assert evidence.examples == 20 and evidence.candidate_accuracy == pytest.approx(19 / 20)
+    assert verdict == judge(CAND, [report], labels, POLICY, ("scratch",))
+
+
 def test_a_candidate_worse_on_one_station_is_not_blessed_and_the_evidence_names_it() -> None:
     # Much better on st-01, 10 points worse on st-02: better overall, but not blessed.
     verdict = gate(station("st-01", 20, 20, 10), station("st-02", 20, 16, 18))

@@ -121,29 +121,42 @@ class Camera:
             rows,
         )
 
-    def evaluate(self, count: int, *, edge: str = EDGE, model: str = MODEL) -> None:
-        """The gate's evaluation rows: labelled held-out images, right 90% of the time."""
+    def evaluate(
+        self,
+        count: int,
+        *,
+        edge: str = EDGE,
+        model: str = MODEL,
+        brightness: float = 0.45,
+        wrong_every: int = 10,
+        augmented: int = 0,
+    ) -> None:
+        """The gate's evaluation rows: labelled held-out images, right 90% of the time
+        (by default), stored as ``edge_manager.evaluations`` stores them -- a re-lit copy
+        (``augmented`` k) under ``<id>~k``."""
         rows = []
         for i in range(count):
-            scores = self.scores(confident=i % 10 != 0)
+            wrong = i % wrong_every == 0
+            scores = self.scores(confident=augmented > 0 or not wrong)
             predicted = max(scores, key=lambda name: scores[name])
             other = "scratch" if predicted == "clean" else "clean"
-            label = predicted if i % 10 != 0 else other
+            label = other if wrong else predicted
             rows.append(
                 (
                     "e-1",
                     edge,
-                    f"h-{edge}-{i}",
+                    f"h-{edge}-{i}" + (f"~{augmented}" if augmented else ""),
                     model,
                     label,
                     json.dumps(scores),
-                    json.dumps(self.stats(0.45)),
+                    json.dumps(self.stats(brightness)),
                     900.0,
+                    augmented,
                 )
             )
         self.store.conn.executemany(
             "INSERT INTO evaluations (eval_id, edge, prediction_id, model, label, scores, stats, "
-            "at) VALUES (?,?,?,?,?,?,?,?)",
+            "at, augmented) VALUES (?,?,?,?,?,?,?,?,?)",
             rows,
         )
 
@@ -228,6 +241,42 @@ def test_the_gates_evaluation_is_the_reference_and_trains_the_mpp_predictor(
     assert stored == {"n_rows": WINDOW, "accuracy": 0.9}
     (row,) = alert_store.list_estimates(store)
     assert row["mpp"] is not None and 0.8 < row["mpp"] <= 1.0
+
+
+def test_re_lit_copies_train_the_mpp_predictor_but_stay_out_of_the_reference(
+    store: Store, monitor: Monitor
+) -> None:
+    """Stations also score re-lit copies of their held-out images (augmented rows): here
+    brighter copies the model gets wrong half the time, with the same confident scores.
+    The MPP fit learns from them that bright images are often wrong, so a bright window
+    is estimated low; the drift reference is the images as they are, so the bright
+    window is still drift (a reference holding the copies would hide it)."""
+    camera = Camera(store, seed=6)
+    camera.evaluate(WINDOW)
+    camera.evaluate(WINDOW, brightness=0.75, wrong_every=2, augmented=1)
+    camera.shoot(WINDOW)
+    assert monitor.tick(1999.0) == []  # in distribution: no drift against the gate's images
+    camera.shoot(WINDOW, brightness=0.75)
+    events = monitor.tick(2000.0)
+    assert sorted(e.condition for e in events) == sorted(
+        [AlertKind.INPUT_DRIFT, AlertKind.ACCURACY_ESTIMATE]
+    )
+    drift = next(e for e in events if e.condition is AlertKind.INPUT_DRIFT)
+    assert json.loads(drift.detail)["reference"] == "evaluations"
+    stored = store.one("SELECT n_rows, accuracy FROM mpp_models WHERE model=?", (MODEL,))
+    assert stored == {"n_rows": 2 * WINDOW, "accuracy": (90 + 50) / (2 * WINDOW)}
+    bright, normal = alert_store.list_estimates(store)  # newest first
+    assert normal["mpp"] > 0.8
+    assert bright["mpp"] < 0.65  # the copies' 50%, not the held-out 90%
+
+    # Without the copies the same window is estimated as accurate as the gate set.
+    store.conn.execute("DELETE FROM evaluations WHERE augmented > 0")
+    store.conn.execute("DELETE FROM estimates")
+    store.conn.execute("DELETE FROM mpp_models")
+    plain = Monitor(store, FLEET, policy_from(WINDOW, 0.8))
+    plain.tick(2001.0)
+    (row,) = alert_store.list_estimates(store)
+    assert row["window_start"] == bright["window_start"] and row["mpp"] > 0.8
 
 
 def test_low_estimated_accuracy_raises_an_alert_and_labels_give_the_true_accuracy(

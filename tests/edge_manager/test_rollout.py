@@ -11,9 +11,8 @@ from fedge.edge_manager.rollout import (
     EventKind,
     Rollout,
     RolloutState,
-    moved_config,
-    restored_config,
 )
+from fedge.edge_manager.rollout_configs import moved_config, restored_config
 from fedge.edge_manager.rollout_plan import RolloutError, make_plan
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import Thresholds
@@ -181,3 +180,92 @@ def test_moving_ties_the_recommended_thresholds_to_the_model() -> None:
         moved, None, fleet="plant-a", edge="st-03", previous_model="inspect:3", now=6.0
     )
     assert (fresh.default_threshold, fresh.class_thresholds) == (0.5, {})
+
+
+def _on_canary(abort_if: str = "error_rate>0.01", **timeouts: str) -> Rollout:
+    plan = make_plan(
+        EDGES, canary=["st-03"], waves="50%,100%", health_window="2s", abort_if=abort_if, **timeouts
+    )
+    rollout = Rollout(
+        "r-1", "inspect:4", plan, RolloutState.PENDING, -1, machine.initial_edges(plan)
+    )
+    return advance(rollout, machine.step(rollout, {}, 100.0), 100.0)
+
+
+def test_a_failed_activation_aborts_even_when_abort_if_leaves_it_out() -> None:
+    rollout = _on_canary("error_rate>0.01")
+    failed = {"st-03": EdgeHealth(settled_at=101.0, failed=True)}
+    # It settled (as failed) and its window is over: it must not count as healthy.
+    result = machine.step(rollout, failed, 200.0)
+    assert result.state is RolloutState.ABORTED and result.roll_back == ("st-03",)
+    assert not result.move
+    assert result.reason == "st-03: failed_activation=1 (a failed activation always aborts)"
+
+
+def test_an_edge_that_never_settles_counts_as_a_failed_activation() -> None:
+    rollout = _on_canary(activation_timeout="10m")
+    assert not machine.step(rollout, {}, 100.0 + 599.0).changes  # still waiting
+    result = machine.step(rollout, {}, 100.0 + 600.0)
+    assert result.state is RolloutState.ABORTED and result.roll_back == ("st-03",)
+    assert result.reason == (
+        "st-03: failed_activation=1 (not settled within the 600s activation timeout)"
+    )
+    # Settled in time: no timeout, the window runs as usual.
+    assert not machine.step(rollout, {"st-03": EdgeHealth(settled_at=650.0)}, 700.0).roll_back
+
+
+def test_edges_that_never_confirm_the_rollback_end_the_rollout_past_its_deadline() -> None:
+    rollout = new_rollout("failed_activation>0")
+    for now in (100.0, 103.0):
+        rollout = advance(rollout, machine.step(rollout, settled(rollout, now - 2.5), now), now)
+    aborted = machine.abort(rollout, "by operator")
+    rollout = advance(rollout, aborted, 110.0)
+    assert rollout.aborted_at == 110.0 and rollout.reason == "by operator"
+    # st-01 confirms; st-02 and st-03 are offline and never do.
+    health = {"st-01": EdgeHealth(back=True), "st-02": EdgeHealth(), "st-03": EdgeHealth()}
+    waiting = machine.step(rollout, health, 110.0 + 599.0)
+    assert waiting.state is RolloutState.ABORTED and not waiting.finished
+    rollout = advance(rollout, waiting, 110.0 + 599.0)
+    ended = machine.step(rollout, health, 110.0 + 600.0)
+    assert ended.state is RolloutState.ROLLED_BACK and ended.finished
+    assert ended.unconfirmed == ("st-02", "st-03")
+    assert ended.reason == (
+        "by operator; not confirmed back: st-02, st-03 (did not confirm the previous model "
+        "within the 600s rollback timeout)"
+    )
+    assert [(e.kind, e.edge) for e in ended.events if e.edge] == [
+        (EventKind.UNCONFIRMED, "st-02"),
+        (EventKind.UNCONFIRMED, "st-03"),
+    ]
+    states = {e.edge: e.state for e in advance(rollout, ended, 710.0).edges}
+    assert states["st-01"] is EdgeState.ROLLED_BACK
+    assert states["st-02"] is states["st-03"] is EdgeState.UNCONFIRMED
+
+
+def test_abort_force_ends_an_aborted_rollout_that_waits_for_edges() -> None:
+    rollout = _on_canary()
+    rollout = advance(rollout, machine.abort(rollout, "by operator"), 101.0)
+    with pytest.raises(RolloutError, match=r"already aborted and waits for st-03.*--force"):
+        machine.abort(rollout, "again")
+    forced = machine.force_finish(rollout, {"st-03": EdgeHealth()})
+    assert forced.state is RolloutState.ROLLED_BACK and forced.finished
+    assert forced.unconfirmed == ("st-03",)
+    assert forced.events[0].kind is EventKind.FORCED
+    assert forced.reason is not None and "ended by abort --force" in forced.reason
+    # Confirmed meanwhile: --force just records it as back.
+    confirmed = machine.force_finish(rollout, {"st-03": EdgeHealth(back=True)})
+    assert confirmed.back == ("st-03",) and not confirmed.unconfirmed and confirmed.finished
+    with pytest.raises(RolloutError, match="--force ends an aborted rollout"):
+        machine.force_finish(_on_canary(), {})
+
+
+def test_a_rollout_whose_step_fails_is_paused_with_the_reason() -> None:
+    stopped = machine.halted(RolloutState.WAVE, 2, "KeyError: 'x'")
+    assert (stopped.state, stopped.wave, stopped.reason) == (
+        RolloutState.PAUSED,
+        2,
+        "KeyError: 'x'",
+    )
+    assert [(e.kind, e.detail) for e in stopped.events] == [(EventKind.ERROR, "KeyError: 'x'")]
+    # An aborted one keeps rolling back (pausing it would let resume move edges again).
+    assert machine.halted(RolloutState.ABORTED, 1, "x").state is RolloutState.ABORTED

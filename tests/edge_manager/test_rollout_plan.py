@@ -1,5 +1,8 @@
 """Rollout plans: waves, health windows and abort criteria parsed, bad input named."""
 
+import subprocess
+import sys
+
 import pytest
 
 from fedge.edge_manager.rollout_plan import (
@@ -156,3 +159,77 @@ def test_bad_plans_are_named(edges: list[str], canary: list[str], named: str) ->
 def test_a_damaged_stored_plan_is_named() -> None:
     with pytest.raises(RolloutError, match="stored rollout plan is damaged"):
         RolloutPlan.from_json_dict({"edges": ["st-01"]})
+
+
+def test_the_timeouts_are_part_of_the_plan_and_old_stored_plans_get_the_defaults() -> None:
+    plan = make_plan(["st-01"], activation_timeout="90s", rollback_timeout="2m")
+    assert (plan.activation_timeout_s, plan.rollback_timeout_s) == (90.0, 120.0)
+    assert RolloutPlan.from_json_dict(plan.to_json_dict()) == plan
+    defaults = make_plan(["st-01"])
+    assert (defaults.activation_timeout_s, defaults.rollback_timeout_s) == (600.0, 600.0)
+    stored_before = {
+        "edges": ["st-01"],
+        "canary": [],
+        "waves": [1.0],
+        "health_window_s": 600.0,
+        "abort_if": ["failed_activation>0"],
+    }
+    assert RolloutPlan.from_json_dict(stored_before) == defaults
+    with pytest.raises(RolloutError, match="activation timeout 'soon' is not a duration"):
+        make_plan(["st-01"], activation_timeout="soon")
+    with pytest.raises(RolloutError, match="rollback timeout '0s' must be longer than 0"):
+        make_plan(["st-01"], rollback_timeout="0s")
+
+
+@pytest.mark.parametrize(
+    "damaged",
+    [
+        {"edges": "st-01", "canary": [], "waves": [1.0], "health_window_s": 1, "abort_if": []},
+        {"edges": ["st-01"], "canary": [], "waves": [1.0], "health_window_s": "1", "abort_if": []},
+        {"edges": ["st-01"], "canary": [], "waves": ["x"], "health_window_s": 1, "abort_if": []},
+        {
+            "edges": ["st-01"],
+            "canary": [],
+            "waves": [1.0],
+            "health_window_s": 1,
+            "abort_if": ["failed_activation>0"],
+            "rollback_timeout_s": None,
+        },
+    ],
+)
+def test_damaged_stored_plans_are_refused_without_assert(damaged: dict[str, object]) -> None:
+    with pytest.raises(RolloutError, match="stored rollout plan is damaged"):
+        RolloutPlan.from_json_dict(damaged)
+
+
+def test_a_damaged_stored_plan_is_refused_under_python_dash_o_too() -> None:
+    # Validation by `assert` vanishes under -O: the damaged plan would decode.
+    code = (
+        "from fedge.edge_manager.rollout_plan import RolloutPlan, RolloutError\n"
+        "try:\n"
+        "    RolloutPlan.from_json_dict({'edges': 'st-01', 'canary': [], 'waves': [1.0],"
+        " 'health_window_s': 1, 'abort_if': ['failed_activation>0']})\n"
+        "except RolloutError as exc:\n"
+        "    print('refused:', exc)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-O", "-c", code], capture_output=True, text=True, check=False
+    )
+    assert done.returncode == 0 and "refused: a stored rollout plan is damaged" in done.stdout, (
+        done.stdout + done.stderr
+    )
+
+
+@pytest.mark.parametrize(
+    "text", ["failed_activation>=0", "alerts>=0", "error_rate>=0", "latency_p95_ms>=0"]
+)
+def test_criteria_that_always_hold_are_refused(text: str) -> None:
+    name = text.split(">")[0]
+    with pytest.raises(RolloutError, match=f"always holds \\({name} is never below 0\\)"):
+        parse_criteria(text)
+
+
+def test_a_drop_may_be_compared_with_zero() -> None:
+    # A drop can be negative (the new model better), so >= 0 is a real criterion.
+    (criterion,) = parse_criteria("agreement_drop>=0")
+    assert not criterion.tripped(-0.01) and criterion.tripped(0.0)

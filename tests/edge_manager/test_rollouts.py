@@ -3,8 +3,10 @@
 Three stations serve inspect:1 at threshold 0.6. A model that fails on the canary is
 stopped there and the canary goes back to inspect:1 and 0.6; a model whose labels
 disagree on the canary is rolled back too; a good model completes wave by wave with the
-thresholds the gate recommended. Bad input starts nothing. (The gate's verdicts are
-inserted into ``gate_results`` by hand here: the gate is built in parallel.)
+thresholds the gate recommended. An enrolled edge with no agent (offline) never settles
+and never confirms its rollback: the timeouts end the rollout anyway. Bad input starts
+nothing. (The gate's verdicts are inserted into ``gate_results`` by hand here: the gate
+is built in parallel.) Each test counts only its own rollouts, so any order works.
 """
 
 import json
@@ -29,6 +31,7 @@ from conftest import (
 )
 
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError, UnknownModelError
+from fedge.edge_manager.rollout import RolloutState
 from fedge.edge_manager.rollout_health import MIN_AGREEMENT_LABELS
 from fedge.edge_manager.rollout_plan import RolloutError, make_plan
 from fedge.edge_manager.rollouts import Rollouts
@@ -38,6 +41,7 @@ from fedge.transport.broker import MosquittoBroker
 pytestmark = pytest.mark.integration
 
 EDGES = ("st-01", "st-02", "st-03")
+OFFLINE = "st-04"  # enrolled and deployed to, but no agent ever runs there
 THRESHOLD = 0.6
 GOOD, BROKEN, DISAGREES, UNBLESSED = 2, 3, 4, 5
 
@@ -126,7 +130,7 @@ def assert_back_on_v1(fh: FleetHome, edge: str) -> None:
 @pytest.fixture(scope="module")
 def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
     root = tmp_path_factory.mktemp("rollouts")
-    fh = make_fleet_home(root, edges=EDGES)
+    fh = make_fleet_home(root, edges=(*EDGES, OFFLINE))
     broker = fh.broker()
     broker.start()
     service = ManagerService(fh.home)
@@ -144,6 +148,7 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
             row = wait_deploy_done(fh, deployment, edge)
             assert row["deploy_stage"] == "active", agent.output()
             wait_config_applied(fh, edge, set_threshold(fh, edge, THRESHOLD))
+        deploy(fh, 1, [OFFLINE])  # its desired model: what a rollout would send it back to
         yield Plant(fh, broker, service, processes)
     finally:
         processes.close()
@@ -155,6 +160,8 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
 def test_bad_input_starts_nothing(plant: Plant) -> None:
     fh = plant.fh
     desired_before = fh.db.scalar("SELECT count(*) FROM desired")
+    rollouts_before = fh.db.scalar("SELECT count(*) FROM rollouts")
+    edges_before = fh.db.scalar("SELECT count(*) FROM rollout_edges")
     bless(fh, UNBLESSED, blessed=True, at=1.0)
     bless(fh, UNBLESSED, blessed=False, at=2.0)  # the newest verdict counts
     refusals: list[tuple[type[Exception], str, Any]] = [
@@ -182,25 +189,24 @@ def test_bad_input_starts_nothing(plant: Plant) -> None:
     for error, message, attempt in refusals:
         with pytest.raises(error, match=message):
             attempt()
-    assert fh.db.scalar("SELECT count(*) FROM rollouts") == 0
-    assert fh.db.scalar("SELECT count(*) FROM rollout_edges") == 0
+    assert fh.db.scalar("SELECT count(*) FROM rollouts") == rollouts_before
+    assert fh.db.scalar("SELECT count(*) FROM rollout_edges") == edges_before
 
     # An explicit --force-unblessed is allowed and recorded; an overlapping one is not.
-    # (The serve loop's driver is held meanwhile, so that nothing moves.)
-    plant.service._rollouts_due = float("inf")
-    try:
-        with fh.fleet() as fleet:
-            rollouts = Rollouts(fleet)
-            forced = rollouts.start(
-                f"inspect:{UNBLESSED}", make_plan(["st-01"]), now=time.time(), force_unblessed=True
-            )
-            rollouts.pause(forced, time.time())
-            overlapping = make_plan(["st-01", "st-02"])
-            with pytest.raises(RolloutError, match=f"st-01 \\({forced}\\); wait for it"):
-                rollouts.start("inspect:1", overlapping, now=time.time(), force_unblessed=True)
-            rollouts.abort(forced, time.time())
-    finally:
-        plant.service._rollouts_due = 0.0
+    # (Started paused, so that the serve loop's driver moves nothing meanwhile.)
+    with fh.fleet() as fleet:
+        rollouts = Rollouts(fleet)
+        forced = rollouts.start(
+            f"inspect:{UNBLESSED}",
+            make_plan(["st-01"]),
+            now=time.time(),
+            force_unblessed=True,
+            paused=True,
+        )
+        overlapping = make_plan(["st-01", "st-02"])
+        with pytest.raises(RolloutError, match=f"st-01 \\({forced}\\); wait for it"):
+            rollouts.start("inspect:1", overlapping, now=time.time(), force_unblessed=True)
+        rollouts.abort(forced, time.time())
     assert rollout_row(fh, forced)["forced_unblessed"] == 1
     kinds = [
         r["kind"]
@@ -210,7 +216,7 @@ def test_bad_input_starts_nothing(plant: Plant) -> None:
     ]
     assert kinds == ["created", "forced", "paused", "aborted"]
     assert rollout_row(fh, forced)["finished_at"] is not None  # nothing had moved
-    assert fh.db.scalar("SELECT count(*) FROM rollouts") == 1
+    assert fh.db.scalar("SELECT count(*) FROM rollouts") == rollouts_before + 1
     assert fh.db.scalar("SELECT count(*) FROM desired") == desired_before
 
 
@@ -266,7 +272,8 @@ def test_a_canary_whose_labels_disagree_is_rolled_back(plant: Plant) -> None:
         f"inspect:{DISAGREES}",
         canary=[edge],
         waves="100%",
-        health_window="60s",
+        # Ended by the abort, not by the window: a loaded machine cannot let it expire.
+        health_window="1h",
         abort_if="failed_activation>0,agreement_drop>0.02",
     )
     wait_until(
@@ -339,3 +346,59 @@ def test_a_good_model_completes_wave_by_wave_with_the_recommended_thresholds(
         config = desired_config(fh, edge)
         assert (config["model"], config["threshold"]) == (f"inspect:{GOOD}", 0.35)
         wait_config_applied(fh, edge, config["version"])
+
+
+def test_an_offline_edge_times_out_and_the_rollout_still_ends(plant: Plant) -> None:
+    fh = plant.fh
+    bless(fh, GOOD)
+    # It never settles: a failed activation after 2 s, whatever --abort-if says; it never
+    # confirms the rollback either: given up on after 2 s more.
+    rollout_id = start(
+        fh,
+        f"inspect:{GOOD}",
+        (OFFLINE,),
+        waves="100%",
+        health_window="1s",
+        abort_if="latency_p95_ms>5000",
+        activation_timeout="2s",
+        rollback_timeout="2s",
+    )
+    wait_state(fh, rollout_id, "rolled_back")
+    row = rollout_row(fh, rollout_id)
+    assert row["finished_at"] is not None
+    assert row["reason"].startswith(
+        f"{OFFLINE}: failed_activation=1 (not settled within the 2s activation timeout)"
+    )
+    assert f"not confirmed back: {OFFLINE}" in row["reason"]
+    assert edge_rows(fh, rollout_id)[OFFLINE]["state"] == "unconfirmed"
+    unconfirmed = fh.db.query(
+        "SELECT edge FROM rollout_events WHERE rollout_id=? AND kind='unconfirmed'", (rollout_id,)
+    )
+    assert [r["edge"] for r in unconfirmed] == [OFFLINE]
+    assert deployed_versions(fh, OFFLINE)[-2:] == [GOOD, 1]  # moved, then sent back
+
+    # A long rollback timeout: `abort --force` ends the wait instead.
+    waiting = start(
+        fh,
+        f"inspect:{GOOD}",
+        (OFFLINE,),
+        waves="100%",
+        abort_if="failed_activation>0",
+        activation_timeout="1s",
+        rollback_timeout="1h",
+    )
+    wait_state(fh, waiting, "aborted")
+    assert rollout_row(fh, waiting)["finished_at"] is None
+    with fh.fleet() as fleet:
+        with pytest.raises(RolloutError, match="already aborted and waits for st-04"):
+            Rollouts(fleet).abort(waiting, time.time())
+        ended = Rollouts(fleet).abort(waiting, time.time(), force=True)
+    assert ended.state is RolloutState.ROLLED_BACK and ended.unconfirmed == (OFFLINE,)
+    assert rollout_row(fh, waiting)["finished_at"] is not None
+    kinds = [
+        r["kind"]
+        for r in fh.db.query(
+            "SELECT kind FROM rollout_events WHERE rollout_id=? ORDER BY rowid", (waiting,)
+        )
+    ]
+    assert "forced" in kinds and kinds[-1] == "rolled_back"

@@ -24,6 +24,14 @@ def deploy(
     edges: Annotated[str | None, typer.Option(help="Comma-separated edge ids.")] = None,
     all_edges: Annotated[bool, typer.Option("--all", help="Every enrolled edge.")] = False,
     wait: Annotated[float, typer.Option(help="Seconds to wait for every edge to finish.")] = 0.0,
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="Deploy even to edges in an unfinished staged rollout (its rollback "
+            "would undo this).",
+        ),
+    ] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Deploy a model version; each edge downloads, verifies, smoke-tests and swaps.
@@ -38,7 +46,7 @@ def deploy(
     name, version = parse_ref(model)
     _, fleet = open_fleet(home)
     targets = fleet.edges() if all_edges else [e.strip() for e in (edges or "").split(",")]
-    deployment_id = fleet.deploy(name, version, targets)
+    deployment_id = fleet.deploy(name, version, targets, force=force)
     console.print(f"deployment {deployment_id}: {model} -> {', '.join(targets)}")
     warn_if_not_serving(home, "the deployment is stored and is sent to the edges once it runs")
     if wait <= 0:

@@ -74,6 +74,9 @@ def set_threshold(
             "model deployed to the edge)."
         ),
     ] = None,
+    force: Annotated[
+        bool, typer.Option("--force", help="Even on an edge in an unfinished staged rollout.")
+    ] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Push a new decision threshold to an edge (a new signed config version).
@@ -85,7 +88,7 @@ def set_threshold(
     """
     _, fleet = open_fleet(home)
     edges = fleet.edges() if edge == "all" else [edge]
-    for pushed in fleet.set_threshold(edges, value, class_name, model):
+    for pushed in fleet.set_threshold(edges, value, class_name, model, force=force):
         tie = f"for {pushed.model}" if pushed.model else "for any model: none is deployed"
         console.print(
             f"{pushed.edge}: desired config v{pushed.version} (threshold {value}, {escape(tie)})",
@@ -99,6 +102,9 @@ def set_threshold(
 def unset_threshold(
     edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
     class_name: Annotated[str, typer.Option("--class", help="The class whose threshold goes.")],
+    force: Annotated[
+        bool, typer.Option("--force", help="Even on an edge in an unfinished staged rollout.")
+    ] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Remove a per-class threshold (a new signed config version); the default applies.
@@ -107,7 +113,7 @@ def unset_threshold(
     """
     _, fleet = open_fleet(home)
     edges = fleet.edges() if edge == "all" else [edge]
-    for pushed in fleet.clear_threshold(edges, class_name):
+    for pushed in fleet.clear_threshold(edges, class_name, force=force):
         console.print(
             f"{pushed.edge}: desired config v{pushed.version} (no threshold for "
             f"{escape(class_name)}: the default applies)",

@@ -18,9 +18,10 @@ from fedge.cli.common import (
     when,
 )
 from fedge.edge_manager import rollout_views
+from fedge.edge_manager.registry import parse_ref
 from fedge.edge_manager.rollout import Step
 from fedge.edge_manager.rollout_plan import RolloutError, make_plan
-from fedge.edge_manager.rollouts import Rollouts
+from fedge.edge_manager.rollouts import Rollouts, default_edges
 
 app = typer.Typer(
     help="Staged rollouts: canary first, waves, abort criteria, rollback.", no_args_is_help=True
@@ -42,7 +43,13 @@ def _csv(text: str) -> list[str]:
 @friendly_errors
 def start(
     model: Annotated[str, typer.Argument(help="NAME:VERSION, e.g. inspect:4")],
-    edges: Annotated[str, typer.Option(help="Comma-separated target edges, or 'all'.")] = "all",
+    edges: Annotated[
+        str | None,
+        typer.Option(
+            help="Comma-separated target edges, or 'all' (every enrolled edge). Default: the "
+            "edges deployed with a version of the model's name."
+        ),
+    ] = None,
     canary: Annotated[str, typer.Option(help="Comma-separated canary edges (moved first).")] = "",
     waves: Annotated[str, typer.Option(help="Cumulative shares of the rest.")] = "25%,50%,100%",
     health_window: Annotated[
@@ -54,6 +61,12 @@ def start(
             help="Abort criteria, e.g. 'agreement_drop>0.02,failed_activation>0,error_rate>0.01'."
         ),
     ] = "failed_activation>0",
+    activation_timeout: Annotated[
+        str, typer.Option(help="A moved edge not active by then counts as failed: 10m.")
+    ] = "10m",
+    rollback_timeout: Annotated[
+        str, typer.Option(help="An edge sent back not confirmed by then is given up on: 10m.")
+    ] = "10m",
     force_unblessed: Annotated[
         bool,
         typer.Option(
@@ -66,13 +79,31 @@ def start(
 
     Example: fedge rollout start inspect:4 --canary st-03 --waves 25%,50%,100%
     --health-window 10m --abort-if "agreement_drop>0.02,failed_activation>0"
+
+    A failed activation (or none within --activation-timeout) always aborts the rollout,
+    whatever --abort-if says.
     """
+    name, _ = parse_ref(model)
     _, fleet = open_fleet(home)
-    if not edges.strip():
+    if edges is None:
+        targets = default_edges(fleet, name)
+        if not targets:
+            raise RolloutError(
+                f"no edge is deployed with a version of {name}; name the target edges with "
+                "--edges st-01,st-02 (or --edges all for every enrolled edge); nothing was started"
+            )
+    elif not edges.strip():
         raise RolloutError("--edges is empty: name the target edges or give 'all'")
-    targets = fleet.edges() if edges.strip() == "all" else fleet.edges(_csv(edges))
+    else:
+        targets = fleet.edges() if edges.strip() == "all" else fleet.edges(_csv(edges))
     plan = make_plan(
-        targets, canary=_csv(canary), waves=waves, health_window=health_window, abort_if=abort_if
+        targets,
+        canary=_csv(canary),
+        waves=waves,
+        health_window=health_window,
+        abort_if=abort_if,
+        activation_timeout=activation_timeout,
+        rollback_timeout=rollback_timeout,
     )
     rollout_id = Rollouts(fleet).start(
         model, plan, now=time.time(), force_unblessed=force_unblessed
@@ -111,7 +142,8 @@ def status(
     plan = view["plan"]
     console.print(
         f"waves {', '.join(f'{w * 100:g}%' for w in plan['waves'])}; health window "
-        f"{plan['health_window_s']:g}s; abort if {', '.join(plan['abort_if'])}"
+        f"{plan['health_window_s']:g}s; abort if {', '.join(plan['abort_if'])}; timeouts: "
+        f"activation {plan['activation_timeout_s']:g}s, rollback {plan['rollback_timeout_s']:g}s"
         + ("; [yellow]forced unblessed[/yellow]" if view["forced_unblessed"] else "")
     )
     table = fitted_table("edge", "wave", "state", "serving", "previous", "moved", whole=("edge",))
@@ -195,6 +227,14 @@ def resume(rollout_id: str, home: HomeOption = DEFAULT_HOME) -> None:
 def abort(
     rollout_id: str,
     reason: Annotated[str, typer.Option(help="Recorded with the rollout.")] = "by operator",
+    force: Annotated[
+        bool,
+        typer.Option(
+            "--force",
+            help="On an aborted rollout still waiting for edges to confirm their previous "
+            "model: end it now, the unconfirmed edges named (recorded).",
+        ),
+    ] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Stop a rollout and send every moved edge back to its previous model and thresholds.
@@ -202,5 +242,10 @@ def abort(
     Example: fedge rollout abort r-1a2b3c4d5e
     """
     _, fleet = open_fleet(home)
-    result = Rollouts(fleet).abort(rollout_id, time.time(), reason)
+    result = Rollouts(fleet).abort(rollout_id, time.time(), reason, force=force)
     _operated("aborted", rollout_id, result, home)
+    if result.unconfirmed:
+        console.print(
+            f"[yellow]ended without confirmation from {', '.join(result.unconfirmed)}; "
+            "check what they serve (`fedge edge show`)[/yellow]"
+        )

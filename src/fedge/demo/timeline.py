@@ -50,7 +50,7 @@ def marks(store: Store, since: float) -> list[Mark]:
     for row in store.query(
         "SELECT at, step, detail FROM loop_events WHERE at >= ? ORDER BY at", (since,)
     ):
-        found.append(Mark(row["at"], "loop", f"{row['step']}: {row['detail'][:40]}", "loop"))
+        found.append(Mark(row["at"], "loop", str(row["step"]).replace("_", " "), "loop"))
     for row in store.query(
         "SELECT edge, stage, serving, at FROM deploy_events WHERE at >= ? "
         "AND stage IN ('active', 'rolled_back') ORDER BY at",
@@ -80,15 +80,23 @@ def plot(found: list[Mark], since: float, edges: tuple[str, ...], path: Path) ->
     import matplotlib.pyplot as plt
 
     lanes = ["loop", "gate", "rollout", *edges]
-    fig, ax = plt.subplots(figsize=(12, 1.0 + 0.8 * len(lanes)))
+    fig, ax = plt.subplots(figsize=(13, 1.0 + 1.0 * len(lanes)))
+    placed: dict[str, int] = {}
     for mark in found:
         if mark.lane not in lanes:
             continue
         y = lanes.index(mark.lane)
         x = (mark.at - since) / 60.0
         ax.scatter([x], [y], color=_COLOURS[mark.kind], s=40, zorder=3)
+        # Marks close in time overlap: their labels step up and down in turn.
+        turn = placed.get(mark.lane, 0)
+        placed[mark.lane] = turn + 1
         ax.annotate(
-            mark.what, (x, y), xytext=(3, 6), textcoords="offset points", fontsize=6, rotation=20
+            mark.what,
+            (x, y),
+            xytext=(3, (8, -12, 18, -22)[turn % 4]),
+            textcoords="offset points",
+            fontsize=6,
         )
     ax.set_yticks(range(len(lanes)), lanes)
     ax.set_ylim(-0.6, len(lanes) - 0.2)

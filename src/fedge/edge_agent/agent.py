@@ -15,7 +15,7 @@ import numpy as np
 
 from fedge import __version__
 from fedge.edge_agent import runtime
-from fedge.edge_agent.decisions import ConfigAction, decide_config
+from fedge.edge_agent.decisions import ConfigAction, ConfigDecision, decide_config
 from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
 from fedge.edge_agent.errors import InferenceError
@@ -84,6 +84,7 @@ class EdgeAgent:
             lock=self._lock,
             install=self._install_model,
             serving=lambda: self.serving,
+            config=lambda: self.config,
             report=self._report_status,
         )
         self.model = self.deployments.restore_active()
@@ -257,7 +258,9 @@ class EdgeAgent:
     def _known_versions(self) -> dict[str, int]:
         """The version of each desired document this agent is done with (for gRPC polls)."""
         return {
-            topics.Down.CONFIG.value: self.applied_version,
+            topics.Down.CONFIG.value: max(
+                self.applied_version, self.deployments.config_done_version
+            ),
             topics.Down.DEPLOY.value: self.deployments.done_version,
             topics.Down.LABELS.value: int(self.store.get("labels_version") or 0),
             topics.Down.EVALUATE.value: self.evaluations.done_version,
@@ -328,9 +331,21 @@ class EdgeAgent:
             return
         with self._lock:
             decision = decide_config(self.config, offered, self.settings.fleet, self.settings.edge)
+            done = self.deployments.config_done_version
+            if decision.action is ConfigAction.APPLY and offered.version <= done:
+                # A local rollback put the previous model's config back in its place.
+                decision = ConfigDecision(
+                    ConfigAction.IGNORE, f"version {offered.version} <= {done}"
+                )
             if decision.action is ConfigAction.APPLY:
-                # Persist first: after a crash the agent comes back with what it reported.
-                self.store.put("applied_config", codec.encode(offered).decode())
+                # Persist first: after a crash the agent comes back with what it reported;
+                # remembered as its model's config, should a rollback go back to that model.
+                self.store.put_many(
+                    {
+                        "applied_config": codec.encode(offered).decode(),
+                        **self.deployments.config_writes(offered),
+                    }
+                )
                 self.config = offered
         if decision.action is ConfigAction.APPLY:
             self._apply_training()
@@ -362,8 +377,10 @@ class EdgeAgent:
     def handle_evaluate(self, envelope: bytes) -> None:
         self.evaluations.handle(envelope)
 
-    def _install_model(self, model: runtime.LoadedModel) -> None:
+    def _install_model(self, model: runtime.LoadedModel, config: EdgeConfig | None) -> None:
         self.model = model
+        if config is not None:  # a local rollback's: the previous model's config
+            self.config = config
 
     def _report_status(self, kind: topics.Up, payload: bytes, retained: bool) -> None:
         """A status document on the edge's up/ topic; over gRPC too while MQTT is down."""

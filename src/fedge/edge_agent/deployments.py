@@ -5,9 +5,12 @@ in the agent's store (``active_model``, ``model_history``, ``deploy_done_version
 ``last_deploy_status``); the agent owns the model it serves and the transports, which
 this module reaches only through the callbacks it is given:
 
-- ``install(model)``: make ``model`` the one the agent serves (called under ``lock``,
-  together with the store writes that make the swap survive a restart);
+- ``install(model, config)``: make ``model`` the one the agent serves, and ``config``
+  the one in force unless None (called under ``lock``, after the store transaction that
+  makes the swap survive a restart);
 - ``serving()``: the model the agent serves now (reported with every status);
+- ``config()``: the config in force (remembered per model, see
+  :mod:`fedge.edge_agent.served`);
 - ``report(kind, payload, retained)``: publish a deploy status on the edge's ``up/``
   topic (MQTT, and gRPC while MQTT is down).
 
@@ -16,11 +19,13 @@ test of a deployment: :mod:`fedge.edge_agent.deployer`.
 
 After a deployment activates, the new model is on probation
 (:mod:`fedge.edge_agent.probation`, verdicts by :mod:`fedge.edge_agent.health`). One that
-fails it is rolled back here: the previous kept model that verifies serves again (the
-same swap as a deployment's, under the same locks), the manager gets a ``rolled_back``
-status with the reason, the failed model leaves the kept history and its deployment is
-remembered as rolled back (``rolled_back_deployments``), so neither a restart nor a
-re-fetch of the retained desired document activates it again.
+fails it is rolled back (:mod:`fedge.edge_agent.local_rollback`): the model it replaced
+serves again (the same swap as a deployment's, under the same locks), the manager gets a
+``rolled_back`` status with the reason, the failed model leaves the kept history and its
+deployment is remembered as rolled back (``rolled_back_deployments``), so neither a
+restart nor a re-fetch of the retained desired document activates it again. One that
+passes is *proven* here and reported ``passed``; a proven model deployed again (the
+manager going back to it) is not put on probation again.
 """
 
 import logging
@@ -28,23 +33,23 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
-from fedge.edge_agent import deployer, health, restore, runtime
+from fedge.edge_agent import deployer, restore, runtime, served
+from fedge.edge_agent.deploy_status import DeployReports, Report
 from fedge.edge_agent.errors import DeployError
+from fedge.edge_agent.local_rollback import ROLLED_BACK, LocalRollback
 from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.probation import Probation, Trial
+from fedge.edge_agent.probation import KEY as PROBATION
+from fedge.edge_agent.probation import Probation, Trial, encode_trial
 from fedge.edge_agent.settings import AgentSettings
-from fedge.protocols import codec, topics
+from fedge.protocols import codec
+from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import TrustedKeys, open_signed
 
 log = logging.getLogger(__name__)
-
-Report = Callable[[topics.Up, bytes, bool], None]
-
-# The deployments this agent rolled back (id -> reason), never activated again.
-ROLLED_BACK = "rolled_back_deployments"
 
 
 class Deployments:
@@ -56,8 +61,9 @@ class Deployments:
         counters: Counter[str],
         *,
         lock: threading.Lock,
-        install: Callable[[runtime.LoadedModel], None],
+        install: Callable[[runtime.LoadedModel, EdgeConfig | None], None],
         serving: Callable[[], str],
+        config: Callable[[], EdgeConfig | None],
         report: Report,
     ) -> None:
         self.settings = settings
@@ -67,12 +73,33 @@ class Deployments:
         self._lock = lock
         self._install = install
         self._serving = serving
-        self._report = report
+        self._config = config
         self._deploy_lock = threading.Lock()
-        self.probation = Probation(settings.probation_policy(), store, counters, self.rollback)
-        stored = store.get("last_deploy_status")
-        # Re-stated (retained) by every new session, after the birth.
-        self.last_status: bytes | None = None if stored is None else stored.encode()
+        self.reports = DeployReports(settings.edge, store, serving=serving, report=report)
+        self.verdicts = LocalRollback(
+            store,
+            keys,
+            counters,
+            self.reports,
+            lock=lock,
+            deploy_lock=self._deploy_lock,
+            install=install,
+            config=config,
+            probation=lambda: self.probation,
+            prune=self.prune,
+        )
+        self.probation = Probation(
+            settings.probation_policy(),
+            store,
+            counters,
+            self.verdicts.rollback,
+            self.verdicts.passed,
+        )
+
+    @property
+    def last_status(self) -> bytes | None:
+        """The last deploy status, re-stated (retained) by every new session."""
+        return self.reports.last_status
 
     @property
     def done_version(self) -> int:
@@ -101,7 +128,15 @@ class Deployments:
             if kept is not active:
                 log.error("kept model %s does not verify either: %s", kept.ref, failure)
         if restored.kept is not None:
-            self.probation.resume(restored.kept.ref)
+            failed = self.probation.resume(restored.kept.ref)
+            # A model on probation at every start (one that kills the agent) goes now,
+            # before it serves; the status is published (retained) after the birth.
+            rolled = None if failed is None else self.verdicts.roll_back(*failed)
+            if rolled is not None:
+                self.reports.last_status = rolled[1]
+                if rolled[0] is not None:
+                    self.prune()
+                    return rolled[0]
         if unreadable is None and restored.kept is active:
             return restored.model
         error = unreadable or restored.failures[0][1]
@@ -148,7 +183,7 @@ class Deployments:
         if status is not None:
             payload = codec.encode(status)
             self.store.put("last_deploy_status", payload.decode())
-            self.last_status = payload
+            self.reports.last_status = payload
 
     # -- deployments from the manager
 
@@ -161,7 +196,7 @@ class Deployments:
         except ProtocolError as exc:
             self.counters[f"deploy.rejected.{exc.reason}"] += 1
             log.error("deployment rejected (%s): %s", exc.reason, exc)
-            self._report_rejected(f"rejected {exc.reason}: {exc}")
+            self.reports.rejected(f"rejected {exc.reason}: {exc}")
             return
         if desired.version <= self.done_version:
             self.counters["deploy.stale"] += 1
@@ -177,7 +212,7 @@ class Deployments:
             manifest_ref = ("", 0)
 
             def stage(stage: DeployStage, reason: str) -> None:
-                self._report_stage(
+                self.reports.stage(
                     desired.deployment_id, desired.version, manifest_ref, stage, reason
                 )
 
@@ -194,26 +229,7 @@ class Deployments:
                     self.store.put("deploy_done_version", str(desired.version))
                     return
                 model = deployer.prepare(desired, self.settings, self.keys, stage)
-                kept = restore.kept_from(desired, model)
-                with self._lock:
-                    previous = self._serving()
-                    # The signed manifest and the deployment go with the pointer: a start
-                    # re-verifies the model, and falls back to an earlier one if it fails.
-                    self.store.put("active_model", restore.encode_kept(kept))
-                    history = restore.decode_history(self.store.get("model_history"))
-                    self.store.put(
-                        "model_history", restore.encode_history(restore.remember(history, kept))
-                    )
-                    self._install(model)
-                    if previous and previous != model.ref:
-                        self.probation.begin(
-                            model, desired.deployment_id, desired.version, previous
-                        )
-                    else:  # nothing to go back to, or the same model again: no trial
-                        self.probation.end()
-                self.counters["deploy.active"] += 1
-                log.info("now serving %s", model.ref)
-                stage(DeployStage.ACTIVE, "")
+                self._activate(desired, model)
             except DeployError as exc:
                 self.counters[f"deploy.failed.{exc.reason}"] += 1
                 log.error(
@@ -223,8 +239,89 @@ class Deployments:
                     exc,
                 )
                 stage(DeployStage.FAILED, f"{exc.reason}: {exc.detail}")
-            self.store.put("deploy_done_version", str(desired.version))
+                self.store.put("deploy_done_version", str(desired.version))
             self.prune()
+
+    def _activate(self, desired: DeploymentDesired, model: runtime.LoadedModel) -> None:
+        """Make ``model`` the one served, and start its trial, as one store transaction.
+
+        The pointers, the trial, the done version and the ``active`` status commit
+        together: a kill in between would otherwise leave the new model active with the
+        deployment due again, re-applied with the model as its own previous one, and
+        trusted unjudged.
+        """
+        kept = restore.kept_from(desired, model)
+        writes: dict[str, str] = {}
+        with self._lock:
+            previous = self._serving()
+            proven = served.decode_proven(self.store.get(served.PROVEN))
+            trial: Trial | None = None
+            note = ""
+            if previous == model.ref:
+                # The same model again: a trial under way goes on, for this deployment.
+                current = self.probation.current()
+                if current is not None and current.model == model.ref:
+                    trial = replace(
+                        current,
+                        deployment_id=desired.deployment_id,
+                        deployment_version=desired.version,
+                    )
+            elif not previous:
+                # The station's first model: nothing to judge it against, nothing to go
+                # back to; the reference for the models after it.
+                writes[served.PROVEN] = served.add_proven(proven, model.ref)
+            elif model.ref in proven:
+                note = f"not on probation: {model.ref} passed it on this station before"
+            else:
+                trial = self.probation.trial_for(
+                    model,
+                    desired.deployment_id,
+                    desired.version,
+                    previous,
+                    baseline_trusted=previous in proven,
+                )
+            if trial is not None:
+                note = f"on probation (previous {trial.previous})"
+            history = restore.decode_history(self.store.get("model_history"))
+            configs = served.decode_configs(self.store.get(served.CONFIGS))
+            payload = self.reports.status(
+                desired.deployment_id,
+                desired.version,
+                (model.manifest.name, model.manifest.version),
+                DeployStage.ACTIVE,
+                note,
+                model.ref,
+            )
+            writes.update(
+                {
+                    # The signed manifest and the deployment go with the pointer: a start
+                    # re-verifies the model, and falls back to an earlier one if it fails.
+                    "active_model": restore.encode_kept(kept),
+                    "model_history": restore.encode_history(restore.remember(history, kept)),
+                    PROBATION: "" if trial is None else encode_trial(trial),
+                    served.CONFIGS: served.remember_config(configs, self._config(), model.ref),
+                    "deploy_done_version": str(desired.version),
+                    "last_deploy_status": payload.decode(),
+                }
+            )
+            self.store.put_many(writes)
+            self._install(model, None)
+            self.probation.start(trial)
+        self.counters["deploy.active"] += 1
+        log.info("now serving %s", model.ref)
+        self.reports.publish(payload)
+
+    def config_writes(self, config: EdgeConfig) -> dict[str, str]:
+        """What the store keeps when ``config`` is applied (with it, in one transaction):
+        it is the config of the model it applies to, should the station go back to it."""
+        configs = served.decode_configs(self.store.get(served.CONFIGS))
+        return {served.CONFIGS: served.remember_config(configs, config, self._serving())}
+
+    @property
+    def config_done_version(self) -> int:
+        """The newest config version this station is done with: after a local rollback
+        put an older config back in force, the one it replaced is not applied again."""
+        return int(self.store.get(served.CONFIG_DONE) or 0)
 
     def prune(self) -> None:
         """Old models and failed downloads go; the kept ones stay (see restore.prune_models)."""
@@ -238,127 +335,3 @@ class Deployments:
             log.warning("could not prune old models: %s", exc)
             return
         self.counters["models.pruned"] += len(removed)
-
-    # -- the local rollback
-
-    def rollback(self, trial: Trial, verdict: health.Verdict) -> None:
-        """``trial``'s model failed its probation: serve the previous verified model again.
-
-        Runs on its own thread (started by the probation). Nothing happens if another
-        deployment replaced the model meanwhile.
-        """
-        with self._deploy_lock:
-            raw = self.store.get("active_model")
-            try:
-                active = None if raw is None else restore.decode_kept(raw)
-            except DeployError:
-                active = None
-            if active is None or (active.ref, active.deployment_id) != (
-                trial.model,
-                trial.deployment_id,
-            ):
-                self.counters["rollback.superseded"] += 1
-                return
-            history = restore.decode_history(self.store.get("model_history"))
-            restored = restore.restore(
-                restore.without(history, active), lambda kept: restore.verify(kept, self.keys)
-            )
-            for kept, failure in restored.failures:
-                log.error("kept model %s does not verify: %s", kept.ref, failure)
-            name, _, version = trial.model.rpartition(":")
-            ref = (name, int(version))
-            if restored.model is None or restored.kept is None:
-                self.counters["rollback.no_previous"] += 1
-                self.probation.end()
-                log.error(
-                    "%s failed its probation (%s) but no previous model verifies; still serving it",
-                    trial.model,
-                    verdict.reason,
-                )
-                self._report_stage(
-                    trial.deployment_id,
-                    trial.deployment_version,
-                    ref,
-                    DeployStage.FAILED,
-                    f"health_check_failed: {verdict.reason}; no previous model verifies, "
-                    f"still serving {trial.model}",
-                )
-                return
-            model, previous = restored.model, restored.kept
-            earlier = restore.decode_rolled_back(self.store.get(ROLLED_BACK))
-            with self._lock:
-                self.store.put("active_model", restore.encode_kept(previous))
-                self.store.put(
-                    "model_history",
-                    restore.encode_history(
-                        restore.remember(restore.without(history, active), previous)
-                    ),
-                )
-                self.store.put(
-                    ROLLED_BACK,
-                    restore.encode_rolled_back(
-                        restore.add_rolled_back(earlier, trial.deployment_id, verdict.reason)
-                    ),
-                )
-                # The done version stays the bad deployment's: its retained desired
-                # document is stale to this agent from now on, restarts included.
-                done = max(self.done_version, trial.deployment_version)
-                self.store.put("deploy_done_version", str(done))
-                self.probation.end()
-                self._install(model)
-            self.counters["rollback.done"] += 1
-            log.warning("rolled back from %s to %s: %s", trial.model, previous.ref, verdict.reason)
-            self._report_stage(
-                trial.deployment_id,
-                trial.deployment_version,
-                ref,
-                DeployStage.ROLLED_BACK,
-                f"{verdict.reason}; serving {previous.ref} again",
-            )
-            self.prune()
-
-    def _report_stage(
-        self,
-        deployment_id: str,
-        deployment_version: int,
-        ref: tuple[str, int],
-        stage: DeployStage,
-        reason: str,
-    ) -> None:
-        name, version = ref
-        status = DeployStatus(
-            self.settings.edge,
-            deployment_id,
-            deployment_version,
-            name or "unknown",
-            version,
-            stage,
-            reason[:1000],
-            self._serving(),
-            time.time(),
-        )
-        payload = codec.encode(status)
-        self.last_status = payload
-        self.store.put("last_deploy_status", payload.decode())
-        self._report(topics.Up.DEPLOY, payload, True)
-
-    def _report_rejected(self, reason: str) -> None:
-        """Tell the manager a deployment envelope was refused (forged, malformed, foreign).
-
-        Nothing in such an envelope can be trusted, so the status names no deployment
-        (``unknown``, version 0) and reports the model still serving. It is neither kept as
-        the last deploy status nor retained: the real deployment state stays what a
-        reconnecting manager or agent sees; this report is for the manager listening now.
-        """
-        status = DeployStatus(
-            self.settings.edge,
-            "unknown",
-            0,
-            "unknown",
-            0,
-            DeployStage.FAILED,
-            reason[:1000],
-            self._serving(),
-            time.time(),
-        )
-        self._report(topics.Up.DEPLOY, codec.encode(status), False)

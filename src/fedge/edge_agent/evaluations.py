@@ -5,7 +5,12 @@ over gRPC without MQTT) for the candidate model and the model this station serve
 scored on the station's held-out labelled images (``fedge.party.dataset``: the share a
 station never trains on). Images never leave the station: the report carries per image
 and model the class scores, the station's label and the image statistics
-(``monitoring.features.image_stats``) of the prepared input.
+(``monitoring.features.image_stats``) of the prepared input. Each held-out image is also
+scored as ``request.copies`` re-lit copies (``monitoring.relight.relit_copies``: random
+gain, offset and lighting gradient, seeded by the image's id and the copy's index, so
+every model scores the same copies), reported as items marked ``augmented``: the
+manager's MPP predictor learns from them how accuracy falls as the lighting changes
+(the gate itself ignores them). A report that would be too large loses copies first.
 
 Each model is downloaded and verified exactly as a deployment does it
 (:func:`fedge.edge_agent.deployer.prepare`: signed manifest, size, sha256, load, smoke
@@ -44,6 +49,7 @@ from fedge.edge_agent.images import decode_for
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
 from fedge.monitoring.features import image_stats
+from fedge.monitoring.relight import relit_copies
 from fedge.party.dataset import LabelledImage, StationData
 from fedge.protocols import codec, topics
 from fedge.protocols.deployment import DeploymentDesired
@@ -78,15 +84,32 @@ class EvaluationFailed(Exception):
 def fit_report(
     report: EvaluationReport, per_image: Sequence[tuple[EvaluationItem, ...]], limit: int
 ) -> EvaluationReport:
-    """``report`` with the items of ``per_image`` (oldest image first), dropping the
-    oldest images until the encoded report fits ``limit`` bytes."""
-    images = list(per_image)
+    """``report`` with the items of ``per_image`` (oldest image first) that fit ``limit``
+    encoded bytes: the images as they are first, dropping the oldest images until those
+    fit; then the re-lit copies (``augmented``) of as many of the newest kept images as
+    still fit. The gate needs the former; the copies only sharpen the MPP fit."""
+    images = [tuple(i for i in image if i.augmented is None) for image in per_image]
+    copies = [tuple(i for i in image if i.augmented is not None) for image in per_image]
     while True:
-        items = tuple(item for image in images for item in image)
-        candidate = dataclasses.replace(report, items=items)
-        if len(codec.encode(candidate)) <= limit or not images:
-            return candidate
-        images = images[len(images) - len(images) * 3 // 4 :] if len(images) > 1 else []
+        base = dataclasses.replace(report, items=tuple(i for image in images for i in image))
+        if len(codec.encode(base)) <= limit or not images:
+            break
+        keep = len(images) * 3 // 4 if len(images) > 1 else 0
+        images, copies = images[len(images) - keep :], copies[len(copies) - keep :]
+
+    def with_copies(newest: int) -> EvaluationReport:
+        extra = tuple(i for image in copies[len(copies) - newest :] for i in image)
+        return dataclasses.replace(base, items=base.items + extra)
+
+    # The most images whose copies still fit (a bisection: size grows with the count).
+    low, high = 0, len(images)
+    while low < high:
+        middle = (low + high + 1) // 2
+        if len(codec.encode(with_copies(middle))) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return with_copies(low) if low else base
 
 
 def check_classes(manifests: Sequence[ModelManifest]) -> None:
@@ -229,13 +252,13 @@ class Evaluations:
             for envelope, manifest in zip(request.manifest_envelopes, manifests, strict=True)
         ]
         chosen = held_out[-request.max_images :]  # the newest: the line as it is now
-        per_model = [self._score(model, chosen) for model in models]
+        per_model = [self._score(model, chosen, request.copies) for model in models]
         per_image: list[tuple[EvaluationItem, ...]] = []
         unreadable = 0
         for index in range(len(chosen)):
-            complete = tuple(item for scored in per_model if (item := scored[index]) is not None)
+            complete = [scored[index] for scored in per_model if scored[index] is not None]
             if len(complete) == len(models):
-                per_image.append(complete)
+                per_image.append(tuple(item for items in complete if items for item in items))
             else:
                 unreadable += 1
         if not per_image:
@@ -282,25 +305,29 @@ class Evaluations:
             raise EvaluationFailed(exc.reason, f"{manifest.ref}: {exc.detail}") from None
 
     def _score(
-        self, model: runtime.LoadedModel, images: Sequence[LabelledImage]
-    ) -> list[EvaluationItem | None]:
-        """One item per image (None where the image cannot be read), in order."""
+        self, model: runtime.LoadedModel, images: Sequence[LabelledImage], copies: int
+    ) -> list[tuple[EvaluationItem, ...] | None]:
+        """Per image, in order: its item, then those of its ``copies`` re-lit copies (None
+        where the image cannot be read)."""
         preprocess = model.manifest.preprocess or Preprocess(image_size=self.settings.image_size)
         classes = model.manifest.classes
-        results: list[EvaluationItem | None] = []
+        results: list[tuple[EvaluationItem, ...] | None] = []
         for start in range(0, len(images), BATCH):
             batch = images[start : start + BATCH]
-            prepared: list[tuple[LabelledImage, np.ndarray] | None] = []
+            prepared: list[tuple[LabelledImage, list[np.ndarray]] | None] = []
             for image in batch:
                 try:
-                    prepared.append((image, decode_for(image.path, preprocess)))
+                    array = decode_for(image.path, preprocess)
                 except (InferenceError, OSError) as exc:
                     self.counters["evaluate.unreadable"] += 1
                     log.warning("held-out image %s not scored: %s", image.prediction_id, exc)
                     prepared.append(None)
-            readable = [p for p in prepared if p is not None]
+                    continue
+                variants = [array, *relit(array, preprocess, image.prediction_id, copies)]
+                prepared.append((image, variants))
+            inputs = [array for entry in prepared if entry is not None for array in entry[1]]
             try:
-                probs, _ = scoring.run(model, [array for _, array in readable])
+                probs, _ = scoring.run(model, inputs)
             except InferenceError as exc:
                 raise EvaluationFailed("inference_failed", str(exc)) from None
             rows = iter(probs.tolist())
@@ -308,18 +335,44 @@ class Evaluations:
                 if entry is None:
                     results.append(None)
                     continue
-                image, array = entry
-                scores = {
-                    name: round(min(1.0, max(0.0, float(p))), 6)
-                    for name, p in zip(classes, next(rows), strict=True)
-                }
-                try:
-                    item: EvaluationItem | None = EvaluationItem(
-                        image.prediction_id, model.ref, image.label, scores, image_stats(array)
-                    )
-                except ProtocolError as exc:  # e.g. a label that is no class name
+                image, variants = entry
+                items: list[EvaluationItem] = []
+                own_rows = [next(rows) for _ in variants]  # consumed whatever happens below
+                for copy, (array, row) in enumerate(zip(variants, own_rows, strict=True)):
+                    scores = {
+                        name: round(min(1.0, max(0.0, float(p))), 6)
+                        for name, p in zip(classes, row, strict=True)
+                    }
+                    try:
+                        items.append(
+                            EvaluationItem(
+                                image.prediction_id,
+                                model.ref,
+                                image.label,
+                                scores,
+                                image_stats(array),
+                                copy or None,
+                            )
+                        )
+                    except ProtocolError as exc:  # e.g. a label that is no class name
+                        log.warning("held-out image %s not reported: %s", image.prediction_id, exc)
+                        break
+                # An image is reported with all its copies or not at all.
+                if len(items) == len(variants):
+                    results.append(tuple(items))
+                else:
                     self.counters["evaluate.unreadable"] += 1
-                    log.warning("held-out image %s not reported: %s", image.prediction_id, exc)
-                    item = None
-                results.append(item)
+                    results.append(None)
         return results
+
+
+def relit(array: np.ndarray, preprocess: Preprocess, key: str, copies: int) -> list[np.ndarray]:
+    """``copies`` re-lit copies of one prepared model input (:func:`fedge.monitoring.
+    relight.relit_copies` on its 8-bit intensities), prepared the same way."""
+    if copies <= 0 or preprocess.scale <= 0:
+        return []  # a scale of 0 makes every input constant: nothing to re-light
+    full = 255.0 * preprocess.scale
+    return [
+        (copy * full).astype(array.dtype)
+        for copy in relit_copies(array.astype(np.float64) / full, key, copies)
+    ]

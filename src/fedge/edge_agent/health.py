@@ -25,6 +25,10 @@ in this order; the first that fails decides and names the measured value and the
 
 A window that ends by time with fewer than ``min_images`` attempts passes: there is too
 little evidence to take a model away (the verdict says so).
+
+A model that kills the agent (an inference that segfaults or runs out of memory) never
+fills a window: every start resumes the trial from zero. :func:`restarted` fails a trial
+the agent was started with more than ``max_restarts`` times without a verdict.
 """
 
 import math
@@ -44,6 +48,7 @@ class ProbationPolicy:
     min_images: int = 10
     max_error_rate: float = 0.05
     min_spread: float = 0.001
+    max_restarts: int = 3
 
     def __post_init__(self) -> None:
         if self.images < 1:
@@ -61,6 +66,8 @@ class ProbationPolicy:
             )
         if not (math.isfinite(self.min_spread) and self.min_spread >= 0):
             raise ValidationError(f"probation_min_spread must be >= 0, got {self.min_spread}")
+        if self.max_restarts < 0:
+            raise ValidationError(f"probation_max_restarts must be >= 0, got {self.max_restarts}")
 
 
 @dataclass(frozen=True)
@@ -140,7 +147,24 @@ class Verdict:
         """One line for the manager: which check, the measured value and the limit."""
         if self.outcome is not Outcome.FAILED:
             return self.note
+        if self.check == "restarts":  # judged on the agent's starts, not on images
+            return f"{self.check}: {self.note}"
         return f"{self.check}: {self.note} over {self.images} image(s)"
+
+
+def restarted(policy: ProbationPolicy, starts: int) -> Verdict | None:
+    """The verdict on a trial the agent was started with ``starts`` times (None: go on)."""
+    if starts <= policy.max_restarts:
+        return None
+    return Verdict(
+        Outcome.FAILED,
+        "restarts",
+        float(starts),
+        float(policy.max_restarts),
+        0,
+        f"the agent restarted {starts} times while this model was on probation "
+        f"(limit {policy.max_restarts})",
+    )
 
 
 def judge(

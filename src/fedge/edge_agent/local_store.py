@@ -13,7 +13,7 @@ only when the broker acknowledged it.
 import json
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -130,6 +130,16 @@ class LocalStore:
                 "INSERT INTO kv (key, value) VALUES (?,?) "
                 "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
                 (key, value),
+            )
+
+    def put_many(self, values: Mapping[str, str]) -> None:
+        """Several keys in one transaction: a kill leaves all of them written or none
+        (a deployment's pointers, its trial and its done version go together)."""
+        with self._transaction() as conn:
+            conn.executemany(
+                "INSERT INTO kv (key, value) VALUES (?,?) "
+                "ON CONFLICT (key) DO UPDATE SET value=excluded.value",
+                list(values.items()),
             )
 
     def next_session(self) -> int:

@@ -5,10 +5,15 @@ images, or a batch the model failed on). It keeps the serving model's recent def
 scores -- the baseline a next model's spread is compared with -- and, after a
 deployment activates, the new model's probation window. The verdict is
 :func:`fedge.edge_agent.health.judge`'s; on ``failed`` the ``on_fail`` callback (the
-deployments' rollback) is started on its own thread, so scoring never waits for a swap.
+deployments' rollback) is started on its own thread, so scoring never waits for a swap;
+on ``passed`` the ``on_pass`` callback (the deployments' report) likewise.
 
-The trial is kept in the agent's store (``probation``): an agent restarted during a
-probation starts the window again for the same model rather than trusting it unjudged.
+The trial is kept in the agent's store (``probation``), written by the deployments in
+the same transaction as the pointers that make the model active: an agent restarted
+during a probation starts the window again for the same model rather than trusting it
+unjudged, and counts the start in the trial. A model that kills the agent would
+otherwise be resumed forever; past ``max_restarts`` starts :meth:`Probation.resume`
+returns a failed verdict and the agent rolls back before it serves.
 """
 
 import json
@@ -17,7 +22,7 @@ import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import numpy as np
 
@@ -40,6 +45,8 @@ class Trial:
     previous: str
     latency_budget_ms: float | None = None
     baseline_spread: float | None = None
+    # How many times the agent was started with this trial under way (health.restarted).
+    starts: int = 0
 
 
 def encode_trial(trial: Trial) -> str:
@@ -59,6 +66,7 @@ def decode_trial(raw: str | None) -> Trial | None:
             previous=str(data["previous"]),
             latency_budget_ms=_optional_float(data.get("latency_budget_ms")),
             baseline_spread=_optional_float(data.get("baseline_spread")),
+            starts=int(data.get("starts", 0)),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -68,7 +76,8 @@ def _optional_float(value: object) -> float | None:
     return None if value is None else float(str(value))
 
 
-OnFail = Callable[[Trial, health.Verdict], None]
+# Called on its own thread with a judged trial (a failure: roll back; a pass: report).
+OnVerdict = Callable[[Trial, health.Verdict], None]
 
 
 class Probation:
@@ -77,13 +86,15 @@ class Probation:
         policy: health.ProbationPolicy,
         store: LocalStore,
         counters: Counter[str],
-        on_fail: OnFail,
+        on_fail: OnVerdict,
+        on_pass: OnVerdict,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.policy = policy
         self.store = store
         self.counters = counters
         self._on_fail = on_fail
+        self._on_pass = on_pass
         self._clock = clock
         self._lock = threading.Lock()
         # The serving model's last defect scores (the baseline of the next model).
@@ -96,58 +107,91 @@ class Probation:
 
     # -- starting and ending a trial
 
-    def begin(
+    def trial_for(
         self,
         model: LoadedModel,
         deployment_id: str,
         deployment_version: int,
         previous: str,
-    ) -> None:
-        """``model`` just became active in place of ``previous``: its probation starts.
+        *,
+        baseline_trusted: bool,
+    ) -> Trial:
+        """The trial of ``model`` about to replace ``previous`` (stored by the caller).
 
-        Call it under the agent's lock, with the swap, so no image the new model scores
-        escapes the window.
+        The previous model's spread is the baseline only when ``baseline_trusted`` (it
+        passed a probation here, or was the station's first model): a model is never
+        judged against the scores of one that is itself unproven.
         """
         with self._lock:
             baseline = None
-            if self._recent_model == previous and len(self._recent) >= self.policy.min_images:
+            if (
+                baseline_trusted
+                and self._recent_model == previous
+                and len(self._recent) >= self.policy.min_images
+            ):
                 baseline = health.spread(list(self._recent))
-            trial = Trial(
-                model.ref,
-                deployment_id,
-                deployment_version,
-                previous,
-                model.manifest.latency_budget_ms,
-                baseline,
-            )
-            self.store.put(KEY, encode_trial(trial))
+        return Trial(
+            model.ref,
+            deployment_id,
+            deployment_version,
+            previous,
+            model.manifest.latency_budget_ms,
+            baseline,
+        )
+
+    def current(self) -> Trial | None:
+        with self._lock:
+            return self._trial
+
+    def start(self, trial: Trial | None) -> None:
+        """``trial`` is under way (None: no trial), as the caller just stored it.
+
+        Call it under the agent's lock, with the swap, so no image the new model scores
+        escapes the window. A trial of the model already on trial (the same model
+        deployed again) keeps its window: it is the same model's probation.
+        """
+        with self._lock:
+            if trial is None:
+                self._trial = None
+                return
+            if self._trial is not None and self._trial.model == trial.model:
+                self._trial = trial
+                return
             self._start(trial)
         log.info(
             "%s on probation (%d images or %.0f s; previous %s)",
-            model.ref,
+            trial.model,
             self.policy.images,
             self.policy.seconds,
-            previous,
+            trial.previous,
         )
 
-    def resume(self, serving: str) -> None:
-        """At start-up: a trial of the model now serving starts its window again; a trial
-        of another model (the agent fell back at restore) is dropped."""
+    def resume(self, serving: str) -> tuple[Trial, health.Verdict] | None:
+        """At start-up: a trial of the model now serving starts its window again and
+        counts the start; a trial of another model (the agent fell back at restore) is
+        dropped. A trial started more than ``max_restarts`` times is returned failed:
+        the caller rolls back before the model serves."""
         trial = decode_trial(self.store.get(KEY))
         if trial is None:
-            return
+            return None
         with self._lock:
             if trial.model != serving:
                 self.store.put(KEY, "")
-                return
-            self._start(trial)
+                return None
+            trial = replace(trial, starts=trial.starts + 1)
+            verdict = health.restarted(self.policy, trial.starts)
+            if verdict is not None:
+                self._trial = None
+                self.last_verdict = verdict
+            else:
+                self.store.put(KEY, encode_trial(trial))
+                self._start(trial)
+        if verdict is not None:
+            self.counters[f"probation.failed.{verdict.check}"] += 1
+            log.error("%s failed its probation: %s", trial.model, verdict.reason)
+            return trial, verdict
         self.counters["probation.resumed"] += 1
-
-    def end(self) -> None:
-        """No trial any more (the model was rolled back, or another one deployed)."""
-        with self._lock:
-            self._trial = None
-            self.store.put(KEY, "")
+        return None
 
     def _start(self, trial: Trial) -> None:
         self._trial = trial
@@ -164,7 +208,6 @@ class Probation:
         latencies), or ``errors`` images it failed on."""
         indices = health.defect_indices(model.manifest.classes, model.manifest.positive_classes)
         scores, non_finite = health.defect_scores(rows, indices)
-        failed: tuple[Trial, health.Verdict] | None = None
         with self._lock:
             if self._recent_model != model.ref:
                 self._recent_model = model.ref
@@ -191,17 +234,16 @@ class Probation:
                 return
             self.last_verdict = verdict
             self._trial = None  # judged once: later images change nothing
-            if verdict.outcome is health.Outcome.PASSED:
-                self.store.put(KEY, "")
-            else:
-                failed = (trial, verdict)
-        if failed is None:
+        if verdict.outcome is health.Outcome.PASSED:
             self.counters["probation.passed"] += 1
             log.info("%s passed its probation: %s", model.ref, verdict.note)
-            return
-        self.counters[f"probation.failed.{verdict.check}"] += 1
-        log.error("%s failed its probation: %s", model.ref, verdict.reason)
-        threading.Thread(target=self._on_fail, args=failed, name="rollback", daemon=True).start()
+            target, name = self._on_pass, "probation-passed"
+        else:
+            self.counters[f"probation.failed.{verdict.check}"] += 1
+            log.error("%s failed its probation: %s", model.ref, verdict.reason)
+            target, name = self._on_fail, "rollback"
+        # The trial leaves the store there, with what the verdict changes (one transaction).
+        threading.Thread(target=target, args=(trial, verdict), name=name, daemon=True).start()
 
     def status(self) -> dict[str, object]:
         """For the local API: the trial under way, or the last verdict."""
@@ -223,4 +265,5 @@ class Probation:
             "of_seconds": self.policy.seconds,
             "latency_budget_ms": trial.latency_budget_ms,
             "baseline_spread": trial.baseline_spread,
+            "starts": trial.starts,
         }

@@ -175,6 +175,19 @@ def without(history: Iterable[KeptModel], kept: KeptModel) -> tuple[KeptModel, .
     return tuple(k for k in history if k.path != kept.path)
 
 
+def rollback_target(
+    history: Iterable[KeptModel], previous: str, rolled_back: Iterable[str]
+) -> KeptModel | None:
+    """The kept model a failed trial goes back to: the one it replaced (``previous``),
+    never another -- the newest kept model may be one the manager moved this station
+    away from -- and never one brought by a deployment rolled back here."""
+    refused = set(rolled_back)
+    for kept in history:
+        if kept.ref == previous and kept.deployment_id not in refused:
+            return kept
+    return None
+
+
 # Rolled-back deployments remembered (the newest): enough for every retained document.
 KEEP_ROLLED_BACK = 16
 

@@ -37,12 +37,15 @@ telemetry_backlog_limit = 2000
 # back to the previous model if more than probation_max_error_rate of its images fail,
 # its p95 latency is over the manifest's latency budget, a score is NaN, or its defect
 # scores stop varying (std < probation_min_spread) where the previous model's varied.
-# Fewer than probation_min_images images by the end of the time: it passes.
+# Fewer than probation_min_images images by the end of the time: it passes. A model
+# the agent was restarted with more than probation_max_restarts times while it was on
+# probation (a crash in inference) is rolled back at the next start.
 probation_images = 50
 probation_s = 600.0
 probation_min_images = 10
 probation_max_error_rate = 0.05
 probation_min_spread = 0.001
+probation_max_restarts = 3
 """
 
 import tomllib
@@ -90,6 +93,7 @@ class AgentSettings:
     probation_min_images: int = 10
     probation_max_error_rate: float = 0.05
     probation_min_spread: float = 0.001
+    probation_max_restarts: int = 3
 
     def public_key(self) -> PublicKey:
         return PublicKey.from_text(self.manager_public_key)
@@ -101,6 +105,7 @@ class AgentSettings:
             min_images=self.probation_min_images,
             max_error_rate=self.probation_max_error_rate,
             min_spread=self.probation_min_spread,
+            max_restarts=self.probation_max_restarts,
         )
 
 

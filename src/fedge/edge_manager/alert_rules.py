@@ -190,8 +190,11 @@ def drift_findings(
 
 
 def mpp_training_set(rows: Sequence[WindowRow]) -> tuple[list[list[float]], list[bool]]:
-    """Feature rows and correctness (argmax == the manager's label) of labelled rows with
-    image statistics; the others cannot train the predictor and are left out."""
+    """Feature rows and correctness (argmax == the row's label) of labelled rows with
+    image statistics; the others cannot train the predictor and are left out. The
+    monitor passes the gate's rows and the stations' re-lit copies of them (labelled
+    like their image): copies show the predictor how correctness falls as lighting
+    changes, where in-distribution rows alone leave it to extrapolate."""
     features: list[list[float]] = []
     correct: list[bool] = []
     for row in rows:

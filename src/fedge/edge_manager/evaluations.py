@@ -5,7 +5,10 @@ A station answers an :class:`~fedge.protocols.evaluation.EvaluationRequest` with
 topic (or over gRPC without MQTT). The report is retained and re-stated by the agent on
 every new session, so it reaches a manager that was down; storing it is idempotent: one
 ``evaluation_reports`` row per (evaluation, edge), one ``evaluations`` row per (image,
-model). A report is checked before anything is written: it must answer a request this
+model, re-lit copy). A station's re-lit copies of a held-out image (``augmented`` k >= 1)
+are stored under the prediction id ``<id>~k`` (``~`` is never in an identifier) with
+``augmented = k``; the gate reads the images as they are only (``augmented = 0``).
+A report is checked before anything is written: it must answer a request this
 manager sent to that edge (same version and evaluation id) and name only the models
 that request asked for; otherwise it is rejected (counted in ``rejections``) and
 changes nothing.
@@ -85,22 +88,32 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
         return False
     conn.executemany(
         "INSERT OR IGNORE INTO evaluations (eval_id, edge, prediction_id, model, label, scores, "
-        "stats, at) VALUES (?,?,?,?,?,?,?,?)",
+        "stats, at, augmented) VALUES (?,?,?,?,?,?,?,?,?)",
         [
             (
                 report.eval_id,
                 edge,
-                item.prediction_id,
+                stored_id(item.prediction_id, item.augmented),
                 item.model,
                 item.label,
                 json.dumps(item.scores, sort_keys=True),
                 json.dumps(item.stats, sort_keys=True),
                 now,
+                item.augmented or 0,
             )
             for item in report.items
         ],
     )
     return True
+
+
+def stored_id(prediction_id: str, augmented: int | None) -> str:
+    """The ``evaluations.prediction_id`` of an item: its own id, ``<id>~k`` for copy k
+    (the table's key is per image and model, and a copy is another image)."""
+    return f"{prediction_id}{AUGMENTED_SEP}{augmented}" if augmented else prediction_id
+
+
+AUGMENTED_SEP = "~"
 
 
 def _foreign_predictions(conn: sqlite3.Connection, edge: str, ids: set[str]) -> list[str]:
@@ -158,8 +171,9 @@ def station_report(
     items = tuple(
         Scored(str(r["prediction_id"]), str(r["model"]), str(r["label"]), _scores(r))
         for r in store.query(
+            # The images as they are: re-lit copies train MPP, they do not judge models.
             "SELECT prediction_id, model, label, scores FROM evaluations "
-            "WHERE eval_id=? AND edge=? ORDER BY prediction_id, model",
+            "WHERE eval_id=? AND edge=? AND augmented = 0 ORDER BY prediction_id, model",
             (eval_id, edge),
         )
     )

@@ -4,6 +4,10 @@ Every change is a new full desired document written to the store with the next v
 the serve loop publishes it (signed, retained). Writing to the store first means a push
 made while the broker is down is published when it comes back, and nothing is lost if
 ``serve`` restarts.
+
+An edge in an unfinished staged rollout belongs to the rollout: a deploy or threshold
+change on it is refused naming the rollout unless forced (rollout_guard.py); the
+rollout's own writes pass its id. Operators' labels live in fleet_labels.py.
 """
 
 import hashlib
@@ -15,23 +19,22 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from fedge.edge_manager import labels
+from fedge.edge_manager import fleet_labels, fleet_views, labels
 from fedge.edge_manager.class_names import suggestion, unknown_class
 from fedge.edge_manager.desired import next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.home import ManagerHome, is_wildcard
 from fedge.edge_manager.registry import Registry, parse_ref
+from fedge.edge_manager.rollout_guard import refuse_if_in_rollout
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
 from fedge.protocols.config import EdgeConfig, TrainingPolicy
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.labels import MAX_LABELS, StationLabels
-from fedge.protocols.records import LabelRecord
-from fedge.protocols.signing import MAX_ENVELOPE_BYTES, SigningKey
+from fedge.protocols.signing import SigningKey
 
 CONFIG = "config"
 DEPLOY = "deploy"
-LABELS = "labels"
+LABELS = fleet_labels.LABELS
 
 
 @dataclass(frozen=True)
@@ -109,12 +112,15 @@ class Fleet:
         threshold: float,
         class_name: str | None = None,
         model: str | None = None,
+        *,
+        force: bool = False,
     ) -> list[Pushed]:
         """A new config version on each edge, its thresholds tied to ``model`` (a version
         deployed to the edge), by default to the model of the edge's newest deployment
         (none deployed yet: the tie stays as it was). Refused, for all, on a bad edge,
-        class or model."""
+        class or model, or an edge in an unfinished rollout (unless ``force``)."""
         self.edges(edges)
+        refuse_if_in_rollout(self.store.conn, edges, "set a threshold", force=force)
         ties = {edge: self._threshold_model(edge, model) for edge in edges}
         if class_name is not None:
             for edge in edges:
@@ -151,9 +157,13 @@ class Fleet:
             )
         return f"{name}:{version}"
 
-    def clear_threshold(self, edges: list[str], class_name: str) -> list[Pushed]:
+    def clear_threshold(
+        self, edges: list[str], class_name: str, *, force: bool = False
+    ) -> list[Pushed]:
         """Remove ``class_name``'s threshold on ``edges`` (the default applies to it again):
-        a new signed config version each. Refused, for all, if one edge has none."""
+        a new signed config version each. Refused, for all, if one edge has none or is in
+        an unfinished rollout (unless ``force``)."""
+        refuse_if_in_rollout(self.store.conn, self.edges(edges), "unset a threshold", force=force)
         for edge in self.edges(edges):
             desired = self.desired_config(edge)
             per_class = {} if desired is None else desired.class_thresholds
@@ -256,7 +266,19 @@ class Fleet:
 
     # -- deployments
 
-    def deploy(self, name: str, version: int, edges: list[str]) -> str:
+    def deploy(
+        self,
+        name: str,
+        version: int,
+        edges: list[str],
+        *,
+        force: bool = False,
+        within_rollout: str | None = None,
+    ) -> str:
+        """A deployment of ``name:version`` to ``edges``; its id. Refused, with nothing
+        written, for an unknown or damaged model, an unknown edge, or an edge in an
+        unfinished staged rollout -- unless ``force``, or the call is that rollout's own
+        (``within_rollout``: its id)."""
         if is_wildcard(self.grpc_target.rpartition(":")[0]):  # edges fetch the model there
             raise ManagerError(
                 f"edges cannot fetch a model from {self.grpc_target}, a wildcard address; "
@@ -264,6 +286,7 @@ class Fleet:
             )
         model = self.registry.get(name, version)
         self.edges(edges)
+        refuse_if_in_rollout(self.store.conn, edges, "deploy", within=within_rollout, force=force)
         model.verify()  # a damaged registry copy is refused here, before anything is written
         deployment_id = f"d-{uuid.uuid4().hex[:12]}"
         now = time.time()
@@ -296,10 +319,14 @@ class Fleet:
         records a move and writes the edge's deployment and config in one transaction."""
         return nullcontext() if self.store.conn.in_transaction else self.store.transaction()
 
-    def push_config(self, config: EdgeConfig, now: float) -> Pushed:
+    def push_config(
+        self, config: EdgeConfig, now: float, *, within_rollout: str | None = None
+    ) -> Pushed:
         """Write ``config`` (a full document, e.g. thresholds tied to a model) as the edge's
-        next desired config; its version must be the next one (``desired.next_config``)."""
+        next desired config; its version must be the next one (``desired.next_config``).
+        Refused on an edge in an unfinished rollout other than ``within_rollout``."""
         self.edges([config.edge])
+        refuse_if_in_rollout(self.store.conn, [config.edge], "push a config", within=within_rollout)
         current = self.desired_config(config.edge)
         expected = 1 if current is None else current.version + 1
         if config.version != expected:
@@ -354,47 +381,8 @@ class Fleet:
     # -- views
 
     def show(self, edge: str) -> dict[str, Any]:
-        row = self.store.one("SELECT * FROM edges WHERE edge=?", (edge,))
-        if row is None:
-            raise UnknownEdgeError(f"unknown edge {edge!r}; see `fedge edge list`")
-        row.pop("token_sha256")
-        desired = self.desired_config(edge)
-        row["desired_config"] = None if desired is None else json.loads(codec.encode(desired))
-        row["desired_config_version"] = 0 if desired is None else desired.version
-        row["in_sync"] = row["desired_config_version"] == row["config_applied"]
-        row["thresholds_for"] = None if desired is None else desired.model
-        row["thresholds_source"] = self._thresholds_source(desired, str(row["serving"] or ""))
-        counts = self.store.one(
-            "SELECT count(*) AS predictions, "
-            "coalesce(sum(decision='reject'), 0) AS rejects, "
-            "coalesce(sum(decision='accept'), 0) AS accepts FROM predictions WHERE edge=?",
-            (edge,),
-        )
-        row.update(counts or {})
-        row["labels"] = self.store.scalar("SELECT count(*) FROM labels WHERE edge=?", (edge,))
-        row["telemetry"] = self.store.scalar("SELECT count(*) FROM telemetry WHERE edge=?", (edge,))
-        row["gaps"] = self.store.query(
-            "SELECT stream, from_seq, to_seq FROM gaps WHERE edge=? ORDER BY stream, from_seq",
-            (edge,),
-        )
-        row["rejections"] = self.store.scalar(
-            "SELECT count(*) FROM rejections WHERE edge=?", (edge,)
-        )
-        row["label_agreement"] = self.label_agreement(edge)
-        return row
-
-    def _thresholds_source(self, desired: EdgeConfig | None, serving: str) -> str:
-        """Where the serving model's thresholds come from on the edge (the agent's rule,
-        fedge.edge_agent.decisions.thresholds_in_force): config, model or untied."""
-        if desired is not None and (desired.model in (None, serving) or not serving):
-            return "config"
-        try:
-            recommended = self.registry.get(*parse_ref(serving)).manifest.thresholds
-        except ManagerError:  # nothing serves, or a model this registry does not know
-            recommended = None
-        if recommended is not None:
-            return "model"
-        return "default" if desired is None else "untied"
+        """One edge, desired beside reported (fleet_views.show)."""
+        return fleet_views.show(self, edge)
 
     def list(self) -> list[dict[str, Any]]:
         return self.store.query(
@@ -406,80 +394,11 @@ class Fleet:
     def label_agreement(self, edge: str) -> float | None:
         return labels.agreement(self.store.conn, edge)
 
-    # -- operator labels
+    # -- operator labels (fleet_labels.py)
 
     def add_label(self, prediction_id: str, label: str, who: str) -> tuple[str, labels.Outcome]:
-        """Label a prediction, or relabel it: the new label replaces the current one, which
-        goes to the label history (labels.py). The same label again changes nothing."""
-        row = self.store.one(
-            "SELECT edge, model FROM predictions WHERE prediction_id=? LIMIT 1", (prediction_id,)
-        )
-        if row is None:
-            raise ManagerError(f"no prediction {prediction_id!r} has reached the manager")
-        try:
-            validate.identifier(label, "label")
-            validate.bounded_text(who, "who", 128)
-        except ProtocolError as exc:
-            raise ManagerError(str(exc)) from None
-        labels.check_label(self.store.conn, str(row["model"]), label)
-        now = time.time()
-        with self.store.transaction() as conn:
-            current = labels.current_label(conn, prediction_id)
-            if current is not None and current.label == label:
-                return current.label_id, labels.Outcome(labels.Applied.UNCHANGED, current)
-            # A relabel must win here and on the station, which both keep the newest `at`,
-            # even when the station's clock ran ahead of the manager's.
-            at = now if current is None else max(now, current.at)
-            new = labels.Label(
-                f"l-{uuid.uuid4().hex}",
-                prediction_id,
-                str(row["edge"]),
-                label,
-                who,
-                at,
-                labels.Origin.OPERATOR,
-            )
-            outcome = labels.apply(conn, new, now)
-            self._push_labels(str(row["edge"]), now)
-        return new.label_id, outcome
-
-    def _push_labels(self, edge: str, now: float) -> None:
-        """The edge's labels document: the newest labels given here, down to the station.
-
-        As many of the newest labels as fit a signed envelope the edge accepts (at most
-        MAX_LABELS); older label documents of the edge are deleted, not kept forever.
-        """
-        rows = self.store.query(
-            "SELECT label_id, prediction_id, label, who, at FROM labels "
-            "WHERE edge=? AND origin='operator' ORDER BY at DESC, label_id LIMIT ?",
-            (edge, MAX_LABELS),
-        )
-        current = self.store.scalar(
-            "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, LABELS)
-        )
-        records = [
-            LabelRecord(r["label_id"], r["prediction_id"], r["label"], r["who"], r["at"])
-            for r in rows
-        ]
-        while True:
-            document = StationLabels(
-                fleet=self.fleet,
-                edge=edge,
-                version=int(current or 0) + 1,
-                labels=tuple(reversed(records)),
-                issued_at=now,
-            )
-            encoded = codec.encode(document)
-            # Measured on the signed envelope the edge will check against its limit.
-            if len(self.key.sign_payload(encoded)) <= MAX_ENVELOPE_BYTES or len(records) <= 1:
-                break
-            records = records[: max(1, len(records) * 3 // 4)]
-        self._write_desired(edge, LABELS, document.version, encoded, now)
-        # Each document holds the newest labels in full: older ones are never needed.
-        self.store.conn.execute(
-            "DELETE FROM desired WHERE edge=? AND kind=? AND version < ?",
-            (edge, LABELS, document.version),
-        )
+        """Label a prediction, or relabel it (fleet_labels.add_label)."""
+        return fleet_labels.add_label(self, prediction_id, label, who)
 
 
 @contextmanager

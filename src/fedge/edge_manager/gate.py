@@ -20,6 +20,9 @@ held-out set): with no serving model anywhere, which is how a fleet's first mode
 gated, the candidate must beat that constant, as TFX's first run is judged on absolute
 thresholds only. A broken first model (all "clean") is then not blessed.
 
+Only the held-out images as they are count: the re-lit copies a station also scores
+(``Scored.augmented``) train the label-free accuracy predictor, not the verdict.
+
 Stations with fewer than ``min_examples`` labelled examples, stations whose evaluation
 failed and stations that did not answer are listed with the reason, never silently
 used; if no station is usable the candidate is not blessed.
@@ -73,6 +76,7 @@ class Scored:
     model: str
     label: str  # the station's label (the verdict uses the manager's)
     scores: Mapping[str, float]
+    augmented: int = 0  # k >= 1: a re-lit copy (trains MPP; never judges a model)
 
 
 @dataclass(frozen=True)
@@ -172,6 +176,8 @@ def _station_examples(
     the candidate's images without a manager label, and label disagreements."""
     by_model: dict[str, dict[str, Scored]] = {}
     for item in report.items:
+        if item.augmented:
+            continue  # the held-out images as they are decide; synthetic copies do not
         by_model.setdefault(item.model, {})[item.prediction_id] = item
     ours = by_model.get(candidate, {})
     reference = None if report.serving is None else by_model.get(report.serving, {})

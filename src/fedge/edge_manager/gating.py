@@ -151,9 +151,13 @@ def start(
     edges: list[str] | None = None,
     *,
     max_images: int = MAX_IMAGES,
+    augment: int | None = None,
     now: float | None = None,
 ) -> GateRequest:
-    """Check (:func:`plan`), then write one evaluation request per edge."""
+    """Check (:func:`plan`), then write one evaluation request per edge.
+
+    ``augment``: re-lit copies per held-out image the stations also score, for the MPP
+    fit (None: the station's default, and a request an older station still reads)."""
     if is_wildcard(fleet.grpc_target.rpartition(":")[0]):  # stations fetch the model there
         raise ManagerError(
             f"stations cannot fetch a model from {fleet.grpc_target}, a wildcard address; "
@@ -181,6 +185,7 @@ def start(
                 grpc_target=fleet.grpc_target,
                 max_images=max_images,
                 issued_at=now,
+                augment=augment,
             )
             fleet.write_desired(edge, EVALUATE, request.version, codec.encode(request), now)
     return GateRequest(
@@ -269,11 +274,12 @@ def run(
     edges: list[str] | None = None,
     timeout_s: float = 300.0,
     max_images: int = MAX_IMAGES,
+    augment: int | None = None,
     on_progress: Callable[[GateRequest, Progress], None] | None = None,
     poll_s: float = 0.2,
 ) -> tuple[GateRequest, Verdict]:
     """Start an evaluation, wait for every station (at most ``timeout_s``), decide."""
-    request = start(fleet, candidate, edges, max_images=max_images)
+    request = start(fleet, candidate, edges, max_images=max_images, augment=augment)
     deadline = time.monotonic() + timeout_s
     while True:
         state = progress(fleet.store, request)

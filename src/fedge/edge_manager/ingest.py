@@ -19,7 +19,7 @@ from fedge.edge_manager import evaluations, gaps, labels
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
-from fedge.protocols.deployment import DeployStatus
+from fedge.protocols.deployment import DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError, ValidationError
 from fedge.protocols.evaluation import EvaluationReport
 from fedge.protocols.liveness import EdgeState, Liveness
@@ -213,10 +213,13 @@ class Ingestor:
             "VALUES (?,?,?,?,?,?)",
             (edge, status.deployment_id, status.stage.value, status.reason, status.serving, now),
         )
+        # A passed probation is an event of the deployment (deploy_events); the edge's
+        # deployment stays ``active`` for everything that waits on that stage.
+        stage = DeployStage.ACTIVE if status.stage is DeployStage.PASSED else status.stage
         conn.execute(
             "UPDATE edges SET deploy_id=?, deploy_stage=?, deploy_reason=?, serving=?, "
             "last_seen=? WHERE edge=?",
-            (status.deployment_id, status.stage.value, status.reason, status.serving, now, edge),
+            (status.deployment_id, stage.value, status.reason, status.serving, now, edge),
         )
         self.counters["stored.deploy_status"] += 1
         return Outcome(Verdict.STORED)

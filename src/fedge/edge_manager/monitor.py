@@ -4,15 +4,18 @@
 (the store's one writer). Per edge and the model it serves, a tick reads
 
 - the **reference window**: the model's rows in ``evaluations`` for that edge when the
-  validation gate evaluated it there (at least ``min_window`` distinct images), else the
-  model's first ``min_window`` predictions on that edge;
+  validation gate evaluated it there (at least ``min_window`` distinct images, as they
+  are: never the stations' re-lit copies, which are synthetic drift), else the model's
+  first ``min_window`` predictions on that edge;
 - the **current window**: the newest ``min_window`` predictions of the model on the edge
   (for drift against a prediction reference, only those after the reference window);
 
 and judges them (:mod:`fedge.edge_manager.alert_rules`): input and score drift, and the
 MPP estimate of accuracy (Ghanta et al., OpML'19) from a predictor fitted on the model's
-evaluation rows, kept in ``mpp_models``. Estimates go to ``estimates``; alerts are raised
-and cleared in ``alerts`` and returned, for ``serve`` to publish on the alerts topic.
+evaluation rows -- the held-out images and their re-lit copies (``monitoring.relight``),
+so it has seen lighting change -- kept in ``mpp_models``. Estimates go to ``estimates``;
+alerts are raised and cleared in ``alerts`` and returned, for ``serve`` to publish on the
+alerts topic.
 
 A pair whose newest prediction and evaluations did not change since the last tick is not
 judged again: with nothing new, no finding can change. Alerts follow the sliding window;
@@ -236,9 +239,11 @@ class Monitor:
     # -- windows and the MPP predictor
 
     def _evaluation_counts(self, edge: str, model: str) -> tuple[int, int]:
+        """The model's evaluation rows (all: the MPP fit's), and this edge's rows of
+        images as they are (the reference's)."""
         row = self.store.one(
-            "SELECT count(*) AS n, coalesce(sum(edge = ?), 0) AS here FROM evaluations "
-            "WHERE model=?",
+            "SELECT count(*) AS n, coalesce(sum(edge = ? AND augmented = 0), 0) AS here "
+            "FROM evaluations WHERE model=?",
             (edge, model),
         )
         return (0, 0) if row is None else (int(row["n"]), int(row["here"]))
@@ -253,10 +258,11 @@ class Monitor:
                 and (cached.n_evaluations == edge_evals)
             ):
                 return cached
-            # One row per held-out image (the gate may have evaluated the model twice).
+            # One row per held-out image (the gate may have evaluated the model twice),
+            # as it is: a re-lit copy would widen the reference and hide lighting drift.
             rows = self.store.query(
                 "SELECT scores, stats, max(at) AS at, NULL AS label FROM evaluations "
-                "WHERE edge=? AND model=? GROUP BY prediction_id",
+                "WHERE edge=? AND model=? AND augmented = 0 GROUP BY prediction_id",
                 (edge, model),
             )
             if len(rows) >= window:
@@ -295,6 +301,9 @@ class Monitor:
     def _fit(
         self, conn: sqlite3.Connection, model: str, n_rows: int, now: float
     ) -> MppPredictor | None:
+        # Every row, re-lit copies included (same label as their image): outside the
+        # held-out lighting a predictor fitted on in-distribution rows only extrapolates
+        # (Guillory et al., ICCV'21; `fedge bench mpp`, mpp vs mpp_plain).
         rows = self.store.query(
             "SELECT scores, stats, at, label FROM evaluations WHERE model=?", (model,)
         )

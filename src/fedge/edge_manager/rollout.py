@@ -16,6 +16,17 @@ States::
        \\________\\_________\\__ paused (resume returns to the wave) __/
     any of the above -> aborted -> rolled_back (every moved edge back; or stays
                                                 aborted when nothing had moved)
+
+Nothing waits forever. A moved edge that fails to activate, rolls the model back on its
+own, or has not settled ``plan.activation_timeout_s`` after its move aborts the rollout
+(an implicit criterion besides ``--abort-if``). An edge sent back that has not confirmed
+its previous model ``plan.rollback_timeout_s`` after the abort (offline, redeployed) is
+marked unconfirmed and the rollout ends rolled back, its reason naming the edge; an
+operator can end that wait at once (:func:`force_finish`, ``abort --force``).
+
+Deliberately not handled here: clocks. Every time this module compares (``moved_at``,
+``settled_at``, ``aborted_at``, ``now``) is the manager's; the adapter reads the edges'
+reports by the manager's receive time (rollout_health.py), never by the station's clock.
 """
 
 import dataclasses
@@ -23,10 +34,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from fedge.edge_manager.desired import next_config
 from fedge.edge_manager.rollout_plan import RolloutError, RolloutPlan
-from fedge.protocols.config import EdgeConfig
-from fedge.protocols.manifest import Thresholds
 
 
 class RolloutState(StrEnum):
@@ -47,6 +55,7 @@ class EdgeState(StrEnum):
     MOVED = "moved"  # on the new model (or on its way to it)
     ROLLING_BACK = "rolling_back"  # sent back, not yet confirmed on the previous model
     ROLLED_BACK = "rolled_back"  # serving the previous model and thresholds again
+    UNCONFIRMED = "unconfirmed"  # sent back, never confirmed it before the rollback deadline
 
 
 class EventKind(StrEnum):
@@ -60,6 +69,8 @@ class EventKind(StrEnum):
     ROLLED_BACK = "rolled_back"
     COMPLETED = "completed"
     FORCED = "forced"
+    UNCONFIRMED = "unconfirmed"
+    ERROR = "error"
 
 
 @dataclass(frozen=True)
@@ -85,6 +96,8 @@ class Rollout:
     state: RolloutState
     wave: int  # the last wave moved; -1 before the first
     edges: tuple[RolloutEdge, ...]
+    reason: str = ""  # why it was aborted (or stopped by an error)
+    aborted_at: float | None = None  # when it was aborted: the rollback deadline runs from it
 
     @property
     def label(self) -> str:
@@ -106,17 +119,21 @@ class EdgeHealth:
     ``settled_at``: when it reported the new model active or failed (None: not yet).
     ``metrics``: the observed value of each abort metric that can be judged yet.
     ``back``: it serves its previous model with its restored thresholds.
+    ``failed``: it reported the rollout's deployment failed or rolled back locally (an
+    abort whatever the criteria say).
     """
 
     settled_at: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     back: bool = False
+    failed: bool = False
 
 
 @dataclass(frozen=True)
 class Step:
-    """What to do now: edges to move and to send back, edges confirmed back, the next
-    state and wave, and the events to record. ``finished``: nothing more will happen."""
+    """What to do now: edges to move and to send back, edges confirmed back (or given up
+    on: ``unconfirmed``), the next state and wave, the events to record and the rollout's
+    new ``reason`` (None: unchanged). ``finished``: nothing more will happen."""
 
     state: RolloutState
     wave: int
@@ -125,10 +142,12 @@ class Step:
     back: tuple[str, ...] = ()
     events: tuple[Event, ...] = ()
     finished: bool = False
+    unconfirmed: tuple[str, ...] = ()
+    reason: str | None = None
 
     @property
     def changes(self) -> bool:
-        return bool(self.move or self.roll_back or self.back or self.events)
+        return bool(self.move or self.roll_back or self.back or self.unconfirmed or self.events)
 
 
 def initial_edges(plan: RolloutPlan) -> tuple[RolloutEdge, ...]:
@@ -139,10 +158,10 @@ def step(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth], now: float)
     """The rollout's next step given what its edges reported (``now`` in seconds)."""
     state, wave = rollout.state, rollout.wave
     if state is RolloutState.ABORTED:
-        return _confirm_back(rollout, health_by_edge)
+        return _confirm_back(rollout, health_by_edge, now)
     if state in (RolloutState.COMPLETED, RolloutState.ROLLED_BACK):
         return Step(state, wave, finished=True)
-    tripped = _tripped(rollout, health_by_edge)
+    tripped = _tripped(rollout, health_by_edge, now)
     if tripped:
         return abort(rollout, "; ".join(tripped))
     if state is RolloutState.PAUSED:
@@ -173,25 +192,49 @@ def _next_wave(rollout: Rollout, now: float, *, started: bool) -> Step:
     return Step(_moving_state(wave), wave, move=move, events=tuple(events))
 
 
-def _tripped(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth]) -> list[str]:
-    """Each abort criterion that holds on a moved edge, as ``st-03: error_rate=0.2 > 0.01``."""
+def _tripped(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth], now: float) -> list[str]:
+    """Each abort criterion that holds on a moved edge, as ``st-03: error_rate=0.2 > 0.01``,
+    and the implicit one: a failed activation, or none within the activation timeout."""
     found = []
+    timeout = rollout.plan.activation_timeout_s
     for edge in rollout.edges:
         if edge.state is not EdgeState.MOVED:
             continue
-        metrics = health_by_edge.get(edge.edge, EdgeHealth()).metrics
+        health = health_by_edge.get(edge.edge, EdgeHealth())
+        named = []
         for criterion in rollout.plan.abort_if:
-            observed = metrics.get(criterion.metric.value)
+            observed = health.metrics.get(criterion.metric.value)
             if observed is not None and criterion.tripped(observed):
-                found.append(
+                named.append(
                     f"{edge.edge}: {criterion.metric.value}={observed:.4g} "
                     f"{criterion.op.value} {criterion.value:g}"
                 )
+        found += named
+        if any(": failed_activation=" in reason for reason in named):
+            continue
+        if health.failed:
+            found.append(f"{edge.edge}: failed_activation=1 (a failed activation always aborts)")
+        elif (
+            health.settled_at is None
+            and edge.moved_at is not None
+            and now - edge.moved_at >= timeout
+        ):
+            found.append(
+                f"{edge.edge}: failed_activation=1 (not settled within the {timeout:g}s "
+                "activation timeout)"
+            )
     return found
 
 
 def abort(rollout: Rollout, reason: str) -> Step:
     """Stop the rollout and send every moved edge back (asked for, or criteria tripped)."""
+    if rollout.state is RolloutState.ABORTED:
+        waiting = ", ".join(e.edge for e in rollout.edges if e.state is EdgeState.ROLLING_BACK)
+        raise RolloutError(
+            f"rollout {rollout.rollout_id} is already aborted and waits for {waiting or 'nothing'}"
+            " to confirm the previous model; `fedge rollout abort "
+            f"{rollout.rollout_id} --force` ends it without that confirmation (recorded)"
+        )
     if rollout.state not in MOVING | {RolloutState.PAUSED}:
         raise RolloutError(
             f"rollout {rollout.rollout_id} is {rollout.label}; only a running or paused "
@@ -202,11 +245,17 @@ def abort(rollout: Rollout, reason: str) -> Step:
     events += [Event(EventKind.ROLLBACK, "to its previous model and thresholds", e) for e in back]
     # Nothing moved: nothing to wait for, the rollout ends here as aborted.
     return Step(
-        RolloutState.ABORTED, rollout.wave, roll_back=back, events=tuple(events), finished=not back
+        RolloutState.ABORTED,
+        rollout.wave,
+        roll_back=back,
+        events=tuple(events),
+        finished=not back,
+        reason=reason,
     )
 
 
-def _confirm_back(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth]) -> Step:
+def _confirm_back(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth], now: float) -> Step:
+    """Edges confirmed back; past the rollback deadline the rest are given up on."""
     pending = [e for e in rollout.edges if e.state is EdgeState.ROLLING_BACK]
     back = tuple(e.edge for e in pending if health_by_edge.get(e.edge, EdgeHealth()).back)
     events = [
@@ -218,9 +267,67 @@ def _confirm_back(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth]) ->
         return Step(
             RolloutState.ROLLED_BACK, rollout.wave, back=back, events=tuple(events), finished=True
         )
+    timeout = rollout.plan.rollback_timeout_s
+    # aborted_at is when it was aborted (the store's "aborted" event); without one the
+    # deadline cannot be placed and `abort --force` ends the wait.
+    if pending and rollout.aborted_at is not None and now - rollout.aborted_at >= timeout:
+        late = tuple(e.edge for e in pending if e.edge not in back)
+        why = f"did not confirm the previous model within the {timeout:g}s rollback timeout"
+        return _give_up(rollout, back, late, why, events)
     return Step(
         RolloutState.ABORTED, rollout.wave, back=back, events=tuple(events), finished=not pending
     )
+
+
+def _give_up(
+    rollout: Rollout,
+    back: tuple[str, ...],
+    late: tuple[str, ...],
+    why: str,
+    events: list[Event],
+    extra: tuple[Event, ...] = (),
+) -> Step:
+    """End an aborted rollout as rolled back with ``late`` marked unconfirmed."""
+    late = tuple(sorted(late))
+    events = [*events, *extra]
+    events += [Event(EventKind.UNCONFIRMED, why, edge) for edge in late]
+    note = f"not confirmed back: {', '.join(late)} ({why})"
+    events.append(Event(EventKind.ROLLED_BACK, f"finished; {note}"))
+    return Step(
+        RolloutState.ROLLED_BACK,
+        rollout.wave,
+        back=back,
+        unconfirmed=late,
+        events=tuple(events),
+        finished=True,
+        reason=f"{rollout.reason}; {note}" if rollout.reason else note,
+    )
+
+
+def force_finish(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth]) -> Step:
+    """``abort --force`` on an aborted rollout still waiting for edges to confirm: end it
+    now (edges that did confirm count as back, the others are unconfirmed), recorded."""
+    if rollout.state is not RolloutState.ABORTED:
+        raise RolloutError(
+            f"rollout {rollout.rollout_id} is {rollout.label}; --force ends an aborted rollout "
+            "that waits for edges to confirm the previous model (abort it first)"
+        )
+    pending = [e for e in rollout.edges if e.state is EdgeState.ROLLING_BACK]
+    back = tuple(e.edge for e in pending if health_by_edge.get(e.edge, EdgeHealth()).back)
+    late = tuple(e.edge for e in pending if e.edge not in back)
+    if not late:
+        return _confirm_back(rollout, health_by_edge, float("-inf"))
+    forced = Event(EventKind.FORCED, f"abort --force: stopped waiting for {', '.join(late)}")
+    return _give_up(rollout, back, late, "ended by abort --force", [], (forced,))
+
+
+def halted(state: RolloutState, wave: int, reason: str) -> Step:
+    """A rollout whose step raised (a bug, a damaged row): a moving one is paused -- an
+    operator resumes or aborts it -- and the error is recorded with the rollout."""
+    events = (Event(EventKind.ERROR, reason),)
+    if state in MOVING:
+        return Step(RolloutState.PAUSED, wave, events=events, reason=reason)
+    return Step(state, wave, events=events, reason=reason)
 
 
 def pause(rollout: Rollout) -> Step:
@@ -253,8 +360,20 @@ def apply(rollout: Rollout, result: Step, now: float) -> Rollout:
             edge = dataclasses.replace(edge, state=EdgeState.ROLLING_BACK)
         elif edge.edge in result.back:
             edge = dataclasses.replace(edge, state=EdgeState.ROLLED_BACK)
+        elif edge.edge in result.unconfirmed:
+            edge = dataclasses.replace(edge, state=EdgeState.UNCONFIRMED)
         edges.append(edge)
-    return dataclasses.replace(rollout, state=result.state, wave=result.wave, edges=tuple(edges))
+    aborted_at = rollout.aborted_at
+    if result.state is RolloutState.ABORTED and rollout.state is not RolloutState.ABORTED:
+        aborted_at = now
+    return dataclasses.replace(
+        rollout,
+        state=result.state,
+        wave=result.wave,
+        edges=tuple(edges),
+        reason=rollout.reason if result.reason is None else result.reason,
+        aborted_at=aborted_at,
+    )
 
 
 def _moving_state(wave: int) -> RolloutState:
@@ -265,47 +384,3 @@ def _moving_state(wave: int) -> RolloutState:
 
 def _number(wave: int) -> str:
     return f" {wave}" if wave > 0 else ""
-
-
-# -- the thresholds that travel with a model
-
-
-def moved_config(
-    current: EdgeConfig | None,
-    *,
-    fleet: str,
-    edge: str,
-    model: str,
-    recommended: Thresholds | None,
-    now: float,
-) -> EdgeConfig:
-    """The edge's next config when it moves to ``model``: tied to it, with the model's
-    recommended thresholds (the gate's, else the manifest's), else the ones in force."""
-    config = next_config(current, fleet=fleet, edge=edge, now=now, model=model)
-    if recommended is None:
-        return config
-    return dataclasses.replace(
-        config,
-        default_threshold=recommended.default_threshold,
-        class_thresholds=dict(recommended.class_thresholds),
-    )
-
-
-def restored_config(
-    current: EdgeConfig | None,
-    previous: EdgeConfig | None,
-    *,
-    fleet: str,
-    edge: str,
-    previous_model: str | None,
-    now: float,
-) -> EdgeConfig:
-    """The edge's next config when it goes back: the thresholds it had before it moved
-    (the defaults if it had no config), tied to its previous model again."""
-    config = next_config(current, fleet=fleet, edge=edge, now=now, model=previous_model)
-    before = previous or EdgeConfig(fleet=fleet, edge=edge, version=1)
-    return dataclasses.replace(
-        config,
-        default_threshold=before.default_threshold,
-        class_thresholds=dict(before.class_thresholds),
-    )

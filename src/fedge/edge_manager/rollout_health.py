@@ -2,22 +2,34 @@
 
 Read from the manager's store (an adapter: SQLite in, :class:`EdgeHealth` out). Every
 metric covers the edge's reports since ``moved_at`` and is left out while there is
-nothing to judge it on (no labels yet, no estimate yet), so a criterion never trips on
-missing evidence -- except ``failed_activation``, which is 0 until the edge says
-otherwise.
+too little to judge it on (no labels yet, too few images, no estimate yet), so a
+criterion never trips on missing evidence -- except ``failed_activation``, which is 0
+until the edge says otherwise, and is read whatever the criteria (it always aborts).
 
 - ``failed_activation``: 1 if the edge reported the rollout's deployment ``failed`` or
   ``rolled_back`` (the agent's own rollback after its local health checks), else 0.
 - ``error_rate``: inference errors over attempts, from the agent's cumulative telemetry
   counters ``inference.errors`` and ``predictions`` (increments since the move; a counter
-  that went down means the agent restarted and counts from zero).
+  that went down means the agent restarted and counts from zero); judged once at least
+  MIN_ERROR_RATE_IMAGES images were scored or failed (one error in two images is no rate).
 - ``latency_p95_ms``: of the new model's predictions on the edge (nearest rank).
 - ``agreement_drop``: label agreement of the previous model's predictions on the edge
   minus the new model's (labels.agreement's rule: a label agrees with "reject" when it
-  names a positive class).
-- ``alerts``: open alerts raised on the edge since it moved.
+  names a positive class), once each side has MIN_AGREEMENT_LABELS labels.
+- ``alerts``: open alerts about the rollout's model raised on the edge since it moved
+  (an alert about the previous model is not the new model's fault).
 - ``est_accuracy_drop``: the previous model's MPP estimate on the edge minus the new
   model's (``estimates``, weighted by window size).
+
+Clock domains. ``moved_at`` is the manager's time; a prediction's or telemetry record's
+``at`` is the station's. "Since the move" is therefore judged by when the manager
+received the record's batch (``batches.received_at``, manager time), and predictions
+are also filtered by ``model``; a station whose clock is off cannot move a report to the
+wrong side of the move. Not handled: ``estimates`` windows (``window_end``) are in
+station time and are compared with ``moved_at`` as they are -- a skewed station clock
+shifts which estimate windows count as the new model's (they are filtered by model, so
+only the boundary window is affected). Batches whose keys retention pruned no longer
+count as received before the move; moves are recent, retention keeps days.
 """
 
 import json
@@ -34,6 +46,8 @@ ERRORS_METRIC = "inference.errors"
 SCORED_METRIC = "predictions"
 # Labelled predictions an agreement_drop needs on each side (new and previous model).
 MIN_AGREEMENT_LABELS = 20
+# Images scored or failed since the move before an error_rate is judged.
+MIN_ERROR_RATE_IMAGES = 20
 
 
 def settled_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
@@ -82,13 +96,15 @@ def moved_health(
     moved_at: float,
     metrics: Iterable[Metric],
 ) -> EdgeHealth:
-    """The health of an edge on the rollout's model, for the metrics asked for."""
+    """The health of an edge on the rollout's model, for the metrics asked for (and
+    whether it failed to activate, always)."""
+    failed = failed_activation(conn, edge, deployment_id)
     readers: dict[Metric, Callable[[], float | None]] = {
-        Metric.FAILED_ACTIVATION: lambda: failed_activation(conn, edge, deployment_id),
+        Metric.FAILED_ACTIVATION: lambda: failed,
         Metric.ERROR_RATE: lambda: error_rate(conn, edge, moved_at),
         Metric.LATENCY_P95_MS: lambda: latency_p95_ms(conn, edge, model, moved_at),
         Metric.AGREEMENT_DROP: lambda: agreement_drop(conn, edge, model, previous_model, moved_at),
-        Metric.ALERTS: lambda: open_alerts(conn, edge, moved_at),
+        Metric.ALERTS: lambda: open_alerts(conn, edge, model, moved_at),
         Metric.EST_ACCURACY_DROP: lambda: estimate_drop(
             conn, edge, model, previous_model, moved_at
         ),
@@ -98,7 +114,9 @@ def moved_health(
         value = readers[metric]()
         if value is not None:
             observed[metric.value] = value
-    return EdgeHealth(settled_at=settled_at(conn, edge, deployment_id), metrics=observed)
+    return EdgeHealth(
+        settled_at=settled_at(conn, edge, deployment_id), metrics=observed, failed=failed > 0
+    )
 
 
 def is_back(
@@ -119,23 +137,33 @@ def failed_activation(conn: sqlite3.Connection, edge: str, deployment_id: str) -
 
 
 def error_rate(conn: sqlite3.Connection, edge: str, since: float) -> float | None:
+    """Errors over attempts since ``since`` (manager time), once there are enough."""
     errors = _counter_increase(conn, edge, ERRORS_METRIC, since)
     scored = _counter_increase(conn, edge, SCORED_METRIC, since)
-    if errors is None or errors + (scored or 0.0) <= 0:
+    attempts = (errors or 0.0) + (scored or 0.0)
+    if errors is None or attempts < MIN_ERROR_RATE_IMAGES:
         return None
-    return errors / (errors + (scored or 0.0))
+    return errors / attempts
+
+
+# Telemetry records with the manager's receive time of their batch.
+_RECEIVED_TELEMETRY = (
+    "SELECT t.value FROM telemetry t JOIN batches b ON b.edge = t.edge "
+    "AND b.stream = 'telemetry' AND b.seq = t.seq WHERE t.edge=? AND t.name=? "
+)
 
 
 def _counter_increase(conn: sqlite3.Connection, edge: str, name: str, since: float) -> float | None:
-    """How much a cumulative counter grew since ``since`` (None: never reported since)."""
+    """How much a cumulative counter grew since ``since`` (None: never reported since),
+    by the manager's receive time (batches are received in the agent's order)."""
     before = conn.execute(
-        "SELECT value FROM telemetry WHERE edge=? AND name=? AND at < ? ORDER BY at DESC LIMIT 1",
+        _RECEIVED_TELEMETRY + "AND b.received_at < ? ORDER BY t.seq DESC, t.idx DESC LIMIT 1",
         (edge, name, since),
     ).fetchone()
     values = [
         float(v)
         for (v,) in conn.execute(
-            "SELECT value FROM telemetry WHERE edge=? AND name=? AND at >= ? ORDER BY at, rowid",
+            _RECEIVED_TELEMETRY + "AND b.received_at >= ? ORDER BY t.seq, t.idx",
             (edge, name, since),
         )
     ]
@@ -149,12 +177,19 @@ def _counter_increase(conn: sqlite3.Connection, edge: str, name: str, since: flo
     return grown
 
 
+# Predictions of an edge whose batch the manager received at or after a time.
+_RECEIVED_PREDICTION = (
+    "JOIN batches b ON b.edge = p.edge AND b.stream = 'predictions' AND b.seq = p.seq "
+    "WHERE p.edge=? AND b.received_at >= ? "
+)
+
+
 def latency_p95_ms(conn: sqlite3.Connection, edge: str, model: str, since: float) -> float | None:
     latencies = sorted(
         float(v)
         for (v,) in conn.execute(
-            "SELECT latency_ms FROM predictions WHERE edge=? AND model=? AND at >= ?",
-            (edge, model, since),
+            "SELECT p.latency_ms FROM predictions p " + _RECEIVED_PREDICTION + "AND p.model=?",
+            (edge, since, model),
         )
     )
     if not latencies:
@@ -170,16 +205,23 @@ def agreement(
     since: float = 0.0,
     min_labels: int = 1,
 ) -> float | None:
-    """Share of ``model``'s labelled predictions on ``edge`` (at or after ``since``) whose
-    decision their current label agrees with; None with fewer than ``min_labels``."""
+    """Share of ``model``'s labelled predictions on ``edge`` (received at or after
+    ``since``, manager time) whose decision their current label agrees with; None with
+    fewer than ``min_labels``."""
     row = conn.execute("SELECT manifest FROM models WHERE name=? AND version=?", _ref(model))
     found = row.fetchone()
     positives = set() if found is None else set(json.loads(found[0])["positive_classes"])
+    if since > 0:
+        chosen = "FROM predictions p " + _RECEIVED_PREDICTION + "AND p.model=? "
+        params: tuple[object, ...] = (edge, since, model)
+    else:  # all of them: old predictions whose batch keys retention pruned count too
+        chosen = "FROM predictions p WHERE p.edge=? AND p.model=? "
+        params = (edge, model)
     rows = conn.execute(
-        "SELECT p.decision, l.label FROM labels l JOIN (SELECT prediction_id, decision "
-        "FROM predictions WHERE edge=? AND model=? AND at >= ? GROUP BY prediction_id) p "
-        "ON p.prediction_id = l.prediction_id",
-        (edge, model, since),
+        "SELECT p.decision, l.label FROM labels l JOIN (SELECT p.prediction_id, p.decision "
+        + chosen
+        + "GROUP BY p.prediction_id) p ON p.prediction_id = l.prediction_id",
+        params,
     ).fetchall()
     if not rows or len(rows) < min_labels:
         return None
@@ -197,10 +239,12 @@ def agreement_drop(
     return None if new is None or old is None else old - new
 
 
-def open_alerts(conn: sqlite3.Connection, edge: str, since: float) -> float:
+def open_alerts(conn: sqlite3.Connection, edge: str, model: str, since: float) -> float:
+    """Open alerts about ``model`` raised on ``edge`` since ``since`` (both manager time)."""
     count = conn.execute(
-        "SELECT count(*) FROM alerts WHERE edge=? AND raised_at >= ? AND cleared_at IS NULL",
-        (edge, since),
+        "SELECT count(*) FROM alerts WHERE edge=? AND model=? AND raised_at >= ? "
+        "AND cleared_at IS NULL",
+        (edge, model, since),
     ).fetchone()[0]
     return float(count)
 

@@ -6,6 +6,18 @@ a threshold, a minimum number of executions) and Greengrass deployments: a chang
 a canary first, then growing shares of the fleet, each wave observed for a health window
 before the next, and any wave can stop the rollout (issue "The closed loop").
 
+Two deadlines bound the waiting (AWS IoT Jobs' ``timeoutConfig``): an edge that has not
+settled (reported the new model active, or failed) within ``activation_timeout_s`` of its
+move counts as a failed activation, and an edge sent back that has not confirmed its
+previous model within ``rollback_timeout_s`` of the abort is given up on (marked
+unconfirmed) so that the rollout ends. Plans stored before these fields existed decode
+with the defaults.
+
+``failed_activation`` is also an implicit criterion: an edge that failed to activate the
+model, rolled it back on its own, or did not settle in time aborts the rollout whatever
+``--abort-if`` says, and never counts as moved or healthy. Criteria that hold for every
+value a metric can take (``alerts>=0``) are refused: they would abort every rollout.
+
 Every problem raises :class:`RolloutError` naming the bad part of the input.
 """
 
@@ -35,6 +47,14 @@ class Metric(StrEnum):
     EST_ACCURACY_DROP = "est_accuracy_drop"  # MPP estimate, previous model minus new model
 
 
+# Metrics that are never below 0, so ``METRIC>=0`` always holds (the drops can be < 0).
+NON_NEGATIVE = frozenset(
+    {Metric.FAILED_ACTIVATION, Metric.ERROR_RATE, Metric.LATENCY_P95_MS, Metric.ALERTS}
+)
+DEFAULT_ACTIVATION_TIMEOUT_S = 600.0
+DEFAULT_ROLLBACK_TIMEOUT_S = 600.0
+
+
 class Op(StrEnum):
     GT = ">"
     GE = ">="
@@ -58,13 +78,17 @@ class Criterion:
 @dataclass(frozen=True)
 class RolloutPlan:
     """``edges``: every target edge, canary included, sorted; ``waves``: cumulative
-    fractions of the non-canary edges, increasing, the last 1.0."""
+    fractions of the non-canary edges, increasing, the last 1.0. ``activation_timeout_s``:
+    how long a moved edge may take to settle; ``rollback_timeout_s``: how long an edge sent
+    back may take to confirm its previous model (both from the manager's clock)."""
 
     edges: tuple[str, ...]
     canary: tuple[str, ...]
     waves: tuple[float, ...]
     health_window_s: float
     abort_if: tuple[Criterion, ...]
+    activation_timeout_s: float = DEFAULT_ACTIVATION_TIMEOUT_S
+    rollback_timeout_s: float = DEFAULT_ROLLBACK_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.edges:
@@ -79,6 +103,12 @@ class RolloutPlan:
         _check_waves(self.waves, ", ".join(f"{w * 100:g}%" for w in self.waves))
         if not math.isfinite(self.health_window_s) or self.health_window_s <= 0:
             raise RolloutError(f"the health window must be > 0 s, got {self.health_window_s}")
+        for what, seconds in (
+            ("activation timeout", self.activation_timeout_s),
+            ("rollback timeout", self.rollback_timeout_s),
+        ):
+            if not math.isfinite(seconds) or seconds <= 0:
+                raise RolloutError(f"the {what} must be > 0 s, got {seconds}")
 
     def assignment(self) -> tuple[tuple[str, int], ...]:
         """(edge, wave) for every target edge: the canary is wave 0, then wave k holds
@@ -101,28 +131,44 @@ class RolloutPlan:
             "waves": list(self.waves),
             "health_window_s": self.health_window_s,
             "abort_if": [str(c) for c in self.abort_if],
+            "activation_timeout_s": self.activation_timeout_s,
+            "rollback_timeout_s": self.rollback_timeout_s,
         }
 
     @classmethod
     def from_json_dict(cls, data: dict[str, object]) -> "RolloutPlan":
-        """The plan as :meth:`to_json_dict` stored it."""
-        try:
-            edges = data["edges"]
-            canary = data["canary"]
-            waves = data["waves"]
-            window = data["health_window_s"]
-            abort_if = data["abort_if"]
-            assert isinstance(edges, list) and isinstance(canary, list)
-            assert isinstance(waves, list) and isinstance(abort_if, list)
-            assert isinstance(window, int | float)
-        except (KeyError, AssertionError):
-            raise RolloutError(f"a stored rollout plan is damaged: {data!r}") from None
+        """The plan as :meth:`to_json_dict` stored it (the timeouts default when absent:
+        plans stored before they existed)."""
+        damaged = RolloutError(f"a stored rollout plan is damaged: {data!r}")
+        edges, canary = data.get("edges"), data.get("canary")
+        waves, abort_if = data.get("waves"), data.get("abort_if")
+        if not (
+            isinstance(edges, list)
+            and isinstance(canary, list)
+            and isinstance(waves, list)
+            and isinstance(abort_if, list)
+        ):
+            raise damaged
+        numbers: dict[str, float] = {}
+        for key, default in (
+            ("health_window_s", None),
+            ("activation_timeout_s", DEFAULT_ACTIVATION_TIMEOUT_S),
+            ("rollback_timeout_s", DEFAULT_ROLLBACK_TIMEOUT_S),
+        ):
+            value = data.get(key, default)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise damaged
+            numbers[key] = float(value)
+        if not all(isinstance(w, int | float) and not isinstance(w, bool) for w in waves):
+            raise damaged
         return cls(
             edges=tuple(str(e) for e in edges),
             canary=tuple(str(e) for e in canary),
             waves=tuple(float(w) for w in waves),
-            health_window_s=float(window),
+            health_window_s=numbers["health_window_s"],
             abort_if=parse_criteria(",".join(str(c) for c in abort_if)),
+            activation_timeout_s=numbers["activation_timeout_s"],
+            rollback_timeout_s=numbers["rollback_timeout_s"],
         )
 
 
@@ -133,6 +179,8 @@ def make_plan(
     waves: str = "100%",
     health_window: str = "10m",
     abort_if: str = "failed_activation>0",
+    activation_timeout: str = "10m",
+    rollback_timeout: str = "10m",
 ) -> RolloutPlan:
     """A plan from what an operator typed (``--waves 25%,50%,100% --health-window 10m``)."""
     if _twice(canary):
@@ -145,6 +193,8 @@ def make_plan(
         waves=parse_waves(waves),
         health_window_s=parse_duration(health_window),
         abort_if=parse_criteria(abort_if),
+        activation_timeout_s=parse_duration(activation_timeout, "activation timeout"),
+        rollback_timeout_s=parse_duration(rollback_timeout, "rollback timeout"),
     )
 
 
@@ -190,19 +240,19 @@ _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h)$")
 _UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
 
 
-def parse_duration(text: str) -> float:
-    """``"10m"`` -> 600.0 seconds (units: ms, s, m, h)."""
+def parse_duration(text: str, what: str = "health window") -> float:
+    """``"10m"`` -> 600.0 seconds (units: ms, s, m, h); ``what`` names it in errors."""
     match = _DURATION.match(text.strip())
     if match is None:
         raise RolloutError(
-            f"health window {text!r} is not a duration; write a number and a unit "
+            f"{what} {text!r} is not a duration; write a number and a unit "
             "(ms, s, m or h), e.g. 30s, 10m, 2h"
         )
     seconds = float(match.group(1)) * _UNIT_S[match.group(2)]
     if seconds <= 0:
-        raise RolloutError(f"health window {text!r} must be longer than 0")
+        raise RolloutError(f"{what} {text!r} must be longer than 0")
     if seconds > 7 * 86400:
-        raise RolloutError(f"health window {text!r} is longer than a week; use at most 168h")
+        raise RolloutError(f"{what} {text!r} is longer than a week; use at most 168h")
     return seconds
 
 
@@ -245,6 +295,11 @@ def parse_criteria(text: str) -> tuple[Criterion, ...]:
         if not math.isfinite(value) or value < 0:
             raise RolloutError(f"abort criterion {part!r}: the limit must be a finite number >= 0")
         metric = Metric(name)
+        if op == ">=" and value == 0 and metric in NON_NEGATIVE:
+            raise RolloutError(
+                f"abort criterion {part!r} always holds ({name} is never below 0), so it "
+                f"would abort every rollout; write {name}>0 to abort on any"
+            )
         if any(c.metric is metric for c in criteria):
             raise RolloutError(f"abort criteria {text!r} name {name} twice; give it once")
         criteria.append(Criterion(metric, Op(op), value))

@@ -5,7 +5,7 @@ from typing import Any
 
 from fedge.edge_manager import rollout_health as health
 from fedge.edge_manager.rollout import EdgeState, RolloutState
-from fedge.edge_manager.rollouts import load
+from fedge.edge_manager.rollout_writes import load
 from fedge.edge_manager.store import Store
 
 

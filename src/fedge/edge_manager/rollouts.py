@@ -11,7 +11,16 @@ Moving an edge writes a deployment of the rollout's model and a config tied to i
 gate's recommended thresholds, else the manifest's, else the edge's own). Rolling it back
 writes a deployment of the model it served before and its thresholds from before, tied to
 that model. A model must be blessed by the validation gate (its newest ``gate_results``
-row) unless the operator forces it, which is recorded.
+row) unless the operator forces it, which is recorded. While a rollout is unfinished its
+edges are refused to any other deploy or threshold change (rollout_guard.py); its own
+writes pass its id.
+
+One rollout cannot stop the others: the driver steps each in its own transaction, and a
+step that raises is rolled back, logged, recorded as an ``error`` event and the rollout
+paused with that reason (an operator resumes or aborts it).
+
+Not handled: the store's rollouts are driven by one serve process; two serves on one
+store would both step them (the write lock keeps each step whole, not single).
 """
 
 import json
@@ -19,31 +28,28 @@ import logging
 import sqlite3
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from fedge.edge_manager import rollout as machine
 from fedge.edge_manager import rollout_health as health
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.registry import parse_ref
-from fedge.edge_manager.rollout import EdgeState, EventKind, RolloutState
+from fedge.edge_manager.rollout import EventKind, RolloutState
+from fedge.edge_manager.rollout_guard import active_rollouts_of
 from fedge.edge_manager.rollout_plan import RolloutError, RolloutPlan
-from fedge.protocols import codec
-from fedge.protocols.config import EdgeConfig
-from fedge.protocols.errors import ProtocolError
-from fedge.protocols.manifest import ModelManifest, Thresholds
+from fedge.edge_manager.rollout_writes import (
+    Loaded,
+    halt,
+    load,
+    previous_model,
+    record_event,
+    write_step,
+)
 
 log = logging.getLogger(__name__)
 
 # Created in the store, not by the machine (it never sees a rollout before it exists).
 CREATED = "created"
-
-
-@dataclass(frozen=True)
-class Loaded:
-    rollout: machine.Rollout
-    rows: dict[str, dict[str, Any]]  # rollout_edges rows by edge
 
 
 def blessed(conn: sqlite3.Connection, name: str, version: int) -> bool | None:
@@ -55,52 +61,10 @@ def blessed(conn: sqlite3.Connection, name: str, version: int) -> bool | None:
     return None if row is None else bool(row[0])
 
 
-def recommended_thresholds(conn: sqlite3.Connection, manifest: ModelManifest) -> Thresholds | None:
-    """The gate evidence's ``recommended_thresholds``, else the manifest's (else None)."""
-    row = conn.execute(
-        "SELECT evidence FROM gate_results WHERE name=? AND version=? ORDER BY at DESC LIMIT 1",
-        (manifest.name, manifest.version),
-    ).fetchone()
-    if row is not None:
-        try:
-            found = json.loads(row[0]).get("recommended_thresholds")
-            if isinstance(found, dict):
-                return Thresholds(
-                    default_threshold=float(found["default_threshold"]),
-                    class_thresholds={
-                        str(k): float(v) for k, v in dict(found.get("class_thresholds", {})).items()
-                    },
-                )
-        except (ValueError, TypeError, KeyError, AttributeError, ProtocolError) as exc:
-            log.warning(
-                "%s: unusable recommended thresholds in gate evidence: %s", manifest.ref, exc
-            )
-    return manifest.thresholds
-
-
-def active_rollouts_of(conn: sqlite3.Connection, edges: list[str]) -> dict[str, str]:
-    """edge -> id of the unfinished rollout it belongs to, for ``edges``."""
-    marks = ",".join("?" * len(edges))
-    rows = conn.execute(
-        f"SELECT e.edge, r.rollout_id FROM rollout_edges e JOIN rollouts r "
-        f"ON r.rollout_id = e.rollout_id WHERE r.finished_at IS NULL AND e.edge IN ({marks})",
-        tuple(edges),
-    ).fetchall()
-    return {str(edge): str(rid) for edge, rid in rows}
-
-
-def previous_model(fleet: Fleet, edge: str) -> str | None:
-    """What ``edge`` runs now, to go back to: the model it reports serving if the registry
-    has it, else the model of its latest desired deployment."""
-    serving = fleet.store.scalar("SELECT serving FROM edges WHERE edge=?", (edge,))
-    if serving:
-        name, _, version = str(serving).rpartition(":")
-        if version.isdigit() and fleet.store.scalar(
-            "SELECT 1 FROM models WHERE name=? AND version=?", (name, int(version))
-        ):
-            return str(serving)
-    deployed = fleet.deployed_model(edge)
-    return None if deployed is None else f"{deployed[0]}:{deployed[1]}"
+def default_edges(fleet: Fleet, name: str) -> list[str]:
+    """The edges whose desired deployment is a version of model ``name`` (what ``rollout
+    start`` targets without ``--edges``): the edges that serve that model's line."""
+    return [e for e in fleet.edges() if (fleet.deployed_model(e) or ("", 0))[0] == name]
 
 
 class Rollouts:
@@ -111,11 +75,18 @@ class Rollouts:
         self.store = fleet.store
 
     def start(
-        self, model: str, plan: RolloutPlan, *, now: float, force_unblessed: bool = False
+        self,
+        model: str,
+        plan: RolloutPlan,
+        *,
+        now: float,
+        force_unblessed: bool = False,
+        paused: bool = False,
     ) -> str:
         """A new pending rollout (``serve`` moves its first wave); its id. Refused, with
         nothing written, for an unknown, damaged or unblessed model, an edge that could
-        not be rolled back, or an edge already in an unfinished rollout."""
+        not be rolled back, or an edge already in an unfinished rollout. ``paused``: it
+        starts paused, and nothing moves until it is resumed."""
         name, version = parse_ref(model)
         published = self.fleet.registry.get(name, version)
         self.fleet.edges(list(plan.edges))
@@ -152,7 +123,7 @@ class Rollouts:
                     name,
                     version,
                     json.dumps(plan.to_json_dict()),
-                    RolloutState.PENDING.value,
+                    (RolloutState.PAUSED if paused else RolloutState.PENDING).value,
                     -1,
                     int(force_unblessed and verdict is not True),
                     "",
@@ -165,7 +136,7 @@ class Rollouts:
                 [(rollout_id, e.edge, e.wave, e.state.value) for e in edges],
             )
             waves = ", ".join(f"{w * 100:g}%" for w in plan.waves)
-            _event(
+            record_event(
                 conn,
                 rollout_id,
                 now,
@@ -174,10 +145,12 @@ class Rollouts:
                 f"{model} to {len(plan.edges)} edge(s); canary "
                 f"{', '.join(plan.canary) or 'none'}; waves {waves}; health window "
                 f"{plan.health_window_s:g}s; abort if "
-                f"{', '.join(str(c) for c in plan.abort_if)}",
+                f"{', '.join(str(c) for c in plan.abort_if)} (and on any failed activation); "
+                f"activation timeout {plan.activation_timeout_s:g}s; rollback timeout "
+                f"{plan.rollback_timeout_s:g}s",
             )
             if force_unblessed and verdict is not True:
-                _event(
+                record_event(
                     conn,
                     rollout_id,
                     now,
@@ -185,23 +158,37 @@ class Rollouts:
                     "",
                     f"{model} is not blessed; rolled out with --force-unblessed",
                 )
+            if paused:
+                record_event(conn, rollout_id, now, EventKind.PAUSED.value, "", "started paused")
         return rollout_id
 
     def pause(self, rollout_id: str, now: float) -> machine.Step:
-        return self._operate(rollout_id, now, machine.pause)
+        return self._operate(rollout_id, now, lambda loaded: machine.pause(loaded.rollout))
 
     def resume(self, rollout_id: str, now: float) -> machine.Step:
-        return self._operate(rollout_id, now, machine.resume)
+        return self._operate(rollout_id, now, lambda loaded: machine.resume(loaded.rollout))
 
-    def abort(self, rollout_id: str, now: float, reason: str = "by operator") -> machine.Step:
-        return self._operate(rollout_id, now, lambda r: machine.abort(r, reason))
+    def abort(
+        self, rollout_id: str, now: float, reason: str = "by operator", *, force: bool = False
+    ) -> machine.Step:
+        """Abort a running or paused rollout. ``force`` on one already aborted and still
+        waiting for edges to confirm their previous model ends it now (recorded)."""
+
+        def decide(loaded: Loaded) -> machine.Step:
+            rollout = loaded.rollout
+            if force and rollout.state is RolloutState.ABORTED:
+                observed = health.rollout_health(self.store.conn, rollout, loaded.rows)
+                return machine.force_finish(rollout, observed)
+            return machine.abort(rollout, reason)
+
+        return self._operate(rollout_id, now, decide)
 
     def _operate(
-        self, rollout_id: str, now: float, decide: Callable[[machine.Rollout], machine.Step]
+        self, rollout_id: str, now: float, decide: Callable[[Loaded], machine.Step]
     ) -> machine.Step:
         with self.store.transaction() as conn:
             loaded = load(conn, rollout_id)
-            result = decide(loaded.rollout)
+            result = decide(loaded)
             write_step(self.fleet, loaded, result, now)
         return result
 
@@ -213,7 +200,9 @@ class RolloutDriver:
         self.fleet = fleet
 
     def tick(self, now: float) -> int:
-        """Step every unfinished rollout (one transaction each); how many changed."""
+        """Step every unfinished rollout (one transaction each); how many changed. A
+        rollout whose step raises is stopped on its own (:meth:`_failed`); the others
+        are still stepped."""
         ids = [
             str(r["rollout_id"])
             for r in self.fleet.store.query(
@@ -224,16 +213,32 @@ class RolloutDriver:
         for rollout_id in ids:
             try:
                 changed += self._tick_one(rollout_id, now)
-            except ManagerError as exc:
-                # A move that cannot be written (a damaged artifact, an unreachable
-                # address): stop the rollout rather than retry it every second.
-                log.error("rollout %s cannot go on: %s; aborting it", rollout_id, exc)
+            except Exception as exc:  # one broken rollout must not starve the others
+                changed += self._failed(rollout_id, exc, now)
+        return changed
+
+    def _failed(self, rollout_id: str, exc: Exception, now: float) -> int:
+        """A step that raised (its transaction rolled back). A move that cannot be written
+        (a damaged artifact, an unreachable address: a ManagerError) aborts the rollout
+        rather than retry it every second; anything else -- or an abort that fails too --
+        pauses it with the reason, recorded as an ``error`` event."""
+        reason = f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, ManagerError):
+            log.error("rollout %s cannot go on: %s; aborting it", rollout_id, exc)
+            try:
                 with self.fleet.store.transaction() as conn:
                     loaded = load(conn, rollout_id)
                     if loaded.rollout.state in machine.MOVING | {RolloutState.PAUSED}:
                         write_step(self.fleet, loaded, machine.abort(loaded.rollout, str(exc)), now)
-                changed += 1
-        return changed
+                        return 1
+            except Exception as failure:
+                reason = f"{exc}; aborting it failed too: {type(failure).__name__}: {failure}"
+        log.error("rollout %s stopped by an error: %s", rollout_id, reason, exc_info=exc)
+        try:
+            return halt(self.fleet.store, rollout_id, reason, now)
+        except Exception:
+            log.exception("rollout %s: the error could not even be recorded", rollout_id)
+            return 0
 
     def _tick_one(self, rollout_id: str, now: float) -> int:
         with self.fleet.store.transaction() as conn:
@@ -244,142 +249,3 @@ class RolloutDriver:
                 return 0
             write_step(self.fleet, loaded, result, now)
         return 1
-
-
-def load(conn: sqlite3.Connection, rollout_id: str) -> Loaded:
-    head = conn.execute(
-        "SELECT model_name, model_version, plan, state, wave FROM rollouts WHERE rollout_id=?",
-        (rollout_id,),
-    ).fetchone()
-    if head is None:
-        raise RolloutError(f"no rollout {rollout_id!r}; see `fedge rollout list`")
-    name, version, plan, state, wave = head
-    cursor = conn.execute(
-        "SELECT * FROM rollout_edges WHERE rollout_id=? ORDER BY wave, edge", (rollout_id,)
-    )
-    columns = [d[0] for d in cursor.description]
-    rows = {str(r[1]): dict(zip(columns, r, strict=True)) for r in cursor.fetchall()}
-    edges = tuple(
-        machine.RolloutEdge(edge, int(r["wave"]), EdgeState(r["state"]), r["moved_at"])
-        for edge, r in rows.items()
-    )
-    rollout = machine.Rollout(
-        rollout_id,
-        f"{name}:{version}",
-        RolloutPlan.from_json_dict(json.loads(plan)),
-        RolloutState(state),
-        int(wave),
-        edges,
-    )
-    return Loaded(rollout, rows)
-
-
-def write_step(fleet: Fleet, loaded: Loaded, result: machine.Step, now: float) -> None:
-    """Carry ``result`` out inside the caller's transaction."""
-    conn = fleet.store.conn
-    rollout = loaded.rollout
-    for edge in result.move:
-        _move(fleet, rollout, edge, now)
-    for edge in result.roll_back:
-        _send_back(fleet, loaded.rows[edge], now)
-    for edge in result.back:
-        conn.execute(
-            "UPDATE rollout_edges SET state=?, restored_at=? WHERE rollout_id=? AND edge=?",
-            (EdgeState.ROLLED_BACK.value, now, rollout.rollout_id, edge),
-        )
-    reason = next((e.detail for e in result.events if e.kind is EventKind.ABORTED), None)
-    conn.execute(
-        "UPDATE rollouts SET state=?, wave=?, updated_at=?, reason=coalesce(?, reason), "
-        "finished_at=? WHERE rollout_id=?",
-        (
-            result.state.value,
-            result.wave,
-            now,
-            reason,
-            now if result.finished else None,
-            rollout.rollout_id,
-        ),
-    )
-    for event in result.events:
-        _event(conn, rollout.rollout_id, now, event.kind.value, event.edge, event.detail)
-
-
-def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None:
-    name, version = parse_ref(rollout.model)
-    before = previous_model(fleet, edge)
-    current = fleet.desired_config(edge)
-    published = fleet.registry.get(name, version)
-    deployment_id = fleet.deploy(name, version, [edge])
-    config = _config(
-        lambda: machine.moved_config(
-            current,
-            fleet=fleet.fleet,
-            edge=edge,
-            model=rollout.model,
-            recommended=recommended_thresholds(fleet.store.conn, published.manifest),
-            now=now,
-        ),
-        edge,
-    )
-    fleet.push_config(config, now)
-    fleet.store.conn.execute(
-        "UPDATE rollout_edges SET state=?, previous_model=?, previous_config=?, moved_at=?, "
-        "deployment_id=?, config_version=? WHERE rollout_id=? AND edge=?",
-        (
-            EdgeState.MOVED.value,
-            before,
-            None if current is None else codec.encode(current).decode(),
-            now,
-            deployment_id,
-            config.version,
-            rollout.rollout_id,
-            edge,
-        ),
-    )
-
-
-def _send_back(fleet: Fleet, row: dict[str, Any], now: float) -> None:
-    edge, before = str(row["edge"]), row["previous_model"]
-    deployment_id = None
-    if before:
-        name, version = parse_ref(str(before))
-        deployment_id = fleet.deploy(name, version, [edge])
-    previous = (
-        None
-        if row["previous_config"] is None
-        else codec.decode(str(row["previous_config"]).encode(), EdgeConfig)
-    )
-    config = _config(
-        lambda: machine.restored_config(
-            fleet.desired_config(edge),
-            previous,
-            fleet=fleet.fleet,
-            edge=edge,
-            previous_model=None if before is None else str(before),
-            now=now,
-        ),
-        edge,
-    )
-    fleet.push_config(config, now)
-    fleet.store.conn.execute(
-        "UPDATE rollout_edges SET state=?, restore_deployment_id=?, restore_config_version=? "
-        "WHERE rollout_id=? AND edge=?",
-        (EdgeState.ROLLING_BACK.value, deployment_id, config.version, row["rollout_id"], edge),
-    )
-
-
-def _config(build: Callable[[], EdgeConfig], edge: str) -> EdgeConfig:
-    try:
-        config = build()
-    except ProtocolError as exc:
-        raise ManagerError(f"the config for {edge} is not valid: {exc}") from None
-    return config
-
-
-def _event(
-    conn: sqlite3.Connection, rollout_id: str, at: float, kind: str, edge: str, detail: str
-) -> None:
-    conn.execute(
-        "INSERT INTO rollout_events (rollout_id, at, kind, edge, detail) VALUES (?,?,?,?,?)",
-        (rollout_id, at, kind, edge, detail),
-    )

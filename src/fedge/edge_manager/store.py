@@ -186,9 +186,12 @@ COMMIT;
 
 # (table, column, definition) added after a release; see Store._add_missing_columns.
 # predictions.stats: the image statistics of the prediction as JSON ('' when the agent sent
-# none), issue "The closed loop".
+# none), issue "The closed loop". evaluations.augmented: 0 for a held-out image as it is,
+# k for its k-th re-lit copy (whose prediction_id is then "<id>~k", edge_manager/
+# evaluations.py): the gate and drift references read 0 only, the MPP fit reads all.
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("predictions", "stats", "TEXT NOT NULL DEFAULT ''"),
+    ("evaluations", "augmented", "INTEGER NOT NULL DEFAULT 0"),
 )
 
 

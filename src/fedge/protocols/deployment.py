@@ -40,6 +40,10 @@ class DeployStage(StrEnum):
     # The agent's own rollback: the model failed its health checks after activation and
     # the previous verified model serves again (``reason`` says which check).
     ROLLED_BACK = "rolled_back"
+    # The model passed its probation after activation (``reason`` says over how many
+    # images): a verdict on an active deployment, not a new stage of it. A manager of
+    # before this value rejects the status (unknown stage) and keeps the edge ``active``.
+    PASSED = "passed"
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,18 @@ scores its held-out labelled images with each, and answers with an
 label the station has and a few image statistics -- never the image. The manager scores
 accuracy against its own labels and decides.
 
+The station also scores ``augment`` re-lit copies of each held-out image
+(:func:`fedge.monitoring.relight.relit_copies`; :data:`DEFAULT_AUGMENT` when the request
+leaves it unset, 0 for none), reported as items with ``augmented`` set to the copy's
+index: the manager fits its label-free accuracy predictor (MPP) on them as well, while
+the gate's comparison uses the images as they are only. Both fields are optional
+extensions (left out of the wire form while unset), so an older station still decodes a
+request that does not set ``augment``, and a report without copies decodes everywhere.
+
 Sizes are bounded so that a report always fits the codec's 256 KiB limit: at most
-:data:`MAX_IMAGES` images and :data:`MAX_MODELS` models per request; the station drops
-its oldest images from a report that would still be too large (e.g. many classes).
+:data:`MAX_IMAGES` images, :data:`MAX_MODELS` models and :data:`MAX_AUGMENT` copies per
+request; the station drops re-lit copies (oldest images first), then its oldest images,
+from a report that would still be too large (e.g. many classes).
 """
 
 from dataclasses import dataclass, field
@@ -24,7 +33,9 @@ from fedge.protocols.errors import ValidationError
 
 MAX_MODELS = 2
 MAX_IMAGES = 200
-MAX_ITEMS = MAX_MODELS * MAX_IMAGES
+MAX_AUGMENT = 4
+DEFAULT_AUGMENT = 2  # re-lit copies per held-out image when the request does not say
+MAX_ITEMS = MAX_MODELS * MAX_IMAGES * (1 + MAX_AUGMENT)
 MAX_STATS = 16
 MAX_CLASSES = 64
 MAX_ENVELOPE_CHARS = 64 * 1024
@@ -57,6 +68,8 @@ class EvaluationRequest:
     grpc_target: str = ""
     max_images: int = MAX_IMAGES
     issued_at: float = 0.0
+    # Re-lit copies per held-out image (0: none); None: the station's DEFAULT_AUGMENT.
+    augment: int | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
@@ -75,6 +88,13 @@ class EvaluationRequest:
         if not 1 <= self.max_images <= MAX_IMAGES:
             raise ValidationError(f"max_images must be in [1, {MAX_IMAGES}], got {self.max_images}")
         validate.finite(self.issued_at, "issued_at", minimum=0.0)
+        if self.augment is not None and not 0 <= self.augment <= MAX_AUGMENT:
+            raise ValidationError(f"augment must be in [0, {MAX_AUGMENT}], got {self.augment}")
+
+    @property
+    def copies(self) -> int:
+        """Re-lit copies the station scores per held-out image."""
+        return DEFAULT_AUGMENT if self.augment is None else self.augment
 
 
 class EvaluationStatus(StrEnum):
@@ -92,9 +112,15 @@ class EvaluationItem:
     scores: dict[str, float]
     # monitoring.features.image_stats of the input as this model prepared it.
     stats: dict[str, float] = field(default_factory=dict)
+    # None: the image as it is; k: its k-th re-lit copy (monitoring.relight), same label.
+    augmented: int | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.prediction_id, "prediction_id")
+        if self.augmented is not None and not 1 <= self.augmented <= MAX_AUGMENT:
+            raise ValidationError(
+                f"augmented must be a copy index in [1, {MAX_AUGMENT}], got {self.augmented}"
+            )
         check_model_ref(self.model)
         validate.identifier(self.label, "label")
         if not 1 <= len(self.scores) <= MAX_CLASSES:
@@ -135,9 +161,9 @@ class EvaluationReport:
             raise ValidationError(f"{len(self.items)} items, limit {MAX_ITEMS}")
         if self.status is EvaluationStatus.FAILED and self.items:
             raise ValidationError("a failed evaluation carries no items")
-        keys = {(item.prediction_id, item.model) for item in self.items}
+        keys = {(item.prediction_id, item.model, item.augmented) for item in self.items}
         if len(keys) != len(self.items):
-            raise ValidationError("an image is scored twice by the same model")
+            raise ValidationError("an image (or copy) is scored twice by the same model")
         if len({item.model for item in self.items}) > MAX_MODELS:
             raise ValidationError(f"items name more than {MAX_MODELS} models")
         validate.finite(self.reported_at, "reported_at", minimum=0.0)

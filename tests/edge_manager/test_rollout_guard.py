@@ -1,0 +1,132 @@
+"""A staged rollout owns its edges, and one broken rollout does not stop the others.
+
+Real SQLite stores of real manager homes (no broker: nothing here needs an edge to
+answer): deploys and threshold changes on an edge in an unfinished rollout are refused
+naming the rollout unless forced, while the rollout's own moves go through; the driver
+stops a rollout whose step raises and still steps the rest; ``rollout start`` targets
+the edges of the model's line by default.
+"""
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FleetHome, Processes, deploy, make_fleet_home, publish_model
+
+from fedge.edge_manager.rollout_plan import RolloutError, make_plan
+from fedge.edge_manager.rollouts import RolloutDriver, Rollouts, default_edges
+
+EDGES = ("st-01", "st-02", "st-03")
+
+
+@pytest.fixture
+def fh(tmp_path: Path) -> Iterator[FleetHome]:
+    home = make_fleet_home(tmp_path, edges=EDGES)
+    publish_model(home, 1, seed=1)
+    publish_model(home, 2, seed=2)
+    home.db.conn.execute(
+        "INSERT INTO gate_results (name, version, blessed, evidence, eval_id, at) "
+        "VALUES ('inspect', 2, 1, ?, 'e-test', ?)",
+        (json.dumps({"note": "inserted by the test"}), time.time()),
+    )
+    deploy(home, 1, ["st-01", "st-02"])  # st-03 serves nothing
+    try:
+        yield home
+    finally:
+        home.close()
+
+
+def _events(fh: FleetHome, rollout_id: str) -> list[tuple[str, str]]:
+    rows = fh.db.query(
+        "SELECT kind, detail FROM rollout_events WHERE rollout_id=? ORDER BY rowid", (rollout_id,)
+    )
+    return [(str(r["kind"]), str(r["detail"])) for r in rows]
+
+
+def test_changes_to_an_edge_in_a_rollout_are_refused_unless_forced(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        rollout_id = Rollouts(fleet).start(
+            "inspect:2", make_plan(["st-01"]), now=time.time(), paused=True
+        )
+        desired = fh.db.scalar("SELECT count(*) FROM desired")
+        named = f"st-01 \\({rollout_id}\\).*`fedge rollout abort {rollout_id}` first"
+        with pytest.raises(RolloutError, match=f"cannot deploy: .*{named}"):
+            fleet.deploy("inspect", 1, ["st-02", "st-01"])
+        with pytest.raises(RolloutError, match=f"cannot set a threshold: .*{named}"):
+            fleet.set_threshold(["st-01"], 0.4)
+        with pytest.raises(RolloutError, match=f"cannot unset a threshold: .*{named}"):
+            fleet.clear_threshold(["st-01"], "scratch")
+        assert fh.db.scalar("SELECT count(*) FROM desired") == desired  # nothing changed
+        fleet.deploy("inspect", 1, ["st-02"])  # outside the rollout: as before
+        fleet.set_threshold(["st-01"], 0.4, force=True)
+        fleet.deploy("inspect", 1, ["st-01"], force=True)
+
+        # The rollout's own move still goes through the guard.
+        Rollouts(fleet).resume(rollout_id, time.time())
+        assert RolloutDriver(fleet).tick(time.time()) == 1
+        assert fleet.deployed_model("st-01") == ("inspect", 2)
+        config = fleet.desired_config("st-01")
+        assert config is not None and config.model == "inspect:2"
+
+
+def test_the_cli_names_the_rollout_and_force_goes_through(
+    fh: FleetHome, processes: Processes
+) -> None:
+    processes.env["FEDGE_HOME"] = str(fh.home.root)
+    with fh.fleet() as fleet:
+        rollout_id = Rollouts(fleet).start(
+            "inspect:2", make_plan(["st-01"]), now=time.time(), paused=True
+        )
+    refused = processes.cli("deploy", "inspect:1", "--edges", "st-01", expect=1)
+    said = " ".join(refused.stderr.split())
+    assert f"st-01 ({rollout_id})" in said and f"`fedge rollout abort {rollout_id}` first" in said
+    assert "Traceback" not in refused.stderr
+    processes.cli("deploy", "inspect:1", "--edges", "st-01", "--force")
+    refused = processes.cli("edge", "set-threshold", "st-01", "0.4", expect=1)
+    assert f"fedge rollout abort {rollout_id}" in " ".join(refused.stderr.split())
+    processes.cli("edge", "set-threshold", "st-01", "0.4", "--force")
+
+
+def test_one_broken_rollout_does_not_starve_the_others(fh: FleetHome) -> None:
+    now = time.time()
+    with fh.fleet() as fleet:
+        rollouts = Rollouts(fleet)
+        broken = rollouts.start("inspect:2", make_plan(["st-01"]), now=now)
+        healthy = rollouts.start("inspect:2", make_plan(["st-02"]), now=now + 0.001)
+        # Its plan cannot be read: the step raises, and so does the abort it leads to.
+        fleet.store.conn.execute(
+            "UPDATE rollouts SET plan='{\"edges\": 5}' WHERE rollout_id=?", (broken,)
+        )
+        driver = RolloutDriver(fleet)
+        assert driver.tick(now + 1) == 2
+        row = fh.row(
+            "SELECT state, reason, finished_at FROM rollouts WHERE rollout_id=?", (broken,)
+        )
+        assert row["state"] == "paused" and row["finished_at"] is None
+        assert "stored rollout plan is damaged" in row["reason"]
+        assert "aborting it failed too" in row["reason"]
+        assert _events(fh, broken)[-1] == ("error", row["reason"])
+        healthy_row = fh.row("SELECT state, wave FROM rollouts WHERE rollout_id=?", (healthy,))
+        assert (healthy_row["state"], healthy_row["wave"]) == ("wave", 1)  # moved: no canary
+        assert fleet.deployed_model("st-02") == ("inspect", 2)
+        # The same error on the next tick is not recorded again.
+        events = len(_events(fh, broken))
+        driver.tick(now + 2)
+        assert len(_events(fh, broken)) == events
+
+
+def test_rollout_start_targets_the_edges_of_the_models_line_by_default(
+    fh: FleetHome, processes: Processes
+) -> None:
+    with fh.fleet() as fleet:
+        assert default_edges(fleet, "inspect") == ["st-01", "st-02"]
+        assert default_edges(fleet, "other") == []
+    processes.env["FEDGE_HOME"] = str(fh.home.root)
+    started = processes.cli("rollout", "start", "inspect:2", "--waves", "100%")
+    assert "-> 2 edge(s)" in started.stdout
+    rows = fh.db.query("SELECT edge FROM rollout_edges ORDER BY edge")
+    assert [r["edge"] for r in rows] == ["st-01", "st-02"]  # st-03 runs nothing: left out
+    refused = processes.cli("rollout", "start", "other:1", expect=1)
+    assert "no edge is deployed with a version of other" in " ".join(refused.stderr.split())
