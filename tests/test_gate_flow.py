@@ -13,6 +13,8 @@ parts are bright, st-02's dark:
 - ``inspect:2`` ignores brightness: right on both -> blessed;
 - ``inspect:3`` is right on st-01 but misses most of st-02's scratches: better overall,
   worse on st-02 -> not blessed, and the evidence names st-02.
+
+The last tests run continuous training's gate and rollout steps on the same plant.
 """
 
 import dataclasses
@@ -21,6 +23,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -36,10 +39,19 @@ from conftest import (
 )
 from PIL import Image
 
+from fedge.aggregator.run_store import RunState as JobState
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_manager import gating
 from fedge.edge_manager.gate import GatePolicy
+from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.service import ManagerService
+from fedge.federation import fleet_job
+from fedge.federation.fleet_job import FleetJobResult
+from fedge.loop import runs
+from fedge.loop.pipeline import RunState
+from fedge.loop.policy import LoopPolicy
+from fedge.loop.runner import LoopRunner
+from fedge.loop.steps import manager_wiring
 from fedge.models.tiny_onnx import build_linear_classifier
 from fedge.protocols import codec
 from fedge.protocols.evaluation import EvaluationRequest
@@ -273,3 +285,71 @@ def test_a_report_reaches_a_manager_that_was_down_and_a_restart_repeats_nothing(
     )
     assert failed["status"] == "failed"
     assert failed["reason"].startswith("download_failed: inspect:99"), failed
+
+
+# -- continuous training (fedge.loop.steps) on this plant: only the fleet job is
+# replaced -- it "publishes" a model already in the registry (real fleet jobs run in
+# tests/test_fleet_learns.py) -- so the loop's own wiring meets the real gate (the
+# stations evaluate) and the real rollout (the serve loop moves the edges, canary first).
+
+LOOP_JOB = '[job]\nname = "loop"\nrounds = 1\n\n[task]\nmodel = "inspect:1"\n'
+
+
+def _publishes(monkeypatch: pytest.MonkeyPatch, ref: str) -> list[str]:
+    started: list[str] = []
+
+    def run(manifest: Path, job_dir: Path, home: ManagerHome, **_: Any) -> FleetJobResult:
+        started.append(manifest.read_text())
+        return FleetJobResult("r", JobState.COMPLETED, 1, 1, ref)
+
+    monkeypatch.setattr(fleet_job, "run_fleet_job", run)
+    return started
+
+
+def _runner(plant: Plant) -> LoopRunner:
+    policy = LoopPolicy(
+        model="inspect",
+        job=LOOP_JOB,
+        min_new_labels=10,
+        canary=(MQTT_EDGE,),
+        waves="100%",
+        health_window="1s",
+        abort_if="failed_activation>0",
+        cooldown_s=0.0,
+    )
+    runs.save_policy(plant.fh.db, policy)
+    wiring = manager_wiring(plant.fh.home, gate_policy=POLICY, gate_timeout_s=60)
+    return LoopRunner(plant.fh.home, wiring)
+
+
+def test_new_labels_lead_to_a_blessed_model_rolled_out_canary_first(
+    plant: Plant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    label_at_the_manager(plant)  # 2 x 24 labelled parts on inspect:1
+    jobs = _publishes(monkeypatch, "inspect:2")
+    (run,) = _runner(plant).tick()
+    assert run.state is RunState.COMPLETED, run.reason
+    assert 'model = "inspect:1"' in jobs[0]  # the job starts from the serving model
+    fh = plant.fh
+    for edge in EDGES:
+        wait_until(lambda e=edge: fh.edge_row(e)["serving"], 10, f"{edge} on inspect:2",
+                   expect=lambda s: s == "inspect:2")  # fmt: skip
+    moved = fh.db.query(
+        "SELECT edge, wave FROM rollout_edges WHERE rollout_id=? ORDER BY wave, edge",
+        (run.rollout_id,),
+    )
+    assert moved[0] == {"edge": MQTT_EDGE, "wave": 0}  # the canary first
+    steps = [e["step"] for e in runs.events(fh.db, run.run_id)]
+    assert steps == ["triggered", "published", "gated", "rollout_started", "rollout_ended"]
+    assert runs.observe(fh.db, "inspect").new_labels == 0  # used: nothing due now
+
+
+def test_a_candidate_worse_on_a_station_is_never_rolled_out(
+    plant: Plant, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    label_at_the_manager(plant)
+    _publishes(monkeypatch, "inspect:3")  # worse on st-02 (see test_gate_flow)
+    (run,) = _runner(plant).tick()
+    assert run.state is RunState.NOT_BLESSED and "st-02" in run.reason, run.reason
+    assert plant.fh.db.scalar("SELECT count(*) FROM rollouts") == 0
+    assert {plant.fh.edge_row(e)["serving"] for e in EDGES} == {"inspect:1"}
