@@ -25,7 +25,7 @@ def gate(
     model: Annotated[str, typer.Argument(help="The candidate, NAME:VERSION, e.g. inspect:4")],
     edges: Annotated[
         str | None,
-        typer.Option(help="Comma-separated edges [default: every edge with labels]."),
+        typer.Option(help="Comma-separated edges (default: every edge with labels)."),
     ] = None,
     max_drop: Annotated[
         float, typer.Option(help="Largest accuracy drop allowed on any one station.")
