@@ -1,18 +1,24 @@
 """The agent rolls a failing model back on its own; thresholds follow the model it serves.
 
-A real broker, the manager in-process and an agent process with a short probation (six
-images): a model over its latency budget and a model whose scores collapsed are each
-rolled back to the previous model, the manager sees ``rolled_back`` with the reason, and
-a restarted agent keeps serving the previous model without applying the bad deployment
-again; a good model passes its probation. Thresholds tied to inspect:1 apply to models
-that recommend none, and yield to a model's own recommended thresholds.
+A real broker, the manager in-process and agent processes with a short probation (six
+images). Every test has its own station (edge, agent process and store) that starts
+serving inspect:1 with a threshold tied to it, so each runs alone or in any order: a
+model over its latency budget and a model whose scores collapsed are each rolled back to
+the previous model, the manager sees ``rolled_back`` with the reason, and a restarted
+agent keeps serving the previous model without applying the bad deployment again; a good
+model passes its probation and the manager stores ``passed``; the manager going back to
+a proven model is not undone by the agent; a model on probation through every restart
+(SIGKILL) is rolled back at start-up; a rollback brings the previous model's threshold
+back. Thresholds tied to inspect:1 apply to models that recommend none, and yield to a
+model's own recommended thresholds.
 """
 
 import io
 import json
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -26,7 +32,6 @@ from conftest import (
     free_port,
     make_fleet_home,
     publish_model,
-    set_threshold,
     wait_config_applied,
     wait_deploy_done,
     wait_until,
@@ -41,7 +46,7 @@ from fedge.transport.broker import MosquittoBroker
 
 pytestmark = pytest.mark.integration
 
-EDGE = "st-01"
+EDGES = ("st-01", "st-02", "st-03", "st-04", "st-05", "st-06")
 WINDOW = 6  # probation_images
 THRESHOLD = 0.6
 RECOMMENDED = 0.35
@@ -53,6 +58,7 @@ class Station:
     processes: Processes
     agent: Proc
     http_port: int
+    edge: str
     scored: int = 0
 
     def status(self) -> dict[str, Any]:
@@ -78,15 +84,15 @@ class Station:
 
     def start_agent(self) -> None:
         self.agent = self.processes.start(
-            EDGE, "agent", "run", "--config", str(self.fh.agents[EDGE])
+            self.edge, "agent", "run", "--config", str(self.fh.agents[self.edge])
         )
         wait_until(self.status, 20, "the agent's local API", expect=lambda s: s["connected"])
 
     def wait_rolled_back(self, deployment: str) -> dict[str, Any]:
         return wait_until(
-            lambda: self.fh.edge_row(EDGE),
+            lambda: self.fh.edge_row(self.edge),
             20,
-            f"{EDGE} to roll back {deployment}",
+            f"{self.edge} to roll back {deployment}",
             expect=lambda r: (r["deploy_id"], r["deploy_stage"]) == (deployment, "rolled_back"),
         )
 
@@ -95,6 +101,23 @@ class Station:
             "SELECT stage FROM deploy_events WHERE deployment_id=? ORDER BY rowid", (deployment,)
         )
         return [r["stage"] for r in rows]
+
+    def row(self) -> dict[str, Any]:
+        return self.fh.edge_row(self.edge)
+
+    def deploy_active(self, version: int) -> str:
+        deployment = deploy(self.fh, version, [self.edge])
+        row = wait_deploy_done(self.fh, deployment, self.edge)
+        assert (row["deploy_stage"], row["serving"]) == ("active", f"inspect:{version}"), (
+            self.agent.output()
+        )
+        return deployment
+
+    def set_threshold(self, value: float, model: str | None = None) -> int:
+        with self.fh.fleet() as fleet:
+            version = fleet.set_threshold([self.edge], value, model=model)[0].version
+        wait_config_applied(self.fh, self.edge, version)
+        return version
 
 
 def _publish(
@@ -122,55 +145,64 @@ def _publish(
 
 
 @pytest.fixture(scope="module")
-def station(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Station]:
-    """st-01 serving inspect:1 with a config (threshold 0.6) tied to it."""
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
+    """The manager, its broker, and every model the tests deploy (published once)."""
     root = tmp_path_factory.mktemp("local-rollback")
-    fh = make_fleet_home(root, edges=(EDGE,))
-    http_port = free_port()
-    fh.set_agent_option(EDGE, "http_port", http_port)
-    fh.set_agent_option(EDGE, "probation_images", WINDOW)
-    fh.set_agent_option(EDGE, "probation_min_images", 3)
+    fh = make_fleet_home(root, edges=EDGES)
     broker: MosquittoBroker = fh.broker()
     broker.start()
     service = ManagerService(fh.home)
-    processes = Processes(root / "logs")
     try:
         service.start()
         publish_model(fh, 1, seed=1)
-        agent = processes.start(EDGE, "agent", "run", "--config", str(fh.agents[EDGE]))
-        station = Station(fh, processes, agent, http_port)
-        deployment = deploy(fh, 1, [EDGE])
-        assert wait_deploy_done(fh, deployment, EDGE)["deploy_stage"] == "active", agent.output()
-        version = set_threshold(fh, EDGE, THRESHOLD)
-        with fh.fleet() as fleet:
-            desired = fleet.desired_config(EDGE)
-        assert desired is not None and desired.model == "inspect:1"  # tied by default
-        wait_config_applied(fh, EDGE, version)
-        yield station
+        _publish(fh, 2, latency_budget_ms=0.001)  # no model scores in a microsecond
+        # Zero weights: the same scores for every image (a model trained into a constant).
+        _publish(fh, 3, weights=np.zeros((2, 1024)), bias=np.array([3.0, -3.0]))
+        _publish(fh, 4, thresholds=Thresholds(RECOMMENDED))
+        _publish(fh, 5)
+        yield fh
     finally:
-        processes.close()
         service.stop()
         broker.stop()
         fh.close()
 
 
-def _deploy_active(station: Station, version: int) -> str:
-    deployment = deploy(station.fh, version, [EDGE])
-    row = wait_deploy_done(station.fh, deployment, EDGE)
-    assert (row["deploy_stage"], row["serving"]) == ("active", f"inspect:{version}"), (
-        station.agent.output()
-    )
-    return deployment
+StartStation = Callable[..., Station]
+
+
+@pytest.fixture
+def start_station(fleet: FleetHome, tmp_path: Path) -> Iterator[StartStation]:
+    """A station of its own: ``edge``'s agent serving ``first`` with a threshold tied to it."""
+    processes = Processes(tmp_path / "logs")
+
+    def start(edge: str, first: int = 1) -> Station:
+        http_port = free_port()
+        fleet.set_agent_option(edge, "http_port", http_port)
+        fleet.set_agent_option(edge, "probation_images", WINDOW)
+        fleet.set_agent_option(edge, "probation_min_images", 3)
+        agent = processes.start(edge, "agent", "run", "--config", str(fleet.agents[edge]))
+        station = Station(fleet, processes, agent, http_port, edge)
+        station.deploy_active(first)
+        assert station.set_threshold(THRESHOLD) == 1
+        with fleet.fleet() as manager:
+            desired = manager.desired_config(edge)
+        assert desired is not None and desired.model == f"inspect:{first}"  # tied by default
+        return station
+
+    try:
+        yield start
+    finally:
+        processes.close()
 
 
 def test_a_model_over_its_latency_budget_is_rolled_back_and_stays_rolled_back(
-    station: Station,
+    start_station: StartStation,
 ) -> None:
+    station = start_station("st-01")
     # inspect:1 serves; its scores give the next model's baseline.
     assert {r["threshold"] for r in station.score(WINDOW)} == {THRESHOLD}
     assert station.status()["thresholds"]["source"] == "config"
-    _publish(station.fh, 2, latency_budget_ms=0.001)  # no model scores in a microsecond
-    deployment = _deploy_active(station, 2)
+    deployment = station.deploy_active(2)
     probation = station.status()["probation"]
     assert (probation["state"], probation["model"], probation["previous"]) == (
         "on_probation",
@@ -215,15 +247,15 @@ def test_a_model_over_its_latency_budget_is_rolled_back_and_stays_rolled_back(
         "active"
         not in station.stages(deployment)[station.stages(deployment).index("rolled_back") :]
     )
-    assert station.fh.edge_row(EDGE)["deploy_stage"] == "rolled_back"
-    assert not (station.fh.data_dir(EDGE) / "models" / "inspect" / "2").exists()  # pruned
+    assert station.row()["deploy_stage"] == "rolled_back"
+    models = station.fh.data_dir(station.edge) / "models" / "inspect"
+    assert sorted(p.name for p in models.iterdir()) == ["1"]  # inspect:2 was pruned
 
 
-def test_a_model_whose_scores_collapsed_is_rolled_back(station: Station) -> None:
-    station.score(WINDOW)  # the restarted agent's baseline of inspect:1
-    # Zero weights: the same scores for every image (a model trained into a constant).
-    _publish(station.fh, 3, weights=np.zeros((2, 1024)), bias=np.array([3.0, -3.0]))
-    deployment = _deploy_active(station, 3)
+def test_a_model_whose_scores_collapsed_is_rolled_back(start_station: StartStation) -> None:
+    station = start_station("st-02")
+    station.score(WINDOW)  # inspect:1's baseline
+    deployment = station.deploy_active(3)
     assert {r["model"] for r in station.score(WINDOW)} == {"inspect:3"}
     row = station.wait_rolled_back(deployment)
     assert row["serving"] == "inspect:1"
@@ -233,10 +265,11 @@ def test_a_model_whose_scores_collapsed_is_rolled_back(station: Station) -> None
 
 
 def test_a_good_model_passes_probation_with_its_recommended_thresholds(
-    station: Station,
+    start_station: StartStation,
 ) -> None:
-    _publish(station.fh, 4, thresholds=Thresholds(RECOMMENDED))
-    deployment = _deploy_active(station, 4)
+    station = start_station("st-03")
+    deployment = station.deploy_active(4)
+    assert station.row()["deploy_reason"] == "on probation (previous inspect:1)"
     # The config is tied to inspect:1; inspect:4 brings its own thresholds.
     records = station.score(WINDOW)
     assert {(r["model"], r["threshold"]) for r in records} == {("inspect:4", RECOMMENDED)}
@@ -252,16 +285,120 @@ def test_a_good_model_passes_probation_with_its_recommended_thresholds(
         "model",
         "inspect:1",
     )
-    assert station.fh.edge_row(EDGE)["deploy_stage"] == "active"
-    assert station.stages(deployment)[-1] == "active"
+    # The manager is told: a ``passed`` event of the deployment, which stays active.
+    wait_until(
+        lambda: station.stages(deployment),
+        10,
+        "the manager to store the passed probation",
+        expect=lambda stages: stages[-1:] == ["passed"],
+    )
+    assert "active" in station.stages(deployment)
+    row = station.row()
+    assert (row["deploy_id"], row["deploy_stage"], row["deploy_reason"]) == (
+        deployment,
+        "active",
+        f"passed over {WINDOW} image(s)",
+    )
     # A threshold set now is for inspect:4, and applies to it.
-    version = set_threshold(station.fh, EDGE, 0.8)
-    wait_config_applied(station.fh, EDGE, version)
+    station.set_threshold(0.8)
     assert station.score()[0]["threshold"] == 0.8
     assert station.status()["thresholds"]["source"] == "config"
+    # The models directory holds what the agent keeps: both models, nothing else.
+    models = station.fh.data_dir(station.edge) / "models" / "inspect"
+    assert sorted(p.name for p in models.iterdir()) == ["1", "4"]
 
 
-def test_models_dir_is_what_the_agent_keeps(station: Station) -> None:
-    kept = sorted(p.name for p in (station.fh.data_dir(EDGE) / "models" / "inspect").iterdir())
-    # The rolled-back models are gone; the good ones stay as fallbacks.
-    assert kept == ["1", "4"], kept
+def test_the_manager_going_back_to_a_proven_model_is_not_undone(
+    start_station: StartStation,
+) -> None:
+    """inspect:3 scores a steady line the same (its spread is nil); inspect:5 varies.
+
+    Judged against inspect:5's spread, inspect:3 would "collapse" and be rolled back
+    to inspect:5 -- the model the manager just moved the station away from.
+    """
+    station = start_station("st-04", first=3)
+    station.score(WINDOW)
+    first_model = station.deploy_active(5)
+    assert {r["model"] for r in station.score(WINDOW)} == {"inspect:5"}
+    wait_until(
+        lambda: station.stages(first_model),
+        10,
+        "inspect:5 to pass its probation",
+        expect=lambda stages: "passed" in stages,
+    )
+    back = station.deploy_active(3)  # e.g. a staged rollout's rollback
+    assert station.row()["deploy_reason"] == "not on probation: inspect:3 is proven on this station"
+    assert station.status()["probation"]["state"] != "on_probation"
+    assert {r["model"] for r in station.score(WINDOW)} == {"inspect:3"}
+    status = station.status()
+    assert "probation.failed.scores_collapsed" not in status["counters"], status["counters"]
+    assert status["serving"] == "inspect:3"
+    assert station.stages(back)[-1] == "active"
+    assert station.row()["serving"] == "inspect:3"
+
+
+def test_a_model_on_probation_through_every_restart_is_rolled_back_at_start(
+    start_station: StartStation,
+) -> None:
+    """An inference that kills the agent (a segfault, the OOM killer) is never judged on
+    images: the agent counts its starts during the probation. SIGKILL stands for it."""
+    station = start_station("st-05")
+    deployment = station.deploy_active(5)
+    for start in (1, 2, 3):
+        station.processes.kill(station.agent)
+        station.start_agent()
+        probation = station.status()["probation"]
+        assert (station.status()["serving"], probation["state"], probation["starts"]) == (
+            "inspect:5",
+            "on_probation",
+            start,
+        )
+    station.processes.kill(station.agent)
+    station.start_agent()
+    assert station.status()["serving"] == "inspect:1"
+    row = station.wait_rolled_back(deployment)
+    assert row["serving"] == "inspect:1"
+    assert row["deploy_reason"] == (
+        "restarts: the agent restarted 4 times while this model was on probation (limit 3); "
+        "serving inspect:1 again"
+    )
+    assert station.score()[0]["model"] == "inspect:1"
+
+
+def test_a_rollback_brings_back_the_threshold_set_for_the_previous_model(
+    start_station: StartStation,
+) -> None:
+    station = start_station("st-06")
+    deployment = station.deploy_active(2)
+    # The rollout's threshold for inspect:2 (tied to it) arrives while it is on probation.
+    assert station.set_threshold(0.8) == 2
+    records = station.score(WINDOW)
+    assert {(r["model"], r["threshold"]) for r in records} == {("inspect:2", 0.8)}
+    row = station.wait_rolled_back(deployment)
+    assert row["deploy_reason"].endswith(
+        "serving inspect:1 again with config v1 (set for it), not v2"
+    )
+    in_force = {
+        "source": "config",
+        "default_threshold": THRESHOLD,
+        "class_thresholds": {},
+        "config_version": 1,
+        "tied_to": "inspect:1",
+        "model": "inspect:1",
+    }
+    assert station.status()["thresholds"] == in_force
+    assert {r["threshold"] for r in station.score(2)} == {THRESHOLD}
+
+    # A restart: the retained config v2 arrives again and is not applied again.
+    station.processes.stop(station.agent)
+    station.start_agent()
+    status = wait_until(
+        station.status,
+        20,
+        "the retained config v2 to reach the restarted agent",
+        expect=lambda s: s["counters"].get("config.stale", 0) >= 1,
+    )
+    assert status["thresholds"] == in_force
+    # The manager's next config still wins.
+    station.set_threshold(0.7, model="inspect:1")
+    assert station.score()[0]["threshold"] == 0.7

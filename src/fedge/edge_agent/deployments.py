@@ -271,7 +271,7 @@ class Deployments:
                 # back to; the reference for the models after it.
                 writes[served.PROVEN] = served.add_proven(proven, model.ref)
             elif model.ref in proven:
-                note = f"not on probation: {model.ref} passed it on this station before"
+                note = f"not on probation: {model.ref} is proven on this station"
             else:
                 trial = self.probation.trial_for(
                     model,

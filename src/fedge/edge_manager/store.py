@@ -150,8 +150,9 @@ CREATE TABLE IF NOT EXISTS alert_acks (
 -- (rollout_plan.RolloutPlan); state pending|canary|wave|paused|completed|aborted|
 -- rolled_back, wave the last wave moved (-1: none yet, 0: the canary); finished_at is set
 -- once nothing more will happen. Per edge: its wave, state (waiting|moved|rolling_back|
--- rolled_back), what it ran before it moved (model ref, desired config JSON or NULL) to
--- go back to, and the deployment and config versions the rollout wrote for it.
+-- rolled_back|unconfirmed: did not confirm its rollback in time), what it ran before it
+-- moved (model ref, desired config JSON or NULL) to go back to, and the deployment and
+-- config versions the rollout wrote for it. Events include unconfirmed, forced, error.
 CREATE TABLE IF NOT EXISTS rollouts (
     rollout_id TEXT PRIMARY KEY, model_name TEXT NOT NULL, model_version INTEGER NOT NULL,
     plan TEXT NOT NULL, state TEXT NOT NULL, wave INTEGER NOT NULL,
