@@ -18,6 +18,7 @@ The last tests run continuous training's gate and rollout steps on the same plan
 """
 
 import dataclasses
+import functools
 import io
 import json
 from collections.abc import Iterator
@@ -332,8 +333,12 @@ def test_new_labels_lead_to_a_blessed_model_rolled_out_canary_first(
     assert 'model = "inspect:1"' in jobs[0]  # the job starts from the serving model
     fh = plant.fh
     for edge in EDGES:
-        wait_until(lambda e=edge: fh.edge_row(e)["serving"], 10, f"{edge} on inspect:2",
-                   expect=lambda s: s == "inspect:2")  # fmt: skip
+        wait_until(
+            functools.partial(lambda e: fh.edge_row(e)["serving"], edge),
+            10,
+            f"{edge} on inspect:2",
+            expect=lambda s: s == "inspect:2",
+        )
     moved = fh.db.query(
         "SELECT edge, wave FROM rollout_edges WHERE rollout_id=? ORDER BY wave, edge",
         (run.rollout_id,),

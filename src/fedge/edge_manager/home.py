@@ -124,14 +124,18 @@ class ManagerSettings:
 def _check_monitor_settings(settings: ManagerSettings) -> None:
     interval, window = settings.monitor_interval_s, settings.monitor_min_window
     accuracy = settings.min_estimated_accuracy
-    if isinstance(interval, bool) or not isinstance(interval, int | float) or not (
-        0 < interval < math.inf
+    if (
+        isinstance(interval, bool)
+        or not isinstance(interval, int | float)
+        or not (0 < interval < math.inf)
     ):
         raise ManagerError(f"monitor_interval_s must be a number of seconds > 0, got {interval!r}")
     if isinstance(window, bool) or not isinstance(window, int) or not 10 <= window <= 100_000:
         raise ManagerError(f"monitor_min_window must be an integer in 10..100000, got {window!r}")
-    if isinstance(accuracy, bool) or not isinstance(accuracy, int | float) or not (
-        0.0 <= accuracy <= 1.0
+    if (
+        isinstance(accuracy, bool)
+        or not isinstance(accuracy, int | float)
+        or not (0.0 <= accuracy <= 1.0)
     ):
         raise ManagerError(f"min_estimated_accuracy must be in [0, 1], got {accuracy!r}")
 
