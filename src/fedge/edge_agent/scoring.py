@@ -119,7 +119,7 @@ def score(
     at = time.time()
     # Computed on the prepared image (what the model saw), after the model call so that
     # the measured latency stays the model's own.
-    stats = image_stats_many(np.stack([np.asarray(image) for image in images]))
+    stats = image_stats_many(np.stack([np.asarray(image) for image in images])) if images else []
     return [
         Scored(record_for(model, config, row, latency_ms, source, at, image_stats), row)
         for row, source, image_stats in zip(probs, sources, stats, strict=True)
