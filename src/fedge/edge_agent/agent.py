@@ -20,6 +20,7 @@ from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
 from fedge.edge_agent.errors import InferenceError
 from fedge.edge_agent.evaluations import Evaluations
+from fedge.edge_agent.labels_down import apply_labels
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
 from fedge.edge_agent.scorer import ImageFile as ImageFile
@@ -27,18 +28,16 @@ from fedge.edge_agent.scorer import Scorer
 from fedge.edge_agent.scoring import Scored
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
-from fedge.party.dataset import Retention, StationData
-from fedge.party.errors import StationDataError
+from fedge.edge_agent.telemetry import add_metric, emit_metrics
+from fedge.party.dataset import StationData
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import DesiredClient, ReportUploader
-from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
-from fedge.protocols.records import MetricRecord, Stream
 from fedge.protocols.signing import open_signed, trusted
-from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
+from fedge.transport.mqtt import Message, MqttSession, PublishResult, Will
 
 log = logging.getLogger(__name__)
 
@@ -52,15 +51,7 @@ class EdgeAgent:
         self.keys = trusted(settings.public_key())
         self.store = LocalStore(settings.data_dir / "agent.db")
         # The station's training set: what it scores, kept on the device with its labels.
-        self.station = StationData(
-            settings.data_dir,
-            Retention(
-                max_images=settings.keep_images,
-                max_bytes=settings.keep_bytes,
-                max_age_s=settings.keep_days * 86400.0,
-                holdout_percent=settings.holdout_percent,
-            ),
-        )
+        self.station = StationData(settings.data_dir, settings.retention())
         self.supervisor: SupernodeSupervisor | None = None
         self.counters: Counter[str] = Counter()
         self.scorer = Scorer(
@@ -98,19 +89,7 @@ class EdgeAgent:
         self._last_config_report: bytes | None = None
         # Built here, connected in start(): offline tools (label, score) never touch the broker.
         self.mqtt = MqttSession(
-            MqttSettings(
-                host=settings.broker_host,
-                port=settings.broker_port,
-                client_id=settings.edge,
-                username=settings.edge,
-                password=settings.password,
-                # Clean start: desired documents are retained, so a reconnecting edge gets
-                # exactly the latest of each; a persistent session would also replay every
-                # version it missed. Up-going records do not need the broker's session:
-                # the outbox resends whatever was not acknowledged.
-                clean_start=True,
-                session_expiry_s=0,
-            ),
+            settings.mqtt(),
             on_message=self._on_message,
             on_connect=self._on_connect,
             on_published=self._on_published,
@@ -293,33 +272,14 @@ class EdgeAgent:
 
     def handle_labels(self, envelope: bytes) -> None:
         """Labels an operator gave at the manager: into the station's training set, once."""
-        try:
-            document = open_signed(envelope, StationLabels, self.keys)
-            if document.edge != self.settings.edge or document.fleet != self.settings.fleet:
-                raise ProtocolError(f"labels are for {document.fleet}/{document.edge}")
-        except ProtocolError as exc:
-            self.counters[f"labels.rejected.{exc.reason}"] += 1
-            log.error("labels document rejected (%s): %s", exc.reason, exc)
-            return
-        if document.version <= int(self.store.get("labels_version") or 0):
-            self.counters["labels.stale"] += 1
-            return
-        applied = 0
-        for record in document.labels:
-            try:
-                # The station's set first (an idempotent upsert), then the record that
-                # the label was applied: a failure in between applies it again, not never.
-                self.station.label(record.prediction_id, record.label, record.at)
-            except (StationDataError, OSError) as exc:
-                self.counters["labels.station_failed"] += 1
-                log.error("label %s not kept for training: %s", record.label_id, exc)
-                continue
-            if self.store.add_remote_label(
-                record.label_id, record.prediction_id, record.label, record.who, record.at
-            ):
-                applied += 1
-        self.store.put("labels_version", str(document.version))
-        self.counters["labels.from_manager"] += applied
+        apply_labels(
+            envelope,
+            settings=self.settings,
+            keys=self.keys,
+            store=self.store,
+            station=self.station,
+            counters=self.counters,
+        )
 
     def handle_config(self, envelope: bytes) -> None:
         try:
@@ -414,7 +374,7 @@ class EdgeAgent:
         return self.scorer.score_many(images, sources, model=model, arrivals=arrivals)
 
     def add_metric(self, name: str, value: float) -> None:
-        self.store.add_record(Stream.TELEMETRY, MetricRecord(name, value, time.time()))
+        add_metric(self.store, name, value)
 
     # -- outgoing records
 
@@ -456,26 +416,8 @@ class EdgeAgent:
         self.counters["store.pruned"] += self.store.prune(time.time() - keep_s)
 
     def _emit_metrics(self) -> None:
-        backlog = self.store.backlog()
-        if backlog["outbox_batches"] >= self.settings.telemetry_backlog_limit:
-            # A long outage: metrics would grow the outbox by hundreds of batches a day
-            # and say little once they arrive; the records that matter keep being kept.
-            self.counters["telemetry.skipped"] += 1
-            return
-        for name, value in backlog.items():
-            self.add_metric(name, float(value))
-        self.add_metric(
-            "predictions",
-            float(self.counters["decision.accept"] + self.counters["decision.reject"]),
-        )
-        # Cumulative, beside "predictions": a staged rollout's error_rate is their ratio.
-        self.add_metric("inference.errors", float(self.counters["inference.errors"]))
-        # What the station could train on, and whether it is ready to (the manager's
-        # telemetry shows operators which stations a fleet job would find).
-        for name, value in self.station.counts().items():
-            self.add_metric(f"station.{name}", float(value))
         training = self.supervisor.status() if self.supervisor is not None else None
-        self.add_metric("training.running", float(bool(training and training["running"])))
+        emit_metrics(self.store, self.settings, self.counters, self.station, training)
 
     def status(self) -> dict[str, object]:
         return {

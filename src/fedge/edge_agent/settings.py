@@ -54,9 +54,11 @@ from pathlib import Path
 
 from fedge.edge_agent.errors import SettingsError
 from fedge.edge_agent.health import ProbationPolicy
+from fedge.party.dataset import Retention
 from fedge.protocols import validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import PublicKey
+from fedge.transport.mqtt import MqttSettings
 
 
 @dataclass(frozen=True)
@@ -106,6 +108,30 @@ class AgentSettings:
             max_error_rate=self.probation_max_error_rate,
             min_spread=self.probation_min_spread,
             max_restarts=self.probation_max_restarts,
+        )
+
+    def retention(self) -> Retention:
+        """What the station keeps of what it scores, for training (its own images)."""
+        return Retention(
+            max_images=self.keep_images,
+            max_bytes=self.keep_bytes,
+            max_age_s=self.keep_days * 86400.0,
+            holdout_percent=self.holdout_percent,
+        )
+
+    def mqtt(self) -> MqttSettings:
+        return MqttSettings(
+            host=self.broker_host,
+            port=self.broker_port,
+            client_id=self.edge,
+            username=self.edge,
+            password=self.password,
+            # Clean start: desired documents are retained, so a reconnecting edge gets
+            # exactly the latest of each; a persistent session would also replay every
+            # version it missed. Up-going records do not need the broker's session: the
+            # outbox resends whatever was not acknowledged.
+            clean_start=True,
+            session_expiry_s=0,
         )
 
 

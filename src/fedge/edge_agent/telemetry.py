@@ -1,0 +1,45 @@
+"""The agent's own metrics, sent as telemetry records every report interval.
+
+Cumulative counters (the manager takes differences: a staged rollout's ``error_rate`` is
+``inference.errors`` over ``predictions`` since a move), the outbox backlog, and what the
+station could train on.
+"""
+
+import time
+from collections import Counter
+from typing import Any
+
+from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.settings import AgentSettings
+from fedge.party.dataset import StationData
+from fedge.protocols.records import MetricRecord, Stream
+
+
+def add_metric(store: LocalStore, name: str, value: float) -> None:
+    store.add_record(Stream.TELEMETRY, MetricRecord(name, value, time.time()))
+
+
+def emit_metrics(
+    store: LocalStore,
+    settings: AgentSettings,
+    counters: Counter[str],
+    station: StationData,
+    training: dict[str, Any] | None,
+) -> None:
+    backlog = store.backlog()
+    if backlog["outbox_batches"] >= settings.telemetry_backlog_limit:
+        # A long outage: metrics would grow the outbox by hundreds of batches a day and
+        # say little once they arrive; the records that matter keep being kept.
+        counters["telemetry.skipped"] += 1
+        return
+    for name, value in backlog.items():
+        add_metric(store, name, float(value))
+    add_metric(
+        store, "predictions", float(counters["decision.accept"] + counters["decision.reject"])
+    )
+    add_metric(store, "inference.errors", float(counters["inference.errors"]))
+    # What the station could train on, and whether it is ready to (the manager's
+    # telemetry shows operators which stations a fleet job would find).
+    for name, value in station.counts().items():
+        add_metric(store, f"station.{name}", float(value))
+    add_metric(store, "training.running", float(bool(training and training["running"])))
