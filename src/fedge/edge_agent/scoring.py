@@ -49,14 +49,24 @@ def run(model: LoadedModel, images: Sequence[np.ndarray]) -> tuple[np.ndarray, f
     A model with a dynamic batch axis gets the whole batch in one call; one with a fixed
     batch of 1 gets a call per image.
     """
+    probs, per_image_ms, _ = _run(model, images)
+    return probs, per_image_ms
+
+
+def _run(
+    model: LoadedModel, images: Sequence[np.ndarray]
+) -> tuple[np.ndarray, float, np.ndarray | None]:
+    """:func:`run`, and the stacked batch (N x C x H x W) when it made one."""
     if not images:
-        return np.empty((0, len(model.manifest.classes)), dtype=np.float32), 0.0
+        return np.empty((0, len(model.manifest.classes)), dtype=np.float32), 0.0, None
     shaped = [_shaped(image) for image in images]
     if len({image.shape for image in shaped}) != 1:
         raise InferenceError("the images of one batch must have the same shape")
     started = time.perf_counter()
+    batch = None
     if batch_axis_is_dynamic(model) or len(shaped) == 1:
-        probs = model.run(np.stack(shaped).astype(model.input_dtype, copy=False))
+        batch = np.stack(shaped)
+        probs = model.run(batch.astype(model.input_dtype, copy=False))
     else:
         probs = np.concatenate(
             [model.run(image.astype(model.input_dtype, copy=False)[None]) for image in shaped]
@@ -66,7 +76,7 @@ def run(model: LoadedModel, images: Sequence[np.ndarray]) -> tuple[np.ndarray, f
         raise InferenceError(
             f"{model.ref} returned shape {probs.shape} for a batch of {len(shaped)}"
         )
-    return probs, per_image_ms
+    return probs, per_image_ms, batch
 
 
 def record_for(
@@ -115,11 +125,13 @@ def score(
     """Score ``images`` (prepared: H x W or C x H x W) into records, not yet stored."""
     if len(sources) != len(images):
         raise InferenceError(f"{len(images)} images but {len(sources)} sources")
-    probs, latency_ms = run(model, images)
+    probs, latency_ms, batch = _run(model, images)
     at = time.time()
     # Computed on the prepared image (what the model saw), after the model call so that
     # the measured latency stays the model's own.
-    stats = image_stats_many(np.stack([np.asarray(image) for image in images])) if images else []
+    if batch is None and images:
+        batch = np.stack([_shaped(np.asarray(image)) for image in images])
+    stats = [] if batch is None else image_stats_many(batch)
     return [
         Scored(record_for(model, config, row, latency_ms, source, at, image_stats), row)
         for row, source, image_stats in zip(probs, sources, stats, strict=True)

@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 IMAGE_STATS = ("mean", "std", "p05", "p95", "edges")
-MAX_SIDE = 48
+MAX_SIDE = 32
 SCORE_FEATURES = ("top", "margin", "entropy")
 
 

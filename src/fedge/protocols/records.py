@@ -62,11 +62,19 @@ MAX_STATS = 16
 """Image statistics per prediction: a handful of numbers, never a payload of its own."""
 
 
+# Stat names already checked: every prediction carries the same handful, and the agent
+# builds and the manager decodes thousands a second (bounded: a sender cannot grow it).
+_CHECKED_KEYS: set[str] = set()
+
+
 def _check_stats(stats: dict[str, float]) -> None:
     if len(stats) > MAX_STATS:
         raise ValidationError(f"stats has {len(stats)} entries, limit {MAX_STATS}")
     for key, value in stats.items():
-        validate.identifier(key, "stats key")
+        if key not in _CHECKED_KEYS:
+            validate.identifier(key, "stats key")
+            if len(_CHECKED_KEYS) < 64:
+                _CHECKED_KEYS.add(key)
         validate.finite(value, f"stats[{key!r}]")
 
 
