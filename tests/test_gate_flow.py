@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import io
 import json
+import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -235,11 +236,17 @@ def test_a_report_reaches_a_manager_that_was_down_and_a_restart_repeats_nothing(
     label_at_the_manager(plant)
     station = plant.agents[MQTT_EDGE]
     # Hold st-01's evaluation until the manager is down (the evaluation thread waits on
-    # the same lock the test holds). The model is the one st-01 serves, already on the
-    # station: with the manager down there is no gRPC to download a candidate from.
+    # the same lock the test holds). Both models are already on the station (the one it
+    # serves; the candidate put where a deployment leaves it): with the manager down there
+    # is no gRPC to download a model from.
+    with fh.fleet() as fleet:
+        candidate = fleet.registry.get("inspect", 2).path
+    target = fh.data_dir(MQTT_EDGE) / "models" / "inspect" / "2" / "model.onnx"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(candidate, target)
     with station.evaluations._lock:
         with fh.fleet() as fleet:
-            request = gating.start(fleet, "inspect:1", [MQTT_EDGE])
+            request = gating.start(fleet, "inspect:2", [MQTT_EDGE])
         wait_until(
             lambda: fh.db.scalar(
                 "SELECT published_at FROM desired WHERE kind='evaluate' AND edge=?", (MQTT_EDGE,)
@@ -260,7 +267,7 @@ def test_a_report_reaches_a_manager_that_was_down_and_a_restart_repeats_nothing(
     with fh.fleet() as fleet:
         verdict = gating.decide(fleet, request, POLICY)
     assert verdict.stations[0].examples >= POLICY.min_examples
-    assert not verdict.blessed and verdict.overall.gain == 0.0  # a model is not better than itself
+    assert verdict.blessed, verdict.reason
 
     # A restarted station gets the retained request again: stale, not evaluated twice.
     station.stop()

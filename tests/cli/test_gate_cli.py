@@ -5,14 +5,17 @@ import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import FleetHome, make_fleet_home, publish_model
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_manager import gating
-from fedge.edge_manager.gate import GatePolicy
+from fedge.edge_manager import evaluations, gating
+from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.gate import GatePolicy, Verdict
+from fedge.protocols.evaluation import EvaluationItem, EvaluationReport, EvaluationStatus
 
 
 @pytest.fixture
@@ -34,15 +37,15 @@ def said(out: str, text: str) -> bool:
     return text in " ".join(out.split())
 
 
-def label_one(fh: FleetHome, edge: str = "st-01") -> None:
+def label_one(fh: FleetHome, edge: str = "st-01", pid: str = "p-1") -> None:
     with fh.fleet() as fleet:
         fleet.store.conn.execute(
             "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
             "threshold, config_version, latency_ms, source) "
-            "VALUES ('p-1', ?, 0, ?, 'inspect:1', '{}', 'accept', 0.5, 1, 1.0, 'api')",
-            (edge, time.time()),
+            "VALUES (?, ?, 0, ?, 'inspect:1', '{}', 'accept', 0.5, 1, 1.0, 'api')",
+            (pid, edge, time.time()),
         )
-        fleet.add_label("p-1", "scratch", "qa")
+        fleet.add_label(pid, "scratch", "qa")
 
 
 def started(fh: FleetHome) -> int:
@@ -74,17 +77,58 @@ def test_bad_input_is_a_clear_error_and_starts_nothing(fh: FleetHome) -> None:
     assert started(fh) == 0
 
 
+def answer(fh: FleetHome, request: gating.GateRequest, edge: str, pid: str) -> None:
+    """``edge`` answers ``request``: the candidate scores its one held-out image right."""
+    scores = {"clean": 0.3, "scratch": 0.7}
+    item = EvaluationItem(pid, request.candidate, "scratch", scores)
+    report = EvaluationReport(edge, request.eval_id, 1, EvaluationStatus.DONE, "", 1, (item,))
+    with fh.fleet() as fleet, fleet.store.transaction() as conn:
+        assert evaluations.store_report(conn, edge, report, time.time())
+
+
 def test_show_prints_the_stored_evidence_without_evaluating(fh: FleetHome) -> None:
     label_one(fh)
+    label_one(fh, "st-02", "p-2")
     with fh.fleet() as fleet:
         request = gating.start(fleet, "inspect:2")
-        gating.decide(fleet, request, GatePolicy())  # nobody answered
-    assert started(fh) == 1
+        answer(fh, request, "st-01", "p-1")
+        gating.decide(fleet, request, GatePolicy())  # st-02 did not answer
+    assert started(fh) == 2
     code, out = fedge(fh, "model", "gate", "inspect:2", "--show")
     assert code == 0, out
-    assert said(out, "did not answer in time") and said(out, "did not answer: st-01")
+    assert said(out, "did not answer in time") and said(out, "did not answer: st-02")
     assert said(out, "inspect:2: NOT BLESSED") and said(out, request.eval_id)
     code, out = fedge(fh, "model", "gate", "inspect:2", "--show", "--json")
     evidence = json.loads(out)
-    assert evidence["eval_id"] == request.eval_id and evidence["not_answered"] == ["st-01"]
-    assert started(fh) == 1  # --show evaluated nothing
+    assert evidence["eval_id"] == request.eval_id and evidence["not_answered"] == ["st-02"]
+    assert started(fh) == 2  # --show evaluated nothing
+
+
+def test_a_gate_prints_its_own_verdict_not_a_newer_one(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another gate of the same model stores its verdict while this one decides: the
+    command shows (and exits on) the verdict of its own evaluation."""
+    label_one(fh)
+    real_run = gating.run
+
+    def run_beside_another(
+        fleet: Fleet, candidate: str, policy: GatePolicy, **kwargs: Any
+    ) -> tuple[gating.GateRequest, Verdict]:
+        request = gating.start(fleet, candidate, kwargs.get("edges"))
+        answer(fh, request, "st-01", "p-1")
+        verdict = gating.decide(fleet, request, policy, now=time.time())
+        fleet.store.conn.execute(
+            "INSERT INTO gate_results (name, version, blessed, evidence, eval_id, at) "
+            "VALUES ('inspect', 2, 1, ?, 'ev-other', ?)",
+            (json.dumps({**verdict.evidence(), "eval_id": "ev-other"}), time.time() + 60),
+        )
+        return request, verdict
+
+    monkeypatch.setattr(gating, "run", run_beside_another)
+    code, out = fedge(fh, "model", "gate", "inspect:2", "--min-examples", "5")
+    monkeypatch.setattr(gating, "run", real_run)
+    assert code == 1, out
+    (mine,) = fh.db.query("SELECT eval_id FROM gate_results WHERE eval_id != 'ev-other'")
+    assert said(out, f"evaluation {mine['eval_id']}") and not said(out, "ev-other"), out
+    assert said(out, "too few examples (1 < 5)")

@@ -20,7 +20,12 @@ from PIL import Image
 
 from fedge.edge_agent import deployer
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.evaluations import REPORT_MAX_BYTES, WORK_DIR, fit_report
+from fedge.edge_agent.evaluations import (
+    LAST_REPORT_KEY,
+    REPORT_MAX_BYTES,
+    WORK_DIR,
+    fit_report,
+)
 from fedge.edge_manager.registry import PublishedModel
 from fedge.monitoring.features import IMAGE_STATS
 from fedge.party.dataset import is_holdout
@@ -214,6 +219,24 @@ def test_a_station_without_held_out_labels_reports_failed(
     assert report.reason.startswith("no_holdout: this station has no held-out labelled images")
     assert report.items == () and report.holdout == 0
     assert agent.evaluations.done_version == 1
+
+
+def test_the_report_is_stored_first_and_published_outside_the_evaluation_lock(
+    fh: FleetHome, agent: EdgeAgent, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Publishing reaches paho and the gRPC poller's lock: never under ours (a deadlock),
+    and only after the store write that makes the report survive a crash."""
+    seen: list[tuple[bool, str | None]] = []
+
+    def publish(topic: str, payload: bytes, *args: Any, **kwargs: Any) -> None:
+        if topic == topics.up(FLEET, EDGE, topics.Up.EVALUATE):
+            seen.append((agent.evaluations._lock.locked(), agent.store.get(LAST_REPORT_KEY)))
+
+    monkeypatch.setattr(agent.mqtt, "publish", publish)
+    agent.evaluations.evaluate(request(fh, [publish_model(fh, 1)]))
+    ((locked, stored),) = seen
+    assert not locked
+    assert stored is not None and codec.decode(stored.encode(), EvaluationReport).version == 1
 
 
 def test_models_with_other_classes_are_not_compared(

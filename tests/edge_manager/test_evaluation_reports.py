@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from conftest import FLEET, FleetHome, make_fleet_home, publish_model
 
-from fedge.edge_manager import gating
+from fedge.edge_manager import evaluations, gating
 from fedge.edge_manager.errors import ManagerError, UnknownModelError
 from fedge.edge_manager.gate import GatePolicy
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
@@ -82,9 +82,6 @@ def test_a_report_is_stored_once_and_bad_ones_change_nothing(fh: FleetHome) -> N
             _report(request, items=(dataclasses.replace(good.items[0], model="inspect:9"),))
         ),
         "another edge's name": codec.encode(_report(request, edge="st-02")),
-        "another edge's image": codec.encode(
-            _report(request, items=(dataclasses.replace(good.items[0], prediction_id="p-1"),))
-        ),
         "malformed": b'{"schema":1,"kind":"evaluation_report"',
         "oversized": codec.encode(good) + b" " * (300 * 1024),
         "invalid": codec.encode(good).replace(b'"done"', b'"maybe"'),
@@ -96,8 +93,7 @@ def test_a_report_is_stored_once_and_bad_ones_change_nothing(fh: FleetHome) -> N
     rejected = fh.db.query("SELECT reason, detail FROM rejections ORDER BY rowid")
     assert [r["reason"] for r in rejected][-2:] == ["oversized", "malformed"]
     details = " | ".join(r["detail"] for r in rejected)
-    for said in ("did not ask it for", "not of the models asked", "came from 'st-01'",
-                 "a station evaluates its own images only"):  # fmt: skip
+    for said in ("did not ask it for", "not of the models asked", "came from 'st-01'"):
         assert said in details, details
 
     assert _ingest(fh, codec.encode(good)).verdict is Verdict.STORED
@@ -119,18 +115,119 @@ def test_a_report_over_grpc_is_stored_like_one_over_mqtt(fh: FleetHome) -> None:
     assert outcome.verdict is Verdict.STORED
 
 
-def test_a_newer_evaluation_supersedes_and_the_verdict_is_recorded(fh: FleetHome) -> None:
+def _bless(fh: FleetHome, ref: str) -> None:
+    name, version = ref.split(":")
+    fh.db.conn.execute(
+        "INSERT INTO gate_results (name, version, blessed, evidence, eval_id, at) "
+        "VALUES (?, ?, 1, '{}', 'ev-earlier', 1.0)",
+        (name, int(version)),
+    )
+
+
+def _evaluate_rows(fh: FleetHome) -> int:
+    return int(fh.db.scalar("SELECT count(*) FROM desired WHERE kind='evaluate'"))
+
+
+def test_a_pending_evaluation_refuses_a_second_gate_until_it_is_abandoned(
+    fh: FleetHome,
+) -> None:
+    _bless(fh, "inspect:2")
     with fh.fleet() as fleet:
         first = gating.start(fleet, "inspect:2", [EDGE])
-        second = gating.start(fleet, "inspect:2", [EDGE])
+        with pytest.raises(ManagerError, match=rf"{first.eval_id} of inspect:2.*nothing was"):
+            gating.start(fleet, "inspect:2", [EDGE])
+        assert _evaluate_rows(fh) == 1
+        # Past its timeout, unanswered and undecided: abandoned, and the new gate says so.
+        later = first.started_at + gating.DEFAULT_TIMEOUT_S + 1
+        second = gating.start(fleet, "inspect:2", [EDGE], now=later)
+        assert second.abandoned == {EDGE: first.eval_id}
         state = gating.progress(fleet.store, first)
         assert state.superseded == {EDGE: second.eval_id} and state.done
-        verdict = gating.decide(fleet, first, GatePolicy(min_examples=1))
-    assert not verdict.blessed
+        # Every station superseded: no verdict, nothing recorded, the blessing stands.
+        with pytest.raises(
+            gating.NoVerdictError, match=f"superseded by evaluation {second.eval_id}"
+        ):
+            gating.decide(fleet, first, GatePolicy(min_examples=1))
+        stored = gating.stored(fh.db, "inspect", 2)
+        assert stored is not None and stored.blessed and stored.eval_id == "ev-earlier"
+        assert _ingest(fh, codec.encode(_report(second, version=2))).verdict is Verdict.STORED
+        gating.decide(fleet, second, GatePolicy(min_examples=1), now=later + 5)
     stored = gating.stored(fh.db, "inspect", 2)
-    assert stored is not None and not stored.blessed and stored.eval_id == first.eval_id
-    assert stored.evidence["superseded"] == {EDGE: second.eval_id}
-    assert "superseded by evaluation" in stored.evidence["stations"][0]["reason"]
+    assert stored is not None and stored.eval_id == second.eval_id
+    assert stored.evidence["abandoned"] == {EDGE: first.eval_id}
+    # An answered (or decided) evaluation is not pending: the next gate starts at once.
+    with fh.fleet() as fleet:
+        gating.start(fleet, "inspect:2", [EDGE])
+
+
+def test_no_answer_from_any_station_records_no_verdict(fh: FleetHome) -> None:
+    _bless(fh, "inspect:2")
+    with fh.fleet() as fleet:
+        request = gating.start(fleet, "inspect:2", [EDGE])
+        with pytest.raises(gating.NoVerdictError, match=f"{EDGE} \\(did not answer\\)"):
+            gating.decide(fleet, request, GatePolicy(min_examples=1))
+    assert fh.db.scalar("SELECT count(*) FROM gate_results") == 1
+    stored = gating.stored(fh.db, "inspect", 2)
+    assert stored is not None and stored.blessed
+
+
+def test_edges_serving_the_candidate_are_left_out_or_the_gate_is_refused(
+    fh: FleetHome,
+) -> None:
+    _bless(fh, "inspect:2")
+    with fh.fleet() as fleet:
+        fleet.store.conn.execute("UPDATE edges SET serving='inspect:2' WHERE edge=?", (EDGE,))
+        with pytest.raises(
+            ManagerError, match=r"st-01 serves the candidate already .*stands \(blessed\)"
+        ):
+            gating.start(fleet, "inspect:2", [EDGE])
+        with pytest.raises(ManagerError, match="serves the candidate already"):
+            gating.start(fleet, "inspect:2")  # st-02 has no labels: st-01 is the only one
+        assert _evaluate_rows(fh) == 0
+        fleet.add_label("p-1", "scratch", "qa")  # st-02's prediction; it serves nothing
+        request = gating.start(fleet, "inspect:2")
+        assert request.serving == {"st-02": None}
+        assert request.left_out == {EDGE: gating.SERVES_CANDIDATE}
+        items = (EvaluationItem("p-1", "inspect:2", "scratch", {"clean": 0.3, "scratch": 0.7}),)
+        report = EvaluationReport("st-02", request.eval_id, 1, EvaluationStatus.DONE, "", 1, items)
+        assert _ingest(fh, codec.encode(report), "st-02").verdict is Verdict.STORED
+        verdict = gating.decide(fleet, request, GatePolicy(min_examples=1))
+    left = {s.edge: s for s in verdict.stations}[EDGE]
+    assert (left.status, left.passed, left.examples) == ("left_out", None, 0)
+    assert left.reason == "serves the candidate already: not used"
+    stored = gating.stored(fh.db, "inspect", 2)
+    assert stored is not None and stored.evidence["left_out"] == {EDGE: gating.SERVES_CANDIDATE}
+
+
+def test_foreign_and_misclassed_items_are_dropped_not_the_report(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        fleet.add_label("p-1", "scratch", "qa")  # st-02's: never judges st-01's report
+        request = gating.start(fleet, "inspect:2", [EDGE])
+        good = _report(request)
+        foreign = tuple(dataclasses.replace(i, prediction_id="p-1") for i in good.items[:2])
+        misclassed = dataclasses.replace(
+            good.items[0], prediction_id="p-9", scores={"clean": 0.3, "dent": 0.7}
+        )
+        report = _report(request, items=(*good.items, *foreign, misclassed))
+        assert _ingest(fh, codec.encode(report)).verdict is Verdict.STORED
+        assert fh.db.scalar("SELECT count(*) FROM evaluations") == 4
+        assert fh.db.scalar("SELECT count(*) FROM rejections") == 0
+        verdict = gating.decide(fleet, request, GatePolicy(min_examples=1))
+    (station,) = verdict.stations
+    assert (station.status, station.examples) == ("done", 2)
+    assert (station.foreign_items, station.rejected_items) == (2, 1)
+    assert "1 item(s) with scores not of the model's classes" in station.dropped_reason
+    assert "2 item(s) on other stations' predictions (p-1)" in station.dropped_reason
+    stored = gating.stored(fh.db, "inspect", 2)
+    assert stored is not None
+    assert stored.evidence["stations"][0]["foreign_items"] == 2
+
+
+def test_the_managers_labels_of_a_station_are_its_own_predictions_only(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        fleet.add_label("p-1", "clean", "qa")  # st-02's prediction
+        assert evaluations.manager_labels(fleet.store, EDGE, {"p-0", "p-1"}) == {"p-0": "scratch"}
+        assert evaluations.manager_labels(fleet.store, "st-02", {"p-0", "p-1"}) == {"p-1": "clean"}
 
 
 def test_the_gate_refuses_bad_input_and_starts_nothing(fh: FleetHome) -> None:

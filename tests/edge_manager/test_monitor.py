@@ -60,6 +60,7 @@ class Camera:
         self.store = store
         self.rng = np.random.default_rng(seed)
         self.n = 0
+        self.labels: dict[str, str] = {}  # held-out image -> its label at the manager
 
     def stats(self, brightness: float) -> dict[str, float]:
         mean = float(self.rng.normal(brightness, 0.03))
@@ -133,19 +134,28 @@ class Camera:
     ) -> None:
         """The gate's evaluation rows: labelled held-out images, right 90% of the time
         (by default), stored as ``edge_manager.evaluations`` stores them -- a re-lit copy
-        (``augmented`` k) under ``<id>~k``."""
-        rows = []
+        (``augmented`` k) under ``<id>~k`` -- and the images' labels at the manager (a
+        copy's label is its image's)."""
+        rows, labels = [], []
         for i in range(count):
+            base = f"h-{edge}-{i}"
+            if augmented:
+                label = self.labels[base]
+            else:
+                label = "clean" if self.rng.random() < 0.7 else "scratch"
+                self.labels[base] = label
+                labels.append((f"l-{base}", base, edge, label, "op", 800.0, "operator"))
+            other = "scratch" if label == "clean" else "clean"
             wrong = i % wrong_every == 0
-            scores = self.scores(confident=augmented > 0 or not wrong)
-            predicted = max(scores, key=lambda name: scores[name])
-            other = "scratch" if predicted == "clean" else "clean"
-            label = other if wrong else predicted
+            confident = augmented or not wrong
+            top = float(self.rng.uniform(0.85, 0.99) if confident else self.rng.uniform(0.5, 0.6))
+            predicted = other if wrong else label
+            scores = {predicted: top, ("scratch" if predicted == "clean" else "clean"): 1 - top}
             rows.append(
                 (
                     "e-1",
                     edge,
-                    f"h-{edge}-{i}" + (f"~{augmented}" if augmented else ""),
+                    base + (f"~{augmented}" if augmented else ""),
                     model,
                     label,
                     json.dumps(scores),
@@ -158,6 +168,11 @@ class Camera:
             "INSERT INTO evaluations (eval_id, edge, prediction_id, model, label, scores, stats, "
             "at, augmented) VALUES (?,?,?,?,?,?,?,?,?)",
             rows,
+        )
+        self.store.conn.executemany(
+            "INSERT INTO labels (label_id, prediction_id, edge, label, who, at, origin) "
+            "VALUES (?,?,?,?,?,?,?)",
+            labels,
         )
 
 

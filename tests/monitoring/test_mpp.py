@@ -152,3 +152,43 @@ def test_from_json_rejects_what_it_did_not_write() -> None:
         MppPredictor.from_json(json.dumps(good | {"coef": [1.0]}))
     with pytest.raises(ValueError, match="finite"):
         MppPredictor.from_json(json.dumps(good).replace(str(good["intercept"]), "NaN"))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"n_fit": True}, "n_fit"),
+        ({"n_fit": 0}, "n_fit"),
+        ({"n_fit": -5}, "n_fit"),
+        ({"n_fit": 10**12}, "n_fit"),
+        ({"n_fit": 50.5}, "n_fit"),
+        ({"fit_accuracy": 1.5}, "fit_accuracy"),
+        ({"fit_accuracy": -0.1}, "fit_accuracy"),
+        ({"fit_accuracy": True}, "fit_accuracy"),
+        ({"intercept": False}, "intercept"),
+        ({"atc_threshold": "0.5"}, "atc_threshold"),
+        ({"coef": "abcdefghijk"}, "coef"),
+        ({"mean": {"a": 1}}, "mean"),
+        ({"scale": [None] * 10}, "scale"),
+        ({"version": True}, "version"),
+    ],
+)
+def test_from_json_rejects_corrupt_fields(change: dict[str, object], message: str) -> None:
+    rows, correct, _ = synthetic(9, 50)
+    good = json.loads(MppPredictor.fit(rows, correct).to_json())
+    with pytest.raises(ValueError, match=message):
+        MppPredictor.from_json(json.dumps(good | change))
+
+
+def test_from_json_turns_any_failure_into_value_error() -> None:
+    rows, correct, _ = synthetic(9, 50)
+    good = json.loads(MppPredictor.fit(rows, correct).to_json())
+    infinite = json.dumps(good).replace(str(good["coef"][0]), "Infinity", 1)
+    with pytest.raises(ValueError, match="finite"):
+        MppPredictor.from_json(infinite)
+    huge = json.dumps(good).replace(str(good["coef"][0]), "1e999", 1)  # inf once parsed
+    with pytest.raises(ValueError, match="finite"):
+        MppPredictor.from_json(huge)
+    for text in (None, b"\xff", 3, "[" * 100_000):
+        with pytest.raises(ValueError):
+            MppPredictor.from_json(text)  # type: ignore[arg-type]

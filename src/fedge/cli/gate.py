@@ -84,10 +84,11 @@ def gate(
                 f"({time.monotonic() - started:.0f}/{timeout:.0f} s)"
             )
 
-        _, result = gating.run(
+        request, result = gating.run(
             fleet, model, policy, edges=chosen, timeout_s=timeout, on_progress=on_progress
         )
-    stored = gating.stored(fleet.store, name, version)
+    # This run's verdict: another gate of the same model may have stored a newer one.
+    stored = gating.stored(fleet.store, name, version, eval_id=request.eval_id)
     assert stored is not None
     _render(stored.evidence, as_json, stored.at)
     if not result.blessed:
@@ -113,9 +114,15 @@ def _render(evidence: dict[str, Any], as_json: bool, at: float) -> None:
             serving += "*"
             baseline = True
         delta = "-" if s["delta"] is None else f"{s['delta']:+.3f}"
+        reason = s["reason"]
+        if s.get("dropped_reason"):
+            reason += (
+                f"; dropped {s.get('foreign_items', 0)} foreign, "
+                f"{s.get('rejected_items', 0)} rejected item(s): {s['dropped_reason']}"
+            )
         table.add_row(
             escape(s["edge"]), str(s["examples"]), serving, _fraction(s["candidate_accuracy"]),
-            delta, passed, escape(s["reason"]),
+            delta, passed, escape(reason),
         )  # fmt: skip
     overall = evidence["overall"]
     gain = "-" if overall["gain"] is None else f"{overall['gain']:+.3f}"
@@ -129,6 +136,12 @@ def _render(evidence: dict[str, Any], as_json: bool, at: float) -> None:
     for key, what in (("not_answered", "did not answer"), ("superseded", "superseded")):
         if evidence.get(key):
             console.print(f"{what}: {escape(', '.join(evidence[key]))}", highlight=False)
+    for edge, eval_id in sorted(evidence.get("abandoned", {}).items()):
+        console.print(
+            f"abandoned on {escape(edge)}: evaluation {escape(eval_id)} (unanswered past "
+            "its timeout)",
+            highlight=False,
+        )
     thresholds = evidence.get("recommended_thresholds")
     if thresholds:
         per_class = ", ".join(f"{k} {v:g}" for k, v in thresholds["class_thresholds"].items())

@@ -153,7 +153,8 @@ class Evaluations:
         self.keys = keys
         self.counters = counters
         self._report = report
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # one evaluation at a time; the store write commits
+        self._publishing = threading.Lock()  # reports go out in the order they were stored
         stored = store.get(LAST_REPORT_KEY)
         # Re-stated (retained) by every new session, after the birth.
         self.last_report: bytes | None = None if stored is None else stored.encode()
@@ -183,7 +184,12 @@ class Evaluations:
         ).start()
 
     def evaluate(self, request: EvaluationRequest) -> None:
-        """Score the held-out images with every model of ``request``; publish the report."""
+        """Score the held-out images with every model of ``request``; publish the report.
+
+        The store write under ``_lock`` is the commit point; the report is published
+        after the lock is released, since the callback reaches paho and takes the gRPC
+        poller's lock (holding ours across it could deadlock). A crash between the two
+        loses nothing: the stored report is re-stated by every new session."""
         with self._lock:
             if request.version <= self.done_version:
                 return
@@ -201,16 +207,19 @@ class Evaluations:
             # Stored first: a crash after this re-states it rather than losing it.
             self.store.put(LAST_REPORT_KEY, payload.decode())
             self.last_report, self._done_version = payload, report.version
-            self._report(topics.Up.EVALUATE, payload, True)
             self.counters[f"evaluate.{report.status.value}"] += 1
-            log.info(
-                "evaluation %s %s in %.1f s (%d items)%s",
-                request.eval_id,
-                report.status.value,
-                time.monotonic() - started,
-                len(report.items),
-                f": {report.reason}" if report.reason else "",
-            )
+        with self._publishing:
+            # A newer report stored meanwhile publishes itself; never retain an older one.
+            if self._done_version == report.version:
+                self._report(topics.Up.EVALUATE, payload, True)
+        log.info(
+            "evaluation %s %s in %.1f s (%d items)%s",
+            request.eval_id,
+            report.status.value,
+            time.monotonic() - started,
+            len(report.items),
+            f": {report.reason}" if report.reason else "",
+        )
 
     def _failed(self, request: EvaluationRequest, reason: str) -> EvaluationReport:
         return EvaluationReport(

@@ -14,14 +14,24 @@ predictions) -- and this module judges them:
 A finding *holds*, does not hold, or cannot be judged (too few values; ``holds is None``),
 and :func:`transitions` turns findings and the open alerts into what to do: raise an alert
 while its condition holds (once: never a second open alert of the same kind), clear it
-when the condition stops holding. An operator's acknowledgement silences a condition until
-it has stopped holding once (it is then re-armed).
+once the condition is well clear of its threshold. An operator's acknowledgement silences
+a condition until it has cleared once (it is then re-armed).
+
+Clearing has hysteresis, as alarm systems do (ISA-18.2's deadband and off-delay): the
+window slides by a few predictions per tick, so a value hovering at its threshold would
+otherwise raise and clear on alternate ticks. A drift alert clears only once the condition
+has not held over a whole fresh window (every prediction in the current window arrived
+after the last tick at which it held; :func:`with_off_delay`) -- not at a lower PSI level:
+between two in-distribution windows of 100 images PSI's sampling noise alone is about
+(bins - 1) * (1/n + 1/n) = 0.18, so "below half the alert level" would rarely clear. The
+accuracy alert clears only when the estimate is at least ``accuracy_clear_margin`` (0.03,
+the MPP estimate's target error in distribution) above the minimum.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from fedge.monitoring.drift import DriftPolicy, FeatureDrift, detect
@@ -44,6 +54,7 @@ class WindowRow:
 class MonitorPolicy:
     drift: DriftPolicy = field(default_factory=DriftPolicy)
     min_estimated_accuracy: float = 0.8
+    accuracy_clear_margin: float = 0.03  # the accuracy alert clears at minimum + this
 
     @property
     def min_window(self) -> int:
@@ -57,6 +68,15 @@ class Finding:
     value: float
     threshold: float
     detail: Mapping[str, Any]
+    # Whether an open alert of this kind may clear (hysteresis, see the module docstring);
+    # None: as soon as the condition does not hold.
+    cleared: bool | None = None
+
+    @property
+    def clears(self) -> bool:
+        if self.holds is None:
+            return False
+        return (not self.holds) if self.cleared is None else self.cleared and not self.holds
 
 
 @dataclass(frozen=True)
@@ -186,6 +206,14 @@ def drift_findings(
     ]
 
 
+def with_off_delay(finding: Finding, fresh: int, window: int) -> Finding:
+    """``finding`` that may clear only if ``fresh`` -- the current window's predictions
+    newer than the last time the condition held -- is a whole ``window``."""
+    if finding.holds is not False:
+        return finding
+    return replace(finding, cleared=fresh >= window)
+
+
 # ---------------------------------------------------------------- accuracy
 
 
@@ -236,8 +264,9 @@ def estimate(rows: Sequence[WindowRow], predictor: MppPredictor | None) -> Estim
     )
 
 
-def accuracy_finding(result: Estimate, minimum: float) -> Finding:
-    """The estimated accuracy below ``minimum`` (not judged without an MPP estimate)."""
+def accuracy_finding(result: Estimate, minimum: float, clear_margin: float = 0.03) -> Finding:
+    """The estimated accuracy below ``minimum`` (not judged without an MPP estimate); an
+    open alert clears at ``minimum + clear_margin``."""
     detail: dict[str, Any] = {
         "window_start": result.window_start,
         "window_end": result.window_end,
@@ -250,7 +279,14 @@ def accuracy_finding(result: Estimate, minimum: float) -> Finding:
     if result.mpp is None:
         detail["reason"] = "no MPP predictor for this model (the gate has not evaluated it)"
         return Finding(AlertKind.ACCURACY_ESTIMATE, None, 0.0, minimum, detail)
-    return Finding(AlertKind.ACCURACY_ESTIMATE, result.mpp < minimum, result.mpp, minimum, detail)
+    return Finding(
+        AlertKind.ACCURACY_ESTIMATE,
+        result.mpp < minimum,
+        result.mpp,
+        minimum,
+        detail,
+        result.mpp >= minimum + clear_margin,
+    )
 
 
 # ---------------------------------------------------------------- alert transitions
@@ -272,6 +308,8 @@ def transitions(
             if current is None and finding.kind not in acknowledged:
                 actions.append(Raise(finding))
             continue
+        if not finding.clears:
+            continue  # in the deadband: an open alert stays open, an acknowledged one silent
         if current is not None:
             actions.append(Clear(current.alert_id, finding.kind, finding))
         if finding.kind in acknowledged:

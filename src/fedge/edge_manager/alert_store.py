@@ -129,7 +129,7 @@ def open_alerts(store: Store, edge: str, model: str) -> dict[AlertKind, OpenAler
 
 
 def open_pairs(store: Store) -> list[tuple[str, str, OpenAlert]]:
-    """(edge, model, alert) of every open alert."""
+    """(edge, model, alert) of every open alert (through the ``alerts_open`` index)."""
     rows = store.query(
         "SELECT alert_id, edge, model, kind, raised_at FROM alerts WHERE cleared_at IS NULL"
     )
@@ -156,10 +156,13 @@ def acknowledged(store: Store, edge: str, model: str) -> frozenset[AlertKind]:
 
 
 def unpublished_acks(store: Store) -> list[AlertView]:
+    """Operators' clearings serve has not announced yet (oldest first). From the
+    acknowledgements' side, so the partial index ``alert_acks_unpublished`` bounds it."""
     rows = store.query(
-        _SELECT
-        + " WHERE k.alert_id IS NOT NULL AND k.published_at IS NULL AND a.cleared_at IS NOT NULL"
-        + " ORDER BY k.at"
+        "SELECT a.alert_id, a.edge, a.model, a.kind, a.value, a.threshold, a.detail, "
+        "a.raised_at, a.cleared_at, k.who, k.note FROM alert_acks k "
+        "JOIN alerts a ON a.alert_id = k.alert_id "
+        "WHERE k.published_at IS NULL AND a.cleared_at IS NOT NULL ORDER BY k.at"
     )
     return [_view(row) for row in rows]
 
@@ -219,6 +222,7 @@ def rearm(conn: sqlite3.Connection, edge: str, model: str, kind: AlertKind, at: 
 
 
 def mark_ack_published(conn: sqlite3.Connection, alert_id: str, at: float) -> None:
+    """Serve announced an operator's clearing: call only once the publish was accepted."""
     conn.execute("UPDATE alert_acks SET published_at=? WHERE alert_id=?", (at, alert_id))
 
 

@@ -11,11 +11,16 @@ are stored under the prediction id ``<id>~k`` (``~`` is never in an identifier) 
 A report is checked before anything is written: it must answer a request this
 manager sent to that edge (same version and evaluation id) and name only the models
 that request asked for; otherwise it is rejected (counted in ``rejections``) and
-changes nothing.
+changes nothing. Single bad items of an answering report are dropped instead, counted
+and explained in the station's evidence (``ReportRow.foreign_items``/``rejected_items``/
+``dropped_reason``): an image of another station's prediction (a station evaluates its
+own images only; one such item must not discard the station's answer) and scores whose
+classes are not the model's.
 """
 
 import json
 import sqlite3
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,7 +28,12 @@ from fedge.edge_manager.gate import Scored, StationReport
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec
 from fedge.protocols.errors import ValidationError
-from fedge.protocols.evaluation import EvaluationReport, EvaluationRequest, EvaluationStatus
+from fedge.protocols.evaluation import (
+    EvaluationItem,
+    EvaluationReport,
+    EvaluationRequest,
+    EvaluationStatus,
+)
 from fedge.protocols.manifest import ModelManifest
 
 EVALUATE = "evaluate"  # the desired-document kind (Fleet's `desired` table)
@@ -49,26 +59,29 @@ def request_for(conn: sqlite3.Connection, edge: str, version: int) -> Evaluation
 def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, now: float) -> bool:
     """Store ``report`` of ``edge`` inside the caller's transaction; False if it was
     stored before (a retained copy again). Raises ValidationError, writing nothing, for a
-    report that answers no request of this manager's."""
+    report that answers no request of this manager's or names models it did not ask for;
+    drops (counts, explains) its items on other stations' images or with other classes."""
     request = request_for(conn, edge, report.version)
     if request is None or request.eval_id != report.eval_id:
         raise ValidationError(
             f"{edge} reports evaluation {report.eval_id!r} v{report.version}, which this "
             "manager did not ask it for"
         )
-    asked = {manifest_of(envelope).ref for envelope in request.manifest_envelopes}
+    classes = {
+        manifest.ref: set(manifest.classes)
+        for manifest in map(manifest_of, request.manifest_envelopes)
+    }
     named = {item.model for item in report.items}
-    if not named <= asked:
+    if not named <= classes.keys():
         raise ValidationError(
-            f"{edge} reports scores of {sorted(named - asked)}, not of the models asked "
-            f"for ({', '.join(sorted(asked))})"
+            f"{edge} reports scores of {sorted(named - classes.keys())}, not of the models "
+            f"asked for ({', '.join(sorted(classes))})"
         )
-    foreign = _foreign_predictions(conn, edge, {item.prediction_id for item in report.items})
-    if foreign:
-        raise ValidationError(
-            f"{edge} reports images of other stations' predictions ({', '.join(foreign[:3])}"
-            f"{', ...' if len(foreign) > 3 else ''}); a station evaluates its own images only"
-        )
+    foreign = set(_foreign_predictions(conn, edge, {i.prediction_id for i in report.items}))
+    kept = [i for i in report.items if i.prediction_id not in foreign]
+    rejected = [i for i in kept if set(i.scores) != classes[i.model]]
+    kept = [i for i in kept if set(i.scores) == classes[i.model]]
+    dropped = _dropped_reason(report, foreign, rejected, classes)
     added = conn.execute(
         "INSERT OR IGNORE INTO evaluation_reports (eval_id, edge, version, status, reason, "
         "holdout, items, reported_at, received_at) VALUES (?,?,?,?,?,?,?,?,?)",
@@ -77,7 +90,7 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
             edge,
             report.version,
             report.status.value,
-            report.reason,
+            report.reason + (f"{NOTE_SEP}{dropped}" if dropped else ""),
             report.holdout,
             len(report.items),
             report.reported_at,
@@ -101,10 +114,42 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
                 now,
                 item.augmented or 0,
             )
-            for item in report.items
+            for item in kept
         ],
     )
     return True
+
+
+# The manager's note on dropped items, kept after the station's own reason in
+# `evaluation_reports.reason` (JSON: counts and why); only this module reads it.
+NOTE_SEP = "\n[manager] "
+
+
+def _dropped_reason(
+    report: EvaluationReport,
+    foreign: set[str],
+    rejected: list[EvaluationItem],
+    classes: dict[str, set[str]],
+) -> str:
+    if not foreign and not rejected:
+        return ""
+    foreign_items = sum(item.prediction_id in foreign for item in report.items)
+    why = []
+    if foreign:
+        ids = sorted(foreign)
+        why.append(
+            f"{foreign_items} item(s) on other stations' predictions ({', '.join(ids[:3])}"
+            f"{', ...' if len(ids) > 3 else ''}): a station evaluates its own images only"
+        )
+    if rejected:
+        first = rejected[0]
+        why.append(
+            f"{len(rejected)} item(s) with scores not of the model's classes (e.g. "
+            f"{first.prediction_id} of {first.model}: {','.join(sorted(first.scores))}, "
+            f"expected {','.join(sorted(classes[first.model]))})"
+        )
+    note = {"foreign": foreign_items, "rejected": len(rejected), "why": "; ".join(why)}
+    return json.dumps(note, sort_keys=True)
 
 
 def stored_id(prediction_id: str, augmented: int | None) -> str:
@@ -136,12 +181,70 @@ def _foreign_predictions(conn: sqlite3.Connection, edge: str, ids: set[str]) -> 
 
 
 @dataclass(frozen=True)
+class PendingEvaluation:
+    edge: str
+    eval_id: str
+    candidate: str
+    issued_at: float
+
+
+def pending(store: Store, edges: Iterable[str]) -> list[PendingEvaluation]:
+    """Per edge, its newest evaluation if it is neither answered by that edge nor
+    decided (no ``gate_results`` row): a gate is, or was, waiting for it."""
+    found = []
+    for edge in sorted(edges):
+        version = store.scalar(
+            "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, EVALUATE)
+        )
+        if version is None:
+            continue
+        request = request_for(store.conn, edge, int(version))
+        if request is None:
+            continue
+        answered = store.scalar(
+            "SELECT count(*) FROM evaluation_reports WHERE eval_id=? AND edge=?",
+            (request.eval_id, edge),
+        )
+        decided = store.scalar(
+            "SELECT count(*) FROM gate_results WHERE eval_id=?", (request.eval_id,)
+        )
+        if answered or decided:
+            continue
+        candidate = manifest_of(request.manifest_envelopes[0]).ref  # the candidate first
+        found.append(PendingEvaluation(edge, request.eval_id, candidate, request.issued_at))
+    return found
+
+
+@dataclass(frozen=True)
 class ReportRow:
     edge: str
     status: EvaluationStatus
-    reason: str
+    reason: str  # the station's
     holdout: int
-    items: int
+    items: int  # as the station sent them
+    foreign_items: int = 0  # dropped here: on other stations' predictions
+    rejected_items: int = 0  # dropped here: scores not of the model's classes
+    dropped_reason: str = ""
+
+
+def _report_row(r: dict[str, Any]) -> ReportRow:
+    reason, _, note = str(r["reason"]).partition(NOTE_SEP)
+    dropped: dict[str, Any] = {}
+    if note:
+        try:
+            dropped = json.loads(note)
+        except ValueError:
+            dropped = {"why": note}
+    return ReportRow(
+        str(r["edge"]),
+        EvaluationStatus(str(r["status"])),
+        reason,
+        int(r["holdout"]),
+        int(r["items"]),
+        int(dropped.get("foreign", 0)),
+        int(dropped.get("rejected", 0)),
+        str(dropped.get("why", "")),
+    )
 
 
 def reports(store: Store, eval_id: str) -> dict[str, ReportRow]:
@@ -150,16 +253,7 @@ def reports(store: Store, eval_id: str) -> dict[str, ReportRow]:
         "SELECT edge, status, reason, holdout, items FROM evaluation_reports WHERE eval_id=?",
         (eval_id,),
     )
-    return {
-        str(r["edge"]): ReportRow(
-            str(r["edge"]),
-            EvaluationStatus(str(r["status"])),
-            str(r["reason"]),
-            int(r["holdout"]),
-            int(r["items"]),
-        )
-        for r in rows
-    }
+    return {str(r["edge"]): _report_row(r) for r in rows}
 
 
 def station_report(
@@ -177,7 +271,10 @@ def station_report(
             (eval_id, edge),
         )
     )
-    return StationReport(edge, serving, row.status.value, row.reason, row.holdout, items)
+    return StationReport(
+        edge, serving, row.status.value, row.reason, row.holdout, items,
+        row.foreign_items, row.rejected_items, row.dropped_reason,
+    )  # fmt: skip
 
 
 def _scores(row: dict[str, Any]) -> dict[str, float]:
@@ -188,16 +285,18 @@ def _scores(row: dict[str, Any]) -> dict[str, float]:
     return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
 
 
-def manager_labels(store: Store, prediction_ids: set[str]) -> dict[str, str]:
-    """The manager's current label of each prediction that has one."""
+def manager_labels(store: Store, edge: str, prediction_ids: set[str]) -> dict[str, str]:
+    """The manager's current label of each of ``edge``'s predictions that has one (a
+    label of another edge's prediction never judges this station's report)."""
     labels: dict[str, str] = {}
     ids = sorted(prediction_ids)
     for start in range(0, len(ids), 500):  # SQLite's variable limit
         chunk = ids[start : start + 500]
         marks = ",".join("?" * len(chunk))
         for row in store.query(
-            f"SELECT prediction_id, label FROM labels WHERE prediction_id IN ({marks})",
-            tuple(chunk),
+            f"SELECT prediction_id, label FROM labels WHERE prediction_id IN ({marks}) "
+            "AND edge = ?",
+            (*chunk, edge),
         ):
             labels[str(row["prediction_id"])] = str(row["label"])
     return labels

@@ -24,8 +24,9 @@ Only the held-out images as they are count: the re-lit copies a station also sco
 (``Scored.augmented``) train the label-free accuracy predictor, not the verdict.
 
 Stations with fewer than ``min_examples`` labelled examples, stations whose evaluation
-failed and stations that did not answer are listed with the reason, never silently
-used; if no station is usable the candidate is not blessed.
+failed, stations that did not answer and edges left out (they serve the candidate
+already: ``gating.py``) are listed with the reason, never silently used; if no station is
+usable the candidate is not blessed.
 
 The evidence also recommends thresholds for the candidate: per positive class, the
 highest score threshold that still catches ``target_recall`` of the held-out images
@@ -81,7 +82,10 @@ class Scored:
 
 @dataclass(frozen=True)
 class StationReport:
-    """What one station answered (``status`` done, failed, or missing: no answer)."""
+    """What one station answered (``status`` done, failed, or missing: no answer; or
+    left_out: not asked, ``reason`` says why). ``foreign_items``/``rejected_items``: the
+    items the manager dropped from its report (images of other stations' predictions;
+    scores not of the model's classes), ``dropped_reason`` says which."""
 
     edge: str
     serving: str | None
@@ -89,6 +93,9 @@ class StationReport:
     reason: str = ""
     holdout: int = 0
     items: tuple[Scored, ...] = ()
+    foreign_items: int = 0
+    rejected_items: int = 0
+    dropped_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -106,6 +113,9 @@ class StationEvidence:
     reason: str
     unlabelled: int = 0  # scored images the manager has no label for (left out)
     label_disagreements: int = 0  # the station's label differs from the manager's
+    foreign_items: int = 0  # report items on other stations' predictions (dropped)
+    rejected_items: int = 0  # report items with scores not of the model's classes (dropped)
+    dropped_reason: str = ""  # why the manager dropped items of the report ("": none)
 
 
 @dataclass(frozen=True)
@@ -241,6 +251,7 @@ def judge(
             StationEvidence(
                 station.edge, station.status, station.serving, reference, n, station.holdout,
                 ref_acc, cand_acc, delta, passed, reason, unlabelled, disagreements,
+                station.foreign_items, station.rejected_items, station.dropped_reason,
             )
         )  # fmt: skip
     overall = _overall(tallies)
@@ -255,7 +266,7 @@ def judge(
 
 
 def _unused(station: StationReport, why: str) -> StationEvidence:
-    prefix = {"failed": "evaluation failed: ", "missing": ""}.get(station.status, "")
+    prefix = {"failed": "evaluation failed: "}.get(station.status, "")
     return StationEvidence(
         station.edge, station.status, station.serving, station.serving or "-", 0,
         station.holdout, None, None, None, None, f"{prefix}{why}: not used",

@@ -7,8 +7,10 @@
   validation gate evaluated it there (at least ``min_window`` distinct images, as they
   are: never the stations' re-lit copies, which are synthetic drift), else the model's
   first ``min_window`` predictions on that edge;
-- the **current window**: the newest ``min_window`` predictions of the model on the edge
-  (for drift against a prediction reference, only those after the reference window);
+- the **current window**: the newest ``min_window`` predictions of the model among the
+  edge's newest ``SCAN_WINDOWS * min_window`` (for drift against a prediction reference,
+  only those after the reference window); an edge that just switched models is judged
+  once the new one has a full window there;
 
 and judges them (:mod:`fedge.edge_manager.alert_rules`): input and score drift, and the
 MPP estimate of accuracy (Ghanta et al., OpML'19) from a predictor fitted on the model's
@@ -17,84 +19,72 @@ so it has seen lighting change -- kept in ``mpp_models``. Estimates go to ``esti
 alerts are raised and cleared in ``alerts`` and returned, for ``serve`` to publish on the
 alerts topic.
 
-A pair whose newest prediction and evaluations did not change since the last tick is not
-judged again: with nothing new, no finding can change. Alerts follow the sliding window;
-estimates are recorded once per ``min_window`` predictions (windows that do not overlap).
+A pair whose newest prediction, evaluations and relabels did not change since the last
+tick is not judged again: with nothing new, no finding can change. Alerts follow the
+sliding window, with hysteresis (``alert_rules``); estimates are recorded once per
+``min_window`` predictions (windows that do not overlap).
+
+**Locking.** ``serve``'s worker also ingests, and CLI writers wait for the write lock
+(30 s), so a tick never holds it for long: it reads (one grouped count of evaluation rows
+per tick, bounded index walks over predictions) outside any transaction, and writes each
+pair's estimate and alert changes in their own short ``BEGIN IMMEDIATE``, reading the open
+alerts and acknowledgements inside it (an operator may acknowledge meanwhile). The
+alert messages are built inside that transaction, so one that cannot be built rolls its
+pair back rather than leaving a stored alert nobody hears of; an operator's clearing is
+marked announced only once ``publish`` accepted it.
+
+What is read, and how (the MPP fit's labels, the persisted references, what a gate
+reference is not), is :mod:`fedge.edge_manager.monitor_windows`'s.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import sqlite3
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
 
 from fedge.edge_manager import alert_store
 from fedge.edge_manager.alert_rules import (
     Clear,
+    Estimate,
     Finding,
     MonitorPolicy,
     Raise,
     Rearm,
-    WindowRow,
     accuracy_finding,
     drift_findings,
     estimate,
-    mpp_training_set,
     transitions,
+    with_off_delay,
 )
 from fedge.edge_manager.alert_store import AlertView
+from fedge.edge_manager.monitor_windows import Windows, row
 from fedge.edge_manager.store import Store
 from fedge.monitoring.drift import DriftPolicy
-from fedge.monitoring.mpp import MppPredictor
-from fedge.protocols.alerts import Alert
+from fedge.protocols.alerts import Alert, AlertKind
 
 log = logging.getLogger(__name__)
 
-_WINDOW_SQL = (
-    "SELECT p.rowid AS rid, p.at, p.scores, p.stats, l.label FROM predictions p "
-    "LEFT JOIN labels l ON l.prediction_id = p.prediction_id "
-    "WHERE p.edge=? AND p.model=? ORDER BY p.rowid {order} LIMIT ?"
-)
-
 
 @dataclass(frozen=True)
-class _Reference:
-    rows: tuple[WindowRow, ...]
-    source: str  # "evaluations" or "predictions"
-    last_rowid: int  # predictions after it are the current window's (0 for evaluations)
-    n_evaluations: int = 0  # the evaluation rows it was read from
+class _Judgement:
+    """What one pair's read produced, for its short write transaction."""
+
+    key: tuple[int, int, int, int]
+    result: Estimate
+    record_estimate: bool
+    findings: list[Finding]
+    new_reference: tuple[int, int, str] | None  # a prediction reference to persist
 
 
-@dataclass(frozen=True)
-class _Fitted:
-    n_rows: int
-    predictor: MppPredictor | None
+Publish = Callable[[Alert], bool]
+"""Publishes one alert; True once the transport accepted it."""
 
 
 def policy_from(min_window: int, min_estimated_accuracy: float) -> MonitorPolicy:
+    """The policy ``serve`` runs with (hysteresis at the defaults of MonitorPolicy)."""
     return MonitorPolicy(DriftPolicy(min_window=min_window), min_estimated_accuracy)
-
-
-def _json_map(text: object) -> dict[str, float] | None:
-    if not isinstance(text, str) or not text:
-        return None
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None
-
-
-def _row(record: dict[str, Any]) -> WindowRow:
-    label = record.get("label")
-    return WindowRow(
-        scores=_json_map(record["scores"]) or {},
-        stats=_json_map(record["stats"]),
-        at=float(record["at"]),
-        label=None if label is None else str(label),
-    )
 
 
 class Monitor:
@@ -102,74 +92,158 @@ class Monitor:
         self.store = store
         self.fleet = fleet
         self.policy = policy
-        self._references: dict[tuple[str, str], _Reference] = {}
-        self._fitted: dict[str, _Fitted] = {}
-        self._seen: dict[tuple[str, str], tuple[int, int, int]] = {}
+        self.windows = Windows(store, policy)
+        self._seen: dict[tuple[str, str], tuple[int, int, int, int]] = {}
+        # (edge, model, drift kind) -> the newest prediction rowid when it last held.
+        self._held: dict[tuple[str, str, AlertKind], int] = {}
         # (edge, model) -> the time of the newest prediction judged (what tests wait on).
         self.judged: dict[tuple[str, str], float] = {}
 
-    def tick(self, now: float) -> list[Alert]:
-        """Judge every serving (edge, model); return the alerts raised and cleared."""
-        events: list[AlertView] = []
+    def tick(self, now: float, publish: Publish | None = None) -> list[Alert]:
+        """Judge every serving (edge, model); return the alerts raised and cleared.
+
+        With ``publish``, each alert is handed to it, and an operator's clearing is marked
+        announced only when it returns True (else it is offered again next tick). Without,
+        the caller is trusted to publish what is returned.
+        """
+        alerts: list[Alert] = []
         serving = [
             (str(r["edge"]), str(r["serving"]))
             for r in self.store.query("SELECT edge, serving FROM edges WHERE serving != ''")
         ]
-        with self.store.transaction() as conn:
-            for edge, model in serving:
-                conn.execute("SAVEPOINT pair")
-                try:
-                    events += self._judge(conn, edge, model, now)
-                except Exception:
-                    # One edge's bad data (or a bug it triggers) must not stop the others
-                    # being watched; it is judged again when its next predictions arrive.
-                    conn.execute("ROLLBACK TO pair")
-                    log.exception("monitor could not judge %s on %s", model, edge)
-                conn.execute("RELEASE pair")
-            events += self._clear_unserved(conn, set(serving), now)
-            for view in alert_store.unpublished_acks(self.store):
-                alert_store.mark_ack_published(conn, view.alert_id, now)
-                events.append(view)
-        return [view.message(self.fleet) for view in events]
+        counts = self.windows.evaluation_counts({model for _, model in serving})
+        relabels = int(self.store.scalar("SELECT coalesce(max(rowid), 0) FROM label_history"))
+        for edge, model in serving:
+            try:
+                alerts += self._judge(edge, model, counts, relabels, now)
+            except Exception:
+                # One edge's bad data (or a bug it triggers) must not stop the others
+                # being watched; it is judged again when its next predictions arrive.
+                log.exception("monitor could not judge %s on %s", model, edge)
+        try:
+            with self.store.transaction() as conn:
+                views = self._clear_unserved(conn, set(serving), now)
+                alerts += [view.message(self.fleet) for view in views]
+        except Exception:
+            log.exception("monitor could not clear the alerts of models no longer served")
+        if publish is not None:
+            for alert in alerts:
+                publish(alert)
+        alerts += self._announce_acks(now, publish)
+        return alerts
 
-    # -- one (edge, model)
+    def _announce_acks(self, now: float, publish: Publish | None) -> list[Alert]:
+        announced: list[Alert] = []
+        for view in alert_store.unpublished_acks(self.store):
+            try:
+                alert = view.message(self.fleet)
+            except Exception:
+                log.exception("cannot announce the clearing of alert %s", view.alert_id)
+                continue
+            if publish is not None and not publish(alert):
+                continue  # not accepted: offered again at the next tick
+            with self.store.transaction() as conn:
+                alert_store.mark_ack_published(conn, view.alert_id, now)
+            announced.append(alert)
+        return announced
+
+    # -- one (edge, model): read, judge, then one short write
 
     def _judge(
-        self, conn: sqlite3.Connection, edge: str, model: str, now: float
-    ) -> list[AlertView]:
-        window = self.policy.min_window
-        newest = self.store.query(_WINDOW_SQL.format(order="DESC"), (edge, model, window))
-        if len(newest) < window:
-            return []  # not a full window yet: nothing to judge
-        model_evals, edge_evals = self._evaluation_counts(edge, model)
-        key = (int(newest[0]["rid"]), model_evals, edge_evals)
-        if self._seen.get((edge, model)) == key:
+        self,
+        edge: str,
+        model: str,
+        counts: dict[tuple[str, str], tuple[int, int]],
+        relabels: int,
+        now: float,
+    ) -> list[Alert]:
+        judgement = self._read(edge, model, counts, relabels, now)
+        if judgement is None:
             return []
-        self._seen[(edge, model)] = key
+        with self.store.transaction() as conn:
+            if judgement.record_estimate:
+                # Estimates are recorded per window, windows not overlapping (one row per
+                # `min_window` predictions); alerts follow the sliding window.
+                alert_store.write_estimate(conn, edge, model, judgement.result)
+            if judgement.new_reference is not None:
+                conn.execute(
+                    "INSERT OR REPLACE INTO drift_references (edge, model, first_rowid, "
+                    "last_rowid, rows, created_at) VALUES (?,?,?,?,?,?)",
+                    (edge, model, *judgement.new_reference, now),
+                )
+            views = self._apply(conn, edge, model, judgement.findings, now)
+            # Built before the commit: an alert that cannot be announced is not stored.
+            alerts = [view.message(self.fleet) for view in views]
+        self._seen[(edge, model)] = judgement.key
+        self.judged[(edge, model)] = judgement.result.window_end
+        return alerts
+
+    def _read(
+        self,
+        edge: str,
+        model: str,
+        counts: dict[tuple[str, str], tuple[int, int]],
+        relabels: int,
+        now: float,
+    ) -> _Judgement | None:
+        window = self.policy.min_window
+        model_evals = sum(n for (m, _), (n, _) in counts.items() if m == model)
+        edge_evals = counts.get((model, edge), (0, 0))[1]
+        newest_rid = self.store.scalar(
+            "SELECT coalesce(max(rowid), 0) FROM predictions WHERE edge=?", (edge,)
+        )
+        key = (int(newest_rid), model_evals, edge_evals, relabels)
+        if self._seen.get((edge, model)) == key:
+            return None
+        newest = self.windows.newest(edge, model)
+        if len(newest) < window:
+            self._seen[(edge, model)] = key  # not a full window yet: nothing to judge
+            return None
         oldest_first = list(reversed(newest))
-        current = [_row(r) for r in oldest_first]
-        predictor = self._predictor(conn, model, model_evals, now)
+        current = [row(r) for r in oldest_first]
+        predictor = self.windows.predictor(model, (model_evals, relabels), now)
         result = estimate(current, predictor)
-        if result.window_start > alert_store.last_estimate_end(self.store, edge, model):
-            # Estimates are recorded per window, windows not overlapping (one row per
-            # `min_window` predictions); alerts follow the sliding window.
-            alert_store.write_estimate(conn, edge, model, result)
-        reference = self._reference(edge, model, edge_evals)
+        record = result.window_start > alert_store.last_estimate_end(self.store, edge, model)
+        reference, new_reference = self.windows.reference(edge, model, edge_evals)
         # Against its first predictions, an edge's window is judged once it is past them.
         drift_current = [
             row
-            for row, record in zip(current, oldest_first, strict=True)
-            if int(record["rid"]) > reference.last_rowid
+            for row, record_ in zip(current, oldest_first, strict=True)
+            if int(record_["rid"]) > reference.last_rowid
         ]
         findings = [
-            *drift_findings(
-                reference.rows, drift_current, self.policy.drift, reference_source=reference.source
+            *self._off_delayed(
+                edge,
+                model,
+                drift_findings(
+                    reference.rows,
+                    drift_current,
+                    self.policy.drift,
+                    reference_source=reference.source,
+                ),
+                [int(r["rid"]) for r in newest],
             ),
-            accuracy_finding(result, self.policy.min_estimated_accuracy),
+            accuracy_finding(
+                result, self.policy.min_estimated_accuracy, self.policy.accuracy_clear_margin
+            ),
         ]
-        events = self._apply(conn, edge, model, findings, now)
-        self.judged[(edge, model)] = result.window_end
-        return events
+        return _Judgement(key, result, record, findings, new_reference)
+
+    def _off_delayed(
+        self, edge: str, model: str, findings: list[Finding], rowids: list[int]
+    ) -> list[Finding]:
+        """Drift may clear only after a whole window in which it did not hold
+        (alert_rules.with_off_delay); first seen after a restart, it waits one window."""
+        newest = max(rowids)
+        delayed = []
+        for finding in findings:
+            key = (edge, model, finding.kind)
+            if finding.holds:
+                self._held[key] = newest
+            held = self._held.setdefault(key, newest)
+            fresh = sum(1 for rowid in rowids if rowid > held)
+            delayed.append(with_off_delay(finding, fresh, self.policy.min_window))
+        return delayed
 
     def _apply(
         self,
@@ -235,93 +309,3 @@ class Monitor:
             if (edge, model) not in serving:
                 events += self._clear(conn, Clear(alert.alert_id, alert.kind, None), now)
         return events
-
-    # -- windows and the MPP predictor
-
-    def _evaluation_counts(self, edge: str, model: str) -> tuple[int, int]:
-        """The model's evaluation rows (all: the MPP fit's), and this edge's rows of
-        images as they are (the reference's)."""
-        row = self.store.one(
-            "SELECT count(*) AS n, coalesce(sum(edge = ? AND augmented = 0), 0) AS here "
-            "FROM evaluations WHERE model=?",
-            (edge, model),
-        )
-        return (0, 0) if row is None else (int(row["n"]), int(row["here"]))
-
-    def _reference(self, edge: str, model: str, edge_evals: int) -> _Reference:
-        window = self.policy.min_window
-        cached = self._references.get((edge, model))
-        if edge_evals >= window:
-            if (
-                cached is not None
-                and cached.source == "evaluations"
-                and (cached.n_evaluations == edge_evals)
-            ):
-                return cached
-            # One row per held-out image (the gate may have evaluated the model twice),
-            # as it is: a re-lit copy would widen the reference and hide lighting drift.
-            rows = self.store.query(
-                "SELECT scores, stats, max(at) AS at, NULL AS label FROM evaluations "
-                "WHERE edge=? AND model=? AND augmented = 0 GROUP BY prediction_id",
-                (edge, model),
-            )
-            if len(rows) >= window:
-                cached = _Reference(tuple(_row(r) for r in rows), "evaluations", 0, edge_evals)
-                self._references[(edge, model)] = cached
-                return cached
-        if cached is not None and cached.source == "predictions":
-            return cached
-        rows = self.store.query(_WINDOW_SQL.format(order="ASC"), (edge, model, window))
-        reference = _Reference(
-            tuple(_row(r) for r in rows), "predictions", int(rows[-1]["rid"]) if rows else 0
-        )
-        if len(rows) >= window:
-            self._references[(edge, model)] = reference  # the first window never changes
-        return reference
-
-    def _predictor(
-        self, conn: sqlite3.Connection, model: str, n_rows: int, now: float
-    ) -> MppPredictor | None:
-        """The model's MPP predictor, fitted once per set of evaluation rows and stored."""
-        fitted = self._fitted.get(model)
-        if fitted is not None and fitted.n_rows == n_rows:
-            return fitted.predictor
-        predictor: MppPredictor | None = None
-        stored = self.store.one("SELECT predictor, n_rows FROM mpp_models WHERE model=?", (model,))
-        if stored is not None and int(stored["n_rows"]) == n_rows:
-            try:
-                predictor = MppPredictor.from_json(str(stored["predictor"]))
-            except ValueError as exc:
-                log.warning("stored MPP predictor of %s is unusable (%s); refitting", model, exc)
-        if predictor is None and n_rows > 0:
-            predictor = self._fit(conn, model, n_rows, now)
-        self._fitted[model] = _Fitted(n_rows, predictor)
-        return predictor
-
-    def _fit(
-        self, conn: sqlite3.Connection, model: str, n_rows: int, now: float
-    ) -> MppPredictor | None:
-        # Every row, re-lit copies included (same label as their image): outside the
-        # held-out lighting a predictor fitted on in-distribution rows only extrapolates
-        # (Guillory et al., ICCV'21; `fedge bench mpp`, mpp vs mpp_plain).
-        rows = self.store.query(
-            "SELECT scores, stats, at, label FROM evaluations WHERE model=?", (model,)
-        )
-        features, correct = mpp_training_set([_row(r) for r in rows])
-        try:
-            predictor = MppPredictor.fit(features, correct)
-        except ValueError as exc:
-            log.info("no MPP predictor for %s yet: %s", model, exc)
-            return None
-        conn.execute(
-            "INSERT OR REPLACE INTO mpp_models (model, predictor, n_rows, accuracy, fitted_at) "
-            "VALUES (?,?,?,?,?)",
-            (model, predictor.to_json(), n_rows, predictor.fit_accuracy, now),
-        )
-        log.info(
-            "fitted the MPP predictor of %s on %d evaluation rows (accuracy %.3f)",
-            model,
-            len(features),
-            predictor.fit_accuracy,
-        )
-        return predictor

@@ -167,6 +167,23 @@ CREATE TABLE IF NOT EXISTS rollout_events (
     rollout_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, edge TEXT NOT NULL,
     detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS rollout_events_id ON rollout_events (rollout_id, at);
+-- The monitor's reads per tick (edge_manager/monitor.py) stay bounded as the store grows:
+-- evaluation counts per (model, edge) from the index alone, open alerts, an (edge, model)'s
+-- acknowledgements and the unpublished ones without a table scan. Predictions get no new
+-- index (it would slow ingest): the monitor walks predictions_edge newest first. The
+-- index evaluations_counts (model, edge, augmented) is created by the monitor: `augmented`
+-- is an added column (ADDED_COLUMNS), absent when this script runs on an older store.
+CREATE INDEX IF NOT EXISTS alerts_open ON alerts (cleared_at);
+CREATE INDEX IF NOT EXISTS alert_acks_pair ON alert_acks (edge, model, kind);
+CREATE INDEX IF NOT EXISTS alert_acks_unpublished ON alert_acks (at) WHERE published_at IS NULL;
+-- The drift reference of an (edge, model) taken from its first predictions (no gate
+-- evaluation there): the predictions' rowid bounds and the rows themselves (JSON list of
+-- {scores, stats, at}; ~25 kB), so a restarted monitor compares with the same window even
+-- after retention pruned it, never with whatever is oldest then (maybe the drift).
+CREATE TABLE IF NOT EXISTS drift_references (
+    edge TEXT NOT NULL, model TEXT NOT NULL, first_rowid INTEGER NOT NULL,
+    last_rowid INTEGER NOT NULL, rows TEXT NOT NULL, created_at REAL NOT NULL,
+    PRIMARY KEY (edge, model));
 """
 
 _NEWER_LABEL = (

@@ -104,7 +104,10 @@ class MppPredictor:
                 f"{len(mean)}, {len(scale)}, {len(coef)}"
             )
         numbers = [*mean, *scale, *coef, intercept, atc_threshold, fit_accuracy]
-        if not all(isinstance(v, int | float) and math.isfinite(v) for v in numbers):
+        if not all(
+            not isinstance(v, bool) and isinstance(v, int | float) and math.isfinite(v)
+            for v in numbers
+        ):
             raise ValueError("MPP model parameters must be finite numbers")
         if any(s <= 0 for s in scale):
             raise ValueError("MPP model scales must be positive")
@@ -191,14 +194,28 @@ class MppPredictor:
 
     @classmethod
     def from_json(cls, text: str) -> MppPredictor:
-        """Read :meth:`to_json`'s output; anything else raises ``ValueError``."""
+        """Read :meth:`to_json`'s output; anything else raises ``ValueError``.
+
+        The text comes from the store, which other processes and people can write: every
+        failure, whatever raised it, is a ``ValueError`` naming what is wrong, so the
+        caller can refit instead of losing the model's monitoring.
+        """
+        try:
+            return cls._from_json(text)
+        except ValueError:
+            raise
+        except Exception as exc:  # untrusted input: any failure is bad input
+            raise ValueError(f"MPP model JSON is unusable: {type(exc).__name__}: {exc}") from exc
+
+    @classmethod
+    def _from_json(cls, text: str) -> MppPredictor:
         try:
             data: Any = json.loads(text)
         except (json.JSONDecodeError, TypeError) as exc:
             raise ValueError(f"MPP model is not JSON: {exc}") from exc
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not an MPP model (expected format {FORMAT!r})")
-        if data.get("version") != FORMAT_VERSION:
+        if data.get("version") != FORMAT_VERSION or isinstance(data.get("version"), bool):
             raise ValueError(
                 f"MPP model version {data.get('version')!r} is not {FORMAT_VERSION}: refit it"
             )
@@ -207,18 +224,47 @@ class MppPredictor:
                 f"MPP model was fitted on features {data.get('features')!r}, this fedge "
                 f"computes {list(FEATURES)}: refit it"
             )
-        try:
-            return cls(
-                mean=data["mean"],
-                scale=data["scale"],
-                coef=data["coef"],
-                intercept=data["intercept"],
-                atc_threshold=data["atc_threshold"],
-                n_fit=data["n_fit"],
-                fit_accuracy=data["fit_accuracy"],
+        missing = [k for k in _FIELDS if k not in data]
+        if missing:
+            raise ValueError(f"MPP model JSON lacks or mistypes a field: missing {missing}")
+        n_fit = data["n_fit"]
+        if type(n_fit) is not int or not MIN_FIT_ROWS <= n_fit <= MAX_FIT_ROWS:
+            raise ValueError(
+                f"MPP model n_fit must be a whole number in [{MIN_FIT_ROWS}, {MAX_FIT_ROWS}], "
+                f"got {n_fit!r}"
             )
-        except (KeyError, TypeError) as exc:
-            raise ValueError(f"MPP model JSON lacks or mistypes a field: {exc}") from exc
+        accuracy = _number(data["fit_accuracy"], "fit_accuracy")
+        if not 0.0 <= accuracy <= 1.0:
+            raise ValueError(f"MPP model fit_accuracy must be in [0, 1], got {accuracy!r}")
+        return cls(
+            mean=_numbers(data["mean"], "mean"),
+            scale=_numbers(data["scale"], "scale"),
+            coef=_numbers(data["coef"], "coef"),
+            intercept=_number(data["intercept"], "intercept"),
+            atc_threshold=_number(data["atc_threshold"], "atc_threshold"),
+            n_fit=n_fit,
+            fit_accuracy=accuracy,
+        )
+
+
+_FIELDS = ("mean", "scale", "coef", "intercept", "atc_threshold", "n_fit", "fit_accuracy")
+MAX_FIT_ROWS = 100_000_000  # far above any held-out set; more means the text is corrupt
+
+
+def _number(value: object, name: str) -> float:
+    # bool is an int in Python; true/false in the JSON is a corrupt model, not 1 or 0.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"MPP model {name} must be a number, got {value!r:.40}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"MPP model {name} must be finite, got {number!r}")
+    return number
+
+
+def _numbers(value: object, name: str) -> list[float]:
+    if not isinstance(value, list):
+        raise ValueError(f"MPP model {name} must be a list of numbers, got {value!r:.40}")
+    return [_number(v, name) for v in value]
 
 
 DESIGN: tuple[str, ...] = (*FEATURES, "neg_log_1m_top")
