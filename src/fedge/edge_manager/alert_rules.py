@@ -173,36 +173,40 @@ def _verdict(verdict: FeatureDrift) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class Columns:
+    """A window's drift inputs: image statistics and score features, per feature."""
+
+    image: Mapping[str, Sequence[float]]
+    score: Mapping[str, Sequence[float]]
+    n: int
+
+
+def columns(rows: Sequence[WindowRow]) -> Columns:
+    """What :func:`drift_findings` compares; a reference's is computed once and kept
+    (a gate reference holds thousands of rows)."""
+    return Columns(_image_columns(rows), _score_columns(rows), len(rows))
+
+
 def drift_findings(
-    reference: Sequence[WindowRow],
+    reference: Sequence[WindowRow] | Columns,
     current: Sequence[WindowRow],
     policy: DriftPolicy,
     *,
     reference_source: str,
 ) -> list[Finding]:
     """Input drift (image statistics) and score drift of ``current`` against ``reference``."""
+    ref = reference if isinstance(reference, Columns) else columns(reference)
     context = {
         "reference": reference_source,
-        "reference_n": len(reference),
+        "reference_n": ref.n,
         "current_n": len(current),
         "current_start": min((r.at for r in current), default=0.0),
         "current_end": max((r.at for r in current), default=0.0),
     }
     return [
-        _drift_finding(
-            AlertKind.INPUT_DRIFT,
-            _image_columns(reference),
-            _image_columns(current),
-            policy,
-            context,
-        ),
-        _drift_finding(
-            AlertKind.SCORE_DRIFT,
-            _score_columns(reference),
-            _score_columns(current),
-            policy,
-            context,
-        ),
+        _drift_finding(AlertKind.INPUT_DRIFT, ref.image, _image_columns(current), policy, context),
+        _drift_finding(AlertKind.SCORE_DRIFT, ref.score, _score_columns(current), policy, context),
     ]
 
 

@@ -50,6 +50,7 @@ from fedge.edge_manager.alert_rules import (
     Estimate,
     Finding,
     MonitorPolicy,
+    OpenAlert,
     Raise,
     Rearm,
     accuracy_finding,
@@ -102,9 +103,9 @@ class Monitor:
     def tick(self, now: float, publish: Publish | None = None) -> list[Alert]:
         """Judge every serving (edge, model); return the alerts raised and cleared.
 
-        With ``publish``, each alert is handed to it, and an operator's clearing is marked
-        announced only when it returns True (else it is offered again next tick). Without,
-        the caller is trusted to publish what is returned.
+        With ``publish``, every alert returned was handed to it, and an operator's clearing
+        is marked announced only when it returned True (else it is offered again next
+        tick). Without, the caller is trusted to publish what is returned.
         """
         alerts: list[Alert] = []
         serving = [
@@ -118,12 +119,18 @@ class Monitor:
                 alerts += self._judge(edge, model, counts, relabels, now)
             except Exception:
                 # One edge's bad data (or a bug it triggers) must not stop the others
-                # being watched; it is judged again when its next predictions arrive.
+                # being watched; nothing of the pair was written, it is judged next tick.
                 log.exception("monitor could not judge %s on %s", model, edge)
         try:
-            with self.store.transaction() as conn:
-                views = self._clear_unserved(conn, set(serving), now)
-                alerts += [view.message(self.fleet) for view in views]
+            unserved = [
+                alert
+                for edge, model, alert in alert_store.open_pairs(self.store)
+                if (edge, model) not in set(serving)
+            ]
+            if unserved:
+                with self.store.transaction() as conn:
+                    views = self._clear_unserved(conn, unserved, now)
+                    alerts += [view.message(self.fleet) for view in views]
         except Exception:
             log.exception("monitor could not clear the alerts of models no longer served")
         if publish is not None:
@@ -216,7 +223,7 @@ class Monitor:
                 edge,
                 model,
                 drift_findings(
-                    reference.rows,
+                    reference.columns,
                     drift_current,
                     self.policy.drift,
                     reference_source=reference.source,
@@ -301,11 +308,10 @@ class Monitor:
         return [view]
 
     def _clear_unserved(
-        self, conn: sqlite3.Connection, serving: set[tuple[str, str]], now: float
+        self, conn: sqlite3.Connection, unserved: list[OpenAlert], now: float
     ) -> list[AlertView]:
         """Alerts of a model an edge no longer serves: nothing watches them, so they close."""
         events: list[AlertView] = []
-        for edge, model, alert in alert_store.open_pairs(self.store):
-            if (edge, model) not in serving:
-                events += self._clear(conn, Clear(alert.alert_id, alert.kind, None), now)
+        for alert in unserved:
+            events += self._clear(conn, Clear(alert.alert_id, alert.kind, None), now)
         return events

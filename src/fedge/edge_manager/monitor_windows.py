@@ -26,9 +26,16 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
-from fedge.edge_manager.alert_rules import MonitorPolicy, WindowRow, mpp_training_set
+from fedge.edge_manager.alert_rules import (
+    Columns,
+    MonitorPolicy,
+    WindowRow,
+    columns,
+    mpp_training_set,
+)
 from fedge.edge_manager.store import Store
 from fedge.monitoring.mpp import MppPredictor
 
@@ -66,6 +73,11 @@ class Reference:
     source: str  # "evaluations" or "predictions"
     last_rowid: int  # predictions after it are the current window's (0 for evaluations)
     n_evaluations: int = 0  # the evaluation rows it was read from
+
+    @cached_property
+    def columns(self) -> Columns:
+        """Computed once per reference, not per tick (a gate reference is large)."""
+        return columns(self.rows)
 
 
 @dataclass(frozen=True)

@@ -31,6 +31,7 @@ from fedge.edge_manager.rollouts import RolloutDriver
 from fedge.edge_manager.store import Store
 from fedge.protocols import alerts as alert_wire
 from fedge.protocols import topics
+from fedge.protocols.alerts import Alert
 from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
@@ -320,18 +321,20 @@ class ManagerService:
             return
         self._monitor_due = now + self.settings.monitor_interval_s
         try:
-            alerts = monitor.tick(now)
+            monitor.tick(now, publish=self._publish_alert)
         except Exception:  # the worker outlives any one failed tick (it is rolled back)
             log.exception("monitor tick failed; it is tried again at the next interval")
-            return
-        for alert in alerts:
-            self.counters[f"alerts.{alert.state.value}"] += 1
-            try:
-                self.mqtt.publish(
-                    topics.alerts(self.settings.fleet), alert_wire.encode(alert), qos=1
-                )
-            except TransportError:
-                log.exception("could not publish alert %s (it is in the store)", alert.alert_id)
+
+    def _publish_alert(self, alert: Alert) -> bool:
+        """Hand one alert to MQTT; False (the monitor offers an operator's clearing again
+        next tick) when the broker cannot take it now."""
+        self.counters[f"alerts.{alert.state.value}"] += 1
+        try:
+            self.mqtt.publish(topics.alerts(self.settings.fleet), alert_wire.encode(alert), qos=1)
+        except TransportError:
+            log.exception("could not publish alert %s (it is in the store)", alert.alert_id)
+            return False
+        return True
 
     # -- publishing desired documents
 
