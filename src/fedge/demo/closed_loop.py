@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedge.demo.candidates import Candidate, train_central, train_flipped
-from fedge.demo.learning import JOB, score_at_station
+from fedge.demo.learning import JOB, decided_right_lines, score_at_station
 from fedge.demo.timeline import Mark, marks, plot
 from fedge.edge_manager import gating, rollout_views
 from fedge.edge_manager.fleet import Fleet
@@ -291,13 +291,11 @@ def report_lines(result: ClosedLoop) -> list[str]:
         "",
         "Parts decided right at each station (fresh parts, scored and labelled there):",
         "",
-        "| station | model | decided right |",
-        "|---|---|---|",
+        *decided_right_lines(result.decided_right),
+        "",
+        "![the closed loop's timeline](closed-loop-timeline.png)",
+        "",
     ]
-    for edge, by_model in sorted(result.decided_right.items()):
-        for ref, right in by_model.items():
-            lines.append(f"| {edge} | {ref} | {right:.3f} |")
-    lines += ["", "![the closed loop's timeline](closed-loop-timeline.png)", ""]
     return lines
 
 

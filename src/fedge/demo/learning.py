@@ -281,13 +281,19 @@ def report_lines(result: Learning) -> list[str]:
         "",
         "Decisions on freshly scored parts (share decided right), by the model serving:",
         "",
-        "| station | model | decided right |",
-        "|---|---|---|",
+        *decided_right_lines(result.served),
+        "",
+        "![held-out accuracy per round](fleet-learning.png)",
+        "",
     ]
-    for edge, by_model in sorted(result.served.items()):
-        for ref, accuracy in by_model.items():
-            lines.append(f"| {edge} | {ref} | {accuracy:.3f} |")
-    lines += ["", "![held-out accuracy per round](fleet-learning.png)", ""]
+    return lines
+
+
+def decided_right_lines(by_edge: dict[str, dict[str, float]]) -> list[str]:
+    """A Markdown table: per station and model, the share of fresh parts decided right."""
+    lines = ["| station | model | decided right |", "|---|---|---|"]
+    for edge, by_model in sorted(by_edge.items()):
+        lines += [f"| {edge} | {ref} | {right:.3f} |" for ref, right in by_model.items()]
     return lines
 
 
