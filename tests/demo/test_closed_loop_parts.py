@@ -13,14 +13,17 @@ from fedge.sim.conditions import defocus, lighting_drift
 from fedge.sim.defects import make_defect_images
 
 
+def _sharpness(images: np.ndarray) -> float:
+    return float(np.abs(np.diff(images.astype(float), axis=2)).mean())
+
+
 def test_lighting_drift_brightens_and_defocus_blurs_keeping_shape() -> None:
     images, _ = make_defect_images(8, seed=1)
     lit = lighting_drift(images, gain=0.5, offset=0.45, gradient=0.2)
     assert lit.shape == images.shape and lit.dtype == np.uint8
     assert lit.mean() > images.mean() + 40 and lit.std() < images.std()
     blurred = defocus(images, sigma=1.5)
-    sharpness = lambda x: np.abs(np.diff(x.astype(float), axis=2)).mean()  # noqa: E731
-    assert blurred.shape == images.shape and sharpness(blurred) < sharpness(images)
+    assert blurred.shape == images.shape and _sharpness(blurred) < _sharpness(images)
     with pytest.raises(ValueError, match=r"\(n, h, w\)"):
         lighting_drift(images[0])
     with pytest.raises(ValueError, match="sigma"):
