@@ -75,9 +75,9 @@ def train_central(
     parent = registry.get(*start)
     model = families.build(FAMILY, PARAMS, len(CLASSES))
     families.load_state_arrays(model, families.weights_from_bytes(parent.verified_weights()))
-    clean, clean_y = make_defect_images(1200, seed=921)
+    clean, clean_y = make_defect_images(2400, seed=921)
     dents, dents_y = make_defect_images(1200, seed=922, dent_fraction=0.8)
-    lit, lit_y = make_defect_images(1200, seed=923, dent_fraction=0.4)
+    lit, lit_y = make_defect_images(2400, seed=923, dent_fraction=0.4)
     images = np.concatenate(
         [clean, dents, lighting_drift(lit, gain=0.5, offset=0.45, gradient=0.2)]
     )
@@ -87,7 +87,11 @@ def train_central(
     )
     with cpu_threads(1):
         trainer.train(
-            model, examples, trainer.TrainSettings(lr=1e-3, epochs=3, batch_size=64, seed=12)
+            model,
+            examples,
+            trainer.TrainSettings(
+                lr=5e-4, epochs=4, batch_size=64, seed=12, augment_symmetries=True
+            ),
         )
         accuracy = evaluate(model, *_held_out())
     path = out / f"{name}-v{version}-central.onnx"
