@@ -143,7 +143,7 @@ class LoopRunner:
                 job_dir, self.home, timeout_s=self.wiring.job_timeout_s
             )
         else:
-            start = self._with_store(lambda s: _start_model(s, self.home, policy.model))
+            start = _start_model(self.home, policy.model)
             manifest = job_dir.with_suffix(".toml")
             manifest.parent.mkdir(parents=True, exist_ok=True)
             manifest.write_text(job_for(policy.job, start), encoding="utf-8")
@@ -174,7 +174,7 @@ class LoopRunner:
             store.close()
 
 
-def _start_model(store: Store, home: ManagerHome, name: str) -> str:
+def _start_model(home: ManagerHome, name: str) -> str:
     """The version of ``name`` most edges are deployed with; else the newest published."""
     with opened(home) as fleet:
         deployed = Counter(
