@@ -220,6 +220,40 @@ def test_history_and_obsolete_desired_documents_go(store: Store) -> None:
     ]
 
 
+def test_the_monitors_history_goes_open_alerts_and_lineage_stay(store: Store) -> None:
+    conn = store.conn
+    for window_end in (OLD, RECENT):
+        conn.execute(
+            "INSERT INTO estimates VALUES (?, 'inspect:1', ?, ?, 100, 0.9, 0.95, 0, NULL)",
+            (EDGE, window_end - 60, window_end),
+        )
+    alerts = {"old-cleared": OLD, "recent-cleared": RECENT, "old-open": None}
+    for alert_id, cleared in alerts.items():
+        conn.execute(
+            "INSERT INTO alerts VALUES (?, ?, 'inspect:1', 'input_drift', 0.4, 0.25, '{}', ?, ?)",
+            (alert_id, EDGE, OLD, cleared),
+        )
+    conn.execute(
+        "INSERT INTO alert_acks (alert_id, edge, model, kind, who, note, at) "
+        "VALUES ('gone', ?, 'inspect:1', 'input_drift', 'alice', '', ?)",
+        (EDGE, OLD),
+    )
+    conn.execute("INSERT INTO gate_results VALUES ('inspect', 2, 1, '{}', 'e-1', ?)", (OLD,))
+    assert {
+        k: v
+        for k, v in due(store, POLICY, 100 * DAY_S).items()
+        if k in ("estimates", "alerts", "alert_acks")
+    } == {"estimates": 1, "alerts": 1, "alert_acks": 1}
+    with store.transaction() as c:
+        pruned, _ = prune_step(c, POLICY, 100 * DAY_S, 1000)
+
+    assert (pruned["estimates"], pruned["alerts"], pruned["alert_acks"]) == (1, 1, 1)
+    kept = {r["alert_id"] for r in store.query("SELECT alert_id FROM alerts")}
+    assert kept == {"recent-cleared", "old-open"}  # an open alert stays, however old
+    assert store.scalar("SELECT count(*) FROM estimates") == 1
+    assert store.scalar("SELECT count(*) FROM gate_results") == 1  # lineage is kept
+
+
 def test_an_old_manager_toml_gets_the_default_limits(tmp_path: Path) -> None:
     home = ManagerHome(tmp_path / "home")
     home.init(ManagerSettings(FLEET))

@@ -42,6 +42,18 @@ _OBSOLETE_DESIRED = (
     "UNION SELECT rowid FROM desired WHERE created_at < :cutoff AND superseded = 1 "
     "AND published_at IS NULL"
 )
+# The monitor's history (issue "The closed loop"), kept as long as other history: its
+# estimates by the end of their window, alerts once cleared (an open one always stays),
+# and operators' acknowledgements of alerts that are gone. Gate verdicts, rollouts and
+# loop runs are lineage and are never pruned.
+_MONITOR_HISTORY = {
+    "estimates": "SELECT rowid FROM estimates WHERE window_end < :cutoff",
+    "alerts": "SELECT rowid FROM alerts WHERE cleared_at IS NOT NULL AND cleared_at < :cutoff",
+    "alert_acks": (
+        "SELECT rowid FROM alert_acks WHERE at < :cutoff "
+        "AND alert_id NOT IN (SELECT alert_id FROM alerts)"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -107,6 +119,11 @@ def prune_step(
             f"DELETE FROM desired WHERE rowid IN ({_OBSOLETE_DESIRED} LIMIT :chunk)",
             {"cutoff": cutoff, "chunk": chunk},
         ).rowcount
+        for table, doomed in _MONITOR_HISTORY.items():
+            pruned[table] = conn.execute(
+                f"DELETE FROM {table} WHERE rowid IN ({doomed} LIMIT :chunk)",
+                {"cutoff": cutoff, "chunk": chunk},
+            ).rowcount
     _add_totals(conn, pruned, now)
     return pruned, any(n >= chunk for n in pruned.values())
 
@@ -205,6 +222,14 @@ def due(store: Store, policy: RetentionPolicy, now: float) -> dict[str, int]:
     counts["desired"] = (
         0 if cutoff is None else len(store.query(_OBSOLETE_DESIRED, {"cutoff": cutoff}))
     )
+    for table, doomed in _MONITOR_HISTORY.items():
+        counts[table] = (
+            0
+            if cutoff is None
+            else int(
+                (store.one(f"SELECT count(*) AS n FROM ({doomed})", {"cutoff": cutoff}) or {})["n"]
+            )
+        )
     return counts
 
 
