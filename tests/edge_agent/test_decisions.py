@@ -130,3 +130,12 @@ def test_single_class_model_without_positives_always_accepts() -> None:
 def test_positive_classes_missing_from_the_scores_are_ignored() -> None:
     assert decide({"clean": 0.1, "scratch": 0.9}, ("crack",), None) == Decision("accept", 0.5, "")
     assert decide({"clean": 0.1, "scratch": 0.9}, ("crack", "scratch"), None).decision == "reject"
+
+
+def test_a_config_a_local_rollback_replaced_is_not_applied_again() -> None:
+    # The agent rolled back to v3's model and config; the retained v4 comes again.
+    decision = decide_config(_config(3), _config(4), "plant-a", "st-01", done_version=4)
+    assert decision.action is ConfigAction.IGNORE and "rolled back" in decision.reason
+    assert decide_config(_config(3), _config(5), "plant-a", "st-01", 4).action is (
+        ConfigAction.APPLY
+    )

@@ -15,7 +15,7 @@ import numpy as np
 
 from fedge import __version__
 from fedge.edge_agent import runtime
-from fedge.edge_agent.decisions import ConfigAction, ConfigDecision, decide_config
+from fedge.edge_agent.decisions import ConfigAction, decide_config
 from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
 from fedge.edge_agent.errors import InferenceError
@@ -290,13 +290,13 @@ class EdgeAgent:
             self._report_config(ConfigStatus.REJECTED, 0, f"{exc.reason}: {exc}")
             return
         with self._lock:
-            decision = decide_config(self.config, offered, self.settings.fleet, self.settings.edge)
-            done = self.deployments.config_done_version
-            if decision.action is ConfigAction.APPLY and offered.version <= done:
-                # A local rollback put the previous model's config back in its place.
-                decision = ConfigDecision(
-                    ConfigAction.IGNORE, f"version {offered.version} <= {done}"
-                )
+            decision = decide_config(
+                self.config,
+                offered,
+                self.settings.fleet,
+                self.settings.edge,
+                self.deployments.config_done_version,
+            )
             if decision.action is ConfigAction.APPLY:
                 # Persist first: after a crash the agent comes back with what it reported;
                 # remembered as its model's config, should a rollback go back to that model.

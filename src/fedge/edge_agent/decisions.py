@@ -23,8 +23,18 @@ class ConfigDecision:
 
 
 def decide_config(
-    applied: EdgeConfig | None, offered: EdgeConfig, fleet: str, edge: str
+    applied: EdgeConfig | None,
+    offered: EdgeConfig,
+    fleet: str,
+    edge: str,
+    done_version: int = 0,
 ) -> ConfigDecision:
+    """Apply, ignore or reject an offered config.
+
+    ``done_version`` is the newest version the edge is done with without applying it: a
+    local rollback put the previous model's config back in place of it (issue "The
+    closed loop"), so that version, retained on the broker, must not come back.
+    """
     if offered.fleet != fleet or offered.edge != edge:
         return ConfigDecision(
             ConfigAction.REJECT,
@@ -33,6 +43,10 @@ def decide_config(
     if applied is not None and offered.version <= applied.version:
         return ConfigDecision(
             ConfigAction.IGNORE, f"version {offered.version} <= applied {applied.version}"
+        )
+    if offered.version <= done_version:
+        return ConfigDecision(
+            ConfigAction.IGNORE, f"version {offered.version} <= {done_version}, rolled back"
         )
     return ConfigDecision(ConfigAction.APPLY)
 
