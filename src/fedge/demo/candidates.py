@@ -38,7 +38,7 @@ def _held_out() -> tuple[np.ndarray, np.ndarray]:
     dents, dents_y = make_defect_images(300, seed=902, dent_fraction=0.8)
     lit, lit_y = make_defect_images(300, seed=903)
     return (
-        np.concatenate([clean, dents, lighting_drift(lit, gain=0.5, offset=0.45, gradient=0.2)]),
+        np.concatenate([clean, dents, lighting_drift(lit)]),
         np.concatenate([clean_y, dents_y, lit_y]),
     )
 
@@ -52,16 +52,8 @@ def train_flipped(out: Path, registry: Registry, name: str, version: int) -> Can
         accuracy = evaluate(model, *_held_out())
     path = out / f"{name}-v{version}-flipped.onnx"
     export_onnx(model, path)
-    published = registry.publish(
-        path,
-        name=name,
-        version=version,
-        classes=CLASSES,
-        positive_classes=("scratch",),
-        preprocess=Preprocess(image_size=IMAGE_SIZE),
-        lineage=Lineage(note="central training; its labels were flipped by a broken export"),
-    )
-    return Candidate(published.manifest.ref, path, accuracy)
+    lineage = Lineage(note="central training; its labels were flipped by a broken export")
+    return _publish(registry, name, version, path, accuracy, lineage, None)
 
 
 def train_central(
@@ -78,9 +70,7 @@ def train_central(
     clean, clean_y = make_defect_images(2400, seed=921)
     dents, dents_y = make_defect_images(1200, seed=922, dent_fraction=0.8)
     lit, lit_y = make_defect_images(2400, seed=923, dent_fraction=0.4)
-    images = np.concatenate(
-        [clean, dents, lighting_drift(lit, gain=0.5, offset=0.45, gradient=0.2)]
-    )
+    images = np.concatenate([clean, dents, lighting_drift(lit)])
     labels = np.concatenate([clean_y, dents_y, lit_y])
     examples = trainer.Examples(
         (images.astype(np.float32) / np.float32(255.0))[:, None], labels.astype(np.int64)
@@ -98,6 +88,23 @@ def train_central(
     export_onnx(model, path)
     weights = path.with_suffix(".npz")
     weights.write_bytes(families.weights_bytes(families.state_arrays(model)))
+    lineage = Lineage(
+        parent_version=start[1],
+        note="central fine-tune on scratches, dents and the new lighting",
+    )
+    trainable = TrainableSource(weights, FAMILY, dict(PARAMS))
+    return _publish(registry, name, version, path, accuracy, lineage, trainable)
+
+
+def _publish(
+    registry: Registry,
+    name: str,
+    version: int,
+    path: Path,
+    accuracy: float,
+    lineage: Lineage,
+    trainable: TrainableSource | None,
+) -> Candidate:
     published = registry.publish(
         path,
         name=name,
@@ -105,10 +112,7 @@ def train_central(
         classes=CLASSES,
         positive_classes=("scratch",),
         preprocess=Preprocess(image_size=IMAGE_SIZE),
-        lineage=Lineage(
-            parent_version=start[1],
-            note="central fine-tune on scratches, dents and the new lighting",
-        ),
-        trainable=TrainableSource(weights, FAMILY, dict(PARAMS)),
+        lineage=lineage,
+        trainable=trainable,
     )
     return Candidate(published.manifest.ref, path, accuracy)

@@ -47,7 +47,6 @@ from fedge.sim.defects import make_defect_images
 MODEL = "inspect"
 DRIFT_STATIONS = ("st-02", "st-03")
 CANARY = "st-03"
-LIGHTING = {"gain": 0.5, "offset": 0.45, "gradient": 0.2}
 DRIFT_IMAGES = 120  # per drifting station, scored and labelled there
 CHECK_IMAGES = 60  # per station, scored and labelled with each new model
 LOOP_ROUNDS = 3
@@ -114,7 +113,7 @@ def run_closed_loop(
     )
     for index, edge in enumerate(DRIFT_STATIONS):
         images, labels = make_defect_images(DRIFT_IMAGES, seed=700 + index, dent_fraction=0.5)
-        score_at_station(ports[edge], lighting_drift(images, **LIGHTING), labels, label=True)
+        score_at_station(ports[edge], lighting_drift(images), labels, label=True)
     console.print(
         f"the lighting changed at {' and '.join(DRIFT_STATIONS)}: {DRIFT_IMAGES} parts each "
         "scored and labelled there"
@@ -167,6 +166,11 @@ def _next_version(fleet: Fleet) -> int:
 
 
 def _gate(fleet: Fleet, candidate: Candidate, result: ClosedLoop, console: Console) -> Verdict:
+    console.print(
+        f"{candidate.ref}: accuracy {candidate.accuracy:.3f} on the central team's own "
+        "generated test parts (clean, dents, new lighting)",
+        highlight=False,
+    )
     with console.status(f"gate: the stations evaluate {candidate.ref} on held-out images…"):
         _, verdict = gating.run(fleet, candidate.ref, GATE, timeout_s=240)
     result.verdicts[candidate.ref] = verdict.evidence()
@@ -209,7 +213,7 @@ def _canary_defocus(
                   f"{CENTRAL_ABORT}", highlight=False)  # fmt: skip
     wait(lambda: _serves(store, CANARY) == central.ref, 120, f"{CANARY} on {central.ref}")
     images, labels = make_defect_images(CHECK_IMAGES, seed=740, dent_fraction=0.5)
-    blurred = defocus(lighting_drift(images, **LIGHTING), sigma=1.5)
+    blurred = defocus(lighting_drift(images), sigma=1.5)
     _, right = score_at_station(ports[CANARY], blurred, labels, label=True)
     result.decided_right.setdefault(CANARY, {})[f"{central.ref} (defocused)"] = right
     console.print(
@@ -235,7 +239,7 @@ def _check(
     for index, edge in enumerate(edges):
         images, labels = make_defect_images(CHECK_IMAGES, seed=seed + index, dent_fraction=0.5)
         if edge in DRIFT_STATIONS:
-            images = lighting_drift(images, **LIGHTING)
+            images = lighting_drift(images)
         ref, right = score_at_station(ports[edge], images, labels, label=True)
         result.decided_right.setdefault(edge, {})[ref] = right
 
