@@ -31,7 +31,7 @@ from PIL import Image
 from fedge.edge_manager.operators import add_operator
 from fedge.edge_manager.service import ManagerService
 from fedge.monitoring.features import IMAGE_STATS
-from fedge.protocols import alerts, topics
+from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert, AlertKind, AlertState
 
 pytestmark = pytest.mark.integration
@@ -73,7 +73,9 @@ class Station:
         return bool(self.service.monitor.judged.get((EDGE, "inspect:1")) == newest)
 
     def published(self) -> list[Alert]:
-        return [alerts.decode(payload) for _, payload in self.operator.received(self.alerts_topic)]
+        return [
+            codec.decode(payload, Alert) for _, payload in self.operator.received(self.alerts_topic)
+        ]
 
     def cli_alerts(self, *args: str) -> list[dict[str, Any]]:
         out = self.processes.cli("alerts", *args, "--json").stdout
@@ -197,7 +199,7 @@ def test_no_edge_can_write_or_read_the_alerts_topic(station: Station) -> None:
         "{}",
         1.0,
     )
-    assert station.forger.publish(station.alerts_topic, alerts.encode(forged)) >= 0x80
+    assert station.forger.publish(station.alerts_topic, codec.encode(forged)) >= 0x80
     assert all(a.alert_id != "a-forged" for a in station.published())
     # Alerts are for operators: the edge saw none of those the operator received.
     assert station.published()

@@ -27,8 +27,8 @@ from fedge.edge_manager.alert_rules import (
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.monitor import Monitor, policy_from
 from fedge.edge_manager.store import Store
-from fedge.protocols import alerts as alert_wire
-from fedge.protocols.alerts import AlertKind, AlertState
+from fedge.protocols import codec
+from fedge.protocols.alerts import Alert, AlertKind, AlertState
 
 FLEET = "plant-a"
 EDGE = "st-01"
@@ -218,7 +218,7 @@ def test_brighter_images_raise_one_input_drift_alert_until_they_stop(
     mean = next(f for f in detail["features"] if f["feature"] == "mean")
     assert mean["psi"] >= 0.25 and mean["p_value"] < 1e-3
     assert raised.value >= raised.threshold == 0.25
-    assert alert_wire.decode(alert_wire.encode(raised)) == raised
+    assert codec.decode(codec.encode(raised), Alert) == raised
 
     # Still drifted: the open alert is not raised again, with or without new data.
     assert monitor.tick(2010.0) == []

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedge.protocols import alerts, codec, topics
+from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert, AlertKind, AlertState
 from fedge.protocols.errors import DecodeError, ValidationError
 from fedge.protocols.records import PredictionRecord, RecordBatch, Stream
@@ -30,8 +30,8 @@ GOLDEN = (
 
 
 def test_alert_golden_bytes_and_round_trip() -> None:
-    assert alerts.encode(RAISED) == GOLDEN
-    assert alerts.decode(GOLDEN) == RAISED
+    assert codec.encode(RAISED) == GOLDEN
+    assert codec.decode(GOLDEN, Alert) == RAISED
     cleared = Alert(
         **{
             **RAISED.__dict__,
@@ -40,7 +40,7 @@ def test_alert_golden_bytes_and_round_trip() -> None:
             "cleared_by": "alice",
         }
     )
-    assert alerts.decode(alerts.encode(cleared)) == cleared
+    assert codec.decode(codec.encode(cleared), Alert) == cleared
 
 
 @pytest.mark.parametrize(
@@ -61,7 +61,7 @@ def test_alert_golden_bytes_and_round_trip() -> None:
 )
 def test_bad_alerts_are_refused(payload: bytes, error: type[Exception]) -> None:
     with pytest.raises(error):
-        alerts.decode(payload)
+        codec.decode(payload, Alert)
 
 
 def test_the_alerts_topic_is_the_fleets_not_an_edges() -> None:

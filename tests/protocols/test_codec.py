@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from fedge.protocols import codec
+from fedge.protocols.alerts import Alert, AlertKind, AlertState
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig, TrainingPolicy
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
@@ -181,6 +182,18 @@ TRAINABLE_MANIFEST = ModelManifest(
 # "schema": 1 and "kind" beside the fields, enums as their values, tuples as arrays in
 # their own order (classes are NOT sorted), None as null, non-ASCII escaped as \uXXXX,
 # and integers never widened to floats.
+ALERT = Alert(
+    alert_id="a-1",
+    fleet="plant-a",
+    edge="edge-01",
+    model="inspect:1",
+    condition=AlertKind.INPUT_DRIFT,
+    state=AlertState.RAISED,
+    value=1.5,
+    threshold=0.25,
+    detail='{"drifted":["mean"]}',
+    raised_at=1700000000.0,
+)
 GOLDEN: list[tuple[Any, bytes]] = [
     (
         EDGE_CONFIG,
@@ -289,6 +302,13 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'"stats":{"mean":0.5}}],"kind":"evaluation_report","reason":"",'
         b'"reported_at":1700000000.5,"schema":1,"status":"done","version":5}',
     ),
+    (
+        ALERT,
+        b'{"alert_id":"a-1","cleared_at":null,"cleared_by":"","condition":"input_drift",'
+        b'"detail":"{\\"drifted\\":[\\"mean\\"]}","edge":"edge-01","fleet":"plant-a",'
+        b'"kind":"alert","model":"inspect:1","raised_at":1700000000.0,"schema":1,'
+        b'"state":"raised","threshold":0.25,"value":1.5}',
+    ),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -305,6 +325,7 @@ GOLDEN_IDS = [
     "model_manifest_trainable",
     "evaluation_request",
     "evaluation_report",
+    "alert",
 ]
 
 

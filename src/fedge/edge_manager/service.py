@@ -29,8 +29,7 @@ from fedge.edge_manager.monitor import Monitor, policy_from
 from fedge.edge_manager.retention import Pruner, RetentionPolicy
 from fedge.edge_manager.rollouts import RolloutDriver
 from fedge.edge_manager.store import Store
-from fedge.protocols import alerts as alert_wire
-from fedge.protocols import topics
+from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert
 from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.signing import SigningKey
@@ -330,7 +329,7 @@ class ManagerService:
         next tick) when the broker cannot take it now."""
         self.counters[f"alerts.{alert.state.value}"] += 1
         try:
-            self.mqtt.publish(topics.alerts(self.settings.fleet), alert_wire.encode(alert), qos=1)
+            self.mqtt.publish(topics.alerts(self.settings.fleet), codec.encode(alert), qos=1)
         except TransportError:
             log.exception("could not publish alert %s (it is in the store)", alert.alert_id)
             return False

@@ -6,19 +6,17 @@ acknowledges it; each change is published on ``fedge/v1/{fleet}/alerts`` (see
 :mod:`fedge.protocols.topics`), QoS 1, not retained: the store is the record, the topic
 the notification.
 
-Wire form: the codec's (``{"schema": 1, "kind": "alert", <fields>}``, key-sorted compact
-JSON, strict decoding) through :func:`encode` and :func:`decode`.
+Wire form: a codec message like every other (``codec.encode(alert)``,
+``codec.decode(payload, Alert)``: ``{"schema": 1, "kind": "alert", <fields>}``).
 """
 
 import json
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
-from fedge.protocols import codec, validate
-from fedge.protocols.errors import DecodeError, ValidationError
+from fedge.protocols import validate
+from fedge.protocols.errors import ValidationError
 
-WIRE_KIND = "alert"
 MAX_DETAIL_CHARS = 8192
 
 
@@ -68,33 +66,3 @@ class Alert:
             raise ValidationError("cleared_at is set exactly when the state is 'cleared'")
         if self.cleared_at is not None:
             validate.finite(self.cleared_at, "cleared_at", minimum=self.raised_at)
-
-
-def to_wire_obj(alert: Alert) -> dict[str, Any]:
-    return {"schema": codec.SCHEMA_VERSION, "kind": WIRE_KIND, **codec.to_plain(alert)}
-
-
-def encode(alert: Alert) -> bytes:
-    """Compact, key-sorted JSON, as :func:`fedge.protocols.codec.encode` writes messages."""
-    return json.dumps(
-        to_wire_obj(alert), separators=(",", ":"), sort_keys=True, allow_nan=False
-    ).encode()
-
-
-def decode(payload: bytes, *, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> Alert:
-    """Decode one alert; raises only :class:`fedge.protocols.errors.ProtocolError`."""
-    obj = codec.loads(payload, max_bytes=max_bytes)
-    if type(obj) is not dict:
-        raise DecodeError("message: expected object")
-    schema = obj.get("schema")
-    if type(schema) is not int or schema != codec.SCHEMA_VERSION:
-        raise DecodeError(
-            f"unsupported schema {schema!r} (this side speaks {codec.SCHEMA_VERSION})"
-        )
-    if obj.get("kind") != WIRE_KIND:
-        raise DecodeError(f"expected kind {WIRE_KIND!r}, got {obj.get('kind')!r:.40}")
-    body = {k: v for k, v in obj.items() if k not in ("schema", "kind")}
-    try:
-        return codec.decoder_for(Alert)(body, "")
-    except (TypeError, ValueError) as exc:  # a rule we did not foresee must still be typed
-        raise DecodeError(f"Alert: {exc}") from None

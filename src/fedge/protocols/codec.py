@@ -20,6 +20,7 @@ from collections.abc import Callable
 from enum import Enum
 from typing import Any, TypeVar
 
+from fedge.protocols.alerts import Alert
 from fedge.protocols.config import ConfigReport, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
@@ -47,6 +48,7 @@ KINDS: dict[type[Any], str] = {
     StationLabels: "station_labels",
     EvaluationRequest: "evaluation_request",
     EvaluationReport: "evaluation_report",
+    Alert: "alert",
 }
 
 
