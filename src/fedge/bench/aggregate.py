@@ -30,12 +30,14 @@ Memory is the process's resident set from the kernel, not an allocator's view: p
 generating replies (the same work on both sides), so it is receive + aggregate. Agreement:
 the two results' max absolute difference, against a float32 worst-case bound, and each
 result's error against a float64 mean computed in the parent from the same seeded updates.
+
+The workload (model, updates, :class:`ReplyGrid`, the float64 reference) is in
+:mod:`fedge.bench.aggregate_workload`; reading and resetting resident memory in
+:mod:`fedge.bench.aggregate_memory`. This module holds the sides, the parent and the
+child-process entry.
 """
 
 import argparse
-import contextlib
-import ctypes
-import ctypes.util
 import gc
 import importlib.metadata
 import json
@@ -45,185 +47,43 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
-from uuid import uuid4
 
 import numpy as np
 import numpy.typing as npt
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Message,
-    MessageType,
-    MetricRecord,
-    RecordDict,
-)
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.fold import StreamingMean
-from fedge.aggregator.grids import NODE_ID_BASE, LocalGrid
 from fedge.aggregator.replies import arrays_of, to_array_record
 from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.bench import Progress, no_progress
+from fedge.bench.aggregate_memory import (
+    malloc_trim,
+    mem_available_bytes,
+    reset_peak_rss,
+    status_kib,
+)
+from fedge.bench.aggregate_workload import (
+    ARRAYRECORD_KEY,
+    METRICRECORD_KEY,
+    NUM_EXAMPLES,
+    ReplyGrid,
+    array_names,
+    array_sizes,
+    global_model,
+    reference_mean,
+)
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError
 
 TARGET_PEAK_OVER_MODEL = 3.0
-MODEL_SPLIT = (0.40, 0.25, 0.15, 0.10, 0.06, 0.04)  # shares of the parameters per array
-ARRAYRECORD_KEY = "arrays"  # FedAvg's (and so StreamingFedAvg's) default arrayrecord_key
-METRICRECORD_KEY = "metrics"
-NUM_EXAMPLES = "num-examples"  # FedAvg's default weighted_by_key
-
-MIN_PARAMS = 100
 ROUND_TIMEOUT_S = 3600.0
 CHILD_TIMEOUT_S = 7200.0
 WARMUP = (2, 1000)  # updates, params of the warm-up round run before the baseline
 SIDES = ("ours", "flower", "fold")
-
-
-# ---------------------------------------------------------------- the model and its updates
-
-
-def array_sizes(params: int) -> list[int]:
-    """Element counts of the model's arrays (:data:`MODEL_SPLIT`), summing to ``params``."""
-    if params < MIN_PARAMS:
-        raise BenchError(f"params must be at least {MIN_PARAMS}, got {params}")
-    sizes = [max(1, int(params * share)) for share in MODEL_SPLIT[:-1]]
-    sizes.append(params - sum(sizes))
-    return sizes
-
-
-def array_names(count: int) -> list[str]:
-    return [f"layer{index}.weight" for index in range(count)]
-
-
-def party_update(seed: int, party: int, sizes: list[int]) -> tuple[int, Iterator[npt.NDArray[Any]]]:
-    """Party ``party``'s example count and its arrays, drawn lazily (one live at a time).
-
-    Deterministic in ``(seed, party)`` whatever the order parties are asked in; the parent
-    regenerates the same values for the float64 reference.
-    """
-    rng = np.random.default_rng([seed, party])
-    weight = int(rng.integers(10, 1000))
-
-    def arrays() -> Iterator[npt.NDArray[Any]]:
-        for size in sizes:
-            yield rng.standard_normal(size, dtype=np.float32)
-
-    return weight, arrays()
-
-
-def reply_content(seed: int, party: int, sizes: list[int]) -> RecordDict:
-    weight, arrays = party_update(seed, party, sizes)
-    record = ArrayRecord()
-    for name, values in zip(array_names(len(sizes)), arrays, strict=True):
-        record[name] = Array(values)  # serialized to bytes, as it comes off the wire
-        del values  # else the previous array lives while the generator draws the next
-    return RecordDict(
-        {ARRAYRECORD_KEY: record, METRICRECORD_KEY: MetricRecord({NUM_EXAMPLES: weight})}
-    )
-
-
-class ReplyGrid(LocalGrid):
-    """A Flower ``Grid`` whose parties reply with seeded random updates, one per pull.
-
-    ``pull_messages`` hands back at most one reply, generated when it is pulled, so replies
-    arrive one at a time and none exists before its arrival; ``send_and_receive`` pulls
-    until every reply is in and returns them all, as Flower's grids do. The grid keeps no
-    reference to a reply it has handed out. ``generate_s`` is the time spent generating.
-    """
-
-    def __init__(self, parties: int, sizes: list[int], *, seed: int, run_id: int = 1) -> None:
-        super().__init__(run_id)
-        self._nodes = [NODE_ID_BASE + party for party in range(parties)]
-        self._sizes = sizes
-        self._seed = seed
-        self._pending: dict[str, Message] = {}  # message id -> instruction, in push order
-        self.generate_s = 0.0
-        self.replies_sent = 0
-
-    def get_node_ids(self) -> Iterable[int]:
-        return list(self._nodes)
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        ids = []
-        for message in messages:
-            if message.metadata.dst_node_id not in self._nodes:
-                raise ValueError(f"no node {message.metadata.dst_node_id} in this grid")
-            message_id = str(uuid4())
-            message.metadata.__dict__["_message_id"] = message_id
-            message.metadata.__dict__["_run_id"] = self._run.run_id
-            self._pending[message_id] = message
-            ids.append(message_id)
-        return ids
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        wanted = set(message_ids)
-        for message_id in self._pending:
-            if message_id in wanted:
-                return [self._reply(self._pending.pop(message_id))]
-        return []
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterable[Message]:
-        waiting = list(self.push_messages(messages))
-        replies: list[Message] = []
-        for message_id in waiting:
-            replies.extend(self.pull_messages([message_id]))
-        return replies
-
-    def _reply(self, instruction: Message) -> Message:
-        started = time.perf_counter()
-        party = instruction.metadata.dst_node_id - NODE_ID_BASE
-        reply = Message(reply_content(self._seed, party, self._sizes), reply_to=instruction)
-        reply.metadata.__dict__["_message_id"] = str(uuid4())
-        self.generate_s += time.perf_counter() - started
-        self.replies_sent += 1
-        return reply
-
-
-# ---------------------------------------------------------------- resident memory
-
-
-def _status_kib(field: str) -> int:
-    for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith(field + ":"):
-            return int(line.split()[1])  # "VmHWM:   123456 kB"
-    raise BenchError(f"/proc/self/status has no {field} (Linux only)")
-
-
-def _reset_peak_rss() -> bool:
-    """Reset ``VmHWM`` to the current RSS (``echo 5 > /proc/self/clear_refs``, Linux >= 4.0).
-
-    Why not ``ru_maxrss``: it cannot be reset, and on exec Linux folds the *parent's* peak
-    RSS into the child's (``exec_mmap`` -> ``setmax_mm_hiwater_rss(&sig->maxrss, old_mm)``),
-    so a child started from a big process (pytest, a notebook) reports the parent's peak.
-    ``VmHWM`` belongs to the child's own address space; the kernel records it before any
-    unmap/``MADV_DONTNEED``/brk shrink lowers RSS, so transient peaks (a temporary freed
-    microseconds later) are not missed the way sampling ``VmRSS`` would miss them. Without
-    the reset (clear_refs not writable) ``VmHWM`` still starts at exec; the imports and the
-    warm-up before the baseline use far less than a round, so it stays a sound peak.
-    """
-    try:
-        with open("/proc/self/clear_refs", "w") as handle:
-            handle.write("5")
-    except OSError:
-        return False
-    return True
-
-
-def _malloc_trim() -> None:
-    """Hand free heap memory back to the OS (glibc), so the baseline is live memory only."""
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL(name).malloc_trim(0)
 
 
 # ---------------------------------------------------------------- one side, in a child
@@ -290,13 +150,6 @@ def _fold_round(grid: ReplyGrid, model: ArrayRecord) -> tuple[ArrayRecord, int]:
     return to_array_record(fold.result()), folded
 
 
-def _global_model(sizes: list[int]) -> ArrayRecord:
-    names = array_names(len(sizes))
-    return ArrayRecord(
-        {name: Array(np.zeros(size, np.float32)) for name, size in zip(names, sizes, strict=True)}
-    )
-
-
 def run_side(side: str, updates: int, params: int, *, seed: int, out: Path) -> dict[str, Any]:
     """Child-process side: one measured round of ``side``; the result is saved to ``out``."""
     if side not in SIDES:
@@ -310,21 +163,21 @@ def run_side(side: str, updates: int, params: int, *, seed: int, out: Path) -> d
     _round(
         side,
         ReplyGrid(warm_updates, warm_sizes, seed=seed),
-        _global_model(warm_sizes),
+        global_model(warm_sizes),
         warm_updates,
         seed,
     )
     grid = ReplyGrid(updates, sizes, seed=seed)
-    model = _global_model(sizes)  # the server's current model: both sides hold it
+    model = global_model(sizes)  # the server's current model: both sides hold it
     gc.collect()
-    _malloc_trim()
-    reset = _reset_peak_rss()
-    baseline_kib = _status_kib("VmRSS")
+    malloc_trim()
+    reset = reset_peak_rss()
+    baseline_kib = status_kib("VmRSS")
     started = time.perf_counter()
     result, aggregated = _round(side, grid, model, updates, seed)
     wall_s = time.perf_counter() - started
-    peak_kib = _status_kib("VmHWM")  # read before anything else allocates
-    rss_after_kib = _status_kib("VmRSS")
+    peak_kib = status_kib("VmHWM")  # read before anything else allocates
+    rss_after_kib = status_kib("VmRSS")
     ru_maxrss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # kB on Linux
     if aggregated != updates:
         raise BenchError(f"{side}: aggregated {aggregated} replies, expected {updates}")
@@ -352,16 +205,6 @@ def run_side(side: str, updates: int, params: int, *, seed: int, out: Path) -> d
 # ---------------------------------------------------------------- the parent
 
 
-def _mem_available_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def _run_child(side: str, updates: int, params: int, seed: int, out: Path) -> dict[str, Any]:
     command = [
         sys.executable, "-m", "fedge.bench.aggregate", "child", side,
@@ -377,22 +220,6 @@ def _run_child(side: str, updates: int, params: int, seed: int, out: Path) -> di
         )
     info: dict[str, Any] = json.loads(result.stdout.strip().splitlines()[-1])
     return info
-
-
-def _reference(
-    updates: int, sizes: list[int], seed: int
-) -> tuple[list[npt.NDArray[np.float64]], float]:
-    """float64 weighted mean of the same seeded updates, and the largest |value| in them."""
-    sums = [np.zeros(size, np.float64) for size in sizes]
-    total = 0.0
-    largest = 0.0
-    for party in range(updates):
-        weight, arrays = party_update(seed, party, sizes)
-        total += weight
-        for acc, values in zip(sums, arrays, strict=True):
-            largest = max(largest, float(np.abs(values).max()))
-            acc += weight * values.astype(np.float64)
-    return [acc / total for acc in sums], largest
 
 
 def run_aggregate(
@@ -413,7 +240,7 @@ def run_aggregate(
     # Flower holds every reply (serialized) at once, plus its sum, a decoded array and its
     # scaled copy, and the result record: refuse rather than push the machine into swap.
     flower_need = (updates + 3) * model_bytes + (512 << 20)
-    available = _mem_available_bytes()
+    available = mem_available_bytes()
     if available is not None and flower_need > available:
         fits = max(0, (available - (512 << 20)) // model_bytes - 3)
         raise BenchError(
@@ -431,7 +258,7 @@ def run_aggregate(
             with np.load(out) as saved:
                 results[side] = {name: saved[name] for name in names}
     progress("float64 reference")
-    reference, largest = _reference(updates, sizes, seed)
+    reference, largest = reference_mean(updates, sizes, seed)
     ours, flower, fold = results["ours"], results["flower"], results["fold"]
     max_abs_diff = max(float(np.abs(ours[n] - flower[n]).max()) for n in names)
     fold_max_abs_diff = max(float(np.abs(fold[n] - flower[n]).max()) for n in names)

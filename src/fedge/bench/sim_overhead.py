@@ -1,10 +1,10 @@
 """Simulation orchestration overhead: our in-process grid against Flower's runtime.
 
 One workload where orchestration is everything: ``parties`` nodes that run
-:data:`echo_app`, a Flower ``ClientApp`` that answers a train message with the arrays it
-received and a ``num-examples`` (training costs nothing), ``per_round`` of them asked per
-round, a small float32 model (``params`` parameters in two arrays). The same ClientApp
-object is run by three sides:
+:data:`~fedge.bench.sim_overhead_apps.echo_app`, a Flower ``ClientApp`` that answers a
+train message with the arrays it received and a ``num-examples`` (training costs
+nothing), ``per_round`` of them asked per round, a small float32 model (``params``
+parameters in two arrays). The same ClientApp object is run by three sides:
 
 - ``inprocess``: fedge's default simulation backend -- a fresh
   :class:`~fedge.sim.grid.InProcessGrid` (2 workers) per run, driven by our ``tiered``
@@ -35,46 +35,37 @@ first messages of a run. A run's figure is the timed rounds' wall time / (timed 
 parties asked per round); the headline per side is the median over runs. Ray's start-up,
 node registration and placement (``runtime_ready_s``) and its shut-down are outside every
 timed window. Flower's logging below ERROR is off while the benchmark runs (every side).
+
+The echo ClientApp and the initial model are in :mod:`fedge.bench.sim_overhead_apps`;
+the workload, one run of each side and the Flower phase in
+:mod:`fedge.bench.sim_overhead_runs`. This module runs the phases in order and reports.
 """
 
 from __future__ import annotations
 
 import importlib.metadata
 import logging
-import os
 import statistics
-import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-from flwr.app import (
-    Array,
-    ArrayRecord,
-    ConfigRecord,
-    Context,
-    Message,
-    MetricRecord,
-    RecordDict,
-)
-from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
-from flwr.serverapp.strategy import FedAvg
-
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.factory import build_strategy
-from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
+from fedge.bench.sim_overhead_runs import (
+    DIAGNOSTIC_SIDE,
+    STRATEGY,
+    TIERED_PARAMS,
+    WARMUP_ROUNDS,
+    RunTiming,
+    Workload,
+    flower_phase,
+    inprocess_pair,
+)
 from fedge.bench.testbed import BenchError
 
 SIDES = ("inprocess", "ours_on_flower", "flower_fedavg")
-# Diagnostic, not a target: the in-process side with the strategy polling the grid every
-# 1 ms instead of StreamingFedAvg's default 10 ms (the in-process rounds wait mostly there).
-DIAGNOSTIC_SIDE = "inprocess_pull_1ms"
-DIAGNOSTIC_PULL_INTERVAL_S = 0.001
+
 # What paces a round on Flower's simulation runtime (flwr 1.41): InMemoryGrid's default
 # pull_interval, and the runtime's loop that moves pushed messages to the workers
 # (vce_api.add_messages_to_queue waits 0.1 s between passes). Reported, not used.
@@ -82,300 +73,6 @@ FLOWER_GRID_PULL_INTERVAL_S = 0.1
 FLOWER_RUNTIME_POLL_INTERVAL_S = 0.1
 TARGET_INPROCESS_SPEEDUP = 10.0
 TARGET_STRATEGY_OVERHEAD_RATIO = 1.2
-STRATEGY = "tiered"
-# Two tiers of parties/2: a tier holds per_round parties at the defaults (20, 10).
-TIERED_PARAMS: dict[str, object] = {
-    "kind": "tiered",
-    "tiers": 2,
-    "profiling_rounds": 1,
-    "adaptive": False,
-    "static_probabilities": [0.5, 0.5],
-}
-WARMUP_ROUNDS = 1  # = the tiered strategy's profiling rounds
-ROUND_TIMEOUT_S = 120.0
-ARRAYS_KEY = "arrays"
-METRICS_KEY = "metrics"
-NUM_EXAMPLES = "num-examples"
-PARTITION_ID = "partition-id"
-BASE_EXAMPLES = 8  # "a handful of samples": party p reports 8 + p % 5 examples
-
-
-# ---------------------------------------------------------------- the party side
-
-echo_app = ClientApp()
-
-
-def _partition_id(context: Context) -> int:
-    value = context.node_config.get(PARTITION_ID)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ValueError(f"node_config['{PARTITION_ID}'] must be an int, got {value!r}")
-    return value
-
-
-@echo_app.train()
-def echo_train(msg: Message, context: Context) -> Message:
-    """Reply with the received arrays and a ``num-examples``: no training at all."""
-    arrays = msg.content[ARRAYS_KEY]
-    partition = _partition_id(context)
-    metrics = MetricRecord({NUM_EXAMPLES: BASE_EXAMPLES + partition % 5, PARTITION_ID: partition})
-    return Message(RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: metrics}), reply_to=msg)
-
-
-@echo_app.evaluate()
-def echo_evaluate(msg: Message, context: Context) -> Message:
-    partition = _partition_id(context)
-    metrics = MetricRecord({NUM_EXAMPLES: BASE_EXAMPLES + partition % 5, "eval-acc": 0.0})
-    return Message(RecordDict({METRICS_KEY: metrics}), reply_to=msg)
-
-
-@echo_app.query()
-def echo_query(msg: Message, context: Context) -> Message:
-    """Which partition this node is (what ``PartitionOrderedGrid`` asks every node once)."""
-    metrics = MetricRecord({PARTITION_ID: _partition_id(context)})
-    return Message(RecordDict({METRICS_KEY: metrics}), reply_to=msg)
-
-
-def initial_arrays(params: int, seed: int) -> ArrayRecord:
-    """A ``params``-parameter float32 model in two arrays (a weight matrix and a bias)."""
-    bias = max(1, params // 100)
-    rng = np.random.default_rng(seed)
-    return ArrayRecord(
-        array_dict={
-            "weight": Array(rng.standard_normal(params - bias).astype(np.float32)),
-            "bias": Array(np.zeros(bias, np.float32)),
-        }
-    )
-
-
-# ---------------------------------------------------------------- one run of one side
-
-
-@dataclass(frozen=True)
-class RunTiming:
-    side: str
-    repetition: int
-    round_s: tuple[float, ...]  # every round's wall time, warm-up included
-    parties_per_round: tuple[int, ...]  # parties asked in each round
-
-    @property
-    def timed_round_s(self) -> tuple[float, ...]:
-        return self.round_s[WARMUP_ROUNDS:]
-
-    @property
-    def party_rounds(self) -> int:
-        return sum(self.parties_per_round[WARMUP_ROUNDS:])
-
-    @property
-    def s_per_party_round(self) -> float:
-        return sum(self.timed_round_s) / self.party_rounds
-
-    def summary(self) -> dict[str, Any]:
-        timed = self.timed_round_s
-        return {
-            "repetition": self.repetition,
-            "s_per_party_round": round(self.s_per_party_round, 7),
-            "timed_rounds": len(timed),
-            "party_rounds": self.party_rounds,
-            "timed_s": round(sum(timed), 5),
-            "round_s_median": round(statistics.median(timed), 6),
-            "round_s_max": round(max(timed), 6),
-            "warmup_round_s": [round(t, 5) for t in self.round_s[:WARMUP_ROUNDS]],
-        }
-
-
-@dataclass(frozen=True)
-class Workload:
-    parties: int
-    per_round: int
-    rounds: int  # timed rounds; every run is WARMUP_ROUNDS longer
-    params: int
-    seed: int
-
-    @property
-    def total_rounds(self) -> int:
-        return WARMUP_ROUNDS + self.rounds
-
-
-class _Stamps:
-    """An ``evaluate_fn`` that only notes when it was called (before round 1, after each)."""
-
-    def __init__(self) -> None:
-        self.times: list[float] = []
-
-    def __call__(self, server_round: int, arrays: ArrayRecord) -> MetricRecord | None:
-        self.times.append(time.perf_counter())
-        return None
-
-    def round_s(self, rounds: int) -> tuple[float, ...]:
-        if len(self.times) != rounds + 1:
-            raise BenchError(f"expected {rounds + 1} round boundaries, got {len(self.times)}")
-        return tuple(b - a for a, b in zip(self.times, self.times[1:], strict=False))
-
-
-def run_ours(
-    side: str,
-    repetition: int,
-    grid: Grid,
-    work: Workload,
-    *,
-    pull_interval_s: float | None = None,
-) -> RunTiming:
-    """Our tiered strategy for ``work.total_rounds`` rounds on ``grid`` (as runner.drive).
-
-    ``pull_interval_s`` overrides the strategy's polling interval (diagnostic only).
-    """
-    strategy, extra = build_strategy(
-        STRATEGY, TIERED_PARAMS, per_round=work.per_round, seed=work.seed, clock=ClockMode.VIRTUAL
-    )
-    if pull_interval_s is not None:
-        strategy.pull_interval_s = pull_interval_s
-    records: list[RoundRecord] = []
-    strategy.observers.append(records.append)
-    stamps = _Stamps()
-    strategy.start(
-        grid,
-        initial_arrays(work.params, work.seed),
-        num_rounds=work.total_rounds,
-        timeout=ROUND_TIMEOUT_S,
-        train_config=ConfigRecord(dict(extra)),
-        evaluate_fn=stamps,
-    )
-    for record in records:
-        if record.failed or len(record.on_time) != len(record.selected):
-            raise BenchError(
-                f"{side}: round {record.server_round} had {len(record.failed)} failed and "
-                f"{len(record.late)} late parties: {dict(record.failures)}"
-            )
-    asked = tuple(len(r.selected) for r in records)
-    if any(n != work.per_round for n in asked[WARMUP_ROUNDS:]):
-        raise BenchError(f"{side}: parties asked per round {asked}, expected {work.per_round}")
-    return RunTiming(side, repetition, stamps.round_s(work.total_rounds), asked)
-
-
-def run_flower_fedavg(repetition: int, grid: Grid, work: Workload) -> RunTiming:
-    """Flower's ``FedAvg.start`` for ``work.total_rounds`` rounds, no federated evaluation."""
-    strategy = FedAvg(
-        fraction_train=work.per_round / work.parties,
-        fraction_evaluate=0.0,
-        min_train_nodes=work.per_round,
-        min_evaluate_nodes=0,
-        min_available_nodes=work.parties,
-    )
-    stamps = _Stamps()
-    result = strategy.start(
-        grid,
-        initial_arrays(work.params, work.seed),
-        num_rounds=work.total_rounds,
-        timeout=ROUND_TIMEOUT_S,
-        train_config=ConfigRecord(),
-        evaluate_fn=stamps,
-    )
-    # FedAvg records a round's train metrics only when it aggregated valid replies.
-    if sorted(result.train_metrics_clientapp) != list(range(1, work.total_rounds + 1)):
-        raise BenchError(
-            f"flower_fedavg: aggregated rounds {sorted(result.train_metrics_clientapp)}, "
-            f"expected 1..{work.total_rounds}"
-        )
-    # int(parties * fraction) (>= min_train_nodes) parties are sampled every round.
-    asked = max(int(work.parties * strategy.fraction_train), work.per_round)
-    return RunTiming(
-        "flower_fedavg",
-        repetition,
-        stamps.round_s(work.total_rounds),
-        (asked,) * work.total_rounds,
-    )
-
-
-def run_inprocess(
-    repetition: int,
-    work: Workload,
-    *,
-    side: str = "inprocess",
-    pull_interval_s: float | None = None,
-) -> RunTiming:
-    """Our default backend: a fresh InProcessGrid (2 workers, as run_one) and our strategy."""
-    from fedge.sim.grid import InProcessGrid
-
-    grid = InProcessGrid(echo_app, work.parties, run_config=_run_config(work))
-    try:
-        return run_ours(side, repetition, grid, work, pull_interval_s=pull_interval_s)
-    finally:
-        grid.close()
-
-
-def _inprocess_pair(
-    repetition: int, repeats: int, work: Workload, progress: Progress
-) -> list[RunTiming]:
-    """One run of the in-process side and one of its diagnostic, alternating which is first."""
-    progress(f"inprocess: run {repetition + 1}/{repeats}")
-    sides: list[tuple[str, float | None]] = [
-        ("inprocess", None),
-        (DIAGNOSTIC_SIDE, DIAGNOSTIC_PULL_INTERVAL_S),
-    ]
-    if repetition % 2:
-        sides.reverse()
-    return [
-        run_inprocess(repetition, work, side=side, pull_interval_s=interval)
-        for side, interval in sides
-    ]
-
-
-def _run_config(work: Workload) -> dict[str, bool | int | float | str]:
-    return {"benchmark": "sim-overhead", "seed": work.seed}
-
-
-# ---------------------------------------------------------------- the Flower phase
-
-
-def _flower_phase(
-    work: Workload, repeats: int, num_cpus: int, progress: Progress
-) -> tuple[list[RunTiming], float]:
-    """Both Flower sides, ``repeats`` times each, alternating, in one Ray simulation."""
-
-    from fedge.aggregator.identity import PartitionOrderedGrid
-    from fedge.sim.flower_backend import launch_simulation
-
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    config = _run_config(work)
-    timings: list[RunTiming] = []
-    ready: list[float] = []
-
-    server_app = ServerApp()
-
-    @server_app.main()
-    def main(grid: Grid, context: Context) -> None:
-        # The runtime registers its nodes after it started this thread: wait for them.
-        deadline = time.monotonic() + ROUND_TIMEOUT_S
-        while len(list(grid.get_node_ids())) < work.parties:
-            if time.monotonic() > deadline:
-                raise BenchError(f"Flower's runtime did not register {work.parties} nodes")
-            time.sleep(0.05)
-        ordered = PartitionOrderedGrid(grid)
-        # Place every node now (one query each; this also loads the ClientApp in every
-        # actor), so no run's rounds carry the discovery.
-        placed = len(list(ordered.get_node_ids()))
-        if placed != work.parties:
-            raise BenchError(f"{placed} of {work.parties} nodes said their partition id")
-        ready.append(time.perf_counter())
-        for repetition in range(repeats):
-            order = ("ours_on_flower", "flower_fedavg")
-            for side in order if repetition % 2 == 0 else order[::-1]:
-                progress(f"{side}: run {repetition + 1}/{repeats} on Flower's runtime")
-                if side == "ours_on_flower":
-                    timings.append(run_ours(side, repetition, ordered, work))
-                else:
-                    timings.append(run_flower_fedavg(repetition, grid, work))
-
-    progress(f"starting Flower's simulation runtime (Ray, {num_cpus} actors)")
-    started = time.perf_counter()
-    launch_simulation(server_app, echo_app, work.parties, config, num_cpus=num_cpus)
-    if len(timings) != 2 * repeats or not ready:
-        raise BenchError(
-            f"the Flower simulation returned {len(timings)} of {2 * repeats} runs "
-            "(see the log above)"
-        )
-    return timings, ready[0] - started
 
 
 # ---------------------------------------------------------------- the benchmark
@@ -425,11 +122,11 @@ def run_sim_overhead(
     with _QuietFlower():
         before = (repeats + 1) // 2
         for repetition in range(before):
-            timings += _inprocess_pair(repetition, repeats, work, progress)
-        flower, runtime_ready_s = _flower_phase(work, repeats, num_cpus, progress)
+            timings += inprocess_pair(repetition, repeats, work, progress)
+        flower, runtime_ready_s = flower_phase(work, repeats, num_cpus, progress)
         timings += flower
         for repetition in range(before, repeats):
-            timings += _inprocess_pair(repetition, repeats, work, progress)
+            timings += inprocess_pair(repetition, repeats, work, progress)
     inprocess = _median(timings, "inprocess")
     ours = _median(timings, "ours_on_flower")
     flower_fedavg = _median(timings, "flower_fedavg")
