@@ -81,20 +81,23 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
     kept = [i for i in report.items if i.prediction_id not in foreign]
     rejected = [i for i in kept if set(i.scores) != classes[i.model]]
     kept = [i for i in kept if set(i.scores) == classes[i.model]]
-    dropped = _dropped_reason(report, foreign, rejected, classes)
     added = conn.execute(
         "INSERT OR IGNORE INTO evaluation_reports (eval_id, edge, version, status, reason, "
-        "holdout, items, reported_at, received_at) VALUES (?,?,?,?,?,?,?,?,?)",
+        "holdout, items, reported_at, received_at, foreign_items, rejected_items, "
+        "dropped_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             report.eval_id,
             edge,
             report.version,
             report.status.value,
-            report.reason + (f"{NOTE_SEP}{dropped}" if dropped else ""),
+            report.reason,
             report.holdout,
             len(report.items),
             report.reported_at,
             now,
+            sum(item.prediction_id in foreign for item in report.items),
+            len(rejected),
+            _dropped_reason(report, foreign, rejected, classes),
         ),
     )
     if added.rowcount == 0:
@@ -120,11 +123,6 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
     return True
 
 
-# The manager's note on dropped items, kept after the station's own reason in
-# `evaluation_reports.reason` (JSON: counts and why); only this module reads it.
-NOTE_SEP = "\n[manager] "
-
-
 def _dropped_reason(
     report: EvaluationReport,
     foreign: set[str],
@@ -148,8 +146,7 @@ def _dropped_reason(
             f"{first.prediction_id} of {first.model}: {','.join(sorted(first.scores))}, "
             f"expected {','.join(sorted(classes[first.model]))})"
         )
-    note = {"foreign": foreign_items, "rejected": len(rejected), "why": "; ".join(why)}
-    return json.dumps(note, sort_keys=True)
+    return "; ".join(why)
 
 
 def stored_id(prediction_id: str, augmented: int | None) -> str:
@@ -228,29 +225,23 @@ class ReportRow:
 
 
 def _report_row(r: dict[str, Any]) -> ReportRow:
-    reason, _, note = str(r["reason"]).partition(NOTE_SEP)
-    dropped: dict[str, Any] = {}
-    if note:
-        try:
-            dropped = json.loads(note)
-        except ValueError:
-            dropped = {"why": note}
     return ReportRow(
         str(r["edge"]),
         EvaluationStatus(str(r["status"])),
-        reason,
+        str(r["reason"]),
         int(r["holdout"]),
         int(r["items"]),
-        int(dropped.get("foreign", 0)),
-        int(dropped.get("rejected", 0)),
-        str(dropped.get("why", "")),
+        int(r["foreign_items"]),
+        int(r["rejected_items"]),
+        str(r["dropped_reason"]),
     )
 
 
 def reports(store: Store, eval_id: str) -> dict[str, ReportRow]:
     """The stations that answered ``eval_id`` so far, by edge."""
     rows = store.query(
-        "SELECT edge, status, reason, holdout, items FROM evaluation_reports WHERE eval_id=?",
+        "SELECT edge, status, reason, holdout, items, foreign_items, rejected_items, "
+        "dropped_reason FROM evaluation_reports WHERE eval_id=?",
         (eval_id,),
     )
     return {str(r["edge"]): _report_row(r) for r in rows}

@@ -108,7 +108,9 @@ CREATE TABLE IF NOT EXISTS evaluations (
 CREATE TABLE IF NOT EXISTS evaluation_reports (
     eval_id TEXT NOT NULL, edge TEXT NOT NULL, version INTEGER NOT NULL, status TEXT NOT NULL,
     reason TEXT NOT NULL, holdout INTEGER NOT NULL, items INTEGER NOT NULL,
-    reported_at REAL NOT NULL, received_at REAL NOT NULL, PRIMARY KEY (eval_id, edge));
+    reported_at REAL NOT NULL, received_at REAL NOT NULL, foreign_items INTEGER NOT NULL
+    DEFAULT 0, rejected_items INTEGER NOT NULL DEFAULT 0, dropped_reason TEXT NOT NULL
+    DEFAULT '', PRIMARY KEY (eval_id, edge));
 -- Alerts (drift, estimated accuracy) per edge: open while cleared_at IS NULL.
 CREATE TABLE IF NOT EXISTS alerts (
     alert_id TEXT PRIMARY KEY, edge TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL,
@@ -210,6 +212,10 @@ COMMIT;
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("predictions", "stats", "TEXT NOT NULL DEFAULT ''"),
     ("evaluations", "augmented", "INTEGER NOT NULL DEFAULT 0"),
+    # The items the manager dropped from a station's report, and why (evaluations.py).
+    ("evaluation_reports", "foreign_items", "INTEGER NOT NULL DEFAULT 0"),
+    ("evaluation_reports", "rejected_items", "INTEGER NOT NULL DEFAULT 0"),
+    ("evaluation_reports", "dropped_reason", "TEXT NOT NULL DEFAULT ''"),
 )
 
 
