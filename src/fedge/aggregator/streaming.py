@@ -19,17 +19,15 @@ work would have taken (``virtual-time-s``), so they are settled in virtual arriv
 (deterministic for a seed). Any Flower ClientApp works: without a virtual time, the wall
 time from push to pull is the party's latency.
 
-Flower's own ``Strategy.start`` works too: ``configure_train`` remembers its plan and
-:meth:`StreamingFedAvg.aggregate_train` settles the round Flower collected exactly as the
-virtual-clock loop does -- same decoding, same fold order, same failed and late replies,
-same latency profiles and tier updates -- so both loops give the same models for a seed.
-What Flower's loop cannot do is end a round early: it waits for every reply.
+Flower's own ``Strategy.start`` works too: :meth:`StreamingFedAvg.aggregate_train`
+settles the round Flower collected exactly as the virtual-clock loop does
+(:mod:`fedge.aggregator.settled`), so both loops give the same models for a seed. Late
+replies are held and folded by :mod:`fedge.aggregator.stale`.
 """
 
 import dataclasses
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from logging import INFO
 from typing import Any
 
@@ -40,49 +38,26 @@ from flwr.serverapp.strategy import FedAvg, Result
 from flwr.supercore import log
 
 from fedge.aggregator import deadline as deadlines
-from fedge.aggregator import latency
+from fedge.aggregator import latency, stale
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.collect import ReplyStream, collect_all
 from fedge.aggregator.deadline import DeadlineConfig
 from fedge.aggregator.fold import StreamingMean
-from fedge.aggregator.replies import (
-    Collected,
-    check_reply,
-    decode_arrays,
-    fold_reply,
-    reply_weight,
-    serialise,
-    sort_replies,
-    weighted_metrics,
-)
+from fedge.aggregator.hooks import RoundHooks
+from fedge.aggregator.replies import Collected, fold_reply, weighted_metrics
 from fedge.aggregator.rounds import RoundObserver, RoundRecord
+from fedge.aggregator.settled import Configured, flower_collected, settle_all
+
+_Late = stale.LateReply  # the name held replies had here (tests build them directly)
 
 
-@dataclass
-class _Late:
-    arrays: dict[str, np.ndarray]
-    weight: float
-    origin_round: int
-    group: str = ""  # the fold it belongs to (see StreamingFedAvg.fold_group)
-
-
-@dataclass(frozen=True)
-class _Configured:
-    """What ``configure_train`` planned, for ``aggregate_train`` to settle."""
-
-    server_round: int
-    arrays: ArrayRecord
-    plan: deadlines.RoundPlan
-    tier: int | None
-    sent_at: float  # Unix time, as a reply's ``metadata.created_at``
-
-
-class StreamingFedAvg(FedAvg):
+class StreamingFedAvg(RoundHooks, FedAvg):
     """FedAvg (McMahan et al., 2017) with streaming folds, deadlines and quorum.
 
     ``per_round`` parties are sampled uniformly per round (the baseline TiFL compares
-    against); subclasses override :meth:`candidates` and :meth:`expected_latency` to
-    change who is asked and how long to wait.
+    against); subclasses override the hooks (:class:`~fedge.aggregator.hooks.RoundHooks`),
+    e.g. :meth:`candidates` and :meth:`expected_latency` to change who is asked and how
+    long to wait.
     """
 
     def __init__(
@@ -109,65 +84,10 @@ class StreamingFedAvg(FedAvg):
         self.observers: list[RoundObserver] = []
         # Called with each round's record and its on-time replies (e.g. per-party metrics).
         self.reply_observers: list[Callable[[RoundRecord, dict[int, Message]], None]] = []
-        self._late: list[_Late] = []
+        self._late: list[stale.LateReply] = []
         self._sent: tuple[ArrayRecord, ...] = ()  # the model(s) sent this round
         self._stream = ReplyStream()  # wall clock: replies still awaited
-        self._configured: _Configured | None = None  # what configure_train planned
-
-    # -- hooks for subclasses
-
-    def candidates(
-        self, server_round: int, node_ids: Sequence[int]
-    ) -> tuple[Sequence[int], int | None]:
-        """Who may be selected this round, and the tier they form (None = no tiers)."""
-        return node_ids, None
-
-    def expected_latency(self, server_round: int, tier: int | None) -> float | None:
-        """The latency a deadline is derived from (None = no deadline this round)."""
-        known = [p.mean_s for p in self.profiles.values()]
-        return float(np.percentile(known, 90)) if known else None
-
-    def round_config(self, server_round: int, plan: deadlines.RoundPlan) -> dict[str, Any]:
-        """Extra config sent to the parties of this round."""
-        return {}
-
-    def after_round(self, record: RoundRecord, replies: dict[int, Message]) -> None:
-        """Called once a round is settled (TiFL updates tier accuracies here)."""
-
-    def fold_group(self, node: int) -> str:
-        """Which running mean ``node``'s reply this round is folded into.
-
-        FedAvg has one (``""``); a strategy that trains several models at once (one per
-        architecture, :mod:`fedge.aggregator.feddf`) names one group per model. Called when
-        the round's messages exist, so it may depend on what was sent to ``node``.
-        """
-        return ""
-
-    def aggregate(
-        self,
-        server_round: int,
-        arrays: ArrayRecord,
-        folds: dict[str, StreamingMean],
-        metrics: dict[str, float],
-    ) -> ArrayRecord:
-        """The round's new global model from its folds (``arrays``: what was sent).
-
-        ``metrics`` are the round's training metrics; an override may add its own.
-        """
-        unexpected = sorted(set(folds) - {""})
-        if unexpected:  # fold_group() was overridden without aggregate(): replies would vanish
-            raise ValueError(f"{type(self).__name__} cannot aggregate fold groups {unexpected}")
-        fold = folds.get("")
-        return serialise(fold) if fold is not None and fold.count else arrays
-
-    def extra_arrays(self) -> dict[str, dict[str, np.ndarray]]:
-        """Models a checkpoint must keep besides the global one (name -> arrays)."""
-        return {}
-
-    def restore_extra_arrays(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
-        """Take back what :meth:`extra_arrays` gave to a checkpoint."""
-        if arrays:
-            raise ValueError(f"{type(self).__name__} keeps no extra models, got {sorted(arrays)}")
+        self._configured: Configured | None = None  # what configure_train planned
 
     # -- state for checkpoints
 
@@ -183,20 +103,16 @@ class StreamingFedAvg(FedAvg):
         self.elapsed_s = float(state["elapsed_s"])
         self.profiles = {int(k): latency.LatencyProfile(**v) for k, v in state["profiles"].items()}
 
-    def late_replies(self) -> list[tuple[dict[str, np.ndarray], float, int, str]]:
+    def late_replies(self) -> list[stale.HeldTuple]:
         """Late replies held for staleness folding: (arrays, weight, origin round, group).
 
         Kept out of :meth:`state_dict` because they are whole models: checkpoints store
         them as arrays beside the JSON state.
         """
-        return [(late.arrays, late.weight, late.origin_round, late.group) for late in self._late]
+        return stale.as_tuples(self._late)
 
-    def restore_late_replies(
-        self, replies: Iterable[tuple[dict[str, np.ndarray], float, int, str]]
-    ) -> None:
-        self._late = [
-            _Late(dict(arrays), weight, origin, group) for arrays, weight, origin, group in replies
-        ]
+    def restore_late_replies(self, replies: Iterable[stale.HeldTuple]) -> None:
+        self._late = stale.from_tuples(replies)
 
     # -- Flower's contract: configure, then aggregate what Flower's start() collected
 
@@ -220,7 +136,7 @@ class StreamingFedAvg(FedAvg):
     ) -> Iterable[Message]:
         plan, tier = self.plan(server_round, grid)
         messages = self._messages(server_round, arrays, config, plan)
-        self._configured = _Configured(server_round, arrays, plan, tier, time.time())
+        self._configured = Configured(server_round, arrays, plan, tier, time.time())
         return messages
 
     def aggregate_train(
@@ -241,17 +157,7 @@ class StreamingFedAvg(FedAvg):
                 "round: call configure_train first, as Strategy.start does"
             )
         self._configured = None
-        selected = set(configured.plan.selected)
-        by_node: dict[int, Message] = {}
-        wall: dict[int, float] = {}
-        for reply in replies:
-            node = reply.metadata.src_node_id
-            if node in selected and node not in by_node:
-                by_node[node] = reply
-                wall[node] = max(0.0, reply.metadata.created_at - configured.sent_at)
-        collected = sort_replies(
-            configured.plan.selected, by_node, wall, missing="no answer within Flower's timeout"
-        )
+        collected = flower_collected(configured, replies)
         arrays, record = self._settle(
             server_round, configured.arrays, configured.plan, configured.tier, collected
         )
@@ -378,32 +284,22 @@ class StreamingFedAvg(FedAvg):
         tier: int | None,
         collected: Collected,
     ) -> tuple[ArrayRecord, RoundRecord]:
-        """A round whose replies are all in: settle on arrival times, then fold.
-
-        On-time replies are folded in arrival order, after the late replies of earlier
-        rounds (the virtual-clock loop and Flower's ``start`` both come here).
-        """
-        echoes = self._echoes()
-        for node, reply in collected.replies.items():
-            if collected.arrivals.get(node) is None:
-                continue
-            try:  # a malformed reply is a failed party, refused before the round settles
-                check_reply(reply, self.arrayrecord_key, self._sent, echoes)
-            except ValueError as exc:
-                collected.fail(node, f"malformed reply: {exc}")
-        settlement = deadlines.settle(plan, collected.arrivals)
+        """A round whose replies are all in (virtual clock, Flower's ``start``): settle on
+        arrival times, then fold, after the late replies of earlier rounds."""
         folds: dict[str, StreamingMean] = {}
         stale_folded = self._fold_late(folds, server_round)
-        for node in settlement.on_time:  # in arrival order
-            reply = collected.replies[node]
-            fold = folds.setdefault(self.fold_group(node), StreamingMean())
-            fold.add(decode_arrays(reply, self.arrayrecord_key, echoes), reply_weight(reply))
-        if self.deadline.late_policy == "stale":
-            for node in settlement.late:
-                reply = collected.replies[node]
-                arrays_late = decode_arrays(reply, self.arrayrecord_key, echoes)
-                group = self.fold_group(node)
-                self._late.append(_Late(arrays_late, reply_weight(reply), server_round, group))
+        settlement, held = settle_all(
+            plan,
+            collected,
+            folds,
+            server_round=server_round,
+            key=self.arrayrecord_key,
+            sent=self._sent,
+            echoes=self._echoes(),
+            fold_group=self.fold_group,
+            keep_late=self.deadline.late_policy == "stale",
+        )
+        self._late.extend(held)
         return self.close_round(
             server_round, arrays, plan, tier, folds, settlement, collected, stale_folded
         )
@@ -466,19 +362,16 @@ class StreamingFedAvg(FedAvg):
         return self._sent
 
     def _late_arrival(self, reply: Message, origin_round: int, group: str) -> None:
+        """A straggler of an earlier round, pulled by the wall-clock loop: held or dropped."""
         if reply.has_error() or self.deadline.late_policy != "stale":
             return
-        arrays = decode_arrays(reply, self.arrayrecord_key, self._echoes())
-        self._late.append(_Late(arrays, reply_weight(reply), origin_round, group))
+        self._late.append(
+            stale.hold(reply, self.arrayrecord_key, self._echoes(), origin_round, group)
+        )
 
     def _fold_late(self, folds: dict[str, StreamingMean], server_round: int) -> int:
-        folded = 0
-        for late in self._late:
-            staleness = server_round - late.origin_round
-            weight = late.weight * deadlines.staleness_weight(
-                staleness, exponent=self.deadline.staleness_exponent
-            )
-            folds.setdefault(late.group, StreamingMean()).add(late.arrays, weight)
-            folded += 1
+        """Fold (and let go) the late replies held from earlier rounds."""
+        exponent = self.deadline.staleness_exponent
+        folded = stale.fold_stale(self._late, folds, server_round, exponent=exponent)
         self._late.clear()
         return folded
