@@ -7,11 +7,13 @@ anything starts.
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
+from fedge.aggregator import central_dp
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.deadline import DeadlineConfig
 from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.errors import FedgeError
+from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -38,6 +40,8 @@ _TIERED: dict[str, type | tuple[type, ...]] = {
     "dropout_threshold_s": float,
 }
 _FEDPROX: dict[str, type | tuple[type, ...]] = {"proximal_mu": float}
+# ``[strategies.<name>.privacy]``: DP-SGD, central DP, SecAgg+ (fedge.party.privacy).
+_PRIVACY: dict[str, type | tuple[type, ...]] = {"privacy": dict}
 _DISTILL: dict[str, type | tuple[type, ...]] = {
     "tier_archs": list,
     "temperature": float,
@@ -93,7 +97,7 @@ def build_strategy(
     kind = str(params.get("kind", name))
     if kind not in KINDS:
         raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
-    allowed = dict(_DEADLINE)
+    allowed = dict(_DEADLINE) | _PRIVACY
     if kind in ("tiered", "distill"):
         allowed |= _TIERED
     if kind == "distill":
@@ -111,6 +115,7 @@ def build_strategy(
                 f"{table}.{key}: not a parameter of {kind} (known: {sorted(allowed)})"
             )
         values[key] = _typed(table, key, value, allowed[key])
+    privacy = _privacy(table, values.pop("privacy", {}), kind=kind, per_round=per_round)
     try:
         deadline = DeadlineConfig(**{k: values.pop(k) for k in list(values) if k in _DEADLINE})
         train_config: dict[str, float | str] = {}
@@ -153,4 +158,28 @@ def build_strategy(
             )
     except (ValueError, TypeError) as exc:
         raise StrategyConfigError(f"{table}: {exc}") from None
+    strategy.privacy = privacy
+    if privacy.mode is PrivacyMode.CENTRAL:
+        try:
+            central_dp.check_strategy(strategy)
+        except PrivacyError as exc:
+            raise StrategyConfigError(f"{table}: {exc}") from None
     return strategy, train_config
+
+
+def _privacy(table: str, values: dict[str, object], *, kind: str, per_round: int) -> PrivacySpec:
+    """The strategy's privacy table, validated before anything trains."""
+    try:
+        spec = PrivacySpec.from_table(values)
+        spec.check_parties(per_round)
+    except PrivacyError as exc:
+        raise StrategyConfigError(f"{table}: {exc}") from None
+    if spec.mode is PrivacyMode.LOCAL and kind == "fedprox":
+        # FedProx's proximal term is not a per-sample loss: DP-SGD's clipping cannot bound it.
+        raise StrategyConfigError(f"{table}.privacy: mode 'local' (DP-SGD) cannot train FedProx")
+    if spec.mode is PrivacyMode.CENTRAL and kind == "distill":
+        raise StrategyConfigError(
+            f"{table}.privacy: mode 'central' clips one model's updates; distill trains one "
+            "model per tier architecture"
+        )
+    return spec

@@ -24,7 +24,6 @@ runs; killed, it leaves the newest checkpoint, and a resubmitted run continues f
 from __future__ import annotations
 
 import json
-import math
 import time
 from logging import INFO, WARNING
 from pathlib import Path
@@ -42,6 +41,7 @@ from flwr.app import (
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from fedge.aggregator import central_dp
 from fedge.aggregator.checkpoint import (
     checkpoint_round,
     latest_checkpoint,
@@ -169,15 +169,7 @@ def _drive(
         store.save_profiles(run_id, strategy.profiles, tiers)
 
     def observe_replies(record: RoundRecord, replies: dict[int, Message]) -> None:
-        per_party: dict[int, dict[str, float]] = {}
-        for party, reply in replies.items():
-            values: dict[str, float] = {}
-            for metric_record in reply.content.metric_records.values():
-                for key, value in metric_record.items():
-                    if isinstance(value, int | float) and math.isfinite(float(value)):
-                        values[key] = float(value)
-            per_party[party] = values
-        store.record_party_metrics(run_id, record.server_round, per_party)
+        store.record_replies(run_id, record.server_round, replies)
 
     def checkpoint_fn(server_round: int, round_arrays: ArrayRecord) -> None:
         if checkpoint_round(
@@ -202,7 +194,9 @@ def _drive(
             "batch-size": manifest.task.batch_size,
         }
     )
-    result = strategy.start(
+    # Stations account their DP-SGD rounds under the job's run id (their ledgers).
+    strategy.job_id = run_id
+    result = central_dp.runner_for(strategy).start(
         stations,
         arrays,
         num_rounds=total,

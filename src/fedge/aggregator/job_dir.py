@@ -31,6 +31,7 @@ JOB_MANIFEST = "job.toml"
 JOB_SCENARIO = "scenario.toml"
 RUNS_DB = "runs.db"
 FINAL_MODEL = "final.npz"
+LEDGERS = "ledgers"  # simulated parties' DP-SGD budget ledgers (fedge.party.budget)
 HALT_REQUEST = "halt-request"
 LOCK_FILE = ".lock"
 LOCK_WAIT_S = 2.0  # a `status` probing the lock holds it for an instant

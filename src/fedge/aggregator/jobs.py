@@ -52,6 +52,8 @@ class RunStatus:
     # Fleet jobs: each station's accuracy on its own held-out images, per round (0: the
     # starting model), as {"round", "party", "accuracy", "examples", "error"} rows.
     evaluations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # Jobs with DP-SGD: each party's rounds trained and epsilon spent (RunStore.privacy_spent).
+    privacy: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -129,6 +131,7 @@ def job_status(job_dir: Path | str) -> list[RunStatus]:
                     created_at=float(row["created_at"]),
                     updated_at=float(row["updated_at"]),
                     evaluations=store.evaluations(row["run_id"]),
+                    privacy=store.privacy_spent(row["run_id"]),
                 )
             )
         return statuses

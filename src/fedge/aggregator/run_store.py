@@ -7,6 +7,7 @@ where it stopped.
 """
 
 import json
+import math
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -15,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import sqlite_utils
+from flwr.app import Message
 
 from fedge.aggregator.latency import LatencyProfile
 from fedge.aggregator.rounds import RoundRecord
@@ -230,6 +232,42 @@ class RunStore:
                 "INSERT OR REPLACE INTO party_rounds VALUES (?,?,?,?)",
                 [(run_id, server_round, _party_in(p), json.dumps(m)) for p, m in metrics.items()],
             )
+
+    def record_replies(self, run_id: str, server_round: int, replies: dict[int, Message]) -> None:
+        """The numeric metrics of each on-time reply (a strategy's reply observer)."""
+        per_party: dict[int, dict[str, float]] = {}
+        for party, reply in replies.items():
+            values: dict[str, float] = {}
+            for metric_record in reply.content.metric_records.values():
+                for key, value in metric_record.items():
+                    if isinstance(value, int | float) and math.isfinite(float(value)):
+                        values[key] = float(value)
+            per_party[party] = values
+        self.record_party_metrics(run_id, server_round, per_party)
+
+    def privacy_spent(self, run_id: str) -> list[dict[str, Any]]:
+        """Per party: DP-SGD rounds trained and epsilon spent in this job (newest report).
+
+        Rows ``{"party", "name", "rounds", "epsilon_job", "epsilon_total", "last_round"}``;
+        parties that never reported a DP round are left out.
+        """
+        names = self.party_names(run_id)
+        spent: dict[int, dict[str, Any]] = {}
+        for row in self.party_metrics(run_id):
+            metrics = row["metrics"]
+            if "dp-epsilon-job" not in metrics:
+                continue
+            party = int(row["party"])
+            entry = spent.setdefault(
+                party, {"party": party, "name": names.get(party, str(party)), "rounds": 0}
+            )
+            entry["rounds"] += 1
+            entry["epsilon_job"] = float(metrics["dp-epsilon-job"])
+            entry["epsilon_total"] = float(
+                metrics.get("dp-epsilon-total", metrics["dp-epsilon-job"])
+            )
+            entry["last_round"] = int(row["round"])
+        return [spent[p] for p in sorted(spent)]
 
     def party_metrics(self, run_id: str) -> list[dict[str, Any]]:
         rows = self.conn.execute(

@@ -47,6 +47,7 @@ from fedge.aggregator.hooks import RoundHooks
 from fedge.aggregator.replies import Collected, fold_reply, weighted_metrics
 from fedge.aggregator.rounds import RoundObserver, RoundRecord
 from fedge.aggregator.settled import Configured, flower_collected, settle_all
+from fedge.party.privacy import PrivacyMode, PrivacySpec, is_budget_exhausted
 
 _Late = stale.LateReply  # the name held replies had here (tests build them directly)
 
@@ -88,6 +89,12 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         self._sent: tuple[ArrayRecord, ...] = ()  # the model(s) sent this round
         self._stream = ReplyStream()  # wall clock: replies still awaited
         self._configured: Configured | None = None  # what configure_train planned
+        # Privacy (fedge.party.privacy): sent to every party in the round config. A party
+        # that refused for its privacy budget is never asked again (its ledger, where the
+        # data is, would refuse every later round too).
+        self.privacy = PrivacySpec()
+        self.job_id = ""
+        self.exhausted: set[int] = set()
 
     # -- state for checkpoints
 
@@ -96,12 +103,14 @@ class StreamingFedAvg(RoundHooks, FedAvg):
             "rng": self.rng.bit_generator.state,
             "elapsed_s": self.elapsed_s,
             "profiles": {str(k): dataclasses.asdict(v) for k, v in self.profiles.items()},
+            "exhausted": sorted(self.exhausted),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         self.elapsed_s = float(state["elapsed_s"])
         self.profiles = {int(k): latency.LatencyProfile(**v) for k, v in state["profiles"].items()}
+        self.exhausted = {int(n) for n in state.get("exhausted", [])}
 
     def late_replies(self) -> list[stale.HeldTuple]:
         """Late replies held for staleness folding: (arrays, weight, origin round, group).
@@ -117,7 +126,7 @@ class StreamingFedAvg(RoundHooks, FedAvg):
     # -- Flower's contract: configure, then aggregate what Flower's start() collected
 
     def plan(self, server_round: int, grid: Grid) -> tuple[deadlines.RoundPlan, int | None]:
-        node_ids = sorted(grid.get_node_ids())
+        node_ids = self.trainable(grid)
         pool, tier = self.candidates(server_round, node_ids)
         expected = self.expected_latency(server_round, tier)
         plan = deadlines.plan_round(
@@ -130,6 +139,10 @@ class StreamingFedAvg(RoundHooks, FedAvg):
             rng=self.rng,
         )
         return plan, tier
+
+    def trainable(self, grid: Grid) -> list[int]:
+        """The grid's nodes that may still train (not out of privacy budget)."""
+        return [n for n in sorted(grid.get_node_ids()) if n not in self.exhausted]
 
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
@@ -187,6 +200,11 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         """The train config every party of this round gets: the job's, the round, hooks'."""
         round_config = ConfigRecord(dict(config))
         round_config["server-round"] = server_round
+        if self.privacy.mode is not PrivacyMode.NONE:
+            for key, value in self.privacy.to_config().items():
+                round_config[key] = value
+            if self.job_id:
+                round_config["job-id"] = self.job_id
         for key, value in self.round_config(server_round, plan).items():
             round_config[key] = value
         return round_config
@@ -208,6 +226,7 @@ class StreamingFedAvg(RoundHooks, FedAvg):
     ) -> Result:
         """Run rounds ``first_round..num_rounds`` (a resumed job starts past round 1)."""
         train_config = train_config or ConfigRecord()
+        self.plan_privacy(num_rounds)
         result = Result()
         arrays = initial_arrays
         if evaluate_fn is not None and first_round == 1:
@@ -215,6 +234,9 @@ class StreamingFedAvg(RoundHooks, FedAvg):
             if initial is not None:
                 result.evaluate_metrics_serverapp[0] = initial
         for server_round in range(first_round, num_rounds + 1):
+            if not self.trainable(grid):
+                log(INFO, "round %d: every party is out of privacy budget; stopping", server_round)
+                break
             arrays, record = self.run_round(server_round, arrays, train_config, grid, timeout)
             if record.train_metrics:
                 result.train_metrics_clientapp[server_round] = MetricRecord(
@@ -234,6 +256,11 @@ class StreamingFedAvg(RoundHooks, FedAvg):
                 checkpoint_fn(server_round, arrays)
         result.arrays = arrays
         return result
+
+    def plan_privacy(self, num_rounds: int) -> None:
+        """DP-SGD without a planned participation plans for every round of the job."""
+        if self.privacy.mode is PrivacyMode.LOCAL and self.privacy.rounds_per_party is None:
+            self.privacy = dataclasses.replace(self.privacy, rounds_per_party=num_rounds)
 
     def run_round(
         self,
@@ -318,6 +345,7 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         """What every round ends with, whatever it folded: the new model, profiles, clock,
         record, hooks."""
         replies = collected.replies
+        self.exhausted |= {n for n, why in collected.failures.items() if is_budget_exhausted(why)}
         on_time_replies = {n: replies[n] for n in settlement.on_time if n in replies}
         metrics = weighted_metrics(list(on_time_replies.values()))
         new_arrays = self.aggregate(server_round, arrays, folds, metrics)

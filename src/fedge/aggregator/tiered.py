@@ -78,7 +78,7 @@ class TieredFedAvg(StreamingFedAvg):
 
     def plan(self, server_round: int, grid: Grid) -> tuple[deadlines.RoundPlan, int | None]:
         if server_round <= self.profiling_rounds:
-            everyone = tuple(sorted(grid.get_node_ids()))
+            everyone = tuple(self.trainable(grid))
             return deadlines.RoundPlan(everyone, len(everyone), self.profiling_deadline_s), None
         if self.tiers is None or (
             self.retier_interval

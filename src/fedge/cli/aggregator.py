@@ -203,6 +203,29 @@ def status(
     for s in statuses:
         if s.evaluations:
             console.print(_evaluation_table(s.run_id, s.evaluations))
+        if s.privacy:
+            console.print(_privacy_table(s.run_id, s.privacy))
+
+
+def _privacy_table(run_id: str, rows: list[dict[str, Any]]) -> Table:
+    """Each party's DP-SGD rounds and the epsilon it spent (job and lifetime)."""
+    table = Table(
+        "party",
+        "DP rounds",
+        "eps (job)",
+        "eps (lifetime)",
+        "last round",
+        title=f"{run_id}: privacy spent",
+    )
+    for r in rows:
+        table.add_row(
+            escape(str(r["name"])),
+            str(r["rounds"]),
+            f"{float(r['epsilon_job']):.3f}",
+            f"{float(r['epsilon_total']):.3f}",
+            str(r["last_round"]),
+        )
+    return table
 
 
 def _evaluation_table(run_id: str, rows: list[dict[str, Any]]) -> Table:

@@ -204,7 +204,6 @@ def run_strategies_on_flower(
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     data = make_partitions(scenario, seed)
-    config = run_config(scenario, seed)
     curves: list[Curve] = []
 
     server_app = ServerApp()
@@ -215,7 +214,10 @@ def run_strategies_on_flower(
         for name in strategy_names:
             curves.append(drive(scenario, name, seed, ordered, data, progress))
 
-    launch_simulation(server_app, client_app, scenario.fleet.parties, config)
+    # The parties' DP ledgers (one job per strategy run, so runs never share a budget).
+    with tempfile.TemporaryDirectory(prefix="fedge-ledgers-") as ledgers:
+        config = run_config(scenario, seed, ledgers)
+        launch_simulation(server_app, client_app, scenario.fleet.parties, config)
     if len(curves) != len(strategy_names):
         raise RuntimeError(
             f"the Flower simulation of {', '.join(strategy_names)} (seed {seed}) returned "

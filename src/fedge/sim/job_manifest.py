@@ -198,7 +198,9 @@ def parse_manifest(
             "the largest is the global model): leave task.arch out"
         )
     params_table = strategy_table.optional_table("params", None)
-    strategy = StrategySpec(kind=kind, params=dict(params_table.items()) if params_table else {})
+    params = dict(params_table.items()) if params_table else {}
+    _take_privacy(document, params)
+    strategy = StrategySpec(kind=kind, params=params)
     _validate_strategy(strategy, scenario, job.seed)
     check_tier_credits(job.rounds, kind, strategy.params, parties=scenario.fleet.parties)
 
@@ -269,9 +271,23 @@ def _validate_strategy(strategy: StrategySpec, scenario: Scenario, seed: int) ->
         raise ManifestError(f"task.scenario: {exc}") from None
 
 
-_TOP_FIELDS = frozenset(("job", "task", "strategy", "federation", "checkpoint"))
+_TOP_FIELDS = frozenset(("job", "task", "strategy", "federation", "checkpoint", "privacy"))
 _JOB_FIELDS = frozenset(("name", "rounds", "seed"))
 _TASK_FIELDS = frozenset(("scenario", "arch"))
 _STRATEGY_FIELDS = frozenset(("kind", "params"))
 _FEDERATION_FIELDS = frozenset(("backend", "workers"))
 _CHECKPOINT_FIELDS = frozenset(("every", "keep"))
+
+
+def _take_privacy(document: dict[str, object], params: dict[str, object]) -> None:
+    """``[privacy]`` (DP-SGD, central DP, SecAgg+) goes to the strategy, which validates it."""
+    privacy = document.get("privacy")
+    if privacy is None:
+        return
+    if not isinstance(privacy, dict):
+        raise ManifestError(f"privacy must be a table, got {privacy!r}")
+    if "privacy" in params:
+        raise ManifestError(
+            "give the privacy settings once: [privacy] or [strategy.params.privacy]"
+        )
+    params["privacy"] = privacy

@@ -46,6 +46,7 @@ from fedge.aggregator.job_dir import (
     FINAL_MODEL,
     JOB_MANIFEST,
     JOB_SCENARIO,
+    LEDGERS,
     RUNS_DB,
     JobError,
     clear_halt,
@@ -189,9 +190,10 @@ def _train(
     last: dict[str, Any],
 ) -> None:
     # The training stack (torch, the simulated fleet) is only needed here.
-    from flwr.app import ArrayRecord
+    from flwr.app import ArrayRecord, Message
     from flwr.serverapp import Grid
 
+    from fedge.aggregator import central_dp
     from fedge.aggregator.clock import ClockMode
     from fedge.aggregator.factory import build_strategy
     from fedge.aggregator.replies import arrays_of
@@ -199,6 +201,7 @@ def _train(
     from fedge.models import digits
     from fedge.sim.data import make_partitions
     from fedge.sim.grid import InProcessGrid
+    from fedge.sim.party_app import PRIVACY_DIR_KEY
     from fedge.sim.party_app import app as client_app
     from fedge.sim.runner import evaluator, train_config
 
@@ -254,16 +257,27 @@ def _train(
         ):
             raise _Halted(server_round)
 
+    def observe_replies(record: RoundRecord, replies: dict[int, Message]) -> None:
+        store.record_replies(run_id, record.server_round, replies)
+
     strategy.observers.append(observe)
+    strategy.reply_observers.append(observe_replies)
+    # The parties' DP ledgers live in the job directory: a resumed job's parties remember
+    # what they spent (and a round replayed after a kill is not counted twice).
+    strategy.job_id = run_id
     grid = InProcessGrid(
         client_app,
         scenario.fleet.parties,
-        run_config={"scenario": str(job_dir.resolve() / JOB_SCENARIO), "seed": manifest.seed},
+        run_config={
+            "scenario": str(job_dir.resolve() / JOB_SCENARIO),
+            "seed": manifest.seed,
+            PRIVACY_DIR_KEY: str(job_dir.resolve() / LEDGERS),
+        },
         workers=manifest.federation.workers,
     )
     try:
         assert isinstance(grid, Grid)
-        result = strategy.start(
+        result = central_dp.runner_for(strategy).start(
             grid,
             arrays,
             num_rounds=total,

@@ -44,7 +44,8 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from flwr.app import (
@@ -56,6 +57,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.clientapp import ClientApp
+from torch import nn
 
 from fedge.models.digits import (
     accuracy,
@@ -67,8 +69,11 @@ from fedge.models.digits import (
     to_arrays,
     train_local,
 )
+from fedge.party import private_round
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
+from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
+from fedge.party.secagg import secagg_mod
 from fedge.sim.data import Partitions, Split, make_partitions
 from fedge.sim.profiles import (
     DeviceProfile,
@@ -93,6 +98,8 @@ TRAIN_METRICS = (
 EVALUATE_METRICS = ("eval-loss", "eval-acc", "num-examples")
 PARTITION_ID_KEY = "partition-id"
 DELAY_KEY = "delay-s"
+PRIVACY_DIR_KEY = "privacy-dir"
+"""run_config key: where each party keeps its DP-SGD ledger (``party-<id>.db``)."""
 
 _TRAIN_SEED_STREAM = 7
 
@@ -113,6 +120,7 @@ class Party:
     partition_id: int
     partitions: Partitions
     profile: DeviceProfile
+    privacy_dir: str = ""
 
     @property
     def train_data(self) -> Split:
@@ -133,6 +141,8 @@ class RoundSettings:
     local_epochs: int
     batch_size: int
     proximal_mu: float
+    privacy: PrivacySpec = field(default_factory=PrivacySpec)
+    job: str = ""
 
 
 def party_from_context(context: Context) -> Party:
@@ -168,6 +178,7 @@ def party_from_context(context: Context) -> Party:
         partition_id=partition_id,
         partitions=make_partitions(scenario, seed),
         profile=profiles_for(scenario, seed)[partition_id],
+        privacy_dir=str(context.run_config.get(PRIVACY_DIR_KEY, "")),
     )
 
 
@@ -181,7 +192,13 @@ def round_settings(message: Message, scenario: Scenario) -> RoundSettings:
     arch = config.get("arch", defaults.arch)
     if not isinstance(arch, str) or not arch:
         raise PartyConfigError(f"config['arch'] must be a non-empty string, got {arch!r}")
+    try:
+        privacy = PrivacySpec.from_config(config)
+    except PrivacyError as exc:
+        raise PartyConfigError(str(exc)) from exc
     return RoundSettings(
+        privacy=privacy,
+        job=str(config.get("job-id", "")),
         server_round=_as_int(server_round, "config['server-round']", minimum=0),
         arch=arch,
         lr=_as_float(config.get("lr", defaults.lr), "config['lr']"),
@@ -237,6 +254,18 @@ def train_party(
     # small to hold validation data is measured on its training data instead.
     local_acc = accuracy(model, X_val, y_val) if len(y_val) else accuracy(model, X, y)
 
+    if settings.privacy.mode is PrivacyMode.LOCAL:
+        private = _train_private(party, model, settings)
+        metrics: dict[str, int | float] = {
+            "num-examples": len(y),
+            "train-loss": private.loss,
+            "train-time-s": private.seconds,
+            "virtual-time-s": virtual_s,
+            "local-acc": local_acc,
+            "partition-id": pid,
+            **private.metrics(),
+        }
+        return to_arrays(model), metrics
     started = time.perf_counter()
     loss = train_local(
         model,
@@ -249,7 +278,7 @@ def train_party(
         seed=_train_seed(party.seed, pid, round_),
     )
     wall_s = time.perf_counter() - started
-    metrics: dict[str, int | float] = {
+    metrics = {
         "num-examples": len(y),
         "train-loss": loss,
         "train-time-s": wall_s,
@@ -258,6 +287,33 @@ def train_party(
         "partition-id": pid,
     }
     return to_arrays(model), metrics
+
+
+def _train_private(
+    party: Party, model: nn.Module, settings: RoundSettings
+) -> private_round.PrivateRound:
+    """DP-SGD on the party's data, its ledger in the run's privacy directory."""
+    if not party.privacy_dir:
+        raise PartyConfigError(
+            f"DP-SGD needs run_config[{PRIVACY_DIR_KEY!r}]: where party ledgers are kept"
+        )
+    if settings.proximal_mu > 0:
+        raise PartyConfigError("DP-SGD cannot train with FedProx's proximal term")
+    X, y = party.train_data
+    return private_round.train_round(
+        model,
+        X,
+        y,
+        spec=settings.privacy,
+        ledger_path=Path(party.privacy_dir) / f"party-{party.partition_id}.db",
+        job=settings.job or "sim",
+        server_round=settings.server_round,
+        epochs=settings.local_epochs,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        seed=_train_seed(party.seed, party.partition_id, settings.server_round),
+        threads=1,
+    )
 
 
 def evaluate_party(
@@ -273,7 +329,8 @@ def evaluate_party(
 
 # ---------------------------------------------------------------- the Flower adapter
 
-app = ClientApp()
+# SecAgg+ rounds reach the app through Flower's secaggplus_mod (fedge.party.secagg).
+app = ClientApp(mods=[secagg_mod])
 
 
 @app.train()

@@ -62,6 +62,32 @@ def plot(comparison: Comparison, path: Path) -> Path:
     return path
 
 
+def plot_privacy(comparison: Comparison, path: Path) -> Path:
+    """Test accuracy against the epsilon spent so far, one line per private run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    strategies = sorted({c.strategy for c in comparison.curves if c.epsilon})
+    for colour, strategy in zip(COLOURS, strategies, strict=False):
+        for index, curve in enumerate(comparison.by(strategy)):
+            label = strategy if index == 0 else None
+            ax.plot(curve.epsilon, curve.accuracy, color=colour, alpha=0.8, label=label)
+    for curve in comparison.by(comparison.baseline):
+        if not curve.epsilon:
+            ax.axhline(curve.converged_accuracy, color="grey", linestyle=":", linewidth=0.8)
+    ax.set_xlabel("epsilon spent (most any party spent; station-level for central DP)")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{comparison.scenario}: accuracy vs privacy spent (dotted: without DP)")
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def _fmt(value: object, digits: int = 3) -> str:
     if value is None:
         return "censored"
@@ -172,7 +198,11 @@ def write_report(
         summary["architectures"] = [dataclasses.asdict(row) for row in archs]
     png = plot(comparison, out_dir / f"{comparison.scenario}.png")
     md = out_dir / f"{comparison.scenario}.md"
-    md.write_text(markdown(comparison, summary, png.name, archs))
+    text = markdown(comparison, summary, png.name, archs)
+    if "epsilon_spent" in summary:
+        spent = plot_privacy(comparison, out_dir / f"{comparison.scenario}-privacy.png")
+        text += f"![accuracy vs privacy spent]({spent.name})\n"
+    md.write_text(text)
     return md, png, summary
 
 

@@ -7,17 +7,21 @@ The clock is virtual: a round lasts as long as its parties' reported device time
 """
 
 import statistics
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from uuid import uuid4
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
+from fedge.aggregator.central_dp import CentralDP
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import build_strategy
 from fedge.aggregator.rounds import RoundRecord
 from fedge.models import digits
+from fedge.party.privacy import PrivacyMode
 from fedge.sim.data import Partitions, make_partitions
 from fedge.sim.scenario import Scenario
 
@@ -34,6 +38,15 @@ class Curve:
     group_accuracy: tuple[float, ...]  # final model on each speed group's local data
     wall_s: float
     rounds: tuple[RoundRecord, ...] = field(repr=False, default=())
+    epsilon: tuple[float, ...] = ()
+    """Privacy spent by the end of each round (round 0 = 0): the most any party spent
+    (DP-SGD), or the station-level epsilon of the released aggregates (central DP);
+    empty without privacy."""
+
+    @property
+    def wall_s_per_round(self) -> float:
+        """Real seconds per round (training compute and orchestration, not virtual time)."""
+        return self.wall_s / max(1, len(self.rounds))
 
     @property
     def final_accuracy(self) -> float:
@@ -58,8 +71,17 @@ class Curve:
         return None
 
 
-def run_config(scenario: Scenario, seed: int) -> dict[str, bool | int | float | str]:
-    return {"scenario": scenario.source or scenario.name, "seed": seed}
+def run_config(
+    scenario: Scenario, seed: int, privacy_dir: str = ""
+) -> dict[str, bool | int | float | str]:
+    """What every party of a run reads; ``privacy_dir`` holds the parties' DP ledgers."""
+    config: dict[str, bool | int | float | str] = {
+        "scenario": scenario.source or scenario.name,
+        "seed": seed,
+    }
+    if privacy_dir:
+        config["privacy-dir"] = privacy_dir
+    return config
 
 
 def evaluator(
@@ -123,13 +145,13 @@ def run_one(
     from fedge.sim.party_app import app as client_app
 
     data = make_partitions(scenario, seed)
-    grid = InProcessGrid(
-        client_app, scenario.fleet.parties, run_config=run_config(scenario, seed), workers=workers
-    )
-    try:
-        return drive(scenario, strategy_name, seed, grid, data, progress)
-    finally:
-        grid.close()
+    with tempfile.TemporaryDirectory(prefix="fedge-ledgers-") as ledgers:
+        config = run_config(scenario, seed, ledgers)
+        grid = InProcessGrid(client_app, scenario.fleet.parties, run_config=config, workers=workers)
+        try:
+            return drive(scenario, strategy_name, seed, grid, data, progress)
+        finally:
+            grid.close()
 
 
 def drive(
@@ -166,8 +188,13 @@ def drive(
             progress(label, record.server_round, total)
 
     strategy.observers.append(observe)
+    # One job per run: parties account their DP-SGD rounds under this id.
+    strategy.job_id = f"{strategy_name}/seed-{seed}/{uuid4().hex[:8]}"
+    spent = _SpentTracker()
+    strategy.reply_observers.append(spent.observe)
     initial = digits.to_arrays(digits.make_model(arch, seed=seed))
-    result = strategy.start(
+    runs = CentralDP(strategy) if strategy.privacy.mode is PrivacyMode.CENTRAL else strategy
+    result = runs.start(
         grid,
         initial,
         num_rounds=total,
@@ -175,8 +202,11 @@ def drive(
         train_config=train_config(scenario, extra),
         evaluate_fn=evaluator(scenario, data, arch=arch),
     )
-    accuracies = [float(result.evaluate_metrics_serverapp[0]["accuracy"])]  # type: ignore[arg-type]
-    accuracies += [r.eval_metrics["accuracy"] for r in records]
+    evaluated = result.evaluate_metrics_serverapp
+    accuracies = [float(evaluated[r.server_round]["accuracy"]) for r in records]  # type: ignore[arg-type]
+    accuracies.insert(0, float(evaluated[0]["accuracy"]))  # type: ignore[arg-type]
+    if isinstance(runs, CentralDP):
+        spent.by_round = runs.epsilon_by_round
     return Curve(
         strategy=strategy_name,
         seed=seed,
@@ -186,7 +216,31 @@ def drive(
         group_accuracy=group_accuracy(scenario, data, result.arrays, arch=arch),
         wall_s=time.perf_counter() - started,
         rounds=tuple(records),
+        epsilon=spent.curve(records) if strategy.privacy.mode is not PrivacyMode.NONE else (),
     )
+
+
+class _SpentTracker:
+    """Privacy spent by round: the most any party reported having spent in this job."""
+
+    def __init__(self) -> None:
+        self.by_round: dict[int, float] = {}
+        self._most = 0.0
+
+    def observe(self, record: RoundRecord, replies: dict[int, Message]) -> None:
+        for reply in replies.values():
+            for metrics in reply.content.metric_records.values():
+                value = metrics.get("dp-epsilon-job")
+                if isinstance(value, int | float):
+                    self._most = max(self._most, float(value))
+        self.by_round[record.server_round] = self._most
+
+    def curve(self, records: Sequence[RoundRecord]) -> tuple[float, ...]:
+        values, last = [0.0], 0.0
+        for record in records:
+            last = self.by_round.get(record.server_round, last)
+            values.append(last)
+        return tuple(values)
 
 
 @dataclass(frozen=True)
@@ -231,7 +285,16 @@ class Comparison:
                 s: {str(c.seed): c.time_to_target_s for c in self.by(s)} for s in strategies
             },
             "wall_s": {s: round(sum(c.wall_s for c in self.by(s)), 2) for s in strategies},
+            "wall_s_per_round": {
+                s: _median([c.wall_s_per_round for c in self.by(s)]) for s in strategies
+            },
         }
+        private = [s for s in strategies if any(c.epsilon for c in self.by(s))]
+        if private:
+            summary["epsilon_spent"] = {
+                s: _median([c.epsilon[-1] for c in self.by(s) if c.epsilon]) for s in private
+            }
+            summary["privacy_cost"] = {s: self._privacy_cost(s) for s in private}
         others = [s for s in strategies if s != self.baseline]
         if others:
             speedups = self.speedups(others[0])
@@ -243,6 +306,22 @@ class Comparison:
                 "per_seed": {str(k): v for k, v in speedups.items()},
             }
         return summary
+
+    def _privacy_cost(self, strategy: str) -> dict[str, float | None]:
+        """What privacy cost against the baseline, paired by seed (medians over seeds)."""
+        base = {c.seed: c for c in self.by(self.baseline)}
+        drops, ratios = [], []
+        for curve in self.by(strategy):
+            other = base.get(curve.seed)
+            if other is None:
+                continue
+            drops.append((other.converged_accuracy - curve.converged_accuracy) * 100)
+            if other.wall_s_per_round > 0:
+                ratios.append(curve.wall_s_per_round / other.wall_s_per_round)
+        return {
+            "converged_accuracy_drop_points": _median(drops) if drops else None,
+            "round_time_ratio": _median(ratios) if ratios else None,
+        }
 
     def _order(self, strategy: str) -> tuple[int, str]:
         return (0 if strategy == self.baseline else 1, strategy)

@@ -30,7 +30,7 @@ SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the shipped scenarios live (installed as package data)."""
 ROUNDS_KEY = "rounds"  # [strategies.<name>] rounds: that strategy's own number of rounds
 
-DATASETS: tuple[str, ...] = ("digits",)
+DATASETS: tuple[str, ...] = ("digits", "inspection")
 SpeedDistribution = Literal["groups", "lognormal"]
 _SHARE_TOLERANCE = 1e-6
 

@@ -1,0 +1,110 @@
+"""One round of DP-SGD for any party, with its budget checked and recorded where the data is.
+
+The order is what makes the budget hold (Abadi et al. 2016 account per step; we account
+per round, which is the same composition):
+
+1. plan the round: the noise for the job's target epsilon over the planned participation
+   (:func:`fedge.party.accounting.plan_round`), or the job's fixed noise;
+2. check the party's ledger: a round that would take the job's or the party's lifetime
+   epsilon past its bound is refused *before* training (:class:`BudgetExhaustedError`,
+   which Flower turns into an error reply);
+3. train with Opacus (:func:`fedge.party.dp_sgd.train_private`);
+4. record the release under ``(job, round)``: a retried round is not counted twice; the
+   steps recorded are the steps actually taken (a time cap may stop training early).
+
+Used by the simulated party (:mod:`fedge.sim.party_app`) and the station's ClientApp.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+from torch import nn
+
+from fedge.party import accounting, dp_sgd
+from fedge.party.budget import BudgetLedger
+from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
+
+
+@dataclass(frozen=True)
+class PrivateRound:
+    """What the round cost and what the party reports about it."""
+
+    loss: float
+    seconds: float
+    release: accounting.DpRelease
+    epsilon_round: float  # this round alone
+    epsilon_job: float  # every round of this job on this party
+    epsilon_total: float  # every job on this party (its lifetime spend)
+
+    def metrics(self) -> dict[str, int | float]:
+        return {
+            "dp-epsilon-round": self.epsilon_round,
+            "dp-epsilon-job": self.epsilon_job,
+            "dp-epsilon-total": self.epsilon_total,
+            "dp-noise-multiplier": self.release.noise_multiplier,
+            "dp-sample-rate": self.release.sample_rate,
+            "dp-steps": self.release.steps,
+        }
+
+
+def train_round(
+    model: nn.Module,
+    x: npt.NDArray[np.float32],
+    y: npt.NDArray[np.int64],
+    *,
+    spec: PrivacySpec,
+    ledger_path: Path,
+    job: str,
+    server_round: int,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    seed: int,
+    optimizer: str = "sgd",
+    max_seconds: float | None = None,
+    threads: int | None = None,
+) -> PrivateRound:
+    """Plan, check, train and record one DP-SGD round (see the module docstring)."""
+    if spec.mode is not PrivacyMode.LOCAL:
+        raise PrivacyError(f"train_round is DP-SGD (mode 'local'), got mode {spec.mode.value!r}")
+    if not job:
+        raise PrivacyError("a DP-SGD round needs the job's id (config['job-id']) to account it")
+    planned = spec.rounds_per_party or 1
+    release = accounting.plan_round(
+        spec, examples=len(y), batch_size=batch_size, epochs=epochs, planned_rounds=planned
+    )
+    ledger = BudgetLedger(ledger_path)
+    try:
+        ledger.check(
+            job, release, job_epsilon=spec.epsilon, delta=spec.delta, accountant=spec.accountant
+        )
+        trained = dp_sgd.train_private(
+            model,
+            x,
+            y,
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            noise_multiplier=release.noise_multiplier,
+            clipping_norm=spec.clipping_norm,
+            seed=seed,
+            optimizer=optimizer,
+            max_seconds=max_seconds,
+            threads=threads,
+        )
+        ledger.record(job, server_round, trained.release)
+        delta, accountant = spec.delta, spec.accountant
+        return PrivateRound(
+            loss=trained.loss,
+            seconds=trained.seconds,
+            release=trained.release,
+            epsilon_round=accounting.epsilon_spent([trained.release], delta, accountant),
+            epsilon_job=ledger.spent(job, delta=delta, accountant=accountant),
+            epsilon_total=ledger.spent(None, delta=delta, accountant=accountant),
+        )
+    finally:
+        ledger.close()
