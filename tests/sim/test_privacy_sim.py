@@ -1,0 +1,322 @@
+"""Privacy in simulated federations: DP-SGD parties, budgets, central DP, and bad settings.
+
+Runs the real party ClientApp (Opacus DP-SGD, SQLite ledgers) on the in-process grid, and
+jobs through ``run_job``/``resume_job`` with their run store.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+
+from fedge.aggregator.central_dp import CentralDP, station_epsilon
+from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.factory import StrategyConfigError, build_strategy
+from fedge.aggregator.job_dir import LEDGERS, RUNS_DB
+from fedge.aggregator.jobs import job_status
+from fedge.aggregator.run_store import RunStore
+from fedge.party.budget import BudgetLedger
+from fedge.party.privacy import PrivacyMode
+from fedge.sim import runner
+from fedge.sim.job_manifest import parse_manifest
+from fedge.sim.jobs import run_job
+from fedge.sim.scenario import load_scenario, parse_scenario
+
+SCENARIO = """
+name = "tiny-dp"
+[data]
+dataset = "inspection"
+alpha = 1.0
+[fleet]
+parties = 4
+per_round = 2
+[[fleet.groups]]
+count = 2
+cpus = 4.0
+data_share = 0.5
+[[fleet.groups]]
+count = 2
+cpus = 1.0
+data_share = 0.5
+[device]
+seconds_per_example = 0.002
+[training]
+rounds = 5
+lr = 0.05
+local_epochs = 1
+batch_size = 64
+target_accuracy = 0.8
+
+[strategies.tiered]
+tiers = 2
+profiling_rounds = 1
+adaptive = false
+
+[strategies.tiered-dp]
+kind = "tiered"
+tiers = 2
+profiling_rounds = 1
+adaptive = false
+[strategies.tiered-dp.privacy]
+mode = "local"
+epsilon = 4.0
+delta = 1e-3
+clipping_norm = 1.0
+rounds_per_party = 2
+
+[strategies.central]
+kind = "tiered"
+tiers = 2
+profiling_rounds = 1
+adaptive = false
+[strategies.central.privacy]
+mode = "central"
+noise_multiplier = 1.0
+clipping_norm = 0.5
+"""
+
+
+@pytest.fixture(scope="module")
+def scenario(tmp_path_factory: pytest.TempPathFactory) -> object:
+    """Parties load their scenario by path (as Flower's runtimes give it to them)."""
+    path = tmp_path_factory.mktemp("scenario") / "tiny-dp.toml"
+    path.write_text(SCENARIO)
+    return load_scenario(str(path))
+
+
+def test_dp_sgd_parties_stay_within_their_target_and_run_out_cleanly(scenario: object) -> None:
+    """Each party plans its noise for 2 rounds at eps 4; asked a third time it refuses, the
+    strategy stops asking it, and the run ends (no hang) once nobody can train."""
+    curve = runner.run_one(scenario, "tiered-dp", seed=0)  # type: ignore[arg-type]
+    assert curve.epsilon and curve.epsilon[0] == 0.0
+    assert max(curve.epsilon) <= 4.0 + 1e-6
+    assert curve.epsilon == tuple(sorted(curve.epsilon))  # spent only grows
+    # Profiling asks all 4 (round 1), then 2 per round: every party trains at most twice.
+    trained: dict[int, int] = {}
+    refused: set[int] = set()
+    for record in curve.rounds:
+        for node in record.on_time:
+            trained[node] = trained.get(node, 0) + 1
+        for node, why in record.failures.items():
+            assert "BudgetExhaustedError" in why, why
+            refused.add(node)
+    assert trained and max(trained.values()) <= 2
+    assert refused  # seed 0 draws one tier three times in rounds 2-5
+    assert len(curve.rounds) <= 5
+    # An exhausted party is asked at most once more (the round it refused), never again.
+    for node in refused:
+        asked = [r.server_round for r in curve.rounds if node in r.selected]
+        refusals = [r.server_round for r in curve.rounds if node in r.failures]
+        assert refusals == [max(asked)]
+    assert 0.3 < curve.final_accuracy <= 1.0
+
+
+def test_the_reported_epsilon_matches_opacus_for_the_recorded_steps(tmp_path: Path) -> None:
+    """What a simulated party reports equals Opacus' RDP analysis of its ledger's steps."""
+    text = SCENARIO.replace("rounds = 5", "rounds = 2")
+    scenario = parse_scenario(text, source="tiny-dp")
+    job = tmp_path / "job"
+    (tmp_path / "scenario.toml").write_text(text)
+    (tmp_path / "job.toml").write_text(
+        """
+[job]
+name = "dp-job"
+rounds = 2
+seed = 1
+[task]
+scenario = "scenario.toml"
+[strategy]
+kind = "tiered"
+[strategy.params]
+tiers = 2
+profiling_rounds = 1
+adaptive = false
+[privacy]
+mode = "local"
+epsilon = 4.0
+delta = 1e-3
+rounds_per_party = 2
+"""
+    )
+    assert scenario.fleet.parties == 4
+    run_job(tmp_path / "job.toml", job)
+    store = RunStore(job / RUNS_DB)
+    try:
+        (run,) = store.runs()
+        spent = store.privacy_spent(run["run_id"])
+        metrics = store.party_metrics(run["run_id"])
+    finally:
+        store.close()
+    assert spent and all(row["rounds"] >= 1 for row in spent)
+    orders = [1 + x / 10.0 for x in range(1, 100)] + list(range(12, 64))
+    for row in metrics:
+        m = row["metrics"]
+        party = int(row["party"]) - min(int(r["party"]) for r in metrics)
+        assert m["dp-epsilon-round"] > 0
+        ledger = BudgetLedger(job / LEDGERS / f"party-{party}.db")
+        try:
+            history = ledger.history(None)
+        finally:
+            ledger.close()
+        rdp = sum(
+            compute_rdp(
+                q=h.sample_rate, noise_multiplier=h.noise_multiplier, steps=h.steps, orders=orders
+            )
+            for h in history
+        )
+        eps, _ = get_privacy_spent(orders=orders, rdp=rdp, delta=1e-3)
+        latest = max(r["round"] for r in metrics if r["party"] == row["party"])
+        if row["round"] == latest:
+            assert m["dp-epsilon-job"] == pytest.approx(eps, rel=0.02)
+    (status,) = job_status(job)
+    assert [r["rounds"] for r in status.privacy] and status.privacy[0]["epsilon_job"] > 0
+
+
+def test_central_dp_clips_noises_and_accounts_every_released_round(scenario: object) -> None:
+    curve = runner.run_one(scenario, "central", seed=0)  # type: ignore[arg-type]
+    strategy, _ = build_strategy(
+        "central",
+        scenario.strategy("central"),  # type: ignore[attr-defined]
+        per_round=2,
+        seed=0,
+        clock=ClockMode.VIRTUAL,
+    )
+    spec = strategy.privacy
+    assert spec.mode is PrivacyMode.CENTRAL
+    # Every round released (no party failed): epsilon after r rounds is the Gaussian
+    # mechanism's composed r times, no sampling amplification.
+    assert len(curve.rounds) == 5
+    assert curve.epsilon[1:] == tuple(station_epsilon(spec, r) for r in range(1, 6))
+    assert curve.epsilon[-1] > curve.epsilon[1] > 0
+
+
+def test_central_dp_adds_noise_sized_for_the_round(scenario: object) -> None:
+    """Same seed, same replies: the wrapper's model differs from the plain one by noise of
+    about sigma * C / n, not by more (clipping keeps it bounded)."""
+    from fedge.sim.data import make_partitions
+    from fedge.sim.grid import InProcessGrid
+    from fedge.sim.party_app import app
+
+    strategy, _ = build_strategy(
+        "central",
+        scenario.strategy("central"),
+        per_round=2,
+        seed=0,  # type: ignore[attr-defined]
+        clock=ClockMode.VIRTUAL,
+    )
+    wrapper = CentralDP(strategy)
+    data = make_partitions(scenario, 0)  # type: ignore[arg-type]
+    assert data.num_parties == 4
+    config = runner.run_config(scenario, 0)  # type: ignore[arg-type]
+    grid = InProcessGrid(app, 4, run_config=config)
+    try:
+        from fedge.models import digits
+
+        initial = digits.to_arrays(digits.make_model("mlp", seed=0))
+        result = wrapper.start(grid, initial, num_rounds=1, timeout=60)
+    finally:
+        grid.close()
+    assert wrapper.num_sampled_clients == 4  # the profiling round asked everyone
+    moved = np.concatenate(
+        [(result.arrays[k].numpy() - initial[k].numpy()).ravel() for k in initial]
+    )
+    # Each update is clipped to 0.5 and averaged, then noise of std 1.0 * 0.5 / 4 added.
+    assert 0.5 * 0.125 * np.sqrt(moved.size) < np.linalg.norm(moved)
+    assert np.linalg.norm(moved) < 0.5 + 3 * 0.125 * np.sqrt(moved.size)
+
+
+@pytest.mark.parametrize(
+    ("privacy", "message"),
+    [
+        ('mode = "local"\nepsilon = 0.0', "epsilon must be > 0"),
+        ('mode = "local"\nepsilon = 8.0\ndelta = 1.0', "delta must be in (0, 1)"),
+        ('mode = "local"\nepsilon = 8.0\nclipping_norm = 0.0', "clipping_norm must be > 0"),
+        ('mode = "local"', "needs a target privacy.epsilon"),
+        ('mode = "central"', "needs privacy.noise_multiplier"),
+        ('mode = "local"\nepsilon = 8.0\nsecagg = true\nsecagg_threshold = 3', "threshold"),
+        ('mode = "sideways"', "privacy.mode"),
+        ('mode = "local"\nepsilon = 8.0\nepsilom = 2.0', "unknown field 'privacy.epsilom'"),
+    ],
+)
+def test_bad_privacy_settings_fail_before_any_training(
+    tmp_path: Path, privacy: str, message: str
+) -> None:
+    text = SCENARIO + f'\n[strategies.bad]\nkind = "tiered"\n[strategies.bad.privacy]\n{privacy}\n'
+    scenario = parse_scenario(text, source="bad")
+    with pytest.raises(StrategyConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        build_strategy(
+            "bad", scenario.strategy("bad"), per_round=2, seed=0, clock=ClockMode.VIRTUAL
+        )
+
+
+def test_privacy_that_cannot_compose_with_the_strategy_is_refused() -> None:
+    scenario = parse_scenario(
+        SCENARIO
+        + '\n[strategies.prox]\nkind = "fedprox"\n[strategies.prox.privacy]\nmode = "local"\n'
+        "epsilon = 8.0\n" + '\n[strategies.late]\nkind = "tiered"\ndeadline_factor = 1.5\n'
+        '[strategies.late.privacy]\nmode = "central"\nnoise_multiplier = 1.0\n',
+        source="bad",
+    )
+    with pytest.raises(StrategyConfigError, match="cannot train FedProx"):
+        build_strategy(
+            "prox", scenario.strategy("prox"), per_round=2, seed=0, clock=ClockMode.VIRTUAL
+        )
+    with pytest.raises(StrategyConfigError, match="remove deadline_factor"):
+        build_strategy(
+            "late", scenario.strategy("late"), per_round=2, seed=0, clock=ClockMode.VIRTUAL
+        )
+
+
+def test_a_manifest_gives_privacy_once(tmp_path: Path) -> None:
+    (tmp_path / "scenario.toml").write_text(SCENARIO)
+    text = """
+[job]
+name = "twice"
+rounds = 2
+seed = 0
+[task]
+scenario = "scenario.toml"
+[strategy]
+kind = "tiered"
+[strategy.params.privacy]
+mode = "local"
+epsilon = 8.0
+[privacy]
+mode = "local"
+epsilon = 8.0
+"""
+    from fedge.aggregator.job_spec import ManifestError
+
+    with pytest.raises(ManifestError, match="give the privacy settings once"):
+        parse_manifest(text, source="twice", base_dir=tmp_path)
+    bad = text.replace('[strategy.params.privacy]\nmode = "local"\nepsilon = 8.0\n', "")
+    bad = bad.replace("epsilon = 8.0\n", "epsilon = -1.0\n")
+    with pytest.raises(ManifestError, match="epsilon must be > 0"):
+        parse_manifest(bad, source="bad", base_dir=tmp_path)
+
+
+def test_a_party_out_of_budget_is_left_out_after_a_checkpoint(scenario: object) -> None:
+    """The exhausted set is strategy state: a resumed job does not ask them again."""
+    strategy, _ = build_strategy(
+        "tiered-dp",
+        scenario.strategy("tiered-dp"),
+        per_round=2,
+        seed=0,  # type: ignore[attr-defined]
+        clock=ClockMode.VIRTUAL,
+    )
+    strategy.exhausted = {101, 103}
+    state = strategy.state_dict()
+    fresh, _ = build_strategy(
+        "tiered-dp",
+        scenario.strategy("tiered-dp"),
+        per_round=2,
+        seed=0,  # type: ignore[attr-defined]
+        clock=ClockMode.VIRTUAL,
+    )
+    fresh.load_state_dict(state)
+    assert fresh.exhausted == {101, 103}
+    assert dataclasses.replace(fresh.privacy) == strategy.privacy
