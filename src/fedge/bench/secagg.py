@@ -1,0 +1,205 @@
+"""``fedge bench secagg``: SecAgg+ rounds against plain FedAvg rounds, in one simulation.
+
+One Flower simulation (Ray) of ``parties`` echo parties (:mod:`fedge.bench.secagg_apps`:
+each sends the model plus a small offset of its own) over a ``params``-parameter float32
+model. Each timed round runs twice on the same grid from the same model: once through
+SecAgg+ (:func:`fedge.aggregator.secagg.run_secagg`) and once as plain FedAvg
+(``StreamingFedAvg``), every party asked both times. One untimed warm-up round of each
+comes first (Ray starts its actors). Reported:
+
+- ``seconds_per_round`` / ``plain_seconds_per_round``: medians over the timed rounds;
+  ``ratio`` is their quotient;
+- ``max_abs_error``: the largest |SecAgg+ model - plain model| over every round (the
+  same updates, so only SecAgg+'s quantisation differs), with ``error_bound`` from
+  :func:`~fedge.aggregator.secagg.quantization_error_bound`;
+- ``dropouts_survived``: one more SecAgg+ round in which party 1 dies before sending its
+  masked vector; 1 when that round still ends with the weighted mean of the others
+  (within the bound), else 0.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from flwr.app import ArrayRecord, ConfigRecord, Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedge.aggregator.identity import PartitionOrderedGrid
+from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.secagg import SecAggSettings, quantization_error_bound, run_secagg
+from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.bench.machine import machine_info
+from fedge.bench.secagg_apps import (
+    BASE_EXAMPLES,
+    DROP_PARTITION,
+    DROP_STAGE,
+    examples_of,
+    party_update,
+    secagg_app,
+)
+from fedge.bench.sim_overhead_apps import initial_arrays
+from fedge.sim.flower_backend import RAY_CPUS, launch_simulation
+
+NODE_WAIT_S = 120.0
+ROUND_TIMEOUT_S = 600.0
+DROPPED_PARTITION = 1
+# Every party's weight n / max_weight stays <= 1, so no update is clipped (|values| < 8).
+MAX_WEIGHT = float(BASE_EXAMPLES + 4 + 4)
+
+
+def run_secagg_bench(
+    parties: int = 10,
+    params: int = 1_000_000,
+    rounds: int = 3,
+    *,
+    seed: int = 0,
+    num_cpus: int = RAY_CPUS,
+    progress: Callable[[str], None] | None = None,
+) -> dict[str, Any]:
+    if parties < 3:
+        raise ValueError(
+            f"--parties must be >= 3 (one is killed in the dropout round), got {parties}"
+        )
+    if params < 2:
+        raise ValueError(f"--params must be >= 2, got {params}")
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    say = progress or (lambda _line: None)
+    settings = SecAggSettings(reconstruction_threshold=0.5, max_weight=MAX_WEIGHT)
+    arrays = initial_arrays(params, seed)
+    sent = {k: a.numpy() for k, a in arrays.items()}
+    secure_s: list[float] = []
+    plain_s: list[float] = []
+    errors: list[float] = []
+    dropout: dict[str, Any] = {}
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        ordered = PartitionOrderedGrid(grid)
+        _wait_for_nodes(ordered, parties)
+        secure = StreamingFedAvg(per_round=parties, seed=seed)
+        plain = StreamingFedAvg(per_round=parties, seed=seed)
+        for server_round in range(1, rounds + 2):  # round 1 warms Ray up
+            say(f"round {server_round}/{rounds + 1}: SecAgg+")
+            started = time.perf_counter()
+            secured = run_secagg(
+                ordered,
+                secure,
+                arrays,
+                settings,
+                num_rounds=server_round,
+                first_round=server_round,
+                timeout=ROUND_TIMEOUT_S,
+            ).arrays
+            secure_time = time.perf_counter() - started
+            say(f"round {server_round}/{rounds + 1}: plain FedAvg")
+            started = time.perf_counter()
+            plained = plain.start(
+                ordered,
+                arrays,
+                num_rounds=server_round,
+                first_round=server_round,
+                timeout=ROUND_TIMEOUT_S,
+            ).arrays
+            plain_time = time.perf_counter() - started
+            assert secured is not None and plained is not None
+            errors.append(_max_abs_difference(secured, plained))
+            if server_round > 1:
+                secure_s.append(secure_time)
+                plain_s.append(plain_time)
+        say("dropout round: one party killed before its masked vector")
+        records: list[RoundRecord] = []
+        dropper = StreamingFedAvg(per_round=parties, seed=seed)
+        dropper.observers.append(records.append)
+        killed = ConfigRecord({DROP_PARTITION: DROPPED_PARTITION, DROP_STAGE: "collect"})
+        survived = run_secagg(
+            ordered, dropper, arrays, settings, num_rounds=1, train_config=killed
+        ).arrays
+        assert survived is not None
+        rest = [p for p in range(parties) if p != DROPPED_PARTITION]
+        expected = _weighted_mean(sent, rest)
+        dropout["error"] = max(
+            float(np.abs(survived[k].numpy().astype(np.float64) - expected[k]).max())
+            for k in expected
+        )
+        dropout["bound"] = _bound(sent, rest, settings)
+        dropout["completed"] = bool(records) and len(records[-1].on_time) == len(rest)
+
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    launch_simulation(server_app, secagg_app, parties, {"seed": seed}, num_cpus=num_cpus)
+    if len(secure_s) != rounds or not dropout:
+        raise RuntimeError(f"the simulation ended after {len(secure_s)} of {rounds} timed rounds")
+    seconds = statistics.median(secure_s)
+    plain_seconds = statistics.median(plain_s)
+    bound = _bound(sent, list(range(parties)), settings)
+    survived_ok = dropout["completed"] and dropout["error"] <= dropout["bound"]
+    return {
+        "benchmark": "secagg",
+        "machine": machine_info(),
+        "parties": parties,
+        "params": params,
+        "rounds": rounds,
+        "seconds_per_round": round(seconds, 4),
+        "plain_seconds_per_round": round(plain_seconds, 4),
+        "ratio": round(seconds / plain_seconds, 3) if plain_seconds else None,
+        "max_abs_error": max(errors),
+        "error_bound": bound,
+        "within_bound": max(errors) <= bound,
+        "dropouts_survived": int(survived_ok),
+        "dropout_max_abs_error": dropout["error"],
+        "secagg": {
+            "reconstruction_threshold": settings.reconstruction_threshold,
+            "clipping_range": settings.clipping_range,
+            "quantization_range": settings.quantization_range,
+            "max_weight": settings.max_weight,
+        },
+        "seconds_per_round_each": [round(s, 4) for s in secure_s],
+        "plain_seconds_per_round_each": [round(s, 4) for s in plain_s],
+        "runtime": "flwr.simulation (Ray)",
+        "ray_cpus": num_cpus,
+    }
+
+
+def _wait_for_nodes(grid: Grid, count: int) -> None:
+    end = time.monotonic() + NODE_WAIT_S
+    while len(list(grid.get_node_ids())) < count:
+        if time.monotonic() >= end:
+            raise RuntimeError(f"fewer than {count} parties joined within {NODE_WAIT_S:.0f} s")
+        time.sleep(0.2)
+
+
+def _max_abs_difference(a: ArrayRecord, b: ArrayRecord) -> float:
+    return max(
+        float(np.abs(a[k].numpy().astype(np.float64) - b[k].numpy().astype(np.float64)).max())
+        for k in a
+    )
+
+
+def _weighted_mean(sent: dict[str, np.ndarray], partitions: list[int]) -> dict[str, np.ndarray]:
+    weights = [float(examples_of(p)) for p in partitions]
+    total = sum(weights)
+    mean = {k: np.zeros(v.shape, np.float64) for k, v in sent.items()}
+    for weight, partition in zip(weights, partitions, strict=True):
+        for k, v in party_update(sent, partition).items():
+            mean[k] += weight / total * v
+    return mean
+
+
+def _bound(sent: dict[str, np.ndarray], partitions: list[int], settings: SecAggSettings) -> float:
+    # The updates are the model plus offsets of ~0.01: 0.1 covers the largest offset.
+    largest = max(float(np.abs(v).max()) for v in sent.values()) + 0.1
+    return quantization_error_bound(
+        [examples_of(p) for p in partitions],
+        largest,
+        clipping_range=settings.clipping_range,
+        quantization_range=settings.quantization_range,
+        max_weight=settings.max_weight,
+    )

@@ -1,0 +1,39 @@
+"""``fedge bench secagg``: its options and wiring (registered by :mod:`fedge.cli.bench`)."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def secagg(
+    parties: Annotated[
+        int,
+        typer.Option(help="Simulated parties (Flower supernodes), all asked each round.", min=3),
+    ] = 10,
+    params: Annotated[
+        int, typer.Option(help="Parameters of the synthetic model.", min=2)
+    ] = 1_000_000,
+    rounds: Annotated[
+        int, typer.Option(help="Timed rounds of each kind (after 1 untimed warm-up).", min=1)
+    ] = 3,
+    seed: Annotated[int, typer.Option(help="Seed of the model and the strategies.")] = 0,
+    cpus: Annotated[int, typer.Option(help="Ray CPUs (one ClientApp actor each).", min=1)] = 2,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the result to this file.")
+    ] = None,
+) -> None:
+    """SecAgg+ rounds against plain FedAvg rounds of the same parties, in one simulation.
+
+    Example: fedge bench secagg --parties 10 --params 1000000 --json out.json
+    """
+    from fedge.bench.secagg import run_secagg_bench
+    from fedge.cli.bench import _run
+
+    _run(
+        "secagg",
+        json_path,
+        lambda progress: run_secagg_bench(
+            parties, params, rounds, seed=seed, num_cpus=cpus, progress=progress
+        ),
+    )

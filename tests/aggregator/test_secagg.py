@@ -1,0 +1,318 @@
+"""SecAgg+ (Flower's) composed with our strategies, on Flower's simulation runtime.
+
+One simulation (Ray, 4 parties, a 2-array model) runs every phase the tests check, each
+with its own strategy: plain SecAgg+ rounds, a party killed before its masked vector, a
+party killed before unmasking, and TiFL tiers over SecAgg+. The server side records what
+its strategy received (``SecAggRound.aggregate_fit``) and every reply the server got off
+the grid. Bad input is refused before anything is sent (no simulation needed).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
+from flwr.serverapp import Grid, ServerApp
+
+from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.grids import NODE_ID_BASE
+from fedge.aggregator.identity import PartitionOrderedGrid
+from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.secagg import SecAggSettings, quantization_error_bound, run_secagg
+from fedge.aggregator.secagg_round import SecAggRound, StageRecorder
+from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.aggregator.tiered import TieredFedAvg
+from fedge.bench import secagg_apps
+from fedge.bench.secagg_apps import examples_of, local_accuracy_of, party_update, secagg_app
+from fedge.party.privacy import PrivacyError, PrivacySpec
+from fedge.sim.flower_backend import launch_simulation
+from fedge.sim.grid import InProcessGrid
+
+PARTIES = 4
+SETTINGS = SecAggSettings(reconstruction_threshold=0.5, max_weight=16.0, key_stage_timeout_s=30)
+
+
+def initial() -> ArrayRecord:
+    rng = np.random.default_rng(3)
+    return ArrayRecord(
+        {
+            "weight": Array(rng.standard_normal((6, 5)).astype(np.float32)),
+            "bias": Array(np.linspace(-1, 1, 5).astype(np.float32)),
+        }
+    )
+
+
+def as_dict(record: ArrayRecord) -> dict[str, np.ndarray]:
+    return {k: a.numpy() for k, a in record.items()}
+
+
+def plain_mean(arrays: dict[str, np.ndarray], partitions: list[int]) -> dict[str, np.ndarray]:
+    weights = np.array([examples_of(p) for p in partitions], dtype=np.float64)
+    updates = [party_update(arrays, p) for p in partitions]
+    return {
+        k: sum(w * u[k].astype(np.float64) for w, u in zip(weights, updates, strict=True))
+        / weights.sum()
+        for k in arrays
+    }
+
+
+def bound_for(arrays: dict[str, np.ndarray], partitions: list[int]) -> float:
+    updates = [party_update(arrays, p) for p in partitions]
+    largest = max(float(np.abs(v).max()) for u in updates for v in u.values())
+    return quantization_error_bound(
+        [examples_of(p) for p in partitions],
+        largest,
+        clipping_range=SETTINGS.clipping_range,
+        quantization_range=SETTINGS.quantization_range,
+        max_weight=SETTINGS.max_weight,
+    )
+
+
+class RecordingGrid(StageRecorder):
+    """Keeps every reply the server pulled off the grid (what the server ever held)."""
+
+    def __init__(self, inner: Grid, into: list[Message]) -> None:
+        super().__init__(inner)
+        self.into = into
+
+    def send_and_receive(self, messages: Any, *, timeout: float | None = None) -> Any:
+        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
+        self.into.extend(replies)
+        return replies
+
+
+@dataclass
+class Phase:
+    sent: dict[str, np.ndarray]
+    model: dict[str, np.ndarray]
+    records: list[RoundRecord] = field(default_factory=list)
+    fit_results: list[list[FitRes]] = field(default_factory=list)
+    replies: list[Message] = field(default_factory=list)
+
+
+@dataclass
+class Observed:
+    phases: dict[str, Phase] = field(default_factory=dict)
+    tiered: TieredFedAvg | None = None
+    accuracies: list[tuple[int, float | None]] = field(default_factory=list)
+
+
+def _run_phase(
+    observed: Observed,
+    name: str,
+    grid: Grid,
+    strategy: StreamingFedAvg,
+    config: dict[str, int | str],
+    rounds: int = 1,
+) -> None:
+    arrays = initial()
+    phase = Phase(sent=as_dict(arrays), model={})
+    observed.phases[name] = phase
+    strategy.observers.append(phase.records.append)
+    original = SecAggRound.aggregate_fit
+
+    def spy(self: SecAggRound, server_round: int, results: Any, failures: Any) -> Any:
+        phase.fit_results.append([res for _, res in results])
+        return original(self, server_round, results, failures)
+
+    SecAggRound.aggregate_fit = spy  # type: ignore[method-assign]
+    try:
+        result = run_secagg(
+            grid,
+            strategy,
+            arrays,
+            SETTINGS,
+            num_rounds=rounds,
+            train_config=ConfigRecord(dict(config)),
+            timeout=30,
+            recorder=lambda wire: RecordingGrid(wire, phase.replies),
+        )
+    finally:
+        SecAggRound.aggregate_fit = original  # type: ignore[method-assign]
+    phase.model = as_dict(result.arrays) if result.arrays is not None else {}
+
+
+@pytest.fixture(scope="module")
+def observed() -> Iterator[Observed]:
+    observed = Observed()
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context: Context) -> None:
+        ordered = PartitionOrderedGrid(grid)
+        wait_for_parties(ordered, PARTIES)
+        _run_phase(observed, "plain", ordered, StreamingFedAvg(per_round=PARTIES), {})
+        killed: dict[str, int | str] = {
+            secagg_apps.DROP_PARTITION: 1,
+            secagg_apps.DROP_STAGE: "collect",
+        }
+        _run_phase(observed, "collect", ordered, StreamingFedAvg(per_round=PARTIES), killed)
+        killed = {secagg_apps.DROP_PARTITION: 2, secagg_apps.DROP_STAGE: "unmask"}
+        _run_phase(observed, "unmask", ordered, StreamingFedAvg(per_round=PARTIES), killed)
+        tiered = TieredFedAvg(
+            n_tiers=2, per_round=2, seed=2, adaptive=False, clock=ClockMode.VIRTUAL
+        )
+        tiered.observers.append(
+            lambda r: observed.accuracies.append(
+                (r.server_round, None if tiered.selection is None else _tier_acc(tiered, r))
+            )
+        )
+        observed.tiered = tiered
+        _run_phase(observed, "tiered", ordered, tiered, {}, rounds=4)
+
+    launch_simulation(server_app, secagg_app, PARTIES, {"seed": 1})
+    yield observed
+
+
+def wait_for_parties(grid: Grid, count: int, wait_s: float = 60.0) -> None:
+    """Flower's simulation registers its nodes while the ServerApp starts."""
+    end = time.monotonic() + wait_s
+    while len(list(grid.get_node_ids())) < count:
+        assert time.monotonic() < end, f"fewer than {count} parties joined in {wait_s} s"
+        time.sleep(0.2)
+
+
+def _tier_acc(strategy: TieredFedAvg, record: RoundRecord) -> float | None:
+    if record.tier is None or strategy.selection is None:
+        return None
+    history = strategy.selection.accuracy_history[record.tier]
+    rounds = strategy.selection.accuracy_rounds[record.tier]
+    return history[-1] if rounds and rounds[-1] == record.server_round else None
+
+
+def test_aggregate_equals_the_plain_mean_within_the_quantization_bound(observed: Observed) -> None:
+    phase = observed.phases["plain"]
+    partitions = list(range(PARTIES))
+    expected = plain_mean(phase.sent, partitions)
+    bound = bound_for(phase.sent, partitions)
+    assert bound < 1e-3  # the test is in the regime the bound covers (no clipping)
+    error = max(float(np.abs(phase.model[k] - expected[k]).max()) for k in expected)
+    assert error <= bound
+    assert phase.model["weight"].dtype == np.float32 and phase.model["weight"].shape == (6, 5)
+    (record,) = phase.records
+    assert sorted(record.on_time) == [NODE_ID_BASE + p for p in partitions]
+    assert record.failed == () and record.quorum_met
+    assert record.train_metrics["local-acc"] == pytest.approx(0.15, abs=0.1)
+
+
+def test_the_strategy_only_ever_sees_the_aggregate(observed: Observed) -> None:
+    phase = observed.phases["plain"]
+    (results,) = phase.fit_results
+    assert len(results) == PARTIES
+    received = [parameters_to_ndarrays(res.parameters) for res in results]
+    for arrays in received[1:]:  # every FitRes carries the same aggregate ...
+        assert all(np.array_equal(a, b) for a, b in zip(arrays, received[0], strict=True))
+    expected = plain_mean(phase.sent, list(range(PARTIES)))
+    weight = received[0][0]
+    assert np.abs(weight - expected["weight"]).max() <= bound_for(phase.sent, list(range(4)))
+    for partition in range(PARTIES):  # ... which is no party's own update
+        own = party_update(phase.sent, partition)["weight"]
+        assert np.abs(weight - own).max() > 1e-3
+
+
+def test_no_reply_the_server_received_holds_a_raw_update(observed: Observed) -> None:
+    phase = observed.phases["plain"]
+    updates = [party_update(phase.sent, p) for p in range(PARTIES)]
+    assert len(phase.replies) == 4 * PARTIES  # four stages, every party answered each
+    decoded = 0
+    for reply in phase.replies:
+        assert not reply.has_error()
+        for arrays in reply.content.array_records.values():
+            assert len(arrays) == 0  # secaggplus_mod emptied the update it masked
+        for config in reply.content.config_records.values():
+            for value in config.values():
+                for blob in value if isinstance(value, list) else [value]:
+                    if not isinstance(blob, bytes) or not blob.startswith(b"\x93NUMPY"):
+                        continue
+                    vector = bytes_to_ndarray(blob)
+                    decoded += 1
+                    for update in updates:
+                        for raw in update.values():
+                            if vector.shape == raw.shape:
+                                assert not np.allclose(vector, raw, atol=1e-2)
+    assert decoded == PARTIES * 3  # the masked vectors: a factor and two arrays each
+
+
+def test_a_party_killed_before_its_masked_vector_leaves_the_aggregate_of_the_rest(
+    observed: Observed,
+) -> None:
+    phase = observed.phases["collect"]
+    rest = [0, 2, 3]
+    expected = plain_mean(phase.sent, rest)
+    error = max(float(np.abs(phase.model[k] - expected[k]).max()) for k in expected)
+    assert error <= bound_for(phase.sent, rest)
+    (record,) = phase.records
+    assert record.failed == (NODE_ID_BASE + 1,)
+    assert sorted(record.on_time) == [NODE_ID_BASE + p for p in rest]
+    assert "collect_masked_vectors" in record.failures[NODE_ID_BASE + 1]
+
+
+def test_a_party_killed_before_unmasking_does_not_stop_the_round(observed: Observed) -> None:
+    phase = observed.phases["unmask"]
+    everyone = list(range(PARTIES))  # its masked vector is in the sum: SecAgg+ unmasks it
+    expected = plain_mean(phase.sent, everyone)
+    error = max(float(np.abs(phase.model[k] - expected[k]).max()) for k in expected)
+    assert error <= bound_for(phase.sent, everyone)
+    (record,) = phase.records
+    assert len(record.on_time) == PARTIES
+    unmask_replies = [r for r in phase.replies if r.has_error()]
+    assert len(unmask_replies) == 1 and "unmask" in str(unmask_replies[0].error.reason)
+
+
+def test_each_round_asks_the_tier_tifl_chose_and_updates_its_accuracy(
+    observed: Observed,
+) -> None:
+    phase = observed.phases["tiered"]
+    strategy = observed.tiered
+    assert strategy is not None and strategy.tiers is not None
+    assert len(phase.records) == 4
+    assert phase.records[0].tier is None  # round 1 profiles everyone
+    assert len(phase.records[0].selected) == PARTIES
+    # virtual-time-s = 1 + partition: the fast tier is partitions 0, 1
+    assert sorted(strategy.tiers.members[0]) == [NODE_ID_BASE, NODE_ID_BASE + 1]
+    for record, (server_round, accuracy) in zip(
+        phase.records[1:], observed.accuracies[1:], strict=True
+    ):
+        assert record.tier is not None
+        assert set(record.selected) == set(strategy.tiers.members[record.tier])
+        partitions = [n - NODE_ID_BASE for n in record.selected]
+        assert accuracy == pytest.approx(np.mean([local_accuracy_of(p) for p in partitions]))
+        assert server_round == record.server_round
+
+
+def test_too_few_parties_for_secagg_are_refused_before_anything_is_sent() -> None:
+    grid = InProcessGrid(secagg_app, 3)
+    pushed: list[Message] = []
+    original_push = grid.push_messages
+
+    def push(messages: Any) -> Any:
+        messages = list(messages)
+        pushed.extend(messages)
+        return original_push(messages)
+
+    grid.push_messages = push  # type: ignore[method-assign]
+    try:
+        with pytest.raises(PrivacyError, match="at least 2 parties per round"):
+            run_secagg(grid, StreamingFedAvg(per_round=1), initial(), SETTINGS, num_rounds=1)
+        counted = SecAggSettings.from_privacy(
+            PrivacySpec(secagg=True, secagg_threshold=5), max_weight=16
+        )
+        with pytest.raises(PrivacyError, match=r"threshold \(5\) is more than the 3 parties"):
+            run_secagg(grid, StreamingFedAvg(per_round=3), initial(), counted, num_rounds=1)
+        with pytest.raises(PrivacyError, match="secagg is off"):
+            SecAggSettings.from_privacy(PrivacySpec())
+        with pytest.raises(PrivacyError, match="threshold"):
+            SecAggSettings(reconstruction_threshold=1.5)
+        with pytest.raises(ValueError, match="clipping range"):  # no bound once values clip
+            quantization_error_bound(
+                [16], 9.0, clipping_range=8.0, quantization_range=2**22, max_weight=16.0
+            )
+    finally:
+        grid.close()
+    assert pushed == []
