@@ -68,6 +68,18 @@ delta = 1e-3
 clipping_norm = 1.0
 rounds_per_party = 2
 
+[strategies.secagg-dp]
+kind = "tiered"
+tiers = 2
+profiling_rounds = 1
+adaptive = false
+[strategies.secagg-dp.privacy]
+mode = "local"
+epsilon = 4.0
+rounds_per_party = 5
+secagg = true
+secagg_threshold = 2
+
 [strategies.central]
 kind = "tiered"
 tiers = 2
@@ -174,6 +186,18 @@ rounds_per_party = 2
             assert m["dp-epsilon-job"] == pytest.approx(eps, rel=0.02)
     (status,) = job_status(job)
     assert [r["rounds"] for r in status.privacy] and status.privacy[0]["epsilon_job"] > 0
+
+
+def test_secagg_with_dp_sgd_runs_tiered_rounds_on_the_simulated_fleet(scenario: object) -> None:
+    """SecAgg+ over DP-SGD parties: every round asks the tier TiFL chose, the parties'
+    epsilon is reported (metrics are not masked, only the model), the model learns."""
+    curve = runner.run_one(scenario, "secagg-dp", seed=0)  # type: ignore[arg-type]
+    assert len(curve.rounds) == 5
+    assert curve.rounds[0].tier is None and len(curve.rounds[0].on_time) == 4  # profiling
+    for record in curve.rounds[1:]:
+        assert record.tier is not None and len(record.on_time) == 2, record
+    assert 0 < curve.epsilon[-1] <= 4.0 + 1e-6
+    assert curve.final_accuracy > 0.5
 
 
 def test_central_dp_clips_noises_and_accounts_every_released_round(scenario: object) -> None:

@@ -137,11 +137,6 @@ class CentralDP(DifferentialPrivacyServerSideFixedClipping):
         return arrays, metrics
 
 
-def runner_for(strategy: StreamingFedAvg) -> StreamingFedAvg | CentralDP:
-    """What drives a job's rounds: the strategy, or Flower's central-DP wrapper around it."""
-    return CentralDP(strategy) if strategy.privacy.mode is PrivacyMode.CENTRAL else strategy
-
-
 def check_strategy(strategy: StreamingFedAvg) -> None:
     """Central DP's bound holds only if every selected party is folded, unweighted."""
     spec = strategy.privacy

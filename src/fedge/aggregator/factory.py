@@ -177,6 +177,16 @@ def _privacy(table: str, values: dict[str, object], *, kind: str, per_round: int
     if spec.mode is PrivacyMode.LOCAL and kind == "fedprox":
         # FedProx's proximal term is not a per-sample loss: DP-SGD's clipping cannot bound it.
         raise StrategyConfigError(f"{table}.privacy: mode 'local' (DP-SGD) cannot train FedProx")
+    if spec.secagg and spec.mode is PrivacyMode.CENTRAL:
+        raise StrategyConfigError(
+            f"{table}.privacy: SecAgg+ with central DP is not supported (the server never "
+            "sees an update to clip); use mode 'local' (DP-SGD) with SecAgg+"
+        )
+    if spec.secagg and kind == "distill":
+        raise StrategyConfigError(
+            f"{table}.privacy: SecAgg+ yields one aggregate per round; distill folds one "
+            "model per tier architecture"
+        )
     if spec.mode is PrivacyMode.CENTRAL and kind == "distill":
         raise StrategyConfigError(
             f"{table}.privacy: mode 'central' clips one model's updates; distill trains one "

@@ -41,7 +41,6 @@ from flwr.app import (
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from fedge.aggregator import central_dp
 from fedge.aggregator.checkpoint import (
     checkpoint_round,
     latest_checkpoint,
@@ -50,6 +49,7 @@ from fedge.aggregator.checkpoint import (
     save_arrays,
 )
 from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.driver import start_rounds
 from fedge.aggregator.factory import build_strategy
 from fedge.aggregator.fleet_manifest import FleetJobManifest, parse_fleet_manifest
 from fedge.aggregator.identity import IdentifiedGrid, identify_station
@@ -115,6 +115,13 @@ def run_fleet_job(grid: Grid, job_dir: Path) -> None:
             log(INFO, "fleet job %s completed: %d rounds", run_id, manifest.job.rounds)
         finally:
             store.close()
+
+
+# SecAgg+ scales each station's update by num-examples / max_weight before quantising: a
+# station with more labelled images than this would be clipped. 100,000 kept images is far
+# beyond a station's retention, and at SecAgg+'s default 2**22 quantization levels the
+# weights stay exact to 1 in 40 images.
+FLEET_MAX_WEIGHT = 100_000.0
 
 
 def _drive(
@@ -196,7 +203,8 @@ def _drive(
     )
     # Stations account their DP-SGD rounds under the job's run id (their ledgers).
     strategy.job_id = run_id
-    result = central_dp.runner_for(strategy).start(
+    result, _ = start_rounds(
+        strategy,
         stations,
         arrays,
         num_rounds=total,
@@ -205,6 +213,7 @@ def _drive(
         evaluate_fn=evaluate,
         first_round=first_round,
         checkpoint_fn=checkpoint_fn,
+        max_weight=FLEET_MAX_WEIGHT,
     )
     save_arrays(job_dir / FINAL_MODEL, arrays_of(result.arrays))
 

@@ -27,6 +27,7 @@ Error, dropout and quantisation:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -227,6 +228,9 @@ def run_secagg(
             evaluated = evaluate_fn(server_round, arrays)
             if evaluated is not None:
                 result.evaluate_metrics_serverapp[server_round] = evaluated
+                # Observers see the round's evaluation, as in our own loop.
+                scores = {k: float(v) for k, v in evaluated.items()}  # type: ignore[arg-type]
+                record = dataclasses.replace(record, eval_metrics=scores)
         for observer in strategy.observers:
             observer(record)
         if checkpoint_fn is not None:

@@ -98,8 +98,23 @@ def sim(
     speedup = summary.get("tta_speedup")
     if isinstance(speedup, dict):
         console.print(f"time-to-accuracy speed-up, {speedup_text(speedup, names[0])}", markup=False)
+    costs = summary.get("privacy_cost")
+    if isinstance(costs, dict):
+        spent = summary["epsilon_spent"]
+        assert isinstance(spent, dict)
+        for name, cost in costs.items():
+            drop, ratio = cost["converged_accuracy_drop_points"], cost["round_time_ratio"]
+            console.print(
+                f"privacy, {name} vs {names[0]}: epsilon spent {_num(spent[name])}, converged "
+                f"accuracy {_num(drop)} points lower, {_num(ratio)}x the wall time per round",
+                markup=False,
+            )
     summary["machine"] = machine_info()
     summary["backend"] = backend
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=1, default=str))
     console.print(f"report: {md}\nplot:   {png}", markup=False, highlight=False)
+
+
+def _num(value: object) -> str:
+    return "-" if not isinstance(value, int | float) else f"{value:.2f}"

@@ -193,8 +193,8 @@ def _train(
     from flwr.app import ArrayRecord, Message
     from flwr.serverapp import Grid
 
-    from fedge.aggregator import central_dp
     from fedge.aggregator.clock import ClockMode
+    from fedge.aggregator.driver import start_rounds
     from fedge.aggregator.factory import build_strategy
     from fedge.aggregator.replies import arrays_of
     from fedge.aggregator.tiered import TieredFedAvg
@@ -277,7 +277,8 @@ def _train(
     )
     try:
         assert isinstance(grid, Grid)
-        result = central_dp.runner_for(strategy).start(
+        result, _ = start_rounds(
+            strategy,
             grid,
             arrays,
             num_rounds=total,
@@ -286,10 +287,16 @@ def _train(
             evaluate_fn=evaluator(scenario, data, arch=arch),
             first_round=first_round,
             checkpoint_fn=checkpoint_fn,
+            max_weight=_largest_party(data),
         )
     finally:
         grid.close()
     save_arrays(job_dir / FINAL_MODEL, arrays_of(result.arrays))
+
+
+def _largest_party(data: Any) -> float:
+    """SecAgg+'s max_weight: no simulated party reports more examples than this."""
+    return float(max(data.party_size(p) for p in range(data.num_parties)))
 
 
 def _sim_state(manifest: JobManifest, job_dir: Path, run_id: str) -> dict[str, Any]:

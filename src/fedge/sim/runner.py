@@ -16,8 +16,8 @@ from uuid import uuid4
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from fedge.aggregator.central_dp import CentralDP
 from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.driver import start_rounds
 from fedge.aggregator.factory import build_strategy
 from fedge.aggregator.rounds import RoundRecord
 from fedge.models import digits
@@ -193,20 +193,21 @@ def drive(
     spent = _SpentTracker()
     strategy.reply_observers.append(spent.observe)
     initial = digits.to_arrays(digits.make_model(arch, seed=seed))
-    runs = CentralDP(strategy) if strategy.privacy.mode is PrivacyMode.CENTRAL else strategy
-    result = runs.start(
+    result, central = start_rounds(
+        strategy,
         grid,
         initial,
         num_rounds=total,
         timeout=600,
         train_config=train_config(scenario, extra),
         evaluate_fn=evaluator(scenario, data, arch=arch),
+        max_weight=float(max(data.party_size(p) for p in range(data.num_parties))),
     )
     evaluated = result.evaluate_metrics_serverapp
     accuracies = [float(evaluated[r.server_round]["accuracy"]) for r in records]  # type: ignore[arg-type]
     accuracies.insert(0, float(evaluated[0]["accuracy"]))  # type: ignore[arg-type]
-    if isinstance(runs, CentralDP):
-        spent.by_round = runs.epsilon_by_round
+    if central is not None:
+        spent.by_round = central.epsilon_by_round
     return Curve(
         strategy=strategy_name,
         seed=seed,

@@ -1,0 +1,89 @@
+"""Who drives a job's rounds: our loop, Flower's central-DP wrapper, or SecAgg+.
+
+A strategy's ``privacy`` (``[privacy]`` of a scenario or manifest) decides:
+
+- nothing private, or DP-SGD on the parties: our own loop (``StreamingFedAvg.start``),
+  with streaming folds, deadlines and quorum;
+- ``mode = "central"``: Flower's ``DifferentialPrivacyServerSideFixedClipping`` around
+  the strategy (:mod:`fedge.aggregator.central_dp`);
+- ``secagg = true``: Flower's SecAgg+ workflow, planned and recorded by the strategy
+  (:mod:`fedge.aggregator.secagg`), DP-SGD on the parties or not.
+
+The simulator, simulated jobs and fleet jobs all start their rounds here, so a privacy
+setting means the same thing wherever it is given.
+"""
+
+from collections.abc import Callable
+
+from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.serverapp import Grid
+from flwr.serverapp.strategy import Result
+
+from fedge.aggregator import central_dp, secagg
+from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.party.privacy import PrivacyError, PrivacyMode
+
+
+def start_rounds(
+    strategy: StreamingFedAvg,
+    grid: Grid,
+    initial_arrays: ArrayRecord,
+    *,
+    num_rounds: int,
+    timeout: float,
+    train_config: ConfigRecord | None = None,
+    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    first_round: int = 1,
+    checkpoint_fn: Callable[[int, ArrayRecord], None] | None = None,
+    max_weight: float = secagg.DEFAULT_MAX_WEIGHT,
+) -> tuple[Result, central_dp.CentralDP | None]:
+    """Run rounds ``first_round..num_rounds``; the central-DP wrapper when one was used.
+
+    ``max_weight``: under SecAgg+, at least the largest ``num-examples`` a party reports.
+    """
+    spec = strategy.privacy
+    if spec.secagg:
+        if spec.mode is PrivacyMode.CENTRAL:
+            raise PrivacyError(
+                "SecAgg+ with central DP is not supported: the server never sees an update "
+                "to clip; use DP-SGD on the parties (mode = 'local') with SecAgg+"
+            )
+        strategy.plan_privacy(num_rounds)
+        settings = secagg.SecAggSettings.from_privacy(spec, max_weight=max_weight)
+        result = secagg.run_secagg(
+            grid,
+            strategy,
+            initial_arrays,
+            settings,
+            num_rounds=num_rounds,
+            train_config=train_config,
+            timeout=timeout,
+            first_round=first_round,
+            evaluate_fn=evaluate_fn,
+            checkpoint_fn=checkpoint_fn,
+        )
+        return result, None
+    if spec.mode is PrivacyMode.CENTRAL:
+        wrapper = central_dp.CentralDP(strategy)
+        result = wrapper.start(
+            grid,
+            initial_arrays,
+            num_rounds=num_rounds,
+            timeout=timeout,
+            train_config=train_config,
+            evaluate_fn=evaluate_fn,
+            first_round=first_round,
+            checkpoint_fn=checkpoint_fn,
+        )
+        return result, wrapper
+    result = strategy.start(
+        grid,
+        initial_arrays,
+        num_rounds=num_rounds,
+        timeout=timeout,
+        train_config=train_config,
+        evaluate_fn=evaluate_fn,
+        first_round=first_round,
+        checkpoint_fn=checkpoint_fn,
+    )
+    return result, None
