@@ -1,0 +1,202 @@
+"""A party's privacy ledger: the DP releases it made, per job and for its lifetime (SQLite).
+
+Budgets are enforced where the data is (issue "Privacy"): before a round trains, the party
+asks :meth:`BudgetLedger.check` whether the round's planned release still fits the job's
+epsilon and the station's lifetime epsilon (from its signed edge config), and after it
+trained it :meth:`~BudgetLedger.record`\\ s what it spent. Both bounds compose the whole
+history with an Opacus accountant (:mod:`fedge.party.accounting`), never by adding
+epsilons (which would overstate the cost).
+
+One file per station or simulated party, apart from anything a model reinstall replaces.
+WAL with ``synchronous=FULL``: a release is on disk before ``record`` returns, so a SIGKILL
+right after training cannot forget it. Releases are keyed ``(job, server_round)``: a round
+retried after a crash is recorded once.
+"""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from fedge.party.accounting import DpRelease, epsilon_spent
+from fedge.party.privacy import BudgetExhaustedError, PrivacyError
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS dp_releases (
+    job TEXT NOT NULL, server_round INTEGER NOT NULL,
+    noise_multiplier REAL NOT NULL, sample_rate REAL NOT NULL, steps INTEGER NOT NULL,
+    recorded_at REAL NOT NULL, PRIMARY KEY (job, server_round));
+CREATE TABLE IF NOT EXISTS dp_lifetime (
+    id INTEGER PRIMARY KEY CHECK (id = 1), epsilon REAL, delta REAL NOT NULL);
+"""
+_RELEASE_COLUMNS = {"job", "server_round", "noise_multiplier", "sample_rate", "steps"}
+
+DEFAULT_LIFETIME_DELTA = 1e-3
+RELATIVE_TOLERANCE = 1e-6
+"""A plan that lands exactly on its target (up to float rounding) is within it."""
+
+
+class BudgetLedger:
+    """The releases one party made; ``check`` refuses a round that would overspend."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._conn = sqlite3.connect(
+                str(path), isolation_level=None, check_same_thread=False, timeout=30.0
+            )
+        except (OSError, sqlite3.Error) as exc:
+            raise PrivacyError(f"cannot open the privacy ledger {path}: {exc}") from exc
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.executescript(SCHEMA)
+            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(dp_releases)")}
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            raise PrivacyError(
+                f"{path} is not a privacy ledger ({exc}): move it aside and restore the "
+                "ledger from a backup; starting a new one forgets the epsilon already spent"
+            ) from exc
+        if not _RELEASE_COLUMNS.issubset(columns):
+            self._conn.close()
+            raise PrivacyError(
+                f"{path} has a dp_releases table that is not a privacy ledger's "
+                f"(columns {sorted(columns)}): point the party at its own ledger file"
+            )
+
+    # -- the lifetime bound (from the station's signed edge config)
+
+    def set_lifetime(self, epsilon: float | None, delta: float) -> None:
+        """The party's bound over every job (``None``: no lifetime bound)."""
+        if epsilon is not None and not (math.isfinite(epsilon) and epsilon > 0):
+            raise PrivacyError(f"a lifetime privacy epsilon must be > 0, got {epsilon}")
+        if not (math.isfinite(delta) and 0 < delta < 1):
+            raise PrivacyError(f"a lifetime privacy delta must be in (0, 1), got {delta}")
+        with self._transaction() as conn:
+            conn.execute(
+                "INSERT INTO dp_lifetime (id, epsilon, delta) VALUES (1, ?, ?) "
+                "ON CONFLICT (id) DO UPDATE SET epsilon = excluded.epsilon, "
+                "delta = excluded.delta",
+                (epsilon, delta),
+            )
+
+    def lifetime(self) -> tuple[float | None, float]:
+        """(epsilon or ``None`` for no bound, delta)."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT epsilon, delta FROM dp_lifetime WHERE id = 1"
+            ).fetchone()
+        if row is None:
+            return None, DEFAULT_LIFETIME_DELTA
+        return (None if row[0] is None else float(row[0])), float(row[1])
+
+    # -- releases
+
+    def history(self, job: str | None = None) -> list[DpRelease]:
+        """The releases of ``job`` (``None``: of every job), in the order they were made."""
+        query = "SELECT noise_multiplier, sample_rate, steps FROM dp_releases"
+        params: tuple[str, ...] = ()
+        if job is not None:
+            query += " WHERE job = ?"
+            params = (job,)
+        with self._lock:
+            rows = self._conn.execute(query + " ORDER BY rowid", params).fetchall()
+        return [DpRelease(float(sigma), float(q), int(steps)) for sigma, q, steps in rows]
+
+    def spent(self, job: str | None = None, *, delta: float, accountant: str = "rdp") -> float:
+        """Epsilon at ``delta`` spent in ``job`` (``None``: over the party's lifetime)."""
+        return epsilon_spent(self.history(job), delta, accountant)
+
+    def check(
+        self,
+        job: str,
+        release: DpRelease,
+        *,
+        job_epsilon: float | None,
+        delta: float,
+        accountant: str = "rdp",
+    ) -> None:
+        """Raise :class:`BudgetExhaustedError` if ``release`` would overspend a bound.
+
+        The job's bound composes this job's releases at the job's ``delta``; the lifetime
+        bound composes every job's releases at the lifetime delta.
+        """
+        if job_epsilon is not None:
+            history = self.history(job)
+            before = epsilon_spent(history, delta, accountant)
+            after = epsilon_spent([*history, release], delta, accountant)
+            if _over(after, job_epsilon):
+                raise BudgetExhaustedError(
+                    f"privacy budget of job {job!r} exhausted: this party spent epsilon = "
+                    f"{before:.4g} (delta = {delta:g}) in the job and this round would make "
+                    f"it {after:.4g}, above the job's epsilon = {job_epsilon:g}; it does not "
+                    "train again in this job (a new job, or one with a larger "
+                    "privacy.epsilon or fewer rounds_per_party, can use it)"
+                )
+        lifetime_epsilon, lifetime_delta = self.lifetime()
+        if lifetime_epsilon is not None:
+            history = self.history()
+            before = epsilon_spent(history, lifetime_delta, accountant)
+            after = epsilon_spent([*history, release], lifetime_delta, accountant)
+            if _over(after, lifetime_epsilon):
+                raise BudgetExhaustedError(
+                    f"lifetime privacy budget exhausted: this party spent epsilon = "
+                    f"{before:.4g} (delta = {lifetime_delta:g}) over all jobs and this round "
+                    f"would make it {after:.4g}, above its lifetime epsilon = "
+                    f"{lifetime_epsilon:g}; an operator may raise it with `fedge edge "
+                    f"set-privacy EDGE --epsilon {_suggested(after, lifetime_epsilon)}` "
+                    "(more epsilon is less privacy for this station's images)"
+                )
+
+    def record(self, job: str, server_round: int, release: DpRelease) -> bool:
+        """Record a round's release; ``False`` if that round was recorded already."""
+        if not job:
+            raise PrivacyError("a DP release needs its job's id, got an empty one")
+        with self._transaction() as conn:
+            cursor = conn.execute(
+                "INSERT INTO dp_releases (job, server_round, noise_multiplier, sample_rate, "
+                "steps, recorded_at) VALUES (?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (job, server_round) DO NOTHING",
+                (
+                    job,
+                    server_round,
+                    release.noise_multiplier,
+                    release.sample_rate,
+                    release.steps,
+                    time.time(),
+                ),
+            )
+            return cursor.rowcount == 1
+
+    def close(self) -> None:
+        with self._lock:
+            self._conn.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        # BEGIN IMMEDIATE: the station's ClientApp and `fedge edge` may share the file.
+        with self._lock:
+            self._conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._conn
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
+
+
+def _over(epsilon: float, bound: float) -> bool:
+    return epsilon > bound * (1 + RELATIVE_TOLERANCE)
+
+
+def _suggested(after: float, bound: float) -> str:
+    """A round-up of what this round needs, for the operator's command line."""
+    return f"{max(math.ceil(after * 10) / 10, bound):g}"
