@@ -10,7 +10,13 @@ import pytest
 
 from fedge.protocols import codec
 from fedge.protocols.alerts import Alert, AlertKind, AlertState
-from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig, TrainingPolicy
+from fedge.protocols.config import (
+    ConfigReport,
+    ConfigStatus,
+    EdgeConfig,
+    PrivacyBudget,
+    TrainingPolicy,
+)
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
 from fedge.protocols.evaluation import (
@@ -165,6 +171,13 @@ TRAINING_CONFIG = EdgeConfig(
     issued_at=T0,
     training=TrainingPolicy(enabled=True, max_minutes=7.5, threads=2),
 )
+PRIVACY_CONFIG = EdgeConfig(
+    fleet="plant-a",
+    edge="edge-01",
+    version=5,
+    issued_at=T0,
+    privacy=PrivacyBudget(epsilon=8.0, delta=0.001),
+)
 TRAINABLE_MANIFEST = ModelManifest(
     name="inspect",
     version=3,
@@ -274,6 +287,13 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'"training":{"enabled":true,"max_minutes":7.5,"threads":2},"version":4}',
     ),
     (
+        PRIVACY_CONFIG,
+        b'{"batch_max_records":500,"class_thresholds":{},"default_threshold":0.5,'
+        b'"edge":"edge-01","fleet":"plant-a","issued_at":1700000000.5,"kind":"edge_config",'
+        b'"privacy":{"delta":0.001,"epsilon":8.0},"report_interval_s":5.0,"schema":1,'
+        b'"version":5}',
+    ),
+    (
         TRAINABLE_MANIFEST,
         b'{"classes":["ok","defect"],"created_at":1700000000.5,'
         b'"inputs":[{"dtype":"float32","name":"image","shape":["batch",1,32,32]}],'
@@ -322,6 +342,7 @@ GOLDEN_IDS = [
     "batch_labels",
     "station_labels",
     "edge_config_training",
+    "edge_config_privacy",
     "model_manifest_trainable",
     "evaluation_request",
     "evaluation_report",
@@ -389,6 +410,22 @@ def test_defaults_apply_when_optional_fields_are_absent() -> None:
     obj |= {"session": 0, "seq": 0}
     batch = codec.decode(json.dumps(obj).encode(), RecordBatch)
     assert batch.records == ()
+
+
+def test_a_config_from_before_privacy_budgets_still_decodes() -> None:
+    """Bytes an older manager signed (no ``privacy``) decode as "no lifetime bound", and
+    a config without a budget encodes without the field, so an older agent decodes it."""
+    older = (
+        b'{"batch_max_records":500,"class_thresholds":{},"default_threshold":0.5,'
+        b'"edge":"edge-01","fleet":"plant-a","issued_at":1700000000.5,"kind":"edge_config",'
+        b'"report_interval_s":5.0,"schema":1,'
+        b'"training":{"enabled":true,"max_minutes":7.5,"threads":2},"version":4}'
+    )
+    config = codec.decode(older, EdgeConfig)
+    assert config.privacy is None
+    assert codec.encode(config) == older
+    cleared = dataclasses.replace(PRIVACY_CONFIG, privacy=None)
+    assert b"privacy" not in codec.encode(cleared)
 
 
 def test_key_order_and_whitespace_on_the_wire_do_not_matter() -> None:
@@ -748,6 +785,27 @@ _CASES: list[_Case] = [
         ("session",),
     ),
     ("version_zero", EdgeConfig, _payload("edge_config", version=0), ValidationError, ("version",)),
+    (
+        "privacy_epsilon_zero",
+        EdgeConfig,
+        _payload("edge_config", privacy={"epsilon": 0.0, "delta": 0.001}),
+        ValidationError,
+        ("privacy.epsilon", "> 0"),
+    ),
+    (
+        "privacy_delta_one",
+        EdgeConfig,
+        _payload("edge_config", privacy={"epsilon": 8.0, "delta": 1.0}),
+        ValidationError,
+        ("privacy.delta", "(0, 1)"),
+    ),
+    (
+        "privacy_without_epsilon",
+        EdgeConfig,
+        _payload("edge_config", privacy={"delta": 0.001}),
+        DecodeError,
+        ("privacy", "PrivacyBudget"),
+    ),
     (
         "batch_max_records_zero",
         EdgeConfig,

@@ -153,6 +153,46 @@ def set_training(
         console.print(f"{pushed.edge}: desired config v{pushed.version} (training {state})")
 
 
+@app.command("set-privacy", context_settings={"ignore_unknown_options": True})
+@friendly_errors
+def set_privacy(
+    edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
+    epsilon: Annotated[
+        float | None, typer.Option(help="Lifetime epsilon: every job's DP rounds together.")
+    ] = None,
+    delta: Annotated[float, typer.Option(help="The delta the epsilon is for, in (0, 1).")] = 1e-3,
+    clear: Annotated[
+        bool, typer.Option("--clear", help="Remove the lifetime bound (jobs' targets still hold).")
+    ] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Set a station's lifetime privacy budget (a new signed config version).
+
+    The station refuses a DP-SGD round that would take the epsilon it spent
+    over all jobs past this bound (its agent keeps the bound in its ledger).
+
+    Example: fedge edge set-privacy st-01 --epsilon 8 --delta 1e-3
+    """
+    if clear == (epsilon is not None):
+        raise typer.BadParameter("give --epsilon (with --delta) or --clear", param_hint="--epsilon")
+    _, fleet = open_fleet(home)
+    edges = fleet.edges() if edge == "all" else [edge]
+    state = "no lifetime bound" if clear else f"lifetime epsilon {epsilon:g} at delta {delta:g}"
+    for pushed in fleet.set_privacy(edges, None if clear else epsilon, delta):
+        console.print(f"{pushed.edge}: desired config v{pushed.version} ({state})")
+    warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
+
+
+def _privacy(budget: dict[str, float] | None, spent: float | None) -> str:
+    """The desired lifetime budget, and the epsilon the station last said it spent."""
+    bound = "no lifetime bound"
+    if budget is not None:
+        bound = f"lifetime epsilon {budget['epsilon']:g} at delta {budget['delta']:g}"
+    if spent is None:
+        return f"{bound}; spent: not reported"
+    return f"{bound}; spent epsilon {spent:.3g} (as the station last reported)"
+
+
 @app.command()
 @friendly_errors
 def show(
@@ -183,6 +223,8 @@ def show(
         f"v{view['config_applied']} {sync} {escape(str(view['config_reason']))}"
     )
     console.print(f"  thresholds     {escape(_SOURCES[view['thresholds_source']])}")
+    spent = view.get("privacy_epsilon_spent")
+    console.print(f"  privacy        {_privacy(desired.get('privacy'), spent)}")
     console.print(f"  serving        {escape(view['serving'] or '-')}")
     deployment = f"{view['deploy_id'] or '-'} {view['deploy_stage']} {view['deploy_reason']}"
     console.print(f"  deployment     {escape(deployment)}")

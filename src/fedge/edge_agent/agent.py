@@ -23,6 +23,7 @@ from fedge.edge_agent.evaluations import Evaluations
 from fedge.edge_agent.labels_down import apply_labels
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
+from fedge.edge_agent.privacy_budget import admit_budget
 from fedge.edge_agent.scorer import ImageFile as ImageFile
 from fedge.edge_agent.scorer import Scorer
 from fedge.edge_agent.scoring import Scored
@@ -297,6 +298,9 @@ class EdgeAgent:
                 self.settings.edge,
                 self.deployments.config_done_version,
             )
+            if decision.action is ConfigAction.APPLY:
+                # The station's privacy budget is in its ledger before the config counts.
+                decision = admit_budget(self.settings.data_dir, offered)
             if decision.action is ConfigAction.APPLY:
                 # Persist first: after a crash the agent comes back with what it reported;
                 # remembered as its model's config, should a rollback go back to that model.

@@ -12,6 +12,7 @@ from typing import Any
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
 from fedge.party.dataset import StationData
+from fedge.party.privacy_status import SPENT_METRIC, read_spent
 from fedge.protocols.records import MetricRecord, Stream
 
 
@@ -43,3 +44,7 @@ def emit_metrics(
     for name, value in station.counts().items():
         add_metric(store, f"station.{name}", float(value))
     add_metric(store, "training.running", float(bool(training and training["running"])))
+    # The epsilon the station's DP-SGD rounds spent over every job (its ClientApp's report).
+    spent = read_spent(settings.data_dir)
+    if spent is not None:
+        add_metric(store, SPENT_METRIC, spent.epsilon)

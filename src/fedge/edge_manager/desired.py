@@ -2,7 +2,7 @@
 
 import dataclasses
 
-from fedge.protocols.config import EdgeConfig, TrainingPolicy
+from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
 from fedge.protocols.deployment import DeploymentDesired
 
 
@@ -17,6 +17,8 @@ def next_config(
     training: TrainingPolicy | None = None,
     clear_class: str | None = None,
     model: str | None = None,
+    privacy: PrivacyBudget | None = None,
+    clear_privacy: bool = False,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
 
@@ -24,6 +26,8 @@ def next_config(
     ``training`` replaces the station's training policy (None keeps the current one).
     ``clear_class`` removes that class's threshold: the default applies to it again.
     ``model`` ties the thresholds to that model version (None keeps the current tie).
+    ``privacy`` sets the station's lifetime privacy budget (None keeps the current one);
+    ``clear_privacy`` removes it (no lifetime bound; each job's own target still holds).
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -44,6 +48,7 @@ def next_config(
         issued_at=now,
         training=base.training if training is None else training,
         model=base.model if model is None else model,
+        privacy=None if clear_privacy else (base.privacy if privacy is None else privacy),
     )
 
 

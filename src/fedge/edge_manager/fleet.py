@@ -28,7 +28,7 @@ from fedge.edge_manager.registry import Registry, parse_ref
 from fedge.edge_manager.rollout_guard import refuse_if_in_rollout
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
-from fedge.protocols.config import EdgeConfig, TrainingPolicy
+from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import SigningKey
 
@@ -209,6 +209,25 @@ class Fleet:
             edges, "training", threshold=None, class_name=None, training=policy
         )
 
+    def set_privacy(
+        self, edges: list[str], epsilon: float | None, delta: float = 1e-3
+    ) -> list[Pushed]:
+        """The stations' lifetime privacy budget (``epsilon`` None: no lifetime bound), a
+        new signed config version each; their agents keep it in the station's ledger."""
+        try:
+            budget = None if epsilon is None else PrivacyBudget(epsilon, delta)
+        except ProtocolError as exc:
+            raise ManagerError(f"{exc}; nothing was changed") from None
+        return self._push_config(
+            edges,
+            "privacy",
+            threshold=None,
+            class_name=None,
+            training=None,
+            privacy=budget,
+            clear_privacy=budget is None,
+        )
+
     def _push_config(
         self,
         edges: list[str],
@@ -219,6 +238,8 @@ class Fleet:
         training: TrainingPolicy | None,
         clear_class: str | None = None,
         models: dict[str, str | None] | None = None,
+        privacy: PrivacyBudget | None = None,
+        clear_privacy: bool = False,
     ) -> list[Pushed]:
         self.edges(edges)
         pushed = []
@@ -236,6 +257,8 @@ class Fleet:
                         training=training,
                         clear_class=clear_class,
                         model=None if models is None else models.get(edge),
+                        privacy=privacy,
+                        clear_privacy=clear_privacy,
                     )
                 except ProtocolError as exc:
                     raise ManagerError(f"{what} for {edge}: {exc}") from None

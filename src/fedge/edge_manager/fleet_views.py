@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.registry import parse_ref
+from fedge.party.privacy_status import SPENT_METRIC
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 
@@ -43,6 +44,12 @@ def show(fleet: Fleet, edge: str) -> dict[str, Any]:
     )
     row["rejections"] = fleet.store.scalar("SELECT count(*) FROM rejections WHERE edge=?", (edge,))
     row["label_agreement"] = fleet.label_agreement(edge)
+    # The epsilon the station spent over all jobs, as its agent last reported it (its
+    # ClientApp's report, fedge.party.privacy_status). None: never reported.
+    row["privacy_epsilon_spent"] = fleet.store.scalar(
+        "SELECT value FROM telemetry WHERE edge=? AND name=? ORDER BY at DESC LIMIT 1",
+        (edge, SPENT_METRIC),
+    )
     return row
 
 

@@ -25,11 +25,10 @@ from typing import Any, Literal
 import numpy as np
 import numpy.typing as npt
 import torch
-from opacus import PrivacyEngine
 from opacus.grad_sample import GradSampleModule
+from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from fedge.party.accounting import DpRelease
 from fedge.party.privacy import PrivacyError
@@ -92,40 +91,42 @@ def train_private(
         )
     target = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(target)
-    dataset = TensorDataset(
-        torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),
-        torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)),
-    )
-    loader = DataLoader(
-        dataset, batch_size=batch_size, generator=torch.Generator().manual_seed(seed)
-    )
+    inputs = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)).to(target)
+    labels = torch.from_numpy(np.ascontiguousarray(y, dtype=np.int64)).to(target)
+    # Opacus' Poisson loader samples each example with probability 1 / (batches per
+    # epoch); we sample the same way on tensors already in memory (a DataLoader's
+    # per-example indexing and collation cost more than the tiny models' steps).
+    batches = math.ceil(len(labels) / batch_size)
+    sample_rate = 1.0 / batches
+    sampler = torch.Generator(device=target).manual_seed(seed)
     base: torch.optim.Optimizer = (
         torch.optim.Adam(model.parameters(), lr=lr)
         if optimizer == "adam"
         else torch.optim.SGD(model.parameters(), lr=lr)
     )
     with _quiet_opacus():
-        # The release does not depend on the accountant: every Opacus accountant records
-        # the same (sigma, q, steps) history; composing releases is the ledger's job.
-        engine = PrivacyEngine(accountant="rdp")
         try:
-            private_model, private_optimizer, private_loader = engine.make_private(
-                module=model,
-                optimizer=base,
-                data_loader=loader,
-                noise_multiplier=noise_multiplier,
-                max_grad_norm=clipping_norm,
-                poisson_sampling=True,
-                noise_generator=torch.Generator(device=target).manual_seed(seed + 1),
-            )
+            private_model = GradSampleModule(model, batch_first=True, loss_reduction="mean")
         except (ValueError, NotImplementedError) as exc:
             model.to(torch.device("cpu"))
             raise PrivacyError(f"Opacus cannot make this model private: {exc}") from exc
+        private_optimizer = DPOptimizer(
+            base,
+            noise_multiplier=noise_multiplier,
+            max_grad_norm=clipping_norm,
+            expected_batch_size=max(1, int(len(labels) * sample_rate)),
+            loss_reduction="mean",
+            generator=torch.Generator(device=target).manual_seed(seed + 1),
+        )
         started = time.perf_counter()
         deadline = None if max_seconds is None else started + max_seconds
         try:
             losses, steps = _epochs(
-                private_model, private_optimizer, private_loader, epochs, target, deadline
+                private_model,
+                private_optimizer,
+                (inputs, labels, sample_rate, sampler),
+                epochs * batches,
+                deadline,
             )
         finally:
             _detach(private_model, model)
@@ -134,34 +135,37 @@ def train_private(
     return PrivateTraining(
         loss=float(np.mean(losses)) if losses else float("nan"),
         steps=steps,
-        release=_release(engine, noise_multiplier, steps),
+        release=DpRelease(float(noise_multiplier), sample_rate, steps),
         seconds=time.perf_counter() - started,
     )
 
 
 def _epochs(
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    loader: DataLoader[tuple[torch.Tensor, ...]],
-    epochs: int,
-    target: torch.device,
+    optimizer: DPOptimizer,
+    data: tuple[torch.Tensor, torch.Tensor, float, torch.Generator],
+    steps: int,
     deadline: float | None,
 ) -> tuple[list[float], int]:
     """(the non-empty batches' losses, the optimiser steps taken) until ``deadline``."""
+    inputs, labels, sample_rate, sampler = data
     loss_fn = nn.CrossEntropyLoss()
     losses: list[float] = []
-    steps = 0
-    for _ in range(epochs):
-        for inputs, labels in loader:
-            optimizer.zero_grad(set_to_none=True)
-            loss = loss_fn(model(inputs.to(target)), labels.to(target))
+    for step in range(steps):
+        chosen = torch.rand(len(labels), generator=sampler, device=labels.device) < sample_rate
+        optimizer.zero_grad(set_to_none=True)
+        if bool(chosen.any()):
+            loss = loss_fn(model(inputs[chosen]), labels[chosen])
             loss.backward()
-            optimizer.step()
-            steps += 1
-            if len(labels):  # an empty Poisson batch still steps: noise only
-                losses.append(float(loss.item()))
-            if deadline is not None and time.perf_counter() >= deadline:
-                return losses, steps
+            losses.append(float(loss.item()))
+        else:  # an empty Poisson batch still steps: noise only, as Opacus does
+            for parameter in model.parameters():
+                parameter.grad_sample = torch.zeros(  # type: ignore[attr-defined]
+                    (0, *parameter.shape), device=parameter.device, dtype=parameter.dtype
+                )
+        optimizer.step()
+        if deadline is not None and time.perf_counter() >= deadline:
+            return losses, step + 1
     return losses, steps
 
 
@@ -234,17 +238,3 @@ def _detach(private_model: nn.Module, model: nn.Module) -> None:
         for attr in (*_PARAM_ATTRS, *_PARAM_ATTRS_OPTIMIZER):
             if hasattr(parameter, attr):
                 delattr(parameter, attr)
-
-
-def _release(engine: PrivacyEngine, noise_multiplier: float, steps: int) -> DpRelease:
-    """The round's release as Opacus' accountant recorded it (one consistent entry)."""
-    history = list(engine.accountant.history)
-    if len(history) != 1:
-        raise PrivacyError(f"Opacus recorded {len(history)} accountant entries, expected 1")
-    sigma, sample_rate, recorded = history[0]
-    if recorded != steps or not math.isclose(sigma, noise_multiplier):
-        raise PrivacyError(
-            f"Opacus accounted {recorded} steps at sigma {sigma}, but {steps} steps at sigma "
-            f"{noise_multiplier} were taken: the release would be wrong"
-        )
-    return DpRelease(float(sigma), float(sample_rate), int(recorded))

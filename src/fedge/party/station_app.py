@@ -28,6 +28,20 @@ A train message carries the global model (``"arrays"``) and a ``"config"`` recor
 ``stopped-early``         1 when the round's time cap ended training
 =======================  =================================================================
 
+With ``dp-mode = local`` in the round config (:class:`~fedge.party.privacy.PrivacySpec`)
+the round is DP-SGD (:mod:`fedge.party.private_round`): planned for the job's target
+epsilon over ``dp-rounds-per-party`` rounds (the aggregator sends the job's rounds when
+the job sets none; without either, one round: all of the job's epsilon at once, the safe
+reading), checked against the station's ledger (``<data-dir>/privacy.db``: the job's
+epsilon and the lifetime bound from the signed edge config) *before* training, trained
+with Opacus, and recorded under ``(job-id, server-round)``. The reply adds
+``dp-epsilon-round``, ``dp-epsilon-job``, ``dp-epsilon-total``, ``dp-noise-multiplier``,
+``dp-sample-rate`` and ``dp-steps``. A round past a bound raises
+:class:`~fedge.party.privacy.BudgetExhaustedError` and trains nothing. The job is the
+config's ``job-id`` (the aggregator's run id, the same across resumes); a ServerApp that
+sends none gets Flower's run id, which a resubmitted run changes: the job's own bound then
+restarts, the lifetime bound does not.
+
 An evaluate message gets ``eval-acc`` and ``num-examples`` on the held-out images; a
 query gets ``{"edge": ...}`` in the ``"identity"`` config record. Anything that prevents
 training (no labelled images, a family the station cannot build, weights that do not
@@ -37,7 +51,10 @@ reply, which the aggregator records as the party's failure -- data, never a hang
 
 from __future__ import annotations
 
+import logging
 import math
+import secrets
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,15 +62,21 @@ from typing import Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from torch import nn
 
 from fedge.party import families, trainer
 from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
+from fedge.party.privacy import PrivacyMode, PrivacySpec
+from fedge.party.privacy_status import SpentEpsilon, ledger_path, write_spent
+from fedge.party.secagg import secagg_mod
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 
 IDENTITY_KEY = "identity"
+JOB_ID_KEY = "job-id"  # the aggregator's run id: what a DP-SGD round is accounted to
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -92,9 +115,18 @@ class Station:
 
 
 def train_round(
-    station: Station, spec: ModelSpec, arrays: ArrayRecord, config: ConfigRecord
+    station: Station,
+    spec: ModelSpec,
+    arrays: ArrayRecord,
+    config: ConfigRecord,
+    *,
+    job: str = "",
 ) -> tuple[ArrayRecord, dict[str, int | float]]:
-    """Train the received model on the station's labelled images; returns arrays, metrics."""
+    """Train the received model on the station's labelled images; returns arrays, metrics.
+
+    ``job`` names the job a DP-SGD round is accounted to (:func:`round_job`).
+    """
+    privacy = PrivacySpec.from_config(config)  # a bad dp- setting: an error reply, no training
     family = families.get_family(spec.family)
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
@@ -118,7 +150,14 @@ def train_round(
         seed=int(_number(config, "server-round", 0)),
         augment_symmetries=family.augment_symmetries,
     )
-    result = trainer.train(model, train_set, settings)
+    dp_metrics: dict[str, int | float] = {}
+    if privacy.mode is PrivacyMode.LOCAL:
+        server_round = int(_number(config, "server-round", 0))
+        result, dp_metrics = _train_private(
+            station, model, train_set, settings, privacy, job=job, server_round=server_round
+        )
+    else:
+        result = trainer.train(model, train_set, settings)
     after = trainer.accuracy(model, held_out) if len(held_out) else float("nan")
     skipped = train_set.skipped + held_out.skipped
     metrics: dict[str, int | float] = {
@@ -129,12 +168,75 @@ def train_round(
         "skipped-unreadable": skipped["unreadable_image"],
         "skipped-unknown-label": skipped["unknown_label"],
         "stopped-early": int(result.stopped_early),
+        **dp_metrics,
     }
     if math.isfinite(before):
         metrics["local-acc"] = before
     if math.isfinite(after):
         metrics["holdout-acc-after"] = after
     return ArrayRecord(model.state_dict()), metrics
+
+
+def _train_private(
+    station: Station,
+    model: nn.Module,
+    examples: trainer.Examples,
+    settings: trainer.TrainSettings,
+    privacy: PrivacySpec,
+    *,
+    job: str,
+    server_round: int,
+) -> tuple[trainer.TrainResult, dict[str, int | float]]:
+    """One DP-SGD round: planned, checked against the ledger, trained, recorded.
+
+    Adam, as :func:`trainer.train` uses, so a job's ``lr`` means the same with and without
+    DP (DP-Adam: the noisy clipped gradient is Adam's input; privacy is the gradient's, the
+    optimiser is post-processing). No symmetry augmentation: DP-SGD clips each example's
+    gradient as sampled. The seed is the station's secret: the noise drawn from a seed the
+    server knew could be subtracted.
+    """
+    # Imported here: Opacus takes seconds to load, and queries, evaluations and rounds
+    # without DP-SGD never need it.
+    from fedge.party import private_round
+
+    done = private_round.train_round(
+        model,
+        examples.x,
+        examples.y,
+        spec=privacy,
+        ledger_path=ledger_path(station.data_dir),
+        job=job,
+        server_round=server_round,
+        epochs=settings.epochs,
+        lr=settings.lr,
+        batch_size=settings.batch_size,
+        seed=secrets.randbits(62),
+        optimizer="adam",
+        max_seconds=settings.max_seconds,
+        threads=settings.threads,
+    )
+    _report_spent(station, privacy)
+    planned_steps = settings.epochs * math.ceil(len(examples) / settings.batch_size)
+    steps = done.release.steps
+    result = trainer.TrainResult(done.loss, done.seconds, steps, steps < planned_steps)
+    return result, done.metrics()
+
+
+def _report_spent(station: Station, privacy: PrivacySpec) -> None:
+    """Leave the station's lifetime epsilon (at its lifetime delta) for its agent to send
+    up (:mod:`fedge.party.privacy_status`). Only a report: a failure is logged, not raised."""
+    from fedge.party.budget import BudgetLedger
+
+    try:
+        ledger = BudgetLedger(ledger_path(station.data_dir))
+        try:
+            _, delta = ledger.lifetime()
+            epsilon = ledger.spent(None, delta=delta, accountant=privacy.accountant)
+        finally:
+            ledger.close()
+        write_spent(station.data_dir, SpentEpsilon(epsilon, delta, time.time()))
+    except (OSError, PartyError) as exc:
+        log.warning("station %s: could not report the epsilon spent: %s", station.edge, exc)
 
 
 def evaluate_round(
@@ -160,7 +262,8 @@ def _items(station: Station) -> tuple[list[Any], list[Any]]:
 
 # ---------------------------------------------------------------- the Flower adapter
 
-app = ClientApp()
+# SecAgg+ rounds reach the app through Flower's secaggplus_mod (fedge.party.secagg).
+app = ClientApp(mods=[secagg_mod])
 
 
 @app.train()
@@ -169,7 +272,8 @@ def train(msg: Message, context: Context) -> Message:
     station = Station.from_node_config(context.node_config)
     config = round_config(msg)
     spec = model_spec(config)
-    arrays, metrics = train_round(station, spec, global_arrays(msg), config)
+    job = round_job(config, msg.metadata.run_id)
+    arrays, metrics = train_round(station, spec, global_arrays(msg), config, job=job)
     content = RecordDict({ARRAYS_KEY: arrays, METRICS_KEY: MetricRecord(dict(metrics))})
     return Message(content=content, reply_to=msg)
 
@@ -200,6 +304,16 @@ def query(msg: Message, context: Context) -> Message:
         }
     )
     return Message(content=content, reply_to=msg)
+
+
+def round_job(config: ConfigRecord, run_id: int) -> str:
+    """The job a round is accounted to: the config's ``job-id``, else Flower's run id."""
+    job = config.get(JOB_ID_KEY)
+    if job is None:
+        return f"flwr-run-{run_id}"
+    if not isinstance(job, str) or not job.strip():
+        raise PartyError(f"config[{JOB_ID_KEY!r}] must be the job's id, got {job!r}")
+    return job
 
 
 def model_spec(config: ConfigRecord) -> ModelSpec:

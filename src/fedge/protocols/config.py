@@ -5,6 +5,7 @@ monotonic version, never a patch, so an edge that was offline converges from the
 copy alone (see ../shared/research/edge-fleet-protocols.md, section 0).
 """
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -33,6 +34,27 @@ class TrainingPolicy:
 
 
 @dataclass(frozen=True)
+class PrivacyBudget:
+    """A station's lifetime differential-privacy bound (operator-set, issue 12).
+
+    Every job's DP-SGD rounds on the station together may spend at most ``epsilon`` at
+    ``delta``; the station's ClientApp refuses a round that would go past it. The agent
+    keeps it in the station's budget ledger, beside the epsilon already spent.
+    """
+
+    epsilon: float
+    delta: float = 1e-3
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.epsilon) and self.epsilon > 0):
+            raise ValidationError(
+                f"privacy.epsilon must be a finite number > 0, got {self.epsilon!r}"
+            )
+        if not (math.isfinite(self.delta) and 0 < self.delta < 1):
+            raise ValidationError(f"privacy.delta must be in (0, 1), got {self.delta!r}")
+
+
+@dataclass(frozen=True)
 class EdgeConfig:
     """What an edge should run with. Thresholds apply to the score of the positive class(es)."""
 
@@ -52,6 +74,9 @@ class EdgeConfig:
     # rollout moves model and thresholds together. An edge serving another model applies
     # that model's recommended thresholds (its manifest) when it has them, else these.
     model: str | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # Optional extension: the station's lifetime privacy budget (None: no lifetime bound;
+    # each job's own target still holds). An agent without it refuses such a config.
+    privacy: PrivacyBudget | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
