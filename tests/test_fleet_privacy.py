@@ -29,12 +29,12 @@ from fedge.edge_manager.registry import TrainableSource
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.models.inspection import export_onnx, new_model
-from fedge.party import accounting
 from fedge.party.budget import BudgetLedger
 from fedge.party.dataset import Retention, StationData
 from fedge.party.families import state_arrays, weights_bytes
-from fedge.party.privacy import is_budget_exhausted
 from fedge.party.privacy_status import LEDGER_FILE
+from fedge.privacy import accounting
+from fedge.privacy.settings import is_budget_exhausted
 from fedge.protocols.config import PrivacyBudget, TrainingPolicy
 from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images

@@ -12,9 +12,11 @@ Every package has one base class that derives from :class:`FedgeError`::
     ├── edge_agent.errors.AgentError       the device side (config, model swap, inference)
     ├── aggregator.job_dir.JobError        a job cannot start, resume or halt, or it failed
     │   └── superlink.SuperLinkError        the fleet's SuperLink process would not run
-    └── party.errors.PartyError            a party cannot train: its data or model family
-        ├── StationDataError                kept images or labels missing, unsafe, unreadable
-        └── FamilyError                     unknown model family, weights that do not fit
+    ├── party.errors.PartyError            a party cannot train: its data or model family
+    │   ├── StationDataError                kept images or labels missing, unsafe, unreadable
+    │   └── FamilyError                     unknown model family, weights that do not fit
+    └── privacy.settings.PrivacyError      a privacy setting or budget forbids what was asked
+        └── BudgetExhaustedError            a round would spend past a job's or lifetime epsilon
 
 Third-party errors are translated at the adapter that calls the library
 (``raise ModelLoadError(...) from exc``); only the CLI turns errors into exit codes.

@@ -30,7 +30,7 @@ from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.bench import secagg_apps
 from fedge.bench.secagg_apps import examples_of, local_accuracy_of, party_update, secagg_app
-from fedge.party.privacy import PrivacyError, PrivacySpec
+from fedge.privacy.settings import PrivacyError, PrivacySpec
 from fedge.sim.flower_backend import launch_simulation
 from fedge.sim.grid import InProcessGrid
 

@@ -9,15 +9,15 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from torch import nn
 
-from fedge.party.accounting import (
+from fedge.party.dp_sgd import train_private
+from fedge.privacy.accounting import (
     RDP_ORDERS,
     DpRelease,
     _planned_noise,
     epsilon_spent,
     plan_round,
 )
-from fedge.party.dp_sgd import train_private
-from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
+from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 
 DELTA = 1e-3
 

@@ -9,9 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from fedge.party.accounting import DpRelease, epsilon_spent, plan_round
 from fedge.party.budget import BudgetLedger
-from fedge.party.privacy import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
+from fedge.privacy.accounting import epsilon_spent, plan_round
+from fedge.privacy.settings import (
+    BudgetExhaustedError,
+    DpRelease,
+    PrivacyError,
+    PrivacyMode,
+    PrivacySpec,
+)
 
 DELTA = 1e-3
 ROUND = DpRelease(noise_multiplier=1.0, sample_rate=0.1, steps=20)
@@ -111,7 +117,7 @@ def test_a_release_recorded_before_a_sigkill_is_kept(tmp_path: Path) -> None:
             "-c",
             "import sys, time\n"
             "from pathlib import Path\n"
-            "from fedge.party.accounting import DpRelease\n"
+            "from fedge.privacy.settings import DpRelease\n"
             "from fedge.party.budget import BudgetLedger\n"
             "ledger = BudgetLedger(Path(sys.argv[1]))\n"
             "ledger.record('job', 7, DpRelease(1.0, 0.1, 20))\n"

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
-from fedge.party.accounting import DpRelease, plan_round
 from fedge.party.dp_sgd import train_private, unsupported_layers
-from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
+from fedge.privacy.accounting import plan_round
+from fedge.privacy.settings import DpRelease, PrivacyError, PrivacyMode, PrivacySpec
 
 FEATURES = 20
 

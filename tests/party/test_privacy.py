@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from fedge.party.privacy import (
+from fedge.privacy.settings import (
     BUDGET_EXHAUSTED,
     BudgetExhaustedError,
     PrivacyError,

@@ -18,13 +18,13 @@ from flwr.app import ArrayRecord, ConfigRecord
 from PIL import Image
 
 from fedge.models.inspection import new_model
-from fedge.party import accounting
 from fedge.party.budget import BudgetLedger
 from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
-from fedge.party.privacy import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.party.privacy_status import LEDGER_FILE, read_spent
 from fedge.party.station_app import Station, round_job, train_round
+from fedge.privacy import accounting
+from fedge.privacy.settings import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.model_spec import ModelSpec
 from fedge.sim.defects import CLASSES, make_defect_images
@@ -110,7 +110,7 @@ import sys
 from pathlib import Path
 from flwr.app import ArrayRecord, ConfigRecord
 from fedge.models.inspection import new_model
-from fedge.party.privacy import BudgetExhaustedError
+from fedge.privacy.settings import BudgetExhaustedError
 from fedge.party.station_app import Station, train_round
 from fedge.protocols.model_spec import ModelSpec
 spec = ModelSpec.from_json(sys.argv[2])

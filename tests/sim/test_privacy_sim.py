@@ -20,7 +20,7 @@ from fedge.aggregator.job_dir import LEDGERS, RUNS_DB
 from fedge.aggregator.jobs import job_status
 from fedge.aggregator.run_store import RunStore
 from fedge.party.budget import BudgetLedger
-from fedge.party.privacy import PrivacyMode
+from fedge.privacy.settings import PrivacyMode
 from fedge.sim import runner
 from fedge.sim.job_manifest import parse_manifest
 from fedge.sim.jobs import run_job

@@ -31,8 +31,8 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from fedge.aggregator.replies import NUM_EXAMPLES
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.party.accounting import DpRelease, epsilon_spent
-from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
+from fedge.privacy.accounting import epsilon_spent
+from fedge.privacy.settings import DpRelease, PrivacyError, PrivacyMode, PrivacySpec
 
 
 class CentralDP(DifferentialPrivacyServerSideFixedClipping):

@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import Result
 
 from fedge.aggregator import central_dp, secagg
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.party.privacy import PrivacyError, PrivacyMode
+from fedge.privacy.settings import PrivacyError, PrivacyMode
 
 
 def start_rounds(

@@ -13,7 +13,7 @@ from fedge.aggregator.deadline import DeadlineConfig
 from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.errors import FedgeError
-from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
+from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 
 if TYPE_CHECKING:
     import numpy as np
@@ -40,7 +40,7 @@ _TIERED: dict[str, type | tuple[type, ...]] = {
     "dropout_threshold_s": float,
 }
 _FEDPROX: dict[str, type | tuple[type, ...]] = {"proximal_mu": float}
-# ``[strategies.<name>.privacy]``: DP-SGD, central DP, SecAgg+ (fedge.party.privacy).
+# ``[strategies.<name>.privacy]``: DP-SGD, central DP, SecAgg+ (fedge.privacy.settings).
 _PRIVACY: dict[str, type | tuple[type, ...]] = {"privacy": dict}
 _DISTILL: dict[str, type | tuple[type, ...]] = {
     "tier_archs": list,

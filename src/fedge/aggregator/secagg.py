@@ -39,7 +39,7 @@ from flwr.serverapp.strategy import Result
 from fedge.aggregator.identity import IdentifiedGrid
 from fedge.aggregator.secagg_round import NodeMap, SecAggRound, StageRecorder
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.party.privacy import PrivacyError, PrivacySpec
+from fedge.privacy.settings import PrivacyError, PrivacySpec
 
 DEFAULT_MAX_WEIGHT = 1000.0  # Flower's default: a party's num-examples is scaled by this
 DEFAULT_MODULUS_RANGE = 2**32

@@ -66,7 +66,7 @@ from fedge.aggregator.grids import WrappedGrid
 from fedge.aggregator.replies import Collected, layout, sort_replies
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.party.privacy import PrivacyError
+from fedge.privacy.settings import PrivacyError
 
 if TYPE_CHECKING:
     from fedge.aggregator.secagg import SecAggSettings

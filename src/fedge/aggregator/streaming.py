@@ -47,7 +47,7 @@ from fedge.aggregator.hooks import RoundHooks
 from fedge.aggregator.replies import Collected, fold_reply, weighted_metrics
 from fedge.aggregator.rounds import RoundObserver, RoundRecord
 from fedge.aggregator.settled import Configured, flower_collected, settle_all
-from fedge.party.privacy import PrivacyMode, PrivacySpec, is_budget_exhausted
+from fedge.privacy.settings import PrivacyMode, PrivacySpec, is_budget_exhausted
 
 _Late = stale.LateReply  # the name held replies had here (tests build them directly)
 
@@ -89,7 +89,7 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         self._sent: tuple[ArrayRecord, ...] = ()  # the model(s) sent this round
         self._stream = ReplyStream()  # wall clock: replies still awaited
         self._configured: Configured | None = None  # what configure_train planned
-        # Privacy (fedge.party.privacy): sent to every party in the round config. A party
+        # Privacy (fedge.privacy.settings): sent to every party in the round config. A party
         # that refused for its privacy budget is never asked again (its ledger, where the
         # data is, would refuse every later round too).
         self.privacy = PrivacySpec()

@@ -11,8 +11,9 @@ the two leaves the config unapplied, and the retained copy, offered again, rewri
 same bound. A ledger that cannot be written rejects the config (the operator sees why in
 ``fedge edge show``): a station must not report a budget it cannot enforce.
 
-:mod:`fedge.party.budget` is imported only when there is a bound to write or clear: an
-inference-only station without a budget never opens a ledger. A local rollback, which
+:mod:`fedge.party.budget` needs only the standard library (Opacus is imported when a
+budget is computed, in the ClientApp): an inference-only station can hold a bound, and one
+without a budget never opens a ledger. A local rollback, which
 puts the previous model's config back, leaves the ledger alone: the bound is the
 station's, not a model's, and only a newer signed version changes it.
 """
@@ -24,7 +25,9 @@ from pathlib import Path
 
 from fedge.edge_agent.decisions import ConfigAction, ConfigDecision
 from fedge.edge_agent.errors import AgentError
+from fedge.party.budget import BudgetLedger
 from fedge.party.privacy_status import ledger_path
+from fedge.privacy.settings import PrivacyError
 from fedge.protocols.config import EdgeConfig, PrivacyBudget
 
 Lifetime = tuple[float | None, float]
@@ -49,11 +52,7 @@ def apply_budget(data_dir: Path, budget: PrivacyBudget | None) -> Lifetime | Non
     path = ledger_path(data_dir)
     if budget is None and not path.exists():
         return None  # never bounded: no ledger to create for an inference-only station
-    from fedge.party.errors import PartyError
-
     try:
-        from fedge.party.budget import BudgetLedger
-
         ledger = BudgetLedger(path)
         try:
             change = lifetime_change(ledger.lifetime(), budget)
@@ -62,12 +61,7 @@ def apply_budget(data_dir: Path, budget: PrivacyBudget | None) -> Lifetime | Non
             return change
         finally:
             ledger.close()
-    except ImportError as exc:  # the ledger's module must load on an inference-only install
-        raise BudgetLedgerError(
-            f"this install cannot open the privacy ledger ({exc}); reinstall the agent "
-            "with pip install 'fedge[agent]'"
-        ) from exc
-    except (PartyError, OSError, sqlite3.Error) as exc:
+    except (PrivacyError, OSError, sqlite3.Error) as exc:
         raise BudgetLedgerError(
             f"the privacy budget could not be written to {path}: {exc}; free the disk or "
             "fix the file's permissions, and the config applies when it is offered again"

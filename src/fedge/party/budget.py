@@ -4,7 +4,7 @@ Budgets are enforced where the data is (issue "Privacy"): before a round trains,
 asks :meth:`BudgetLedger.check` whether the round's planned release still fits the job's
 epsilon and the station's lifetime epsilon (from its signed edge config), and after it
 trained it :meth:`~BudgetLedger.record`\\ s what it spent. Both bounds compose the whole
-history with an Opacus accountant (:mod:`fedge.party.accounting`), never by adding
+history with an Opacus accountant (:mod:`fedge.privacy.accounting`), never by adding
 epsilons (which would overstate the cost).
 
 One file per station or simulated party, apart from anything a model reinstall replaces.
@@ -23,8 +23,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedge.party.accounting import DpRelease, epsilon_spent
-from fedge.party.privacy import BudgetExhaustedError, PrivacyError
+from fedge.privacy.settings import BudgetExhaustedError, DpRelease, PrivacyError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS dp_releases (
@@ -113,7 +112,7 @@ class BudgetLedger:
 
     def spent(self, job: str | None = None, *, delta: float, accountant: str = "rdp") -> float:
         """Epsilon at ``delta`` spent in ``job`` (``None``: over the party's lifetime)."""
-        return epsilon_spent(self.history(job), delta, accountant)
+        return _epsilon_spent(self.history(job), delta, accountant)
 
     def check(
         self,
@@ -131,8 +130,8 @@ class BudgetLedger:
         """
         if job_epsilon is not None:
             history = self.history(job)
-            before = epsilon_spent(history, delta, accountant)
-            after = epsilon_spent([*history, release], delta, accountant)
+            before = _epsilon_spent(history, delta, accountant)
+            after = _epsilon_spent([*history, release], delta, accountant)
             if _over(after, job_epsilon):
                 raise BudgetExhaustedError(
                     f"privacy budget of job {job!r} exhausted: this party spent epsilon = "
@@ -144,8 +143,8 @@ class BudgetLedger:
         lifetime_epsilon, lifetime_delta = self.lifetime()
         if lifetime_epsilon is not None:
             history = self.history()
-            before = epsilon_spent(history, lifetime_delta, accountant)
-            after = epsilon_spent([*history, release], lifetime_delta, accountant)
+            before = _epsilon_spent(history, lifetime_delta, accountant)
+            after = _epsilon_spent([*history, release], lifetime_delta, accountant)
             if _over(after, lifetime_epsilon):
                 raise BudgetExhaustedError(
                     f"lifetime privacy budget exhausted: this party spent epsilon = "
@@ -200,3 +199,11 @@ def _over(epsilon: float, bound: float) -> bool:
 def _suggested(after: float, bound: float) -> str:
     """A round-up of what this round needs, for the operator's command line."""
     return f"{max(math.ceil(after * 10) / 10, bound):g}"
+
+
+def _epsilon_spent(history: list[DpRelease], delta: float, accountant: str) -> float:
+    """Opacus' accounting, imported when a budget is computed: the agent writes budgets
+    into the ledger on its inference path, where torch and Opacus are not installed."""
+    from fedge.privacy.accounting import epsilon_spent
+
+    return epsilon_spent(history, delta, accountant)

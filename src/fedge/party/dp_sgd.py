@@ -3,8 +3,10 @@
 DP-SGD (Abadi et al., CCS 2016): every step samples a Poisson batch (each example with
 probability ``q``), clips every example's gradient to ``clipping_norm``, sums them and
 adds Gaussian noise of ``noise_multiplier * clipping_norm`` before the optimiser's step.
-Opacus' ``PrivacyEngine`` does exactly that and records each step in its accountant; what
-it recorded is the round's :class:`~fedge.party.accounting.DpRelease`.
+Opacus' ``GradSampleModule`` computes the per-example gradients and its ``DPOptimizer``
+clips, sums and noises them; the Poisson sampling is ours, on tensors in memory, with
+the rate Opacus' Poisson loader uses (``1 / ceil(n / batch_size)``). The round's
+:class:`~fedge.privacy.settings.DpRelease` is that rate, the noise and the steps taken.
 
 The caller's model is trained in place and handed back clean: Opacus' ``GradSampleModule``
 shares the model's parameters and hooks into its layers, and every hook and per-sample
@@ -14,11 +16,9 @@ exported, or trained again (privately or not).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -30,10 +30,17 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
-from fedge.party.accounting import DpRelease
-from fedge.party.privacy import PrivacyError
+from fedge.privacy.settings import DpRelease, PrivacyError
 
 Optimizer = Literal["sgd", "adam"]
+
+# Two warnings every step would log, silenced for good (a per-call ``catch_warnings`` is not
+# thread-safe, and simulated parties train on threads). Opacus' "Secure RNG turned off":
+# the noise comes from a seeded generator on purpose (see ``train_private``). Torch's
+# "Full backward hook is firing ... no inputs require gradients": the first layer's input
+# is data, and Opacus' hook is right to fire there.
+warnings.filterwarnings("ignore", message="Secure RNG turned off", category=UserWarning)
+warnings.filterwarnings("ignore", message="Full backward hook is firing", category=UserWarning)
 _PARAM_ATTRS = ("grad_sample", "_forward_counter", "_current_grad_sample", "_norm_sample")
 _PARAM_ATTRS_OPTIMIZER = ("summed_grad", "_processed")
 
@@ -104,34 +111,33 @@ def train_private(
         if optimizer == "adam"
         else torch.optim.SGD(model.parameters(), lr=lr)
     )
-    with _quiet_opacus():
-        try:
-            private_model = GradSampleModule(model, batch_first=True, loss_reduction="mean")
-        except (ValueError, NotImplementedError) as exc:
-            model.to(torch.device("cpu"))
-            raise PrivacyError(f"Opacus cannot make this model private: {exc}") from exc
-        private_optimizer = DPOptimizer(
-            base,
-            noise_multiplier=noise_multiplier,
-            max_grad_norm=clipping_norm,
-            expected_batch_size=max(1, int(len(labels) * sample_rate)),
-            loss_reduction="mean",
-            generator=torch.Generator(device=target).manual_seed(seed + 1),
+    try:
+        private_model = GradSampleModule(model, batch_first=True, loss_reduction="mean")
+    except (ValueError, NotImplementedError) as exc:
+        model.to(torch.device("cpu"))
+        raise PrivacyError(f"Opacus cannot make this model private: {exc}") from exc
+    private_optimizer = DPOptimizer(
+        base,
+        noise_multiplier=noise_multiplier,
+        max_grad_norm=clipping_norm,
+        expected_batch_size=max(1, int(len(labels) * sample_rate)),
+        loss_reduction="mean",
+        generator=torch.Generator(device=target).manual_seed(seed + 1),
+    )
+    started = time.perf_counter()
+    deadline = None if max_seconds is None else started + max_seconds
+    try:
+        losses, steps = _epochs(
+            private_model,
+            private_optimizer,
+            (inputs, labels, sample_rate, sampler),
+            epochs * batches,
+            deadline,
         )
-        started = time.perf_counter()
-        deadline = None if max_seconds is None else started + max_seconds
-        try:
-            losses, steps = _epochs(
-                private_model,
-                private_optimizer,
-                (inputs, labels, sample_rate, sampler),
-                epochs * batches,
-                deadline,
-            )
-        finally:
-            _detach(private_model, model)
-            model.to(torch.device("cpu"))
-            model.eval()
+    finally:
+        _detach(private_model, model)
+        model.to(torch.device("cpu"))
+        model.eval()
     return PrivateTraining(
         loss=float(np.mean(losses)) if losses else float("nan"),
         steps=steps,
@@ -167,20 +173,6 @@ def _epochs(
         if deadline is not None and time.perf_counter() >= deadline:
             return losses, step + 1
     return losses, steps
-
-
-@contextlib.contextmanager
-def _quiet_opacus() -> Iterator[None]:
-    """Silence two warnings every round would log. Opacus' "Secure RNG turned off": the
-    noise comes from a seeded generator on purpose (see ``train_private``). Torch's "full
-    backward hook is firing ... no inputs require gradients": the first layer's input is
-    data, Opacus' hook is right to fire there."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="Secure RNG turned off", category=UserWarning)
-        warnings.filterwarnings(
-            "ignore", message="Full backward hook is firing", category=UserWarning
-        )
-        yield
 
 
 def unsupported_layers(model: nn.Module) -> list[str]:

@@ -4,7 +4,7 @@ The order is what makes the budget hold (Abadi et al. 2016 account per step; we 
 per round, which is the same composition):
 
 1. plan the round: the noise for the job's target epsilon over the planned participation
-   (:func:`fedge.party.accounting.plan_round`), or the job's fixed noise;
+   (:func:`fedge.privacy.accounting.plan_round`), or the job's fixed noise;
 2. check the party's ledger: a round that would take the job's or the party's lifetime
    epsilon past its bound is refused *before* training (:class:`BudgetExhaustedError`,
    which Flower turns into an error reply);
@@ -24,9 +24,10 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
-from fedge.party import accounting, dp_sgd
+from fedge.party import dp_sgd
 from fedge.party.budget import BudgetLedger
-from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
+from fedge.privacy import accounting
+from fedge.privacy.settings import DpRelease, PrivacyError, PrivacyMode, PrivacySpec
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,7 @@ class PrivateRound:
 
     loss: float
     seconds: float
-    release: accounting.DpRelease
+    release: DpRelease
     epsilon_round: float  # this round alone
     epsilon_job: float  # every round of this job on this party
     epsilon_total: float  # every job on this party (its lifetime spend)

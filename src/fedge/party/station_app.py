@@ -28,7 +28,7 @@ A train message carries the global model (``"arrays"``) and a ``"config"`` recor
 ``stopped-early``         1 when the round's time cap ended training
 =======================  =================================================================
 
-With ``dp-mode = local`` in the round config (:class:`~fedge.party.privacy.PrivacySpec`)
+With ``dp-mode = local`` in the round config (:class:`~fedge.privacy.settings.PrivacySpec`)
 the round is DP-SGD (:mod:`fedge.party.private_round`): planned for the job's target
 epsilon over ``dp-rounds-per-party`` rounds (the aggregator sends the job's rounds when
 the job sets none; without either, one round: all of the job's epsilon at once, the safe
@@ -37,7 +37,7 @@ epsilon and the lifetime bound from the signed edge config) *before* training, t
 with Opacus, and recorded under ``(job-id, server-round)``. The reply adds
 ``dp-epsilon-round``, ``dp-epsilon-job``, ``dp-epsilon-total``, ``dp-noise-multiplier``,
 ``dp-sample-rate`` and ``dp-steps``. A round past a bound raises
-:class:`~fedge.party.privacy.BudgetExhaustedError` and trains nothing. The job is the
+:class:`~fedge.privacy.settings.BudgetExhaustedError` and trains nothing. The job is the
 config's ``job-id`` (the aggregator's run id, the same across resumes); a ServerApp that
 sends none gets Flower's run id, which a resubmitted run changes: the job's own bound then
 restarts, the lifetime bound does not.
@@ -68,9 +68,9 @@ from fedge.party import families, trainer
 from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
-from fedge.party.privacy import PrivacyMode, PrivacySpec
 from fedge.party.privacy_status import SpentEpsilon, ledger_path, write_spent
 from fedge.party.secagg import secagg_mod
+from fedge.privacy.settings import PrivacyMode, PrivacySpec
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 

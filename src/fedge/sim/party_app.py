@@ -72,8 +72,8 @@ from fedge.models.digits import (
 from fedge.party import private_round
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
-from fedge.party.privacy import PrivacyError, PrivacyMode, PrivacySpec
 from fedge.party.secagg import secagg_mod
+from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 from fedge.sim.data import Partitions, Split, make_partitions
 from fedge.sim.profiles import (
     DeviceProfile,

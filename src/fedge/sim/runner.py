@@ -21,7 +21,7 @@ from fedge.aggregator.driver import start_rounds
 from fedge.aggregator.factory import build_strategy
 from fedge.aggregator.rounds import RoundRecord
 from fedge.models import digits
-from fedge.party.privacy import PrivacyMode
+from fedge.privacy.settings import PrivacyMode
 from fedge.sim.data import Partitions, make_partitions
 from fedge.sim.scenario import Scenario
 

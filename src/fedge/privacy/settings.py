@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Literal
 
-from fedge.party.errors import PartyError
+from fedge.errors import FedgeError
 
 
-class PrivacyError(PartyError):
-    """A privacy setting is unusable: the message names the setting and the bound."""
+class PrivacyError(FedgeError):
+    """A privacy setting or budget forbids what was asked: the message names the setting
+    and the bound (the base of :mod:`fedge.privacy`'s errors)."""
 
 
 class BudgetExhaustedError(PrivacyError):
@@ -236,6 +237,26 @@ _TABLE_FIELDS = frozenset(
         "secagg_quantization_range",
     )
 )
+
+
+@dataclass(frozen=True)
+class DpRelease:
+    """One round's accounted DP-SGD: an Opacus accountant history entry (sigma, q, steps)."""
+
+    noise_multiplier: float
+    sample_rate: float
+    steps: int
+
+    def __post_init__(self) -> None:
+        sigma = self.noise_multiplier
+        if not (math.isfinite(sigma) and sigma > 0):
+            raise PrivacyError(f"a DP release's noise multiplier must be > 0, got {sigma}")
+        if not (math.isfinite(self.sample_rate) and 0 < self.sample_rate <= 1):
+            raise PrivacyError(
+                f"a DP release's sample rate must be in (0, 1], got {self.sample_rate}"
+            )
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
+            raise PrivacyError(f"a DP release's steps must be an integer >= 0, got {self.steps!r}")
 
 
 def is_budget_exhausted(reason: str) -> bool:

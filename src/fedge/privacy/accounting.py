@@ -20,7 +20,6 @@ import functools
 import math
 import warnings
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -28,7 +27,7 @@ from opacus.accountants import PRVAccountant, RDPAccountant
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from opacus.accountants.utils import get_noise_multiplier
 
-from fedge.party.privacy import ACCOUNTANTS, PrivacyError, PrivacySpec
+from fedge.privacy.settings import ACCOUNTANTS, DpRelease, PrivacyError, PrivacySpec
 
 RDP_ORDERS: tuple[float, ...] = (
     *RDPAccountant.DEFAULT_ALPHAS,
@@ -44,26 +43,6 @@ numerical composition takes minutes (sigma 0.3 for 1,000 steps) or fails, and th
 bound, valid for the same mechanism, answers any budget question just as well."""
 
 _OPTIMAL_ORDER_WARNING = "Optimal order is the"
-
-
-@dataclass(frozen=True)
-class DpRelease:
-    """One round's accounted DP-SGD: an Opacus accountant history entry (sigma, q, steps)."""
-
-    noise_multiplier: float
-    sample_rate: float
-    steps: int
-
-    def __post_init__(self) -> None:
-        sigma = self.noise_multiplier
-        if not (math.isfinite(sigma) and sigma > 0):
-            raise PrivacyError(f"a DP release's noise multiplier must be > 0, got {sigma}")
-        if not (math.isfinite(self.sample_rate) and 0 < self.sample_rate <= 1):
-            raise PrivacyError(
-                f"a DP release's sample rate must be in (0, 1], got {self.sample_rate}"
-            )
-        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
-            raise PrivacyError(f"a DP release's steps must be an integer >= 0, got {self.steps!r}")
 
 
 def epsilon_spent(history: Sequence[DpRelease], delta: float, accountant: str = "rdp") -> float:
