@@ -98,13 +98,14 @@ def test_refusal_survives_closing_and_reopening(tmp_path: Path) -> None:
     reopened.close()
 
 
-def test_a_retried_round_is_recorded_once(tmp_path: Path) -> None:
+def test_an_attempt_is_recorded_once_and_every_attempt_counts(tmp_path: Path) -> None:
     ledger = BudgetLedger(tmp_path / "privacy.db")
-    assert ledger.record("job", 4, ROUND)
-    assert not ledger.record("job", 4, DpRelease(2.0, 0.2, 5))
+    assert ledger.record("job", 4, ROUND, attempt="a1")
+    assert not ledger.record("job", 4, DpRelease(2.0, 0.2, 5), attempt="a1")
+    assert ledger.record("job", 4, ROUND, attempt="a2")  # trained again after a crash
     assert ledger.record("job", 5, ROUND)
     assert ledger.record("other-job", 4, ROUND)
-    assert ledger.history("job") == [ROUND, ROUND]
+    assert ledger.history("job") == [ROUND, ROUND, ROUND]
     with pytest.raises(PrivacyError, match="needs its job's id"):
         ledger.record("", 1, ROUND)
 
@@ -141,7 +142,7 @@ def test_a_release_recorded_before_a_sigkill_is_kept(tmp_path: Path) -> None:
             child.stdout.close()
     ledger = BudgetLedger(path)
     assert ledger.history() == [ROUND]
-    assert not ledger.record("job", 7, ROUND)  # the retried round is not counted twice
+    assert not ledger.record("job", 7, ROUND)  # the same attempt is not counted twice
     ledger.close()
 
 

@@ -9,8 +9,9 @@ epsilons (which would overstate the cost).
 
 One file per station or simulated party, apart from anything a model reinstall replaces.
 WAL with ``synchronous=FULL``: a release is on disk before ``record`` returns, so a SIGKILL
-right after training cannot forget it. Releases are keyed ``(job, server_round)``: a round
-retried after a crash is recorded once.
+right after training cannot forget it. Releases are keyed ``(job, server_round, attempt)``:
+a round trained again after a crash is a second release and counted as one (its first
+update may have reached the server); the same attempt recorded twice counts once.
 """
 
 from __future__ import annotations
@@ -27,13 +28,20 @@ from fedge.privacy.settings import BudgetExhaustedError, DpRelease, PrivacyError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS dp_releases (
-    job TEXT NOT NULL, server_round INTEGER NOT NULL,
+    job TEXT NOT NULL, server_round INTEGER NOT NULL, attempt TEXT NOT NULL DEFAULT '',
     noise_multiplier REAL NOT NULL, sample_rate REAL NOT NULL, steps INTEGER NOT NULL,
-    recorded_at REAL NOT NULL, PRIMARY KEY (job, server_round));
+    recorded_at REAL NOT NULL, PRIMARY KEY (job, server_round, attempt));
 CREATE TABLE IF NOT EXISTS dp_lifetime (
     id INTEGER PRIMARY KEY CHECK (id = 1), epsilon REAL, delta REAL NOT NULL);
 """
-_RELEASE_COLUMNS = {"job", "server_round", "noise_multiplier", "sample_rate", "steps"}
+_RELEASE_COLUMNS = {
+    "job",
+    "server_round",
+    "attempt",
+    "noise_multiplier",
+    "sample_rate",
+    "steps",
+}
 
 DEFAULT_LIFETIME_DELTA = 1e-3
 RELATIVE_TOLERANCE = 1e-6
@@ -155,18 +163,26 @@ class BudgetLedger:
                     "(more epsilon is less privacy for this station's images)"
                 )
 
-    def record(self, job: str, server_round: int, release: DpRelease) -> bool:
-        """Record a round's release; ``False`` if that round was recorded already."""
+    def record(
+        self, job: str, server_round: int, release: DpRelease, *, attempt: str = ""
+    ) -> bool:
+        """Record a training's release; ``False`` if that attempt was recorded already.
+
+        Every training of a round is its own release: a round retried after a crash may
+        follow one whose update reached the server, so each attempt (its own id, given by
+        the caller) is counted. Recording the same attempt twice counts it once.
+        """
         if not job:
             raise PrivacyError("a DP release needs its job's id, got an empty one")
         with self._transaction() as conn:
             cursor = conn.execute(
-                "INSERT INTO dp_releases (job, server_round, noise_multiplier, sample_rate, "
-                "steps, recorded_at) VALUES (?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (job, server_round) DO NOTHING",
+                "INSERT INTO dp_releases (job, server_round, attempt, noise_multiplier, "
+                "sample_rate, steps, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (job, server_round, attempt) DO NOTHING",
                 (
                     job,
                     server_round,
+                    attempt,
                     release.noise_multiplier,
                     release.sample_rate,
                     release.steps,

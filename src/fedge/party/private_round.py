@@ -9,8 +9,9 @@ per round, which is the same composition):
    epsilon past its bound is refused *before* training (:class:`BudgetExhaustedError`,
    which Flower turns into an error reply);
 3. train with Opacus (:func:`fedge.party.dp_sgd.train_private`);
-4. record the release under ``(job, round)``: a retried round is not counted twice; the
-   steps recorded are the steps actually taken (a time cap may stop training early).
+4. record the release as this training's (``(job, round, attempt)``): a round trained
+   again after a crash is a second release, counted as such; the steps recorded are the
+   steps actually taken (a time cap may stop training early).
 
 Used by the simulated party (:mod:`fedge.sim.party_app`) and the station's ClientApp.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from uuid import uuid4
 
 import numpy as np
 import numpy.typing as npt
@@ -97,7 +99,7 @@ def train_round(
             max_seconds=max_seconds,
             threads=threads,
         )
-        ledger.record(job, server_round, trained.release)
+        ledger.record(job, server_round, trained.release, attempt=uuid4().hex)
         delta, accountant = spec.delta, spec.accountant
         return PrivateRound(
             loss=trained.loss,

@@ -43,9 +43,15 @@ class Curve:
     (DP-SGD), or the station-level epsilon of the released aggregates (central DP);
     empty without privacy."""
 
+    round_wall_s: tuple[float, ...] = ()
+    """Real seconds each round took (training compute and orchestration, not virtual)."""
+
     @property
     def wall_s_per_round(self) -> float:
-        """Real seconds per round (training compute and orchestration, not virtual time)."""
+        """The median real seconds of a round: the first rounds pay one-off costs (imports,
+        warm-up), and the machine is shared, so the median is what a round costs."""
+        if self.round_wall_s:
+            return statistics.median(self.round_wall_s)
         return self.wall_s / max(1, len(self.rounds))
 
     @property
@@ -182,7 +188,13 @@ def drive(
     total = scenario.rounds_for(strategy_name)
     label = f"{strategy_name} seed {seed}"
 
+    round_walls: list[float] = []
+    last = [time.perf_counter()]
+
     def observe(record: RoundRecord) -> None:
+        now = time.perf_counter()
+        round_walls.append(now - last[0])
+        last[0] = now
         records.append(record)
         if progress is not None:
             progress(label, record.server_round, total)
@@ -217,6 +229,7 @@ def drive(
         group_accuracy=group_accuracy(scenario, data, result.arrays, arch=arch),
         wall_s=time.perf_counter() - started,
         rounds=tuple(records),
+        round_wall_s=tuple(round_walls),
         epsilon=spent.curve(records) if strategy.privacy.mode is not PrivacyMode.NONE else (),
     )
 
