@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
+from typer.testing import CliRunner
 
 from fedge.aggregator.central_dp import CentralDP, station_epsilon
 from fedge.aggregator.clock import ClockMode
@@ -19,6 +20,7 @@ from fedge.aggregator.factory import StrategyConfigError, build_strategy
 from fedge.aggregator.job_dir import LEDGERS, RUNS_DB
 from fedge.aggregator.jobs import job_status
 from fedge.aggregator.run_store import RunStore
+from fedge.cli.main import app
 from fedge.party.budget import BudgetLedger
 from fedge.privacy.settings import PrivacyMode
 from fedge.sim import runner
@@ -186,6 +188,11 @@ rounds_per_party = 2
             assert m["dp-epsilon-job"] == pytest.approx(eps, rel=0.02)
     (status,) = job_status(job)
     assert [r["rounds"] for r in status.privacy] and status.privacy[0]["epsilon_job"] > 0
+    shown = CliRunner().invoke(app, ["aggregator", "status", "--dir", str(job)])
+    assert shown.exit_code == 0, shown.output
+    assert "privacy spent" in shown.output
+    first = status.privacy[0]
+    assert f"{first['epsilon_job']:.3f}" in shown.output
 
 
 def test_secagg_with_dp_sgd_runs_tiered_rounds_on_the_simulated_fleet(scenario: object) -> None:
