@@ -19,12 +19,8 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from fedge.models.digits import accuracy, make_model, model_bytes, to_arrays
 from fedge.sim.data import make_partitions
-from fedge.sim.party_app import (
-    EVALUATE_METRICS,
-    TRAIN_METRICS,
-    PartyConfigError,
-    app,
-)
+from fedge.sim.party_app import EVALUATE_METRICS, TRAIN_METRICS, app
+from fedge.sim.party_inputs import PartyConfigError
 from fedge.sim.profiles import (
     PartyDroppedOutError,
     PartyUnavailableError,

@@ -201,8 +201,8 @@ def _train(
     from fedge.models import digits
     from fedge.sim.data import make_partitions
     from fedge.sim.grid import InProcessGrid
-    from fedge.sim.party_app import PRIVACY_DIR_KEY
     from fedge.sim.party_app import app as client_app
+    from fedge.sim.party_inputs import PRIVACY_DIR_KEY
     from fedge.sim.runner import evaluator, train_config
 
     scenario = manifest.scenario

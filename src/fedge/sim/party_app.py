@@ -22,6 +22,13 @@ A train reply carries ``"arrays"`` (the trained model) and ``"metrics"``:
 ``partition-id``    which party answered (int)
 ==================  =========================================================================
 
+With ``dp-mode = "local"`` in the round config the party trains with DP-SGD instead
+(:mod:`fedge.party.private_round`: plain SGD steps become Opacus' clipped and noised
+ones), checks and records each round in its ledger under ``run_config["privacy-dir"]``,
+refuses a round past its budget (``BudgetExhaustedError``, an error reply), and adds
+``dp-epsilon-round``, ``dp-epsilon-job``, ``dp-epsilon-total``, ``dp-noise-multiplier``,
+``dp-sample-rate`` and ``dp-steps`` to its metrics.
+
 The compute part of ``virtual-time-s`` scales with the trained arch's parameter count
 relative to ``"mlp"`` (``device.seconds_per_example`` is for ``"mlp"``).
 
@@ -44,7 +51,6 @@ from __future__ import annotations
 
 import functools
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -70,22 +76,27 @@ from fedge.models.digits import (
     train_local,
 )
 from fedge.party import private_round
-from fedge.party.errors import PartyError
-from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
+from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays
 from fedge.party.secagg import secagg_mod
-from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
-from fedge.sim.data import Partitions, Split, make_partitions
+from fedge.privacy.settings import PrivacyMode
+from fedge.sim.party_inputs import (
+    PRIVACY_DIR_KEY,
+    Party,
+    PartyConfigError,
+    RoundSettings,
+    as_float,
+    as_int,
+    party_from_context,
+    round_settings,
+)
 from fedge.sim.profiles import (
-    DeviceProfile,
     PartyDroppedOutError,
     PartyUnavailableError,
     drops_out,
     is_available,
-    profiles_for,
     round_rng,
     virtual_round_time,
 )
-from fedge.sim.scenario import Scenario, load_scenario
 
 TRAIN_METRICS = (
     "num-examples",
@@ -98,120 +109,8 @@ TRAIN_METRICS = (
 EVALUATE_METRICS = ("eval-loss", "eval-acc", "num-examples")
 PARTITION_ID_KEY = "partition-id"
 DELAY_KEY = "delay-s"
-PRIVACY_DIR_KEY = "privacy-dir"
-"""run_config key: where each party keeps its DP-SGD ledger (``party-<id>.db``)."""
 
 _TRAIN_SEED_STREAM = 7
-
-
-class PartyConfigError(PartyError):
-    """The run config, node config or round config given to a party is unusable."""
-
-
-# ---------------------------------------------------------------- typed inputs
-
-
-@dataclass(frozen=True)
-class Party:
-    """One party of one run: its scenario, seed, data and device."""
-
-    scenario: Scenario
-    seed: int
-    partition_id: int
-    partitions: Partitions
-    profile: DeviceProfile
-    privacy_dir: str = ""
-
-    @property
-    def train_data(self) -> Split:
-        return self.partitions.parties[self.partition_id]
-
-    @property
-    def validation_data(self) -> Split:
-        return self.partitions.validation[self.partition_id]
-
-
-@dataclass(frozen=True)
-class RoundSettings:
-    """What one round asks of a party (the round config over the scenario's defaults)."""
-
-    server_round: int
-    arch: str
-    lr: float
-    local_epochs: int
-    batch_size: int
-    proximal_mu: float
-    privacy: PrivacySpec = field(default_factory=PrivacySpec)
-    job: str = ""
-
-
-def party_from_context(context: Context) -> Party:
-    """Resolve the party a Flower ``Context`` describes (scenario and data are cached)."""
-    scenario_ref = context.run_config.get("scenario")
-    if not isinstance(scenario_ref, str) or not scenario_ref:
-        raise PartyConfigError(
-            f"run_config['scenario'] must name a scenario or a path to one, got {scenario_ref!r}"
-        )
-    seed = _as_int(context.run_config.get("seed"), "run_config['seed']", minimum=0)
-    partition_id = _as_int(
-        context.node_config.get("partition-id"), "node_config['partition-id']", minimum=0
-    )
-    scenario = _scenario(scenario_ref)
-    parties = scenario.fleet.parties
-    if "num-partitions" in context.node_config:
-        declared = _as_int(
-            context.node_config["num-partitions"], "node_config['num-partitions']", minimum=1
-        )
-        if declared != parties:
-            raise PartyConfigError(
-                f"node_config['num-partitions'] is {declared} but scenario "
-                f"{scenario.name!r} has fleet.parties = {parties}; start the simulation "
-                f"with {parties} supernodes"
-            )
-    if partition_id >= parties:
-        raise PartyConfigError(
-            f"node_config['partition-id'] must be < fleet.parties ({parties}), got {partition_id}"
-        )
-    return Party(
-        scenario=scenario,
-        seed=seed,
-        partition_id=partition_id,
-        partitions=make_partitions(scenario, seed),
-        profile=profiles_for(scenario, seed)[partition_id],
-        privacy_dir=str(context.run_config.get(PRIVACY_DIR_KEY, "")),
-    )
-
-
-def round_settings(message: Message, scenario: Scenario) -> RoundSettings:
-    """The round's settings: ``config`` values where given, the scenario's otherwise."""
-    config = round_config(message)
-    defaults = scenario.training
-    server_round = config.get("server-round")
-    if server_round is None and message.metadata.group_id.isdigit():
-        server_round = int(message.metadata.group_id)
-    arch = config.get("arch", defaults.arch)
-    if not isinstance(arch, str) or not arch:
-        raise PartyConfigError(f"config['arch'] must be a non-empty string, got {arch!r}")
-    try:
-        privacy = PrivacySpec.from_config(config)
-    except PrivacyError as exc:
-        raise PartyConfigError(str(exc)) from exc
-    return RoundSettings(
-        privacy=privacy,
-        job=str(config.get("job-id", "")),
-        server_round=_as_int(server_round, "config['server-round']", minimum=0),
-        arch=arch,
-        lr=_as_float(config.get("lr", defaults.lr), "config['lr']"),
-        local_epochs=_as_int(
-            config.get("local-epochs", defaults.local_epochs), "config['local-epochs']", minimum=1
-        ),
-        batch_size=_as_int(
-            config.get("batch-size", defaults.batch_size), "config['batch-size']", minimum=1
-        ),
-        proximal_mu=_as_float(
-            config.get("proximal-mu", defaults.proximal_mu), "config['proximal-mu']", zero_ok=True
-        ),
-    )
 
 
 # ---------------------------------------------------------------- the work itself
@@ -362,7 +261,7 @@ def query(msg: Message, context: Context) -> Message:
     A Grid whose node ids carry no meaning (Flower's runtimes draw them at random) asks
     every node once and orders the fleet by partition id (``PartitionOrderedGrid``).
     """
-    partition_id = _as_int(
+    partition_id = as_int(
         context.node_config.get("partition-id"), "node_config['partition-id']", minimum=0
     )
     content = RecordDict({METRICS_KEY: MetricRecord({PARTITION_ID_KEY: partition_id})})
@@ -380,7 +279,7 @@ def _deployment_delay_s(context: Context) -> float:
     """
     if DELAY_KEY not in context.node_config:
         return 0.0
-    return _as_float(context.node_config[DELAY_KEY], f"node_config['{DELAY_KEY}']", zero_ok=True)
+    return as_float(context.node_config[DELAY_KEY], f"node_config['{DELAY_KEY}']", zero_ok=True)
 
 
 REFERENCE_ARCH = "mlp"
@@ -392,11 +291,6 @@ def _reference_parameters() -> int:
     return count_parameters(make_model(REFERENCE_ARCH))
 
 
-@functools.lru_cache(maxsize=8)
-def _scenario(name_or_path: str) -> Scenario:
-    return load_scenario(name_or_path)
-
-
 def _metric_record(metrics: dict[str, int | float]) -> MetricRecord:
     values: dict[str, MetricRecordValues] = dict(metrics)
     return MetricRecord(values)
@@ -405,23 +299,3 @@ def _metric_record(metrics: dict[str, int | float]) -> MetricRecord:
 def _train_seed(seed: int, partition_id: int, server_round: int) -> int:
     rng = np.random.default_rng([seed, partition_id, server_round, _TRAIN_SEED_STREAM])
     return int(rng.integers(2**31))
-
-
-def _as_int(value: object, name: str, *, minimum: int) -> int:
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
-        value = int(value)
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise PartyConfigError(f"{name} must be an integer, got {value!r}")
-    if value < minimum:
-        raise PartyConfigError(f"{name} must be >= {minimum}, got {value}")
-    return value
-
-
-def _as_float(value: object, name: str, *, zero_ok: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise PartyConfigError(f"{name} must be a number, got {value!r}")
-    number = float(value)
-    if not np.isfinite(number) or number < 0 or (number == 0 and not zero_ok):
-        bound = ">= 0" if zero_ok else "> 0"
-        raise PartyConfigError(f"{name} must be {bound}, got {value!r}")
-    return number

@@ -1,0 +1,294 @@
+"""SecAgg+ with real SuperNodes: stations train with DP-SGD and only their masked sum leaves.
+
+Real processes: the fleet's SuperLink, one ``flower-supernode`` per station started by the
+agent's own supervisor (:mod:`fedge.edge_agent.supervisor`) on the station's data
+directory, each running the station's ClientApp behind ``secagg_mod``, and fedge's fleet
+ServerApp submitted with ``flwr run``. The job asks for DP-SGD with SecAgg+
+(``[privacy] mode = "local"``, ``secagg = true``).
+
+What the server received is recorded inside the deployed ServerApp: the test writes a
+small ServerApp module into the job's Flower app (``recording_server.py``), which runs
+:func:`fedge.aggregator.fleet_server.run_fleet_job` unchanged on a grid that keeps every
+reply pulled off the SuperLink. No reply holds a model array: each station's update
+arrives only as SecAgg+'s masked vector, whose values fill the modulus (the pairwise
+masks) far beyond the quantization range an unmasked update would stay in.
+
+Each ClientApp message starts a process that imports torch, and a SecAgg+ round is four
+messages per station: two stations and one round keep the test near a minute on two
+cores (see the module's report in the test run for the time measured).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from conftest import FleetHome, make_fleet_home
+
+from fedge.aggregator.checkpoint import load_arrays
+from fedge.aggregator.job_spec import ManifestError
+from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.superlink import SuperLink
+from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.federation import fleet_job
+from fedge.federation.prepare import APP_DIR, prepare
+from fedge.edge_manager.registry import TrainableSource
+from fedge.models.inspection import export_onnx, new_model
+from fedge.party.dataset import Retention, StationData
+from fedge.party.families import state_arrays, weights_bytes, weights_from_bytes
+from fedge.protocols.config import TrainingPolicy
+from fedge.protocols.manifest import Preprocess
+from fedge.sim.defects import CLASSES, make_defect_images
+
+pytestmark = pytest.mark.integration
+
+EDGES = ("st-01", "st-02")
+QUANTIZATION_RANGE = 4_194_304  # PrivacySpec's default secagg_quantization_range
+JOB = """
+[job]
+name = "secagg-fleet"
+rounds = 1
+
+[task]
+model = "inspect:1"
+lr = 0.003
+local_epochs = 1
+batch_size = 8
+
+[strategy]
+kind = "fedavg"
+
+[privacy]
+mode = "local"
+epsilon = 8.0
+delta = 0.001
+secagg = true
+secagg_threshold = 2
+
+[federation]
+backend = "fleet"
+fleet = "plant-a"
+edges = "all"
+node_wait_s = 60.0
+round_timeout_s = 120.0
+eval_timeout_s = 120.0
+"""
+
+RECORDING_SERVER = '''
+"""The fleet ServerApp, on a grid that keeps every reply it pulls (test_fleet_secagg)."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedge.aggregator.fleet_server import JOB_DIR_KEY, run_fleet_job
+from fedge.aggregator.grids import WrappedGrid
+
+
+class RecordingGrid(WrappedGrid):
+    def __init__(self, inner, into):
+        super().__init__(inner)
+        self.into = into
+
+    def get_node_ids(self):
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages):
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids):
+        replies = list(self.inner.pull_messages(message_ids))
+        self.into.extend(replies)
+        return replies
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = list(self.inner.send_and_receive(messages, timeout=timeout))
+        self.into.extend(replies)
+        return replies
+
+
+def save(replies, job_dir):
+    summary, blobs = [], {}
+    for index, reply in enumerate(replies):
+        entry = {
+            "type": reply.metadata.message_type,
+            "error": str(reply.error.reason) if reply.has_error() else None,
+            "arrays": {k: len(v) for k, v in reply.content.array_records.items()},
+            "numpy": [],
+        }
+        for name, config in reply.content.config_records.items():
+            for key, value in config.items():
+                for j, blob in enumerate(value if isinstance(value, list) else [value]):
+                    if isinstance(blob, bytes) and blob.startswith(b"\\x93NUMPY"):
+                        blobs[f"{index}-{name}-{key}-{j}"] = blob
+                        entry["numpy"].append(f"{index}-{name}-{key}-{j}")
+        summary.append(entry)
+    (job_dir / "received.json").write_text(json.dumps(summary), encoding="utf-8")
+    np.savez(job_dir / "received.npz", **{k: np.frombuffer(v, np.uint8) for k, v in blobs.items()})
+
+
+app = ServerApp()
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    job_dir = Path(str(context.run_config[JOB_DIR_KEY]))
+    replies = []
+    try:
+        run_fleet_job(RecordingGrid(grid, replies), job_dir)
+    finally:
+        save(replies, job_dir)
+'''
+
+
+
+def png(image: object) -> bytes:
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def keep_labelled_images(data_dir: Path, seed: int, n: int = 16) -> None:
+    data = StationData(data_dir, Retention(holdout_percent=20))
+    images, labels = make_defect_images(n, seed=seed)
+    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+        pid = f"p-{seed}-{index:03d}"
+        data.keep(pid, png(image), ".png", at=time.time() + index)
+        data.label(pid, CLASSES[int(label)], at=float(index))
+    data.close()
+
+
+def publish_trainable(fh: FleetHome, tmp_path: Path, edges: tuple[str, ...] = EDGES) -> None:
+    model = new_model(0, width=4)
+    export_onnx(model, tmp_path / "inspect-1.onnx")
+    (tmp_path / "inspect-1.npz").write_bytes(weights_bytes(state_arrays(model)))
+    with fh.fleet() as fleet:
+        fleet.registry.publish(
+            tmp_path / "inspect-1.onnx", name="inspect", version=1, classes=CLASSES,
+            preprocess=Preprocess(image_size=32),
+            trainable=TrainableSource(tmp_path / "inspect-1.npz", "inspection-cnn", {"width": 4}),
+        )  # fmt: skip
+        fleet.set_training(list(edges), TrainingPolicy(enabled=True))
+
+
+def record_what_the_server_receives(job_dir: Path) -> None:
+    """Point the job's Flower app at the recording ServerApp (the rest stays fedge's)."""
+    app = job_dir / APP_DIR
+    (app / "recording_server.py").write_text(RECORDING_SERVER, encoding="utf-8")
+    pyproject = app / "pyproject.toml"
+    text = pyproject.read_text(encoding="utf-8")
+    fleet_server = 'serverapp = "fedge.aggregator.fleet_server:app"'
+    assert fleet_server in text
+    pyproject.write_text(
+        text.replace(fleet_server, 'serverapp = "recording_server:app"'), encoding="utf-8"
+    )
+
+
+def received(job_dir: Path) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    summary: list[dict[str, Any]] = json.loads(
+        (job_dir / "received.json").read_text(encoding="utf-8")
+    )
+    with np.load(job_dir / "received.npz") as blobs:
+        vectors = {k: np.load(io.BytesIO(blobs[k].tobytes())) for k in blobs.files}
+    return summary, vectors
+
+
+@pytest.fixture
+def supervisors() -> Iterator[list[SupernodeSupervisor]]:
+    started: list[SupernodeSupervisor] = []
+    yield started
+    for supervisor in started:
+        supervisor.stop()
+
+
+def start_stations(
+    fh: FleetHome, superlink: SuperLink, supervisors: list[SupernodeSupervisor]
+) -> None:
+    for edge in EDGES:
+        supervisor = SupernodeSupervisor(fh.data_dir(edge) / "supernode")
+        supervisors.append(supervisor)
+        supervisor.start()
+        supervisor.apply(SupernodeSpec(superlink.address, edge, fh.data_dir(edge), 20, 1, 60.0))
+
+
+def test_secagg_with_dp_sgd_across_real_supernodes_only_the_masked_sum_reaches_the_server(
+    tmp_path: Path, supervisors: list[SupernodeSupervisor]
+) -> None:
+    started = time.monotonic()
+    fh = make_fleet_home(tmp_path, edges=EDGES)
+    publish_trainable(fh, tmp_path)
+    for index, edge in enumerate(EDGES):
+        keep_labelled_images(fh.data_dir(edge), seed=80 + index)
+    superlink = SuperLink(tmp_path / "superlink", "127.0.0.1", fh.settings.superlink_port)
+    superlink.start()
+    try:
+        start_stations(fh, superlink, supervisors)
+        manifest = tmp_path / "job.toml"
+        manifest.write_text(JOB, encoding="utf-8")
+        job_dir = tmp_path / "job"
+        prepare(manifest, job_dir, fh.home)
+        record_what_the_server_receives(job_dir)
+        fleet_job.submit(job_dir, superlink.address)
+        result = fleet_job.wait(job_dir, timeout_s=150)
+        assert result.state.value == "completed", result.error
+        print(f"secagg fleet job: {time.monotonic() - started:.1f} s")
+
+        store = RunStore(job_dir / "runs.db")
+        try:
+            run_id = result.run_id
+            (round_1,) = store.rounds(run_id)
+            names = store.party_names(run_id)
+            party_rounds = store.party_metrics(run_id)
+        finally:
+            store.close()
+        # Both stations took part and the round was unmasked.
+        assert sorted(names[p] for p in round_1["on_time"]) == list(EDGES), round_1
+        assert round_1["failed"] == [] and round_1["quorum_met"], round_1
+        # Metrics are not masked: each station's DP-SGD accounting is in the run store.
+        assert sorted(names[r["party"]] for r in party_rounds) == list(EDGES)
+        for row in party_rounds:
+            metrics = row["metrics"]
+            assert 0 < metrics["dp-epsilon-job"] <= 8.0 + 1e-9, metrics
+            assert metrics["dp-steps"] > 0 and metrics["num-examples"] > 0
+        # The model changed.
+        initial = weights_from_bytes((job_dir / "initial.npz").read_bytes())
+        final = load_arrays(job_dir / "final.npz")
+        assert set(final) == set(initial)
+        changed = max(
+            float(np.abs(final[k].astype(np.float64) - initial[k]).max()) for k in initial
+        )
+        assert changed > 1e-4
+
+        # What the deployed ServerApp received: no reply carries a model array ...
+        summary, vectors = received(job_dir)
+        train = [r for r in summary if r["type"] == "train"]
+        assert len(train) == 4 * len(EDGES)  # four SecAgg+ stages, every station answered
+        assert all(r["error"] is None for r in summary), summary
+        for reply in summary:
+            assert all(count == 0 for count in reply["arrays"].values()), reply
+        # ... and each station's update came only as a masked vector: a factor and one
+        # vector per model array, whose values the pairwise masks spread over the modulus.
+        masked = [r for r in train if r["numpy"]]
+        assert len(masked) == len(EDGES)
+        for reply in masked:
+            assert len(reply["numpy"]) == 1 + len(initial)
+            values = np.concatenate([vectors[k].ravel() for k in reply["numpy"]])
+            assert values.max() >= QUANTIZATION_RANGE, "an unmasked quantized update"
+    except BaseException:
+        for log in sorted(tmp_path.rglob("*.log")):
+            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    finally:
+        superlink.stop()
+        fh.close()
