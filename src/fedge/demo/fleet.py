@@ -23,6 +23,7 @@ from rich.progress import Progress
 from fedge.aggregator.superlink import SuperLink
 from fedge.demo.closed_loop import run_closed_loop
 from fedge.demo.learning import run_learning
+from fedge.demo.privacy import run_privacy
 from fedge.demo.report import write_report
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTeacher
 from fedge.edge_manager.enrollment import enroll, managed_broker
@@ -138,6 +139,9 @@ def run_demo(out: Path) -> int:
         if status == 0:
             run.learning = run_learning(out, home, fleet, store, ports, console, _wait)
             run.closed_loop = run_closed_loop(out, home, fleet, store, ports, console, _wait)
+            run.privacy = run_privacy(
+                out, home, fleet, store, sorted(ports), run.learning.published, console, _wait
+            )
             write_report(out, fleet, store, run, console)
     finally:
         for process in processes:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # torch is imported only once training starts
     from torch import nn
 
     from fedge.demo.closed_loop import ClosedLoop
+    from fedge.demo.privacy import PrivacyChapter
     from fedge.models.inspection_student import StudentReport
 
 EDGES = ("st-01", "st-02", "st-03")
@@ -44,3 +45,4 @@ class FleetRun:
     truth: dict[str, str] = dataclasses.field(default_factory=dict)
     learning: Learning | None = None
     closed_loop: ClosedLoop | None = None
+    privacy: PrivacyChapter | None = None
