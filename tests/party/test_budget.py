@@ -179,3 +179,57 @@ def test_a_nonsense_lifetime_bound_is_refused(
         ledger.set_lifetime(epsilon, delta)
     assert ledger.lifetime() == (None, 1e-3)  # nothing changed
     ledger.close()
+
+
+def test_two_trainings_cannot_both_pass_a_check_only_one_fits(tmp_path: Path) -> None:
+    """reserve() checks and records in one transaction: of two racing trainings on one
+    ledger (two jobs, two ClientApp processes) only one gets the last of the budget."""
+    import threading
+
+    path = tmp_path / "privacy.db"
+    one = epsilon_spent([ROUND], DELTA)
+    two = epsilon_spent([ROUND, ROUND], DELTA)
+    setup = BudgetLedger(path)
+    setup.set_lifetime((one + two) / 2, DELTA)  # room for one round, not two
+    setup.close()
+    outcomes: list[str] = []
+    start = threading.Barrier(2)
+
+    def train(job: str) -> None:
+        ledger = BudgetLedger(path)  # its own connection, as a second process would have
+        try:
+            start.wait()
+            ledger.reserve(job, 1, ROUND, attempt=job, job_epsilon=None, delta=DELTA)
+            outcomes.append("trained")
+        except BudgetExhaustedError:
+            outcomes.append("refused")
+        finally:
+            ledger.close()
+
+    threads = [threading.Thread(target=train, args=(f"job-{i}",)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert sorted(outcomes) == ["refused", "trained"]
+    check = BudgetLedger(path)
+    try:
+        assert check.spent(None, delta=DELTA) == pytest.approx(one, rel=1e-12)
+    finally:
+        check.close()
+
+
+def test_a_reservation_is_settled_to_what_training_took_or_cancelled(tmp_path: Path) -> None:
+    ledger = BudgetLedger(tmp_path / "privacy.db")
+    try:
+        ledger.reserve("job", 1, ROUND, attempt="a", job_epsilon=None, delta=DELTA)
+        shorter = DpRelease(ROUND.noise_multiplier, ROUND.sample_rate, 5)  # stopped early
+        ledger.settle("job", 1, "a", shorter)
+        assert ledger.history("job") == [shorter]
+        ledger.reserve("job", 2, ROUND, attempt="b", job_epsilon=None, delta=DELTA)
+        ledger.cancel("job", 2, "b")  # training failed: nothing left the party
+        assert ledger.history("job") == [shorter]
+        with pytest.raises(PrivacyError, match="needs its job's id"):
+            ledger.reserve("", 3, ROUND, attempt="c", job_epsilon=None, delta=DELTA)
+    finally:
+        ledger.close()

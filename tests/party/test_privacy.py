@@ -144,3 +144,22 @@ def test_a_refusal_for_budget_is_recognised_in_a_reply_reason() -> None:
     reason = f"{BUDGET_EXHAUSTED}: lifetime privacy budget exhausted"
     assert is_budget_exhausted(reason)
     assert not is_budget_exhausted("StationDataError: no labelled training images")
+
+
+@pytest.mark.parametrize(
+    ("table", "field"),
+    [
+        ({"epsilon": 8.0}, "epsilon"),  # forgot mode = "local": would train without DP
+        ({"mode": "none", "clipping_norm": 2.0}, "clipping_norm"),
+        ({"mode": "central", "noise_multiplier": 1.0, "rounds_per_party": 3}, "rounds_per_party"),
+        ({"mode": "local", "epsilon": 8.0, "secagg_threshold": 2}, "secagg_threshold"),
+    ],
+)
+def test_a_setting_the_mode_ignores_is_refused(table: dict[str, object], field: str) -> None:
+    with pytest.raises(PrivacyError, match=f"privacy.{field} has no effect"):
+        PrivacySpec.from_table(table)
+
+
+def test_the_quantization_range_is_whole() -> None:
+    with pytest.raises(PrivacyError, match="whole number"):
+        PrivacySpec.from_table({"secagg": True, "secagg_quantization_range": 4.5})

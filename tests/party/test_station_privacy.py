@@ -194,3 +194,25 @@ def test_a_round_without_dp_trains_as_before_and_touches_no_ledger(tmp_path: Pat
     _, metrics = train_round(station, SPEC, arrays(), ConfigRecord({"local-epochs": 1}))
     assert not any(key.startswith("dp-") for key in metrics)
     assert not (tmp_path / LEDGER_FILE).exists()
+
+
+def test_a_station_with_a_lifetime_bound_trains_only_with_dp_sgd(tmp_path: Path) -> None:
+    """A job without DP-SGD (or with central DP, where the server sees the raw update)
+    would release an update the station's ledger cannot account: refused before training."""
+    station = station_with(tmp_path, 12)
+    ledger = ledger_of(station)
+    try:
+        ledger.set_lifetime(8.0, 1e-3)
+    finally:
+        ledger.close()
+    central = PrivacySpec(mode=PrivacyMode.CENTRAL, noise_multiplier=1.0)
+    for config in (ConfigRecord({"local-epochs": 1}), dp_config(1, central)):
+        with pytest.raises(BudgetExhaustedError, match="trains only with DP-SGD"):
+            train_round(station, SPEC, arrays(), config, job=JOB)
+    ledger = ledger_of(station)
+    try:
+        assert ledger.history() == []  # nothing trained, nothing spent
+    finally:
+        ledger.close()
+    _, metrics = train_round(station, SPEC, arrays(), dp_config(1), job=JOB)
+    assert metrics["dp-epsilon-round"] > 0  # DP-SGD still trains

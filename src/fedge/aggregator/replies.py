@@ -16,7 +16,7 @@ state -- shared by the collect loops (:mod:`fedge.aggregator.collect`) and by
 
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -24,6 +24,7 @@ from flwr.app import Array, ArrayRecord, Message
 
 from fedge.aggregator.clock import VIRTUAL_TIME_KEY
 from fedge.aggregator.fold import StreamingMean
+from fedge.privacy.settings import is_budget_exhausted
 
 NUM_EXAMPLES = "num-examples"
 FAILURE_REASON_CHARS = 300  # a failure's reason is kept in round records: keep it short
@@ -43,9 +44,14 @@ class Collected:
     replies: dict[int, Message]
     arrivals: dict[int, float | None]
     failures: dict[int, str]
+    exhausted: set[int] = field(default_factory=set)
+    """Failed parties that refused for their privacy budget: told by the whole reason,
+    before it is cut (Ray puts hundreds of characters ahead of the exception's class)."""
 
     def fail(self, node: int, reason: str) -> None:
         self.arrivals[node] = None
+        if is_budget_exhausted(reason):
+            self.exhausted.add(node)
         self.failures[node] = reason[:FAILURE_REASON_CHARS]
 
 

@@ -47,7 +47,7 @@ from fedge.aggregator.hooks import RoundHooks
 from fedge.aggregator.replies import Collected, fold_reply, weighted_metrics
 from fedge.aggregator.rounds import RoundObserver, RoundRecord
 from fedge.aggregator.settled import Configured, flower_collected, settle_all
-from fedge.privacy.settings import PrivacyMode, PrivacySpec, is_budget_exhausted
+from fedge.privacy.settings import PrivacyMode, PrivacySpec
 
 _Late = stale.LateReply  # the name held replies had here (tests build them directly)
 
@@ -95,6 +95,9 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         self.privacy = PrivacySpec()
         self.job_id = ""
         self.exhausted: set[int] = set()
+        # Central DP (fedge.aggregator.central_dp): each released round's effective noise
+        # multiplier, kept in checkpoints so a resumed job accounts what it really spent.
+        self.central_releases: dict[int, float] = {}
 
     # -- state for checkpoints
 
@@ -104,6 +107,7 @@ class StreamingFedAvg(RoundHooks, FedAvg):
             "elapsed_s": self.elapsed_s,
             "profiles": {str(k): dataclasses.asdict(v) for k, v in self.profiles.items()},
             "exhausted": sorted(self.exhausted),
+            "central_releases": {str(k): v for k, v in sorted(self.central_releases.items())},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -111,6 +115,8 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         self.elapsed_s = float(state["elapsed_s"])
         self.profiles = {int(k): latency.LatencyProfile(**v) for k, v in state["profiles"].items()}
         self.exhausted = {int(n) for n in state.get("exhausted", [])}
+        releases = state.get("central_releases", {})
+        self.central_releases = {int(k): float(v) for k, v in releases.items()}
 
     def late_replies(self) -> list[stale.HeldTuple]:
         """Late replies held for staleness folding: (arrays, weight, origin round, group).
@@ -345,7 +351,7 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         """What every round ends with, whatever it folded: the new model, profiles, clock,
         record, hooks."""
         replies = collected.replies
-        self.exhausted |= {n for n, why in collected.failures.items() if is_budget_exhausted(why)}
+        self.exhausted |= collected.exhausted
         on_time_replies = {n: replies[n] for n in settlement.on_time if n in replies}
         metrics = weighted_metrics(list(on_time_replies.values()))
         new_arrays = self.aggregate(server_round, arrays, folds, metrics)

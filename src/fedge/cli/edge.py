@@ -160,7 +160,9 @@ def set_privacy(
     epsilon: Annotated[
         float | None, typer.Option(help="Lifetime epsilon: every job's DP rounds together.")
     ] = None,
-    delta: Annotated[float, typer.Option(help="The delta the epsilon is for, in (0, 1).")] = 1e-3,
+    delta: Annotated[
+        float | None, typer.Option(help="The delta the epsilon is for, in (0, 1) [default: 1e-3].")
+    ] = None,
     clear: Annotated[
         bool, typer.Option("--clear", help="Remove the lifetime bound (jobs' targets still hold).")
     ] = False,
@@ -175,6 +177,9 @@ def set_privacy(
     """
     if clear == (epsilon is not None):
         raise typer.BadParameter("give --epsilon (with --delta) or --clear", param_hint="--epsilon")
+    if clear and delta is not None:
+        raise typer.BadParameter("--clear removes the bound: give no --delta", param_hint="--delta")
+    delta = 1e-3 if delta is None else delta
     _, fleet = open_fleet(home)
     edges = fleet.edges() if edge == "all" else [edge]
     state = "no lifetime bound" if clear else f"lifetime epsilon {epsilon:g} at delta {delta:g}"

@@ -1,17 +1,21 @@
 """A party's privacy ledger: the DP releases it made, per job and for its lifetime (SQLite).
 
 Budgets are enforced where the data is (issue "Privacy"): before a round trains, the party
-asks :meth:`BudgetLedger.check` whether the round's planned release still fits the job's
-epsilon and the station's lifetime epsilon (from its signed edge config), and after it
-trained it :meth:`~BudgetLedger.record`\\ s what it spent. Both bounds compose the whole
-history with an Opacus accountant (:mod:`fedge.privacy.accounting`), never by adding
-epsilons (which would overstate the cost).
+:meth:`~BudgetLedger.reserve`\\ s the round's planned release -- checked against the job's
+epsilon and the station's lifetime epsilon (from its signed edge config) and recorded in
+one transaction -- then :meth:`~BudgetLedger.settle`\\ s it to what training took, or
+:meth:`~BudgetLedger.cancel`\\ s it when training failed and nothing left the party. Both
+bounds compose the whole history with an Opacus accountant
+(:mod:`fedge.privacy.accounting`), never by adding epsilons (which would overstate the
+cost). Opacus is imported only when a bound is computed: the agent writes budgets here on
+its inference path, without torch.
 
 One file per station or simulated party, apart from anything a model reinstall replaces.
-WAL with ``synchronous=FULL``: a release is on disk before ``record`` returns, so a SIGKILL
-right after training cannot forget it. Releases are keyed ``(job, server_round, attempt)``:
-a round trained again after a crash is a second release and counted as one (its first
-update may have reached the server); the same attempt recorded twice counts once.
+WAL with ``synchronous=FULL``: the reservation is on disk before training starts, so a
+party killed while training keeps the planned release counted. Releases are keyed
+``(job, server_round, attempt)``: a round trained again after a crash is a second release
+and counted as one (its first update may have reached the server); the same attempt
+recorded twice counts once.
 """
 
 from __future__ import annotations
@@ -97,26 +101,15 @@ class BudgetLedger:
 
     def lifetime(self) -> tuple[float | None, float]:
         """(epsilon or ``None`` for no bound, delta)."""
-        with self._lock:
-            row = self._conn.execute(
-                "SELECT epsilon, delta FROM dp_lifetime WHERE id = 1"
-            ).fetchone()
-        if row is None:
-            return None, DEFAULT_LIFETIME_DELTA
-        return (None if row[0] is None else float(row[0])), float(row[1])
+        with self._lock, self._sqlite_errors():
+            return _lifetime(self._conn)
 
     # -- releases
 
     def history(self, job: str | None = None) -> list[DpRelease]:
         """The releases of ``job`` (``None``: of every job), in the order they were made."""
-        query = "SELECT noise_multiplier, sample_rate, steps FROM dp_releases"
-        params: tuple[str, ...] = ()
-        if job is not None:
-            query += " WHERE job = ?"
-            params = (job,)
-        with self._lock:
-            rows = self._conn.execute(query + " ORDER BY rowid", params).fetchall()
-        return [DpRelease(float(sigma), float(q), int(steps)) for sigma, q, steps in rows]
+        with self._lock, self._sqlite_errors():
+            return _history(self._conn, job)
 
     def spent(self, job: str | None = None, *, delta: float, accountant: str = "rdp") -> float:
         """Epsilon at ``delta`` spent in ``job`` (``None``: over the party's lifetime)."""
@@ -134,38 +127,69 @@ class BudgetLedger:
         """Raise :class:`BudgetExhaustedError` if ``release`` would overspend a bound.
 
         The job's bound composes this job's releases at the job's ``delta``; the lifetime
-        bound composes every job's releases at the lifetime delta.
+        bound composes every job's releases at the lifetime delta. A party about to train
+        uses :meth:`reserve`, which checks and records in one transaction.
         """
-        if job_epsilon is not None:
-            history = self.history(job)
-            before = _epsilon_spent(history, delta, accountant)
-            after = _epsilon_spent([*history, release], delta, accountant)
-            if _over(after, job_epsilon):
-                raise BudgetExhaustedError(
-                    f"privacy budget of job {job!r} exhausted: this party spent epsilon = "
-                    f"{before:.4g} (delta = {delta:g}) in the job and this round would make "
-                    f"it {after:.4g}, above the job's epsilon = {job_epsilon:g}; it does not "
-                    "train again in this job (a new job, or one with a larger "
-                    "privacy.epsilon or fewer rounds_per_party, can use it)"
-                )
-        lifetime_epsilon, lifetime_delta = self.lifetime()
-        if lifetime_epsilon is not None:
-            history = self.history()
-            before = _epsilon_spent(history, lifetime_delta, accountant)
-            after = _epsilon_spent([*history, release], lifetime_delta, accountant)
-            if _over(after, lifetime_epsilon):
-                raise BudgetExhaustedError(
-                    f"lifetime privacy budget exhausted: this party spent epsilon = "
-                    f"{before:.4g} (delta = {lifetime_delta:g}) over all jobs and this round "
-                    f"would make it {after:.4g}, above its lifetime epsilon = "
-                    f"{lifetime_epsilon:g}; an operator may raise it with `fedge edge "
-                    f"set-privacy EDGE --epsilon {_suggested(after, lifetime_epsilon)}` "
-                    "(more epsilon is less privacy for this station's images)"
-                )
+        with self._lock, self._sqlite_errors():
+            job_history, history = _history(self._conn, job), _history(self._conn, None)
+            lifetime = _lifetime(self._conn)
+        _judge(job, release, job_history, history, lifetime, job_epsilon, delta, accountant)
 
-    def record(
-        self, job: str, server_round: int, release: DpRelease, *, attempt: str = ""
-    ) -> bool:
+    def reserve(
+        self,
+        job: str,
+        server_round: int,
+        release: DpRelease,
+        *,
+        attempt: str,
+        job_epsilon: float | None,
+        delta: float,
+        accountant: str = "rdp",
+    ) -> None:
+        """Check ``release`` against both bounds and record it, in one transaction.
+
+        Two trainings on one ledger (two jobs on a station, two ClientApp processes) can
+        never both pass a check only one of them fits: the second waits for the first's
+        commit and sees its release. The planned release stays recorded if the party dies
+        while training (it may have released an update: counted); :meth:`settle` replaces
+        it with what training took, :meth:`cancel` removes it when nothing left the party.
+        """
+        if not job:
+            raise PrivacyError("a DP release needs its job's id, got an empty one")
+        with self._transaction() as conn:
+            job_history, history = _history(conn, job), _history(conn, None)
+            _judge(
+                job, release, job_history, history, _lifetime(conn), job_epsilon, delta, accountant
+            )
+            _insert(conn, job, server_round, attempt, release)
+
+    def settle(self, job: str, server_round: int, attempt: str, release: DpRelease) -> None:
+        """Replace a reserved release with the one training actually made (fewer steps
+        when a time cap stopped it)."""
+        with self._transaction() as conn:
+            conn.execute(
+                "UPDATE dp_releases SET noise_multiplier = ?, sample_rate = ?, steps = ?, "
+                "recorded_at = ? WHERE job = ? AND server_round = ? AND attempt = ?",
+                (
+                    release.noise_multiplier,
+                    release.sample_rate,
+                    release.steps,
+                    time.time(),
+                    job,
+                    server_round,
+                    attempt,
+                ),
+            )
+
+    def cancel(self, job: str, server_round: int, attempt: str) -> None:
+        """Drop a reservation whose training failed: no update left the party."""
+        with self._transaction() as conn:
+            conn.execute(
+                "DELETE FROM dp_releases WHERE job = ? AND server_round = ? AND attempt = ?",
+                (job, server_round, attempt),
+            )
+
+    def record(self, job: str, server_round: int, release: DpRelease, *, attempt: str = "") -> bool:
         """Record a training's release; ``False`` if that attempt was recorded already.
 
         Every training of a round is its own release: a round retried after a crash may
@@ -175,21 +199,7 @@ class BudgetLedger:
         if not job:
             raise PrivacyError("a DP release needs its job's id, got an empty one")
         with self._transaction() as conn:
-            cursor = conn.execute(
-                "INSERT INTO dp_releases (job, server_round, attempt, noise_multiplier, "
-                "sample_rate, steps, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
-                "ON CONFLICT (job, server_round, attempt) DO NOTHING",
-                (
-                    job,
-                    server_round,
-                    attempt,
-                    release.noise_multiplier,
-                    release.sample_rate,
-                    release.steps,
-                    time.time(),
-                ),
-            )
-            return cursor.rowcount == 1
+            return _insert(conn, job, server_round, attempt, release)
 
     def close(self) -> None:
         with self._lock:
@@ -197,8 +207,8 @@ class BudgetLedger:
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        # BEGIN IMMEDIATE: the station's ClientApp and `fedge edge` may share the file.
-        with self._lock:
+        # BEGIN IMMEDIATE: the station's ClientApp and its agent may share the file.
+        with self._lock, self._sqlite_errors():
             self._conn.execute("BEGIN IMMEDIATE")
             try:
                 yield self._conn
@@ -206,6 +216,51 @@ class BudgetLedger:
                 self._conn.execute("ROLLBACK")
                 raise
             self._conn.execute("COMMIT")
+
+    @contextmanager
+    def _sqlite_errors(self) -> Iterator[None]:
+        """SQLite's errors (a ledger locked past the timeout, a full disk) as ours."""
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise PrivacyError(f"the privacy ledger {self.path} failed: {exc}") from exc
+
+
+def _judge(
+    job: str,
+    release: DpRelease,
+    job_history: list[DpRelease],
+    history: list[DpRelease],
+    lifetime: tuple[float | None, float],
+    job_epsilon: float | None,
+    delta: float,
+    accountant: str,
+) -> None:
+    """Raise :class:`BudgetExhaustedError` if ``release`` takes either bound past its limit."""
+    if job_epsilon is not None:
+        before = _epsilon_spent(job_history, delta, accountant)
+        after = _epsilon_spent([*job_history, release], delta, accountant)
+        if _over(after, job_epsilon):
+            raise BudgetExhaustedError(
+                f"privacy budget of job {job!r} exhausted: this party spent epsilon = "
+                f"{before:.4g} (delta = {delta:g}) in the job and this round would make "
+                f"it {after:.4g}, above the job's epsilon = {job_epsilon:g}; it does not "
+                "train again in this job (a new job, or one with a larger "
+                "privacy.epsilon or fewer rounds_per_party, can use it)"
+            )
+    lifetime_epsilon, lifetime_delta = lifetime
+    if lifetime_epsilon is not None:
+        before = _epsilon_spent(history, lifetime_delta, accountant)
+        after = _epsilon_spent([*history, release], lifetime_delta, accountant)
+        if _over(after, lifetime_epsilon):
+            raise BudgetExhaustedError(
+                f"lifetime privacy budget exhausted: this party spent epsilon = "
+                f"{before:.4g} (delta = {lifetime_delta:g}) over all jobs and this round "
+                f"would make it {after:.4g}, above its lifetime epsilon = "
+                f"{lifetime_epsilon:g}; an operator may raise it with `fedge edge "
+                f"set-privacy EDGE --epsilon {_suggested(after, lifetime_epsilon)}` "
+                "(more epsilon is less privacy for this station's images)"
+            )
 
 
 def _over(epsilon: float, bound: float) -> bool:
@@ -223,3 +278,40 @@ def _epsilon_spent(history: list[DpRelease], delta: float, accountant: str) -> f
     from fedge.privacy.accounting import epsilon_spent
 
     return epsilon_spent(history, delta, accountant)
+
+
+def _lifetime(conn: sqlite3.Connection) -> tuple[float | None, float]:
+    row = conn.execute("SELECT epsilon, delta FROM dp_lifetime WHERE id = 1").fetchone()
+    if row is None:
+        return None, DEFAULT_LIFETIME_DELTA
+    return (None if row[0] is None else float(row[0])), float(row[1])
+
+
+def _history(conn: sqlite3.Connection, job: str | None) -> list[DpRelease]:
+    query = "SELECT noise_multiplier, sample_rate, steps FROM dp_releases"
+    params: tuple[str, ...] = ()
+    if job is not None:
+        query += " WHERE job = ?"
+        params = (job,)
+    rows = conn.execute(query + " ORDER BY rowid", params).fetchall()
+    return [DpRelease(float(sigma), float(q), int(steps)) for sigma, q, steps in rows]
+
+
+def _insert(
+    conn: sqlite3.Connection, job: str, server_round: int, attempt: str, release: DpRelease
+) -> bool:
+    cursor = conn.execute(
+        "INSERT INTO dp_releases (job, server_round, attempt, noise_multiplier, "
+        "sample_rate, steps, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
+        "ON CONFLICT (job, server_round, attempt) DO NOTHING",
+        (
+            job,
+            server_round,
+            attempt,
+            release.noise_multiplier,
+            release.sample_rate,
+            release.steps,
+            time.time(),
+        ),
+    )
+    return cursor.rowcount == 1

@@ -81,10 +81,35 @@ def train_private(
     _validate(x, y, epochs, lr, batch_size, noise_multiplier, clipping_norm, optimizer)
     if max_seconds is not None and not max_seconds > 0:
         raise PrivacyError(f"DP-SGD max_seconds must be > 0, got {max_seconds}")
+    if threads is not None and threads < 1:
+        raise PrivacyError(f"DP-SGD threads must be >= 1, got {threads}")
+    # torch's thread count is the process's: set for this training, then put back, so a
+    # simulator's later rounds without DP are not held to it.
+    previous_threads = torch.get_num_threads()
     if threads is not None:
-        if threads < 1:
-            raise PrivacyError(f"DP-SGD threads must be >= 1, got {threads}")
         torch.set_num_threads(threads)
+    try:
+        return _train(
+            model, x, y, epochs, lr, batch_size, noise_multiplier, clipping_norm, seed, optimizer,
+            max_seconds,
+        )  # fmt: skip
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _train(
+    model: nn.Module,
+    x: npt.NDArray[np.floating[Any]],
+    y: npt.NDArray[np.integer[Any]],
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    noise_multiplier: float,
+    clipping_norm: float,
+    seed: int,
+    optimizer: str,
+    max_seconds: float | None,
+) -> PrivateTraining:
     was_training = model.training
     model.train()  # Opacus validates (and trains) a model in training mode
     unsupported = unsupported_layers(model)

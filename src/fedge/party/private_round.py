@@ -5,13 +5,17 @@ per round, which is the same composition):
 
 1. plan the round: the noise for the job's target epsilon over the planned participation
    (:func:`fedge.privacy.accounting.plan_round`), or the job's fixed noise;
-2. check the party's ledger: a round that would take the job's or the party's lifetime
-   epsilon past its bound is refused *before* training (:class:`BudgetExhaustedError`,
-   which Flower turns into an error reply);
+2. reserve the planned release in the party's ledger, checked and recorded in one
+   transaction (two trainings on one ledger cannot both pass a check only one fits): a
+   round that would take the job's or the party's lifetime epsilon past its bound is
+   refused *before* training (:class:`BudgetExhaustedError`, which Flower turns into an
+   error reply);
 3. train with Opacus (:func:`fedge.party.dp_sgd.train_private`);
-4. record the release as this training's (``(job, round, attempt)``): a round trained
-   again after a crash is a second release, counted as such; the steps recorded are the
-   steps actually taken (a time cap may stop training early).
+4. settle the reservation to the release training made (the steps actually taken: a time
+   cap may stop it early), or cancel it if training failed (an error reply releases
+   nothing). Every training is its own ``(job, round, attempt)``: a round trained again
+   after a crash is a second release, counted as such; a party killed mid-training keeps
+   its planned release counted.
 
 Used by the simulated party (:mod:`fedge.sim.party_app`) and the station's ClientApp.
 """
@@ -41,7 +45,7 @@ class PrivateRound:
     release: DpRelease
     epsilon_round: float  # this round alone
     epsilon_job: float  # every round of this job on this party
-    epsilon_total: float  # every job on this party (its lifetime spend)
+    epsilon_total: float  # every job on this party (its lifetime spend, at the lifetime delta)
 
     def metrics(self) -> dict[str, int | float]:
         return {
@@ -81,33 +85,45 @@ def train_round(
         spec, examples=len(y), batch_size=batch_size, epochs=epochs, planned_rounds=planned
     )
     ledger = BudgetLedger(ledger_path)
+    attempt = uuid4().hex
     try:
-        ledger.check(
-            job, release, job_epsilon=spec.epsilon, delta=spec.delta, accountant=spec.accountant
+        ledger.reserve(
+            job,
+            server_round,
+            release,
+            attempt=attempt,
+            job_epsilon=spec.epsilon,
+            delta=spec.delta,
+            accountant=spec.accountant,
         )
-        trained = dp_sgd.train_private(
-            model,
-            x,
-            y,
-            epochs=epochs,
-            lr=lr,
-            batch_size=batch_size,
-            noise_multiplier=release.noise_multiplier,
-            clipping_norm=spec.clipping_norm,
-            seed=seed,
-            optimizer=optimizer,
-            max_seconds=max_seconds,
-            threads=threads,
-        )
-        ledger.record(job, server_round, trained.release, attempt=uuid4().hex)
+        try:
+            trained = dp_sgd.train_private(
+                model,
+                x,
+                y,
+                epochs=epochs,
+                lr=lr,
+                batch_size=batch_size,
+                noise_multiplier=release.noise_multiplier,
+                clipping_norm=spec.clipping_norm,
+                seed=seed,
+                optimizer=optimizer,
+                max_seconds=max_seconds,
+                threads=threads,
+            )
+        except BaseException:
+            ledger.cancel(job, server_round, attempt)  # an error reply: no update left
+            raise
+        ledger.settle(job, server_round, attempt, trained.release)
         delta, accountant = spec.delta, spec.accountant
+        _, lifetime_delta = ledger.lifetime()
         return PrivateRound(
             loss=trained.loss,
             seconds=trained.seconds,
             release=trained.release,
             epsilon_round=accounting.epsilon_spent([trained.release], delta, accountant),
             epsilon_job=ledger.spent(job, delta=delta, accountant=accountant),
-            epsilon_total=ledger.spent(None, delta=delta, accountant=accountant),
+            epsilon_total=ledger.spent(None, delta=lifetime_delta, accountant=accountant),
         )
     finally:
         ledger.close()

@@ -54,6 +54,7 @@ from __future__ import annotations
 import logging
 import math
 import secrets
+import sqlite3
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -65,12 +66,13 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from fedge.party import families, trainer
+from fedge.party.budget import BudgetLedger
 from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
 from fedge.party.privacy_status import SpentEpsilon, ledger_path, write_spent
 from fedge.party.secagg import secagg_mod
-from fedge.privacy.settings import PrivacyMode, PrivacySpec
+from fedge.privacy.settings import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 
@@ -127,6 +129,8 @@ def train_round(
     ``job`` names the job a DP-SGD round is accounted to (:func:`round_job`).
     """
     privacy = PrivacySpec.from_config(config)  # a bad dp- setting: an error reply, no training
+    if privacy.mode is not PrivacyMode.LOCAL:
+        _refuse_unprotected(station, privacy)
     family = families.get_family(spec.family)
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
@@ -222,11 +226,30 @@ def _train_private(
     return result, done.metrics()
 
 
+def _refuse_unprotected(station: Station, privacy: PrivacySpec) -> None:
+    """A station whose operator bounded its privacy spend trains only with DP-SGD: a round
+    without it (or with central DP, where the server sees the raw update) would release
+    an update the ledger cannot account. Refused before training, whatever the job says."""
+    path = ledger_path(station.data_dir)
+    if not path.exists():
+        return
+    ledger = BudgetLedger(path)
+    try:
+        bound, _ = ledger.lifetime()
+    finally:
+        ledger.close()
+    if bound is not None:
+        raise BudgetExhaustedError(
+            f"station {station.edge} has a lifetime privacy budget (epsilon {bound:g}) and "
+            f"trains only with DP-SGD; this round asks for dp-mode {privacy.mode.value!r}. "
+            'Run the job with [privacy] mode = "local", or clear the station\'s budget '
+            f"(`fedge edge set-privacy {station.edge} --clear`)"
+        )
+
+
 def _report_spent(station: Station, privacy: PrivacySpec) -> None:
     """Leave the station's lifetime epsilon (at its lifetime delta) for its agent to send
     up (:mod:`fedge.party.privacy_status`). Only a report: a failure is logged, not raised."""
-    from fedge.party.budget import BudgetLedger
-
     try:
         ledger = BudgetLedger(ledger_path(station.data_dir))
         try:
@@ -235,7 +258,7 @@ def _report_spent(station: Station, privacy: PrivacySpec) -> None:
         finally:
             ledger.close()
         write_spent(station.data_dir, SpentEpsilon(epsilon, delta, time.time()))
-    except (OSError, PartyError) as exc:
+    except (OSError, PartyError, PrivacyError, sqlite3.Error) as exc:
         log.warning("station %s: could not report the epsilon spent: %s", station.edge, exc)
 
 

@@ -15,11 +15,10 @@ the same history.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -42,7 +41,10 @@ PRV_LIMIT = 100.0
 numerical composition takes minutes (sigma 0.3 for 1,000 steps) or fails, and the RDP
 bound, valid for the same mechanism, answers any budget question just as well."""
 
-_OPTIMAL_ORDER_WARNING = "Optimal order is the"
+# Opacus' "optimal order is the smallest/largest alpha" note is advice on tightness, and
+# the orders we account with are fixed (RDP_ORDERS): silenced for good, since a per-call
+# ``catch_warnings`` is not thread-safe (simulated parties account on threads).
+warnings.filterwarnings("ignore", message="Optimal order is the", category=UserWarning)
 
 
 def epsilon_spent(history: Sequence[DpRelease], delta: float, accountant: str = "rdp") -> float:
@@ -97,15 +99,14 @@ def _planned_noise(
     # of a job asks the same question.
     extra = {"alphas": list(RDP_ORDERS)} if accountant == "rdp" else {}
     try:
-        with _quiet_orders():
-            sigma = get_noise_multiplier(
-                target_epsilon=epsilon,
-                target_delta=delta,
-                sample_rate=sample_rate,
-                steps=total_steps,
-                accountant=accountant,
-                **extra,
-            )
+        sigma = get_noise_multiplier(
+            target_epsilon=epsilon,
+            target_delta=delta,
+            sample_rate=sample_rate,
+            steps=total_steps,
+            accountant=accountant,
+            **extra,
+        )
     except (ValueError, RuntimeError, ArithmeticError) as exc:
         raise PrivacyError(
             f"no noise multiplier reaches epsilon = {epsilon:g} at delta = {delta:g} over "
@@ -133,22 +134,21 @@ def _merged(history: Sequence[DpRelease]) -> tuple[tuple[float, float, int], ...
 def _epsilon(entries: tuple[tuple[float, float, int], ...], delta: float, accountant: str) -> float:
     if not entries:
         return 0.0
-    with _quiet_orders():
-        # What RDPAccountant.get_epsilon computes (RDP adds up over steps and entries),
-        # with each (sigma, q)'s per-step RDP cached: a long ledger whose sample rate
-        # changes every round would otherwise cost a quarter second per entry per check.
-        rdp = sum([_unit_rdp(sigma, q) * steps for sigma, q, steps in entries])
-        rdp_epsilon = float(get_privacy_spent(orders=list(RDP_ORDERS), rdp=rdp, delta=delta)[0])
-        if accountant == "rdp" or rdp_epsilon > PRV_LIMIT:
-            return rdp_epsilon
-        prv = PRVAccountant()
-        prv.history = list(entries)
-        try:
-            return float(prv.get_epsilon(delta=delta))
-        except (RuntimeError, ValueError, ArithmeticError):
-            # PRV's discretisation fails for tiny noise; RDP's bound holds for the same
-            # mechanism, so it is a sound (looser) answer.
-            return rdp_epsilon
+    # What RDPAccountant.get_epsilon computes (RDP adds up over steps and entries),
+    # with each (sigma, q)'s per-step RDP cached: a long ledger whose sample rate
+    # changes every round would otherwise cost a quarter second per entry per check.
+    rdp = sum([_unit_rdp(sigma, q) * steps for sigma, q, steps in entries])
+    rdp_epsilon = float(get_privacy_spent(orders=list(RDP_ORDERS), rdp=rdp, delta=delta)[0])
+    if accountant == "rdp" or rdp_epsilon > PRV_LIMIT:
+        return rdp_epsilon
+    prv = PRVAccountant()
+    prv.history = list(entries)
+    try:
+        return float(prv.get_epsilon(delta=delta))
+    except (RuntimeError, ValueError, ArithmeticError):
+        # PRV's discretisation fails for tiny noise; RDP's bound holds for the same
+        # mechanism, so it is a sound (looser) answer.
+        return rdp_epsilon
 
 
 @functools.lru_cache(maxsize=4096)
@@ -160,12 +160,3 @@ def _unit_rdp(sigma: float, sample_rate: float) -> npt.NDArray[np.float64]:
     )
     rdp.setflags(write=False)
     return rdp
-
-
-@contextlib.contextmanager
-def _quiet_orders() -> Iterator[None]:
-    """Silence Opacus' "optimal order is the smallest/largest alpha" note: it is advice
-    on tightness, and the orders we account with are fixed (``RDP_ORDERS``)."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_OPTIMAL_ORDER_WARNING, category=UserWarning)
-        yield

@@ -76,8 +76,9 @@ class PrivacySpec:
     accountant: Accountant = "rdp"
     rounds_per_party: int | None = None
     """Local: rounds each party is planned to train in the job (the noise is planned for
-    them; a party asked more often refuses once its target is spent). ``None``: every
-    round of the job (the conservative plan)."""
+    them; a party asked more often refuses once its target is spent). ``None``: our
+    strategies send every round of the job (the conservative plan); a party that still
+    gets none plans for one round (its budget holds; the job learns little)."""
     secagg: bool = False
     secagg_threshold: float = 0.5
     """SecAgg+'s reconstruction threshold: a share of the round's parties in (0, 1], or
@@ -205,6 +206,12 @@ class PrivacySpec:
         secagg = table.get("secagg", False)
         if not isinstance(secagg, bool):
             raise PrivacyError(f"privacy.secagg must be true or false, got {secagg!r}")
+        _no_idle_fields(table, PrivacyMode(str(mode)), secagg)
+        quantization = table.get("secagg_quantization_range", 4_194_304)
+        if isinstance(quantization, bool) or not isinstance(quantization, int):
+            raise PrivacyError(
+                f"privacy.secagg_quantization_range must be a whole number, got {quantization!r}"
+            )
         return cls(
             mode=PrivacyMode(str(mode)),
             epsilon=_optional_number(table, "epsilon", prefix="privacy."),
@@ -216,9 +223,7 @@ class PrivacySpec:
             secagg=secagg,
             secagg_threshold=_number(table, "secagg_threshold", 0.5, prefix="privacy."),
             secagg_clipping_range=_number(table, "secagg_clipping_range", 8.0, prefix="privacy."),
-            secagg_quantization_range=int(
-                _number(table, "secagg_quantization_range", 4_194_304, prefix="privacy.")
-            ),
+            secagg_quantization_range=quantization,
         )
 
 
@@ -257,6 +262,26 @@ class DpRelease:
             )
         if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps < 0:
             raise PrivacyError(f"a DP release's steps must be an integer >= 0, got {self.steps!r}")
+
+
+_DP_FIELDS = ("epsilon", "delta", "clipping_norm", "noise_multiplier", "accountant")
+_SECAGG_FIELDS = ("secagg_threshold", "secagg_clipping_range", "secagg_quantization_range")
+
+
+def _no_idle_fields(table: Mapping[str, object], mode: PrivacyMode, secagg: bool) -> None:
+    """A setting the chosen mode ignores is an error: ``epsilon = 8`` without ``mode =
+    "local"`` would otherwise train with no privacy at all, silently."""
+    idle: list[tuple[str, str]] = []
+    if mode is PrivacyMode.NONE:
+        fix = 'mode = "none" adds no noise: set mode = "local" (DP-SGD) or "central"'
+        idle += [(f, fix) for f in (*_DP_FIELDS, "rounds_per_party")]
+    if mode is PrivacyMode.CENTRAL:
+        idle += [("rounds_per_party", "central DP accounts every round of the job")]
+    if not secagg:
+        idle += [(f, "secagg is off: set secagg = true") for f in _SECAGG_FIELDS]
+    for name, why in idle:
+        if name in table:
+            raise PrivacyError(f"privacy.{name} has no effect ({why}, or remove it)")
 
 
 def is_budget_exhausted(reason: str) -> bool:

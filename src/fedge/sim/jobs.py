@@ -263,7 +263,7 @@ def _train(
     strategy.observers.append(observe)
     strategy.reply_observers.append(observe_replies)
     # The parties' DP ledgers live in the job directory: a resumed job's parties remember
-    # what they spent (and a round replayed after a kill is not counted twice).
+    # what they spent (a round replayed after a kill is trained again: counted again).
     strategy.job_id = run_id
     grid = InProcessGrid(
         client_app,
