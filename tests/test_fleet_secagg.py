@@ -4,7 +4,10 @@ Real processes: the fleet's SuperLink, one ``flower-supernode`` per station star
 agent's own supervisor (:mod:`fedge.edge_agent.supervisor`) on the station's data
 directory, each running the station's ClientApp behind ``secagg_mod``, and fedge's fleet
 ServerApp submitted with ``flwr run``. The job asks for DP-SGD with SecAgg+
-(``[privacy] mode = "local"``, ``secagg = true``).
+(``[privacy] mode = "local"``, ``secagg = true``, a threshold of two). st-03 is at its
+lifetime privacy budget: it takes part in SecAgg+'s key stages, then refuses to train
+(an error reply at the masked-vector stage, before any training), and the round is
+unmasked with the other two -- a dropout mid-protocol above the threshold.
 
 What the server received is recorded inside the deployed ServerApp: the test writes a
 small ServerApp module into the job's Flower app (``recording_server.py``), which runs
@@ -14,8 +17,12 @@ arrives only as SecAgg+'s masked vector, whose values fill the modulus (the pair
 masks) far beyond the quantization range an unmasked update would stay in.
 
 Each ClientApp message starts a process that imports torch, and a SecAgg+ round is four
-messages per station: two stations and one round keep the test near a minute on two
-cores (see the module's report in the test run for the time measured).
+messages per station: three stations and one round are what a test can afford on two
+cores (the job takes 80-95 s here; stages are paced by the SuperNode's 3 s idle poll and
+a ClientApp process start each). A SuperNode SIGKILLed mid-round would cost a stage
+timeout on top: Flower's SuperLink reports a dead node only once its heartbeat expires
+(30 s interval, patience 2), and the workflow waits for it until then; so the dropout
+here is the refusal, an error reply in the middle of the protocol.
 """
 
 from __future__ import annotations
@@ -29,26 +36,34 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FleetHome, make_fleet_home
+from conftest import FleetHome, make_fleet_home, wait_until
 
 from fedge.aggregator.checkpoint import load_arrays
 from fedge.aggregator.job_spec import ManifestError
 from fedge.aggregator.run_store import RunStore
 from fedge.aggregator.superlink import SuperLink
+from fedge.edge_agent.privacy_budget import apply_budget
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.edge_manager.registry import TrainableSource
 from fedge.federation import fleet_job
 from fedge.federation.prepare import APP_DIR, prepare
-from fedge.edge_manager.registry import TrainableSource
 from fedge.models.inspection import export_onnx, new_model
+from fedge.party.budget import BudgetLedger
 from fedge.party.dataset import Retention, StationData
 from fedge.party.families import state_arrays, weights_bytes, weights_from_bytes
-from fedge.protocols.config import TrainingPolicy
+from fedge.party.privacy_status import LEDGER_FILE
+from fedge.privacy import accounting
+from fedge.privacy.settings import DpRelease, is_budget_exhausted
+from fedge.protocols.config import PrivacyBudget, TrainingPolicy
 from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images
 
 pytestmark = pytest.mark.integration
 
-EDGES = ("st-01", "st-02")
+EDGES = ("st-01", "st-02", "st-03")
+REFUSING = "st-03"  # at its lifetime privacy budget: refuses at SecAgg+'s training stage
+TRAINING = ("st-01", "st-02")
+EARLIER = DpRelease(noise_multiplier=1.0, sample_rate=0.25, steps=8)
 QUANTIZATION_RANGE = 4_194_304  # PrivacySpec's default secagg_quantization_range
 JOB = """
 [job]
@@ -63,6 +78,8 @@ batch_size = 8
 
 [strategy]
 kind = "fedavg"
+[strategy.params]
+quorum_fraction = 0.5
 
 [privacy]
 mode = "local"
@@ -84,6 +101,7 @@ RECORDING_SERVER = '''
 """The fleet ServerApp, on a grid that keeps every reply it pulls (test_fleet_secagg)."""
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -107,33 +125,39 @@ class RecordingGrid(WrappedGrid):
 
     def pull_messages(self, message_ids):
         replies = list(self.inner.pull_messages(message_ids))
-        self.into.extend(replies)
+        self.into.extend((time.time(), r) for r in replies)
         return replies
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = list(self.inner.send_and_receive(messages, timeout=timeout))
-        self.into.extend(replies)
+        self.into.extend((time.time(), r) for r in replies)
         return replies
 
 
 def save(replies, job_dir):
     summary, blobs = [], {}
-    for index, reply in enumerate(replies):
+    for index, (at, reply) in enumerate(replies):
         entry = {
+            "at": at,
             "type": reply.metadata.message_type,
             "error": str(reply.error.reason) if reply.has_error() else None,
-            "arrays": {k: len(v) for k, v in reply.content.array_records.items()},
+            "arrays": {},
             "numpy": [],
         }
+        summary.append(entry)
+        if reply.has_error():  # an error reply has no content
+            continue
+        entry["arrays"] = {k: len(v) for k, v in reply.content.array_records.items()}
         for name, config in reply.content.config_records.items():
             for key, value in config.items():
                 for j, blob in enumerate(value if isinstance(value, list) else [value]):
                     if isinstance(blob, bytes) and blob.startswith(b"\\x93NUMPY"):
                         blobs[f"{index}-{name}-{key}-{j}"] = blob
                         entry["numpy"].append(f"{index}-{name}-{key}-{j}")
-        summary.append(entry)
-    (job_dir / "received.json").write_text(json.dumps(summary), encoding="utf-8")
     np.savez(job_dir / "received.npz", **{k: np.frombuffer(v, np.uint8) for k, v in blobs.items()})
+    # The summary last, whole: the test waits for it (the run ends before this is written).
+    (job_dir / "received.json.tmp").write_text(json.dumps(summary), encoding="utf-8")
+    (job_dir / "received.json.tmp").replace(job_dir / "received.json")
 
 
 app = ServerApp()
@@ -148,7 +172,6 @@ def main(grid: Grid, context: Context) -> None:
     finally:
         save(replies, job_dir)
 '''
-
 
 
 def png(image: object) -> bytes:
@@ -196,6 +219,8 @@ def record_what_the_server_receives(job_dir: Path) -> None:
 
 
 def received(job_dir: Path) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]]:
+    """What the ServerApp pulled off the SuperLink (written as it returns)."""
+    wait_until((job_dir / "received.json").exists, 30, "the ServerApp's record of replies")
     summary: list[dict[str, Any]] = json.loads(
         (job_dir / "received.json").read_text(encoding="utf-8")
     )
@@ -222,7 +247,25 @@ def start_stations(
         supervisor.apply(SupernodeSpec(superlink.address, edge, fh.data_dir(edge), 20, 1, 60.0))
 
 
-def test_secagg_with_dp_sgd_across_real_supernodes_only_the_masked_sum_reaches_the_server(
+def history(data_dir: Path) -> list[DpRelease]:
+    ledger = BudgetLedger(data_dir / LEDGER_FILE)
+    try:
+        return ledger.history()
+    finally:
+        ledger.close()
+
+
+def exhaust_budget(data_dir: Path) -> None:
+    """The station spent its lifetime budget in an earlier job (as its agent records it)."""
+    apply_budget(data_dir, PrivacyBudget(accounting.epsilon_spent([EARLIER], 1e-3), 1e-3))
+    ledger = BudgetLedger(data_dir / LEDGER_FILE)
+    try:
+        ledger.record("an-earlier-job", 1, EARLIER)
+    finally:
+        ledger.close()
+
+
+def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_every_update(
     tmp_path: Path, supervisors: list[SupernodeSupervisor]
 ) -> None:
     started = time.monotonic()
@@ -230,6 +273,7 @@ def test_secagg_with_dp_sgd_across_real_supernodes_only_the_masked_sum_reaches_t
     publish_trainable(fh, tmp_path)
     for index, edge in enumerate(EDGES):
         keep_labelled_images(fh.data_dir(edge), seed=80 + index)
+    exhaust_budget(fh.data_dir(REFUSING))
     superlink = SuperLink(tmp_path / "superlink", "127.0.0.1", fh.settings.superlink_port)
     superlink.start()
     try:
@@ -240,7 +284,7 @@ def test_secagg_with_dp_sgd_across_real_supernodes_only_the_masked_sum_reaches_t
         prepare(manifest, job_dir, fh.home)
         record_what_the_server_receives(job_dir)
         fleet_job.submit(job_dir, superlink.address)
-        result = fleet_job.wait(job_dir, timeout_s=150)
+        result = fleet_job.wait(job_dir, timeout_s=180)
         assert result.state.value == "completed", result.error
         print(f"secagg fleet job: {time.monotonic() - started:.1f} s")
 
@@ -252,35 +296,48 @@ def test_secagg_with_dp_sgd_across_real_supernodes_only_the_masked_sum_reaches_t
             party_rounds = store.party_metrics(run_id)
         finally:
             store.close()
-        # Both stations took part and the round was unmasked.
-        assert sorted(names[p] for p in round_1["on_time"]) == list(EDGES), round_1
-        assert round_1["failed"] == [] and round_1["quorum_met"], round_1
+        party = {edge: p for p, edge in names.items()}
+        # st-03 took part in SecAgg+'s key stages, then refused to train: a dropout whose
+        # masks the others' shares removed; the round was unmasked with the other two.
+        assert sorted(names[p] for p in round_1["on_time"]) == list(TRAINING), round_1
+        assert [names[p] for p in round_1["failed"]] == [REFUSING], round_1
+        reason = round_1["failures"][str(party[REFUSING])]
+        assert "collect_masked_vectors" in reason and is_budget_exhausted(reason), reason
+        assert round_1["quorum_met"], round_1
+        assert history(fh.data_dir(REFUSING)) == [EARLIER]  # nothing trained there
         # Metrics are not masked: each station's DP-SGD accounting is in the run store.
-        assert sorted(names[r["party"]] for r in party_rounds) == list(EDGES)
+        assert sorted(names[r["party"]] for r in party_rounds) == list(TRAINING)
         for row in party_rounds:
-            metrics = row["metrics"]
-            assert 0 < metrics["dp-epsilon-job"] <= 8.0 + 1e-9, metrics
-            assert metrics["dp-steps"] > 0 and metrics["num-examples"] > 0
+            metrics, own = row["metrics"], history(fh.data_dir(names[row["party"]]))
+            assert len(own) == 1 and metrics["dp-steps"] == own[0].steps > 0
+            assert metrics["dp-epsilon-job"] == pytest.approx(
+                accounting.epsilon_spent(own, 1e-3), rel=1e-9
+            )
+            assert 0 < metrics["dp-epsilon-job"] <= 8.0 + 1e-9
         # The model changed.
         initial = weights_from_bytes((job_dir / "initial.npz").read_bytes())
         final = load_arrays(job_dir / "final.npz")
         assert set(final) == set(initial)
         changed = max(
-            float(np.abs(final[k].astype(np.float64) - initial[k]).max()) for k in initial
+            float(np.abs(final[k].astype(np.float64) - initial[k].astype(np.float64)).max())
+            for k in initial
         )
         assert changed > 1e-4
 
         # What the deployed ServerApp received: no reply carries a model array ...
         summary, vectors = received(job_dir)
         train = [r for r in summary if r["type"] == "train"]
-        assert len(train) == 4 * len(EDGES)  # four SecAgg+ stages, every station answered
-        assert all(r["error"] is None for r in summary), summary
+        # four SecAgg+ stages; st-03 answered two, failed the third, was not asked the last
+        assert len(train) == 4 * len(EDGES) - 1
+        errors = [r["error"] for r in summary if r["error"] is not None]
+        assert len(errors) == 1 and is_budget_exhausted(errors[0]), errors
         for reply in summary:
             assert all(count == 0 for count in reply["arrays"].values()), reply
-        # ... and each station's update came only as a masked vector: a factor and one
-        # vector per model array, whose values the pairwise masks spread over the modulus.
+        # ... and each training station's update came only as a masked vector (a factor
+        # and one vector per model array), whose values the pairwise masks spread over the
+        # modulus: an unmasked quantized update stays below the quantization range.
         masked = [r for r in train if r["numpy"]]
-        assert len(masked) == len(EDGES)
+        assert len(masked) == len(TRAINING)
         for reply in masked:
             assert len(reply["numpy"]) == 1 + len(initial)
             values = np.concatenate([vectors[k].ravel() for k in reply["numpy"]])
@@ -291,4 +348,36 @@ def test_secagg_with_dp_sgd_across_real_supernodes_only_the_masked_sum_reaches_t
         raise
     finally:
         superlink.stop()
+        fh.close()
+
+
+def test_a_secagg_threshold_above_the_fleets_stations_is_refused_before_anything_runs(
+    tmp_path: Path,
+) -> None:
+    fh = make_fleet_home(tmp_path, edges=EDGES)
+    try:
+        publish_trainable(fh, tmp_path, edges=TRAINING)  # st-03 does not train
+        manifest = tmp_path / "job.toml"
+        # edges = "all": the two training stations cannot meet a threshold of three.
+        manifest.write_text(JOB.replace("secagg_threshold = 2", "secagg_threshold = 3"))
+        job_dir = tmp_path / "job"
+        with pytest.raises(ManifestError) as refused:
+            prepare(manifest, job_dir, fh.home)
+        message = str(refused.value)
+        assert "privacy.secagg_threshold (3) is more than the 2 parties" in message
+        assert "2 edge(s) of the job have training enabled" in message
+        assert not job_dir.exists()  # no job, nothing submitted, nothing trained
+        # Named explicitly, the same.
+        explicit = JOB.replace('edges = "all"', 'edges = ["st-01", "st-02"]')
+        manifest.write_text(explicit.replace("secagg_threshold = 2", "secagg_threshold = 3"))
+        with pytest.raises(ManifestError, match=r"secagg_threshold \(3\)"):
+            prepare(manifest, job_dir, fh.home)
+        assert not job_dir.exists()
+        # Three training stations meet it (edges = "all" is counted against the fleet).
+        with fh.fleet() as fleet:
+            fleet.set_training([REFUSING], TrainingPolicy(enabled=True))
+        manifest.write_text(JOB.replace("secagg_threshold = 2", "secagg_threshold = 3"))
+        assert prepare(manifest, job_dir, fh.home).name == "secagg-fleet"
+        assert json.loads((job_dir / "parties.json").read_text()).keys() == set(EDGES)
+    finally:
         fh.close()

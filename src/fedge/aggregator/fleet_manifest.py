@@ -224,7 +224,9 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         publish_name=publish_name,
         text=text,
     )
-    validate_strategy(manifest, parties=len(edges) if edges != "all" else 2)
+    # edges = "all": the stations are counted against the fleet by `prepare`, which
+    # validates again; here assume as many as SecAgg+'s threshold asks (at least 2).
+    validate_strategy(manifest, parties=len(edges) if edges != "all" else _least_parties(params))
     check_tier_credits(job.rounds, kind, params, parties=len(edges) if edges != "all" else None)
     return manifest
 
@@ -246,6 +248,15 @@ def validate_strategy(manifest: FleetJobManifest, parties: int) -> None:
         if message.startswith(prefix):
             message = "strategy.params" + message[len(prefix) :]
         raise ManifestError(message) from None
+
+
+def _least_parties(params: dict[str, object]) -> int:
+    """The fewest stations an ``edges = "all"`` job could run with (2, or SecAgg+'s count)."""
+    privacy = params.get("privacy")
+    threshold = privacy.get("secagg_threshold") if isinstance(privacy, dict) else None
+    if isinstance(threshold, int | float) and not isinstance(threshold, bool) and threshold > 2:
+        return int(threshold)
+    return 2
 
 
 def _positive(table: TomlTable, key: str, default: float) -> float:

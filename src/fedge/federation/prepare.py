@@ -15,7 +15,11 @@ import uuid
 from pathlib import Path
 
 from fedge.aggregator.checkpoint import atomic_write_text
-from fedge.aggregator.fleet_manifest import FleetJobManifest, load_fleet_manifest
+from fedge.aggregator.fleet_manifest import (
+    FleetJobManifest,
+    load_fleet_manifest,
+    validate_strategy,
+)
 from fedge.aggregator.fleet_server import INITIAL_WEIGHTS, MODEL_SPEC, PARTIES
 from fedge.aggregator.grids import NODE_ID_BASE
 from fedge.aggregator.job_dir import (
@@ -68,6 +72,13 @@ def prepare(manifest_path: Path, job_dir: Path, home: ManagerHome) -> FleetJobMa
                 f"federation.{key} is {value}, but only {len(edges)} edge(s) of the job "
                 "have training enabled"
             )
+    # The strategy again, now that the stations are counted (e.g. SecAgg+'s threshold).
+    try:
+        validate_strategy(manifest, parties=len(edges))
+    except ManifestError as exc:
+        raise ManifestError(
+            f"{exc} ({len(edges)} edge(s) of the job have training enabled)"
+        ) from None
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / INITIAL_WEIGHTS).write_bytes(weights)
     atomic_write_text(job_dir / MODEL_SPEC, spec.to_json())
