@@ -34,7 +34,7 @@ from fedge.party.dataset import Retention, StationData
 from fedge.party.families import state_arrays, weights_bytes
 from fedge.party.privacy_status import LEDGER_FILE
 from fedge.privacy import accounting
-from fedge.privacy.settings import is_budget_exhausted
+from fedge.privacy.settings import DpRelease, is_budget_exhausted
 from fedge.protocols.config import PrivacyBudget, TrainingPolicy
 from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images
@@ -43,7 +43,7 @@ pytestmark = pytest.mark.integration
 
 EDGES = ("st-01", "st-02")
 EXHAUSTED = "st-02"
-EARLIER = accounting.DpRelease(noise_multiplier=1.0, sample_rate=0.25, steps=8)
+EARLIER = DpRelease(noise_multiplier=1.0, sample_rate=0.25, steps=8)
 JOB = """
 [job]
 name = "dp-fleet"
@@ -106,7 +106,7 @@ def publish_trainable(fh: FleetHome, tmp_path: Path) -> None:
         fleet.set_training(list(EDGES), TrainingPolicy(enabled=True))
 
 
-def history(data_dir: Path) -> list[accounting.DpRelease]:
+def history(data_dir: Path) -> list[DpRelease]:
     """Every release in a station's ledger, over all jobs."""
     ledger = BudgetLedger(data_dir / LEDGER_FILE)
     try:

@@ -117,11 +117,12 @@ def run_fleet_job(grid: Grid, job_dir: Path) -> None:
             store.close()
 
 
-# SecAgg+ scales each station's update by num-examples / max_weight before quantising: a
-# station with more labelled images than this would be clipped. 100,000 kept images is far
-# beyond a station's retention, and at SecAgg+'s default 2**22 quantization levels the
-# weights stay exact to 1 in 40 images.
-FLEET_MAX_WEIGHT = 100_000.0
+# SecAgg+ scales each station's model by num-examples / max_weight before quantising it to
+# 2**22 levels of [-clipping_range, clipping_range]: the larger max_weight, the coarser a
+# small station's values (a 13-image station's worst case is ~0.06 at 100,000). A station
+# keeps at most Retention.max_images (5,000) labelled images by default; one configured to
+# keep more is scaled above 1 (Flower warns) and risks clipping only values beyond 8/ratio.
+FLEET_MAX_WEIGHT = 5_000.0
 
 
 def _drive(
