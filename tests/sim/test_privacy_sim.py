@@ -6,7 +6,6 @@ jobs through ``run_job``/``resume_job`` with their run store.
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -17,15 +16,15 @@ from typer.testing import CliRunner
 from fedge.aggregator.central_dp import CentralDP, station_epsilon
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import StrategyConfigError, build_strategy
-from fedge.aggregator.job_dir import LEDGERS, RUNS_DB
-from fedge.aggregator.jobs import job_status
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.job_dir import LEDGERS, RUNS_DB, JobError
+from fedge.aggregator.jobs import halt_job, job_status
+from fedge.aggregator.run_store import RunState, RunStore
 from fedge.cli.main import app
 from fedge.party.budget import BudgetLedger
-from fedge.privacy.settings import PrivacyMode
+from fedge.privacy.settings import PrivacyMode, PrivacySpec
 from fedge.sim import runner
 from fedge.sim.job_manifest import parse_manifest
-from fedge.sim.jobs import run_job
+from fedge.sim.jobs import resume_job, run_job
 from fedge.sim.scenario import load_scenario, parse_scenario
 
 SCENARIO = """
@@ -207,6 +206,29 @@ def test_secagg_with_dp_sgd_runs_tiered_rounds_on_the_simulated_fleet(scenario: 
     assert curve.final_accuracy > 0.5
 
 
+def test_secagg_carries_on_and_stops_cleanly_as_parties_run_out_of_budget(
+    scenario: object,
+) -> None:
+    """2 planned rounds per party, 7 rounds: tiers shrink below SecAgg+'s threshold and
+    parties refuse mid-protocol; those rounds are lost (recorded, not raised) and the run
+    stops once nobody can train, instead of failing the job."""
+    import dataclasses as dc
+
+    from fedge.sim.scenario import Scenario
+
+    assert isinstance(scenario, Scenario)
+    table = dict(scenario.strategy("secagg-dp"))
+    table["privacy"] = {**dict(table["privacy"]), "rounds_per_party": 2}  # type: ignore[arg-type]
+    short = dc.replace(
+        scenario.with_rounds(7), strategies={**scenario.strategies, "secagg-short": table}
+    )
+    curve = runner.run_one(short, "secagg-short", seed=0)
+    assert 1 <= len(curve.rounds) <= 7
+    refusals = [why for r in curve.rounds for why in r.failures.values()]
+    assert refusals and all("Budget" in why or "SecAgg+" in why for why in refusals), refusals
+    assert max(curve.epsilon) <= 4.0 + 1e-6
+
+
 def test_central_dp_clips_noises_and_accounts_every_released_round(scenario: object) -> None:
     curve = runner.run_one(scenario, "central", seed=0)  # type: ignore[arg-type]
     strategy, _ = build_strategy(
@@ -330,24 +352,131 @@ epsilon = 8.0
         parse_manifest(bad, source="bad", base_dir=tmp_path)
 
 
-def test_a_party_out_of_budget_is_left_out_after_a_checkpoint(scenario: object) -> None:
-    """The exhausted set is strategy state: a resumed job does not ask them again."""
-    strategy, _ = build_strategy(
-        "tiered-dp",
-        scenario.strategy("tiered-dp"),
-        per_round=2,
-        seed=0,  # type: ignore[attr-defined]
-        clock=ClockMode.VIRTUAL,
+def _job(folder: Path, privacy: str, *, rounds: int, params: str = "") -> Path:
+    """A simulated job on the tiny-dp scenario (its parties run DP-SGD for real)."""
+    (folder / "scenario.toml").write_text(SCENARIO)
+    manifest = folder / "job.toml"
+    manifest.write_text(
+        f"""
+[job]
+name = "dp-job"
+rounds = {rounds}
+seed = 0
+[task]
+scenario = "scenario.toml"
+[strategy]
+kind = "tiered"
+[strategy.params]
+tiers = 2
+profiling_rounds = 1
+adaptive = false
+{params}
+[privacy]
+{privacy}
+"""
     )
-    strategy.exhausted = {101, 103}
-    state = strategy.state_dict()
-    fresh, _ = build_strategy(
-        "tiered-dp",
-        scenario.strategy("tiered-dp"),
-        per_round=2,
-        seed=0,  # type: ignore[attr-defined]
-        clock=ClockMode.VIRTUAL,
+    return manifest
+
+
+def test_a_party_out_of_budget_is_not_asked_again_after_a_resume(tmp_path: Path) -> None:
+    """Halt a DP-SGD job after a round in which parties refused for their budget, resume
+    it: the checkpointed strategy remembers them and never asks them again."""
+    job = tmp_path / "job"
+    manifest = _job(tmp_path, 'mode = "local"\nepsilon = 4.0\nrounds_per_party = 2', rounds=6)
+
+    def halt_after_4(done: int, total: int, accuracy: float | None) -> None:
+        if done == 4:
+            assert halt_job(job) is RunState.RUNNING
+
+    assert run_job(manifest, job, progress=halt_after_4).state is RunState.HALTED
+    refused_before_halt = {
+        int(party): row["round"]
+        for row in _rounds(job)
+        for party, why in row["failures"].items()
+        if "BudgetExhaustedError" in why
+    }
+    assert refused_before_halt, [r["failures"] for r in _rounds(job)]
+    resumed = resume_job(job)
+    assert resumed.resumed_from == 4
+    rows = _rounds(job)
+    assert [r["round"] for r in rows][:5] == [1, 2, 3, 4, 5]
+    for party, refused_in in refused_before_halt.items():
+        asked_later = [
+            r["round"] for r in rows if r["round"] > refused_in and party in r["selected"]
+        ]
+        assert asked_later == [], (party, refused_in, asked_later)
+    assert any(r["round"] > 4 for r in rows)  # the resumed job did train on
+
+
+def _rounds(job: Path) -> list[dict[str, object]]:
+    store = RunStore(job / RUNS_DB)
+    try:
+        (run,) = store.runs()
+        return store.rounds(run["run_id"])
+    finally:
+        store.close()
+
+
+def test_a_tier_whose_parties_are_all_out_of_budget_is_never_drawn_again(
+    tmp_path: Path,
+) -> None:
+    """TiFL re-forms its tiers from the parties still able to train: once a whole tier
+    refused, later rounds draw only live tiers (never the dead one, never 'everyone')."""
+    text = SCENARIO.replace("rounds = 5", "rounds = 8").replace(
+        "rounds_per_party = 2", "rounds_per_party = 3"
     )
-    fresh.load_state_dict(state)
-    assert fresh.exhausted == {101, 103}
-    assert dataclasses.replace(fresh.privacy) == strategy.privacy
+    (tmp_path / "scenario.toml").write_text(text)
+    curve = runner.run_one(load_scenario(str(tmp_path / "scenario.toml")), "tiered-dp", seed=0)
+    dead: set[int] = set()
+    whole_tier_round = None
+    for record in curve.rounds:
+        assert set(dead).isdisjoint(record.selected), (record.server_round, dead)
+        if dead:
+            assert record.tier is not None, record
+        refused = {n for n, why in record.failures.items() if "BudgetExhaustedError" in why}
+        if refused and refused == set(record.selected) and whole_tier_round is None:
+            whole_tier_round = record.server_round
+        dead |= refused
+    assert whole_tier_round is not None, [(r.tier, r.selected, r.failures) for r in curve.rounds]
+    later = [r for r in curve.rounds if r.server_round > whole_tier_round]
+    assert later and all(r.on_time for r in later[:1])  # the live tier trained after it
+
+
+def test_central_dp_with_more_rounds_than_its_epsilon_allows_trains_nothing(
+    tmp_path: Path,
+) -> None:
+    """sigma 1.0 for 5 rounds costs a station epsilon of 9.7 > 6: refused at start."""
+    job = tmp_path / "job"
+    manifest = _job(tmp_path, 'mode = "central"\nnoise_multiplier = 1.0\nepsilon = 6.0', rounds=5)
+    with pytest.raises(JobError, match=r"at most 2 rounds, or raise privacy\.noise_multiplier"):
+        run_job(manifest, job)
+    assert _rounds(job) == []
+    (status,) = job_status(job)
+    assert status.state is RunState.FAILED and "5 rounds" in status.error
+
+
+def test_a_central_dp_job_reports_its_station_epsilon(tmp_path: Path) -> None:
+    job = tmp_path / "job"
+    manifest = _job(
+        tmp_path, 'mode = "central"\nnoise_multiplier = 1.0\nclipping_norm = 0.5', rounds=2
+    )
+    assert run_job(manifest, job).state is RunState.COMPLETED
+    rows = _rounds(job)
+    spent = [r["train_metrics"]["dp-epsilon-station"] for r in rows]  # type: ignore[index]
+    spec = PrivacySpec(mode=PrivacyMode.CENTRAL, noise_multiplier=1.0, clipping_norm=0.5)
+    assert spent == [station_epsilon(spec, 1), station_epsilon(spec, 2)]
+    (status,) = job_status(job)
+    assert status.privacy == [
+        {
+            "party": None,
+            "name": "all stations (central DP)",
+            "rounds": 2,
+            "epsilon_job": spent[-1],
+            "epsilon_total": spent[-1],
+            "last_round": 2,
+        }
+    ]
+    shown = CliRunner().invoke(app, ["aggregator", "status", "--dir", str(job)])
+    assert shown.exit_code == 0, shown.output
+    # The name may wrap in an 80-column table: its first words and the epsilon suffice.
+    assert "all stations" in shown.output and f"{spent[-1]:.3f}" in shown.output

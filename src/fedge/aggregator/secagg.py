@@ -31,10 +31,13 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from logging import INFO, WARNING
 
+import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
+from flwr.supercore import log
 
 from fedge.aggregator.identity import IdentifiedGrid
 from fedge.aggregator.secagg_round import NodeMap, SecAggRound, StageRecorder
@@ -216,7 +219,12 @@ def run_secagg(
         initial = evaluate_fn(0, arrays)
         if initial is not None:
             result.evaluate_metrics_serverapp[0] = initial
+    _check_range(initial_arrays, settings)
     for server_round in range(first_round, num_rounds + 1):
+        if not strategy.trainable(grid):
+            log(INFO, "round %d: every party is out of privacy budget; stopping", server_round)
+            break
+        _check_range(arrays, settings, warn_only=True)
         stages = StageRecorder(wire)
         round_ = SecAggRound(
             strategy, grid, nodes, stages, settings, arrays, config, timeout=timeout
@@ -237,6 +245,22 @@ def run_secagg(
             checkpoint_fn(server_round, arrays)
     result.arrays = arrays
     return result
+
+
+def _check_range(arrays: ArrayRecord, settings: SecAggSettings, *, warn_only: bool = False) -> None:
+    """SecAgg+ clips every value a party sends to [-clipping_range, clipping_range], and
+    sends whole models: a model already at the range would be clipped without a word."""
+    peak = max((float(np.max(np.abs(a.numpy()))) for a in arrays.values() if a.numpy().size),
+               default=0.0)  # fmt: skip
+    if peak < settings.clipping_range:
+        return
+    message = (
+        f"the model holds a value of {peak:.4g}, at or beyond SecAgg+'s clipping range "
+        f"({settings.clipping_range:g}): raise privacy.secagg_clipping_range"
+    )
+    if not warn_only:
+        raise PrivacyError(message)
+    log(WARNING, "%s (values beyond it are clipped)", message)
 
 
 def fold_groups_are_plain(strategy: StreamingFedAvg) -> bool:

@@ -27,6 +27,7 @@ import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from logging import WARNING
 from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
@@ -58,6 +59,7 @@ from flwr.server.workflow import SecAggPlusWorkflow
 from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.serverapp import Grid
+from flwr.supercore import log
 
 from fedge.aggregator import deadline as deadlines
 from fedge.aggregator.clock import ClockMode
@@ -178,6 +180,7 @@ class SecAggRound(Strategy):
         self.workflow.collect_timeout = timeout
         self.planned: tuple[deadlines.RoundPlan, int | None] | None = None
         self.outcome: tuple[ArrayRecord, RoundRecord] | None = None
+        self.lost = ""  # why the round could not run at all
 
     def run(self, server_round: int, context: Context) -> tuple[ArrayRecord, RoundRecord]:
         """Run the round's four stages; the new model and the round's record."""
@@ -200,8 +203,16 @@ class SecAggRound(Strategy):
         self, server_round: int, parameters: Parameters, client_manager: ClientManager
     ) -> list[tuple[ClientProxy, FitIns]]:
         plan, tier = self.strategy.plan(server_round, self.grid)
-        self.settings.check_round(len(plan.selected))
         self.planned = (plan, tier)
+        try:
+            self.settings.check_round(len(plan.selected))
+        except PrivacyError as exc:
+            # Checked against per_round before round 1; a tier can still shrink below the
+            # threshold (its parties out of privacy budget): this round is lost, the run
+            # goes on, and every party asked is recorded as failed, saying why.
+            log(WARNING, "round %d: %s", server_round, exc)
+            self.lost = str(exc)
+            return []
         if self.strategy.clock is ClockMode.WALL and plan.deadline_s is not None:
             self.workflow.collect_timeout = plan.deadline_s
         config = self.strategy._round_config_record(server_round, self.config, plan)
@@ -269,6 +280,9 @@ class SecAggRound(Strategy):
             node = shown.get(wire_node)
             if node is not None and node not in metrics:
                 collected.fail(node, reason)
+        if self.lost:
+            for node in plan.selected:
+                collected.fail(node, f"SecAgg+ round not run: {self.lost}")
         arrivals = collected.arrivals
         on_time = tuple(
             sorted((n for n in plan.selected if n in metrics), key=lambda n: arrivals[n] or 0.0)
