@@ -123,7 +123,8 @@ def _train(
         )
     target = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     model.to(target)
-    inputs = torch.from_numpy(np.array(x, dtype=np.float32)).to(target)  # a copy: x may be read-only
+    # Copies: the caller's arrays may be read-only (the simulator caches its partitions).
+    inputs = torch.from_numpy(np.array(x, dtype=np.float32)).to(target)
     labels = torch.from_numpy(np.array(y, dtype=np.int64)).to(target)
     # Opacus' Poisson loader samples each example with probability 1 / (batches per
     # epoch); we sample the same way on tensors already in memory (a DataLoader's
