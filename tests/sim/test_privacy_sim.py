@@ -7,6 +7,7 @@ jobs through ``run_job``/``resume_job`` with their run store.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -256,9 +257,9 @@ def test_central_dp_adds_noise_sized_for_the_round(scenario: object) -> None:
 
     strategy, _ = build_strategy(
         "central",
-        scenario.strategy("central"),
+        scenario.strategy("central"),  # type: ignore[attr-defined]
         per_round=2,
-        seed=0,  # type: ignore[attr-defined]
+        seed=0,
         clock=ClockMode.VIRTUAL,
     )
     wrapper = CentralDP(strategy)
@@ -408,7 +409,7 @@ def test_a_party_out_of_budget_is_not_asked_again_after_a_resume(tmp_path: Path)
     assert any(r["round"] > 4 for r in rows)  # the resumed job did train on
 
 
-def _rounds(job: Path) -> list[dict[str, object]]:
+def _rounds(job: Path) -> list[dict[str, Any]]:
     store = RunStore(job / RUNS_DB)
     try:
         (run,) = store.runs()
@@ -462,7 +463,7 @@ def test_a_central_dp_job_reports_its_station_epsilon(tmp_path: Path) -> None:
     )
     assert run_job(manifest, job).state is RunState.COMPLETED
     rows = _rounds(job)
-    spent = [r["train_metrics"]["dp-epsilon-station"] for r in rows]  # type: ignore[index]
+    spent = [r["train_metrics"]["dp-epsilon-station"] for r in rows]
     spec = PrivacySpec(mode=PrivacyMode.CENTRAL, noise_multiplier=1.0, clipping_norm=0.5)
     assert spent == [station_epsilon(spec, 1), station_epsilon(spec, 2)]
     (status,) = job_status(job)

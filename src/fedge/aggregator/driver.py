@@ -40,8 +40,12 @@ def start_rounds(
     """Run rounds ``first_round..num_rounds``; the central-DP wrapper when one was used.
 
     ``max_weight``: under SecAgg+, at least the largest ``num-examples`` a party reports.
+
+    Raises :class:`PrivacyError` before any training when central DP's rounds would cost
+    more than the job's ``privacy.epsilon``.
     """
     spec = strategy.privacy
+    central_dp.check_rounds(spec, num_rounds)
     if spec.secagg:
         if spec.mode is PrivacyMode.CENTRAL:
             raise PrivacyError(

@@ -87,11 +87,14 @@ def build_strategy(
     seed: int,
     clock: ClockMode,
     proxy_X: "np.ndarray | None" = None,
+    rounds: int | None = None,
 ) -> tuple[StreamingFedAvg, dict[str, float | str]]:
     """The strategy and the extra train config it needs (e.g. FedProx's mu, the arch).
 
     ``proxy_X`` is the server's unlabeled proxy set; kind ``distill`` needs it. When the
     train config carries ``"arch"``, the initial and evaluated model must be that arch.
+    ``rounds``, when known (a job manifest), refuses central DP whose rounds would cost
+    more than its ``privacy.epsilon``; ``start_rounds`` checks it again before training.
     """
     table = f"strategies.{name}"
     kind = str(params.get("kind", name))
@@ -162,6 +165,8 @@ def build_strategy(
     if privacy.mode is PrivacyMode.CENTRAL:
         try:
             central_dp.check_strategy(strategy)
+            if rounds is not None:
+                central_dp.check_rounds(privacy, rounds)
         except PrivacyError as exc:
             raise StrategyConfigError(f"{table}: {exc}") from None
     return strategy, train_config

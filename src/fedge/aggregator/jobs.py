@@ -52,7 +52,8 @@ class RunStatus:
     # Fleet jobs: each station's accuracy on its own held-out images, per round (0: the
     # starting model), as {"round", "party", "accuracy", "examples", "error"} rows.
     evaluations: list[dict[str, Any]] = dataclasses.field(default_factory=list)
-    # Jobs with DP-SGD: each party's rounds trained and epsilon spent (RunStore.privacy_spent).
+    # Jobs with DP-SGD: each party's rounds trained and epsilon spent; central DP: one row
+    # for every station, its released rounds and station epsilon (RunStore.privacy_spent).
     privacy: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:

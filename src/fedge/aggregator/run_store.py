@@ -75,6 +75,11 @@ class PartyEvaluation:
     error: str = ""
 
 
+CENTRAL_DP_ROW = "all stations (central DP)"
+# Train-metric keys central DP (fedge.aggregator.central_dp) puts in each round's record.
+STATION_EPSILON_KEY = "dp-epsilon-station"
+RELEASED_KEY = "dp-released"
+
 _JSON_COLUMNS = (
     "selected",
     "on_time",
@@ -249,8 +254,11 @@ class RunStore:
         """Per party: DP-SGD rounds trained and epsilon spent in this job (newest report).
 
         Rows ``{"party", "name", "rounds", "epsilon_job", "epsilon_total", "last_round"}``;
-        parties that never reported a DP round are left out.
+        parties that never reported a DP round are left out. A central-DP job adds one row
+        first (``party`` None, :data:`CENTRAL_DP_ROW`): the station-level epsilon its
+        released rounds cost every station (:meth:`central_privacy_spent`).
         """
+        central = self.central_privacy_spent(run_id)
         names = self.party_names(run_id)
         spent: dict[int, dict[str, Any]] = {}
         for row in self.party_metrics(run_id):
@@ -267,7 +275,22 @@ class RunStore:
                 metrics.get("dp-epsilon-total", metrics["dp-epsilon-job"])
             )
             entry["last_round"] = int(row["round"])
-        return [spent[p] for p in sorted(spent)]
+        return [*central, *(spent[p] for p in sorted(spent))]
+
+    def central_privacy_spent(self, run_id: str) -> list[dict[str, Any]]:
+        """Central DP's row: rounds released and the station epsilon after the newest round
+        recorded (``dp-epsilon-station`` in the rounds' train metrics); none without."""
+        row: dict[str, Any] | None = None
+        for recorded in self.rounds(run_id):
+            metrics = recorded["train_metrics"]
+            if STATION_EPSILON_KEY not in metrics:
+                continue
+            row = row or {"party": None, "name": CENTRAL_DP_ROW, "rounds": 0, "last_round": 0}
+            row["epsilon_job"] = row["epsilon_total"] = float(metrics[STATION_EPSILON_KEY])
+            if metrics.get(RELEASED_KEY, 1.0):
+                row["rounds"] += 1
+                row["last_round"] = int(recorded["round"])
+        return [] if row is None else [row]
 
     def party_metrics(self, run_id: str) -> list[dict[str, Any]]:
         rows = self.conn.execute(

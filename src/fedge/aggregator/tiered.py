@@ -80,12 +80,24 @@ class TieredFedAvg(StreamingFedAvg):
         if server_round <= self.profiling_rounds:
             everyone = tuple(self.trainable(grid))
             return deadlines.RoundPlan(everyone, len(everyone), self.profiling_deadline_s), None
-        if self.tiers is None or (
-            self.retier_interval
-            and (server_round - self.profiling_rounds) % self.retier_interval == 0
+        if (
+            self.tiers is None
+            or (
+                self.retier_interval
+                and (server_round - self.profiling_rounds) % self.retier_interval == 0
+            )
+            or self._holds_exhausted()
         ):
             self._form_tiers()
         return super().plan(server_round, grid)
+
+    def _holds_exhausted(self) -> bool:
+        """Whether a party out of privacy budget is still in a tier (it refused since the
+        tiers were formed): a tier of such parties would keep its odds and credits and be
+        drawn for nothing. Tiers are formed without them, so this is "exhausted grew"."""
+        if self.tiers is None or not self.exhausted:
+            return False
+        return any(n in self.exhausted for members in self.tiers.members for n in members)
 
     def candidates(
         self, server_round: int, node_ids: Sequence[int]
@@ -106,7 +118,11 @@ class TieredFedAvg(StreamingFedAvg):
         return {node: profile.mean_s for node, profile in self.profiles.items()}
 
     def _form_tiers(self) -> None:
-        latencies = self._latencies()
+        # Only parties that may still train are tiered (TiFL re-tiers from the profiles;
+        # a party out of privacy budget will never reply again).
+        latencies = {n: s for n, s in self._latencies().items() if n not in self.exhausted}
+        if not latencies and self.tiers is not None:
+            return  # nobody left to tier: the loop stops on its own (no trainable party)
         n_tiers = min(self.n_tiers, max(1, len(latencies)))
         self.tiers = tiers.form_tiers(
             latencies, n_tiers, dropout_threshold_s=self.dropout_threshold_s
