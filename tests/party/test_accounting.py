@@ -12,12 +12,11 @@ from torch import nn
 from fedge.party.dp_sgd import train_private
 from fedge.privacy.accounting import (
     RDP_ORDERS,
-    DpRelease,
     _planned_noise,
     epsilon_spent,
     plan_round,
 )
-from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
+from fedge.privacy.settings import DpRelease, PrivacyError, PrivacyMode, PrivacySpec
 
 DELTA = 1e-3
 

@@ -219,7 +219,9 @@ def test_secagg_carries_on_and_stops_cleanly_as_parties_run_out_of_budget(
 
     assert isinstance(scenario, Scenario)
     table = dict(scenario.strategy("secagg-dp"))
-    table["privacy"] = {**dict(table["privacy"]), "rounds_per_party": 2}  # type: ignore[arg-type]
+    privacy = table["privacy"]
+    assert isinstance(privacy, dict)
+    table["privacy"] = {**privacy, "rounds_per_party": 2}
     short = dc.replace(
         scenario.with_rounds(7), strategies={**scenario.strategies, "secagg-short": table}
     )

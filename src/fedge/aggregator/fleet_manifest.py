@@ -241,6 +241,7 @@ def validate_strategy(manifest: FleetJobManifest, parties: int) -> None:
             per_round=max(1, per_round),
             seed=manifest.job.seed,
             clock=ClockMode.WALL,
+            rounds=manifest.job.rounds,  # central DP's epsilon is checked against them
         )
     except StrategyConfigError as exc:
         message = str(exc)

@@ -105,7 +105,7 @@ def layout(record: ArrayRecord) -> Layout:
 
 def model_record(message: Message, key: str) -> ArrayRecord:
     """The reply's model record (``content[key]``, see :func:`decode_arrays`)."""
-    record = message.content[key]
+    record = message.content.get(key)  # a reply without it is malformed: a failed party
     if not isinstance(record, ArrayRecord):
         raise ValueError(f"reply's {key!r} is not an ArrayRecord")
     return record

@@ -261,6 +261,7 @@ def _validate_strategy(strategy: StrategySpec, scenario: Scenario, seed: int) ->
             seed=seed,
             clock=ClockMode.VIRTUAL,
             proxy_X=proxy_X,
+            rounds=scenario.training.rounds,  # the job's: central DP's epsilon is checked
         )
     except StrategyConfigError as exc:
         message = str(exc)
