@@ -47,10 +47,10 @@ import numpy as np
 import numpy.typing as npt
 from flwr.app import ArrayRecord
 
+from fedge.aggregator.errors import AggregatorError
 from fedge.aggregator.job_dir import halt_requested
 from fedge.aggregator.replies import arrays_of, to_array_record
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.errors import FedgeError
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ _NAME = re.compile(r"^round-(\d{6,})\.npz$")
 Arrays = dict[str, npt.NDArray[Any]]
 
 
-class CheckpointError(FedgeError):
+class CheckpointError(AggregatorError):
     """A checkpoint cannot be written, read, or applied."""
 
 

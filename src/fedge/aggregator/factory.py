@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING, Any
 from fedge.aggregator import central_dp
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.deadline import DeadlineConfig
+from fedge.aggregator.errors import AggregatorError
 from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
-from fedge.errors import FedgeError
 from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 
 if TYPE_CHECKING:
@@ -53,7 +53,7 @@ _DISTILL: dict[str, type | tuple[type, ...]] = {
 _ARCH: dict[str, type | tuple[type, ...]] = {"arch": str}
 
 
-class StrategyConfigError(FedgeError):
+class StrategyConfigError(AggregatorError):
     """A strategy table names an unknown kind or parameter, or a bad value."""
 
 

@@ -25,7 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from fedge.errors import FedgeError
+from fedge.aggregator.errors import AggregatorError
 
 JOB_MANIFEST = "job.toml"
 JOB_SCENARIO = "scenario.toml"
@@ -37,7 +37,7 @@ LOCK_FILE = ".lock"
 LOCK_WAIT_S = 2.0  # a `status` probing the lock holds it for an instant
 
 
-class JobError(FedgeError):
+class JobError(AggregatorError):
     """A job cannot be started, resumed or halted, or it failed while running."""
 
 

@@ -9,12 +9,12 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedge.errors import FedgeError
+from fedge.aggregator.errors import AggregatorError
 
 JOB_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class ManifestError(FedgeError):
+class ManifestError(AggregatorError):
     """A job manifest is missing, malformed, or holds a bad value (the field is named)."""
 
 

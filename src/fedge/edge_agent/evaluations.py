@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 
 from fedge.edge_agent import deployer, runtime, scoring
-from fedge.edge_agent.errors import DeployError, InferenceError
+from fedge.edge_agent.errors import AgentError, DeployError, InferenceError
 from fedge.edge_agent.images import decode_for
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
@@ -74,7 +74,7 @@ REPORT_MAX_BYTES = codec.DEFAULT_MAX_BYTES - 4096
 BATCH = 32
 
 
-class EvaluationFailed(Exception):
+class EvaluationFailed(AgentError):
     """The evaluation cannot be done; reported as ``failed`` with ``tag: detail``."""
 
     def __init__(self, tag: str, detail: str) -> None:

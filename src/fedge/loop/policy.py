@@ -16,7 +16,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 
-from fedge.errors import FedgeError
+from fedge.loop.errors import LoopError
 
 # Alert kinds the monitor raises (edge_manager/monitor.py); "drift" names both drifts.
 ALERT_KINDS = frozenset({"input_drift", "score_drift", "accuracy_estimate"})
@@ -24,7 +24,7 @@ ALERT_GROUPS = {"drift": frozenset({"input_drift", "score_drift"})}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class LoopPolicyError(FedgeError):
+class LoopPolicyError(LoopError):
     """A continuous-training policy that cannot be used (the message says which part)."""
 
 

@@ -22,13 +22,13 @@ import torch
 from flwr.app import ArrayRecord
 from torch import nn
 
-from fedge.errors import FedgeError
+from fedge.models.errors import ModelsError
 
 N_FEATURES = 64
 N_CLASSES = 10
 
 
-class ModelError(FedgeError):
+class ModelError(ModelsError):
     """An unknown architecture, or arrays that do not fit the model."""
 
 

@@ -33,8 +33,8 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedge.errors import FedgeError
 from fedge.models.digits import N_CLASSES, N_FEATURES
+from fedge.models.errors import ModelsError
 
 INPUT_NAME = "input"
 OUTPUT_NAME = "probs"
@@ -47,11 +47,11 @@ TeacherFn = Callable[[torch.Tensor], torch.Tensor]
 Teacher = TeacherFn | nn.Module | Sequence[nn.Module]
 
 
-class ProxyError(FedgeError, ValueError):
+class ProxyError(ModelsError, ValueError):
     """The proxy (transfer) set cannot be used for distillation."""
 
 
-class DistillExportError(FedgeError):
+class DistillExportError(ModelsError):
     """The student's ONNX export failed or disagrees with torch."""
 
 

@@ -22,9 +22,9 @@ import torch
 from torch import nn
 
 from fedge.edge_manager.registry import PublishedModel, Registry
-from fedge.errors import FedgeError
 from fedge.models import digits
 from fedge.models.distill import ExportCheck, check_proxy, distill, export_student_onnx
+from fedge.models.errors import ModelsError
 from fedge.protocols.manifest import Lineage
 from fedge.sim.data import Partitions, Split, make_partitions
 from fedge.sim.scenario import Scenario
@@ -50,7 +50,7 @@ TEMPERATURE = 4.0
 _TEACHER_FORMAT = "fedge-teacher/1"
 
 
-class TeacherError(FedgeError):
+class TeacherError(ModelsError):
     """A teacher file cannot be read, or a teacher spec is neither a file nor an arch."""
 
 

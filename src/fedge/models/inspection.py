@@ -19,7 +19,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedge.errors import FedgeError
+from fedge.models.errors import ModelsError
 
 INPUT_NAME = "image"
 OUTPUT_NAME = "probs"
@@ -31,7 +31,7 @@ _LEARNING_RATE = 3e-3
 _VERIFY_TOLERANCE = 1e-4
 
 
-class ModelExportError(FedgeError):
+class ModelExportError(ModelsError):
     """The ONNX export failed or its output disagrees with the torch model."""
 
 

@@ -32,9 +32,9 @@ import torch
 from torch import nn
 
 from fedge.edge_manager.registry import PublishedModel, Registry
-from fedge.errors import FedgeError
 from fedge.models.digits import count_parameters
 from fedge.models.distill import DistillStats, check_proxy, distill
+from fedge.models.errors import ModelsError
 from fedge.models.inspection import (
     IMAGE_SIZE,
     INPUT_NAME,
@@ -55,7 +55,7 @@ PROXY_IMAGES = 6000
 """Unlabeled generated images to distil on (see :class:`StudentSettings` for why)."""
 
 
-class TeacherModelError(FedgeError):
+class TeacherModelError(ModelsError):
     """A model file cannot serve as the inspection teacher (unreadable, or not image -> probs)."""
 
 

@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 from PIL import Image, UnidentifiedImageError
 
+from fedge.party.errors import PartyError
 from fedge.protocols.manifest import Preprocess
 
 MAX_IMAGE_BYTES = 32 * 1024 * 1024
@@ -27,8 +28,11 @@ _RESAMPLE = {
 }
 
 
-class ImageError(ValueError):
-    """The bytes are not a readable image, or too large (callers translate it)."""
+class ImageError(PartyError, ValueError):
+    """The bytes are not a readable image, or too large (callers translate it).
+
+    Also a ValueError, so code that caught it as one still does.
+    """
 
 
 def prepare(data: bytes | Path, spec: Preprocess) -> npt.NDArray[np.float32]:

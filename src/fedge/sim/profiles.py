@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fedge.errors import FedgeError
+from fedge.sim.errors import SimError
 from fedge.sim.scenario import DeviceSpec, FleetSpec, Scenario
 
 # The last entry of every per-round RNG key, so the three decisions are independent.
@@ -29,7 +29,7 @@ _AVAILABILITY_STREAM, _DROPOUT_STREAM, _JITTER_STREAM = range(3)
 _SPEED_STREAM = 1_000  # per-fleet lognormal speeds (not per round)
 
 
-class SimulatedFailure(FedgeError):
+class SimulatedFailure(SimError):
     """A simulated party did not complete its round (the failure is part of the experiment)."""
 
 

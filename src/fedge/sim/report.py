@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedge.errors import FedgeError
+from fedge.sim.errors import SimError
 from fedge.sim.runner import Comparison, Curve
 from fedge.sim.scenario import Scenario
 
@@ -206,7 +206,7 @@ def write_report(
     return md, png, summary
 
 
-class ReportExistsError(FedgeError):
+class ReportExistsError(SimError):
     """A report directory already holds this scenario's report (it is never overwritten)."""
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from fedge.errors import FedgeError
+from fedge.sim.errors import SimError
 from fedge.toml_table import TomlTable
 
 SCENARIO_DIR = Path(__file__).parent / "scenarios"
@@ -35,7 +35,7 @@ SpeedDistribution = Literal["groups", "lognormal"]
 _SHARE_TOLERANCE = 1e-6
 
 
-class ScenarioError(FedgeError):
+class ScenarioError(SimError):
     """A scenario file is missing, malformed, or holds a value out of range."""
 
 

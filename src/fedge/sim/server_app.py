@@ -60,7 +60,7 @@ from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import RunState, RunStore
 from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
-from fedge.errors import FedgeError
+from fedge.sim.errors import SimError
 
 UserConfigValue = bool | int | float | str
 
@@ -97,7 +97,7 @@ DEFAULT_NODE_WAIT_S = 120.0
 DISCOVERY_TIMEOUT_S = 60.0
 
 
-class ServerConfigError(FedgeError):
+class ServerConfigError(SimError):
     """The ServerApp's run config is missing a key or holds an unusable value."""
 
 
