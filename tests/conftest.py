@@ -6,6 +6,7 @@ them with teardown. Nothing here sleeps to wait for a state: :func:`wait_until` 
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -637,3 +638,49 @@ def processes(tmp_path: Path) -> Iterator[Processes]:
     procs = Processes(tmp_path / "logs")
     yield procs
     procs.close()
+
+
+# ---------------------------------------------------------------- stations that train
+
+
+def png_bytes(image: object) -> bytes:
+    buffer = io.BytesIO()
+    Image.fromarray(image).save(buffer, format="PNG")  # type: ignore[arg-type]
+    return buffer.getvalue()
+
+
+def keep_labelled_images(data_dir: Path, seed: int, n: int = 16) -> None:
+    """``n`` generated parts kept and labelled in a station's data directory."""
+    from fedge.party.dataset import Retention, StationData
+    from fedge.sim.defects import CLASSES, make_defect_images
+
+    data = StationData(data_dir, Retention(holdout_percent=20))
+    images, labels = make_defect_images(n, seed=seed)
+    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+        pid = f"p-{seed}-{index:03d}"
+        data.keep(pid, png_bytes(image), ".png", at=time.time() + index)
+        data.label(pid, CLASSES[int(label)], at=float(index))
+    data.close()
+
+
+def publish_trainable(fh: FleetHome, tmp_path: Path, edges: tuple[str, ...]) -> None:
+    """inspect:1, a small trainable CNN, published; training enabled on ``edges``.
+
+    torch is imported here, not at the top: most tests never train."""
+    from fedge.edge_manager.registry import TrainableSource
+    from fedge.models.inspection import export_onnx, new_model
+    from fedge.party.families import state_arrays, weights_bytes
+    from fedge.protocols.config import TrainingPolicy
+    from fedge.protocols.manifest import Preprocess
+    from fedge.sim.defects import CLASSES
+
+    model = new_model(0, width=4)
+    export_onnx(model, tmp_path / "inspect-1.onnx")
+    (tmp_path / "inspect-1.npz").write_bytes(weights_bytes(state_arrays(model)))
+    with fh.fleet() as fleet:
+        fleet.registry.publish(
+            tmp_path / "inspect-1.onnx", name="inspect", version=1, classes=CLASSES,
+            preprocess=Preprocess(image_size=32),
+            trainable=TrainableSource(tmp_path / "inspect-1.npz", "inspection-cnn", {"width": 4}),
+        )  # fmt: skip
+        fleet.set_training(list(edges), TrainingPolicy(enabled=True))

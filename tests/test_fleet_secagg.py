@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import FleetHome, make_fleet_home, wait_until
+from conftest import FleetHome, keep_labelled_images, make_fleet_home, publish_trainable, wait_until
 
 from fedge.aggregator.checkpoint import load_arrays
 from fedge.aggregator.job_spec import ManifestError
@@ -44,19 +44,14 @@ from fedge.aggregator.run_store import RunStore
 from fedge.aggregator.superlink import SuperLink
 from fedge.edge_agent.privacy_budget import apply_budget
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
-from fedge.edge_manager.registry import TrainableSource
 from fedge.federation import fleet_job
 from fedge.federation.prepare import APP_DIR, prepare
-from fedge.models.inspection import export_onnx, new_model
 from fedge.party.budget import BudgetLedger
-from fedge.party.dataset import Retention, StationData
-from fedge.party.families import state_arrays, weights_bytes, weights_from_bytes
+from fedge.party.families import weights_from_bytes
 from fedge.party.privacy_status import LEDGER_FILE
 from fedge.privacy import accounting
 from fedge.privacy.settings import DpRelease, is_budget_exhausted
 from fedge.protocols.config import PrivacyBudget, TrainingPolicy
-from fedge.protocols.manifest import Preprocess
-from fedge.sim.defects import CLASSES, make_defect_images
 
 pytestmark = pytest.mark.integration
 
@@ -174,37 +169,6 @@ def main(grid: Grid, context: Context) -> None:
 '''
 
 
-def png(image: object) -> bytes:
-    from PIL import Image
-
-    buffer = io.BytesIO()
-    Image.fromarray(image).save(buffer, format="PNG")  # type: ignore[arg-type]
-    return buffer.getvalue()
-
-
-def keep_labelled_images(data_dir: Path, seed: int, n: int = 16) -> None:
-    data = StationData(data_dir, Retention(holdout_percent=20))
-    images, labels = make_defect_images(n, seed=seed)
-    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
-        pid = f"p-{seed}-{index:03d}"
-        data.keep(pid, png(image), ".png", at=time.time() + index)
-        data.label(pid, CLASSES[int(label)], at=float(index))
-    data.close()
-
-
-def publish_trainable(fh: FleetHome, tmp_path: Path, edges: tuple[str, ...] = EDGES) -> None:
-    model = new_model(0, width=4)
-    export_onnx(model, tmp_path / "inspect-1.onnx")
-    (tmp_path / "inspect-1.npz").write_bytes(weights_bytes(state_arrays(model)))
-    with fh.fleet() as fleet:
-        fleet.registry.publish(
-            tmp_path / "inspect-1.onnx", name="inspect", version=1, classes=CLASSES,
-            preprocess=Preprocess(image_size=32),
-            trainable=TrainableSource(tmp_path / "inspect-1.npz", "inspection-cnn", {"width": 4}),
-        )  # fmt: skip
-        fleet.set_training(list(edges), TrainingPolicy(enabled=True))
-
-
 def record_what_the_server_receives(job_dir: Path) -> None:
     """Point the job's Flower app at the recording ServerApp (the rest stays fedge's)."""
     app = job_dir / APP_DIR
@@ -270,7 +234,7 @@ def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_ever
 ) -> None:
     started = time.monotonic()
     fh = make_fleet_home(tmp_path, edges=EDGES)
-    publish_trainable(fh, tmp_path)
+    publish_trainable(fh, tmp_path, EDGES)
     for index, edge in enumerate(EDGES):
         keep_labelled_images(fh.data_dir(edge), seed=80 + index)
     exhaust_budget(fh.data_dir(REFUSING))

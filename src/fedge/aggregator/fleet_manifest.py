@@ -54,6 +54,7 @@ from fedge.aggregator.job_spec import (
     JobSpec,
     ManifestError,
     check_tier_credits,
+    take_privacy,
 )
 from fedge.toml_table import TomlTable
 
@@ -172,7 +173,7 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         )
     params_table = strategy_table.optional_table("params", None)
     params = dict(params_table.items()) if params_table else {}
-    _take_privacy(document, params)
+    take_privacy(document, params)
 
     if fed.text("backend", non_empty=True) != "fleet":
         raise ManifestError('federation.backend must be "fleet" for a fleet job')
@@ -280,17 +281,3 @@ _FEDERATION = frozenset(
         "eval_timeout_s",
     )
 )
-
-
-def _take_privacy(document: dict[str, object], params: dict[str, object]) -> None:
-    """``[privacy]`` (DP-SGD, central DP, SecAgg+) goes to the strategy, which validates it."""
-    privacy = document.get("privacy")
-    if privacy is None:
-        return
-    if not isinstance(privacy, dict):
-        raise ManifestError(f"privacy must be a table, got {privacy!r}")
-    if "privacy" in params:
-        raise ManifestError(
-            "give the privacy settings once: [privacy] or [strategy.params.privacy]"
-        )
-    params["privacy"] = privacy

@@ -78,3 +78,18 @@ def check_tier_credits(
         "started continues with a corrected manifest: "
         "`fedge aggregator resume --dir DIR --manifest NEW.toml`"
     )
+
+
+def take_privacy(document: dict[str, object], params: dict[str, object]) -> None:
+    """Move a manifest's ``[privacy]`` (DP-SGD, central DP, SecAgg+) into the strategy's
+    parameters, which the strategy factory validates; given twice is an error."""
+    privacy = document.get("privacy")
+    if privacy is None:
+        return
+    if not isinstance(privacy, dict):
+        raise ManifestError(f"privacy must be a table, got {privacy!r}")
+    if "privacy" in params:
+        raise ManifestError(
+            "give the privacy settings once: [privacy] or [strategy.params.privacy]"
+        )
+    params["privacy"] = privacy

@@ -47,7 +47,13 @@ from typing import Literal
 
 from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.factory import KINDS, StrategyConfigError, build_strategy
-from fedge.aggregator.job_spec import CheckpointSpec, JobSpec, ManifestError, check_tier_credits
+from fedge.aggregator.job_spec import (
+    CheckpointSpec,
+    JobSpec,
+    ManifestError,
+    check_tier_credits,
+    take_privacy,
+)
 from fedge.models.digits import ARCHITECTURES
 from fedge.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_path
 from fedge.toml_table import TomlTable
@@ -199,7 +205,7 @@ def parse_manifest(
         )
     params_table = strategy_table.optional_table("params", None)
     params = dict(params_table.items()) if params_table else {}
-    _take_privacy(document, params)
+    take_privacy(document, params)
     strategy = StrategySpec(kind=kind, params=params)
     _validate_strategy(strategy, scenario, job.seed)
     check_tier_credits(job.rounds, kind, strategy.params, parties=scenario.fleet.parties)
@@ -278,17 +284,3 @@ _TASK_FIELDS = frozenset(("scenario", "arch"))
 _STRATEGY_FIELDS = frozenset(("kind", "params"))
 _FEDERATION_FIELDS = frozenset(("backend", "workers"))
 _CHECKPOINT_FIELDS = frozenset(("every", "keep"))
-
-
-def _take_privacy(document: dict[str, object], params: dict[str, object]) -> None:
-    """``[privacy]`` (DP-SGD, central DP, SecAgg+) goes to the strategy, which validates it."""
-    privacy = document.get("privacy")
-    if privacy is None:
-        return
-    if not isinstance(privacy, dict):
-        raise ManifestError(f"privacy must be a table, got {privacy!r}")
-    if "privacy" in params:
-        raise ManifestError(
-            "give the privacy settings once: [privacy] or [strategy.params.privacy]"
-        )
-    params["privacy"] = privacy
