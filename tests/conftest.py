@@ -31,6 +31,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 from PIL import Image
 
 from fedge.edge_agent.settings import AgentSettings, load_settings
+from fedge.edge_agent.supervisor import SupernodeSupervisor
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -684,3 +685,12 @@ def publish_trainable(fh: FleetHome, tmp_path: Path, edges: tuple[str, ...]) -> 
             trainable=TrainableSource(tmp_path / "inspect-1.npz", "inspection-cnn", {"width": 4}),
         )  # fmt: skip
         fleet.set_training(list(edges), TrainingPolicy(enabled=True))
+
+
+@pytest.fixture
+def supervisors() -> Iterator[list[SupernodeSupervisor]]:
+    """SuperNode supervisors a test started (for its stations), stopped at its end."""
+    started: list[SupernodeSupervisor] = []
+    yield started
+    for supervisor in started:
+        supervisor.stop()

@@ -13,7 +13,6 @@ message starts a ClientApp process that loads torch, and the test must stay shor
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -72,14 +71,6 @@ def history(data_dir: Path) -> list[DpRelease]:
         return ledger.history()
     finally:
         ledger.close()
-
-
-@pytest.fixture
-def supervisors() -> Iterator[list[SupernodeSupervisor]]:
-    started: list[SupernodeSupervisor] = []
-    yield started
-    for supervisor in started:
-        supervisor.stop()
 
 
 def test_a_station_out_of_budget_refuses_and_the_round_completes_with_the_others(

@@ -30,7 +30,6 @@ from __future__ import annotations
 import io
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -191,14 +190,6 @@ def received(job_dir: Path) -> tuple[list[dict[str, Any]], dict[str, np.ndarray]
     with np.load(job_dir / "received.npz") as blobs:
         vectors = {k: np.load(io.BytesIO(blobs[k].tobytes())) for k in blobs.files}
     return summary, vectors
-
-
-@pytest.fixture
-def supervisors() -> Iterator[list[SupernodeSupervisor]]:
-    started: list[SupernodeSupervisor] = []
-    yield started
-    for supervisor in started:
-        supervisor.stop()
 
 
 def start_stations(

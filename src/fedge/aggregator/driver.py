@@ -21,7 +21,7 @@ from flwr.serverapp.strategy import Result
 
 from fedge.aggregator import central_dp, secagg
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.privacy.settings import PrivacyError, PrivacyMode
+from fedge.privacy.settings import PrivacyMode
 
 
 def start_rounds(
@@ -46,12 +46,8 @@ def start_rounds(
     """
     spec = strategy.privacy
     central_dp.check_rounds(spec, num_rounds)
+    # SecAgg+ with central DP is refused where strategies are built (factory._privacy).
     if spec.secagg:
-        if spec.mode is PrivacyMode.CENTRAL:
-            raise PrivacyError(
-                "SecAgg+ with central DP is not supported: the server never sees an update "
-                "to clip; use DP-SGD on the parties (mode = 'local') with SecAgg+"
-            )
         strategy.plan_privacy(num_rounds)
         settings = secagg.SecAggSettings.from_privacy(spec, max_weight=max_weight)
         result = secagg.run_secagg(

@@ -27,7 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedge.aggregator.run_store import RunStore
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet import Fleet, Pushed
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
@@ -90,6 +90,12 @@ def post_json(url: str, body: bytes, content_type: str) -> dict[str, Any]:
     return result
 
 
+def config_applied(store: Store, pushed: Pushed) -> bool:
+    """Whether the agent reported the pushed config version applied."""
+    row = store.one("SELECT config_applied FROM edges WHERE edge=?", (pushed.edge,)) or {}
+    return bool(row.get("config_applied") == pushed.version)
+
+
 def score_at_station(
     port: int, images: np.ndarray, labels: np.ndarray, *, label: bool
 ) -> tuple[str, float]:
@@ -141,16 +147,7 @@ def run_learning(
 
     pushed = fleet.set_training(edges, TrainingPolicy(enabled=True, max_minutes=5, threads=1))
     for p in pushed:
-        wait(
-            lambda p=p: (
-                (store.one("SELECT config_applied FROM edges WHERE edge=?", (p.edge,)) or {}).get(
-                    "config_applied"
-                )
-                == p.version
-            ),
-            30,
-            f"training enabled on {p.edge}",
-        )
+        wait(lambda p=p: config_applied(store, p), 30, f"training enabled on {p.edge}")
     console.print("training enabled in every station's signed config: each agent runs a SuperNode")
 
     manifest = out / "fleet-job.toml"

@@ -20,6 +20,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedge.aggregator.run_store import RunStore
+from fedge.demo.learning import config_applied
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
@@ -93,16 +94,7 @@ def run_privacy(
     result = PrivacyChapter(out / "fleet-private", model)
     console.rule("[bold]privacy: station budgets, DP-SGD and secure aggregation")
     for pushed in fleet.set_privacy(edges, LIFETIME_EPSILON, DELTA):
-        wait(
-            lambda p=pushed: (
-                (store.one("SELECT config_applied FROM edges WHERE edge=?", (p.edge,)) or {}).get(
-                    "config_applied"
-                )
-                == p.version
-            ),
-            30,
-            f"privacy budget on {pushed.edge}",
-        )
+        wait(lambda p=pushed: config_applied(store, p), 30, f"privacy budget on {pushed.edge}")
     console.print(
         f"every station's signed config now bounds its lifetime privacy spend at epsilon "
         f"{LIFETIME_EPSILON:g} (delta {DELTA:g}); each agent wrote it into its own ledger"

@@ -16,9 +16,11 @@ exported, or trained again (privately or not).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -83,18 +85,22 @@ def train_private(
         raise PrivacyError(f"DP-SGD max_seconds must be > 0, got {max_seconds}")
     if threads is not None and threads < 1:
         raise PrivacyError(f"DP-SGD threads must be >= 1, got {threads}")
-    # torch's thread count is the process's: set for this training, then put back, so a
-    # simulator's later rounds without DP are not held to it.
-    previous_threads = torch.get_num_threads()
+    with _torch_threads(threads):
+        return _train(model, x, y, epochs, lr, batch_size, noise_multiplier, clipping_norm, seed,
+                      optimizer, max_seconds)  # fmt: skip
+
+
+@contextlib.contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    """torch's thread count is the process's: set for this training, then put back, so a
+    simulator's later rounds without DP are not held to it."""
+    previous = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
     try:
-        return _train(
-            model, x, y, epochs, lr, batch_size, noise_multiplier, clipping_norm, seed, optimizer,
-            max_seconds,
-        )  # fmt: skip
+        yield
     finally:
-        torch.set_num_threads(previous_threads)
+        torch.set_num_threads(previous)
 
 
 def _train(
