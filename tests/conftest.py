@@ -38,6 +38,7 @@ from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry import PublishedModel, Registry
 from fedge.edge_manager.store import Store
 from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
+from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
 from fedge.transport.broker import MosquittoBroker
 
@@ -289,7 +290,11 @@ def make_fleet_home(root: Path, edges: Iterable[str] = EDGES, fleet: str = FLEET
     home = ManagerHome(root / "home")
     home.init(
         ManagerSettings(
-            fleet, broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
+            fleet,
+            broker_port=free_port(),
+            grpc_port=free_port(),
+            superlink_port=free_port(),
+            enroll_port=free_port(),
         )
     )
     fleet_home = FleetHome(root, home)
@@ -394,7 +399,18 @@ def fleet_home(tmp_path: Path) -> Iterator[FleetHome]:
 class RawClient:
     """A bare paho MQTT v5 client that records every acknowledgement's reason code."""
 
-    def __init__(self, port: int, username: str, password: str, client_id: str = "") -> None:
+    def __init__(
+        self,
+        port: int,
+        username: str,
+        password: str,
+        client_id: str = "",
+        *,
+        tls: TlsFiles | None = None,
+        ca_only: Path | None = None,
+    ) -> None:
+        """``tls``: connect with this certificate (``username``/``password`` unused);
+        ``ca_only``: TLS trusting this CA but presenting no certificate."""
         self.messages: list[tuple[str, bytes]] = []
         self.pubacks: dict[int, int] = {}
         self.subacks: dict[int, list[int]] = {}
@@ -404,14 +420,25 @@ class RawClient:
         self.client = paho.Client(
             CallbackAPIVersion.VERSION2, client_id=client_id or username, protocol=paho.MQTTv5
         )
-        self.client.username_pw_set(username, password)
+        if tls is None and ca_only is None:
+            self.client.username_pw_set(username, password)
+        else:
+            self.client.tls_set(
+                ca_certs=str(tls.ca if tls is not None else ca_only),
+                certfile=None if tls is None else str(tls.cert),
+                keyfile=None if tls is None else str(tls.key),
+            )
+        self.error = ""
         self.client.on_connect = self._on_connect
         self.client.on_disconnect = self._on_disconnect
         self.client.on_message = self._on_message
         self.client.on_publish = self._on_publish
         self.client.on_subscribe = self._on_subscribe
         self.client.reconnect_delay_set(30, 30)  # no reconnect storm once refused
-        self.client.connect("127.0.0.1", port, clean_start=True)
+        try:
+            self.client.connect("127.0.0.1", port, clean_start=True)
+        except OSError as exc:  # a TLS handshake the broker refused (ssl.SSLError is one)
+            self.error = str(exc)
         self.client.loop_start()
 
     def _on_connect(

@@ -12,6 +12,7 @@ import typer
 
 from fedge.cli.common import console, friendly_errors, print_json, setup_logging
 from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.enroll import enroll_device
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.images import decode_image
 from fedge.edge_agent.local_api import add_label, bind_local_api, start_local_api
@@ -73,6 +74,27 @@ def run(
     stop.wait()
     agent.stop()
     os.close(lock_fd)
+
+
+@app.command()
+@friendly_errors
+def enroll(
+    manager: Annotated[str, typer.Option(help="The manager's enrollment URL (host:port).")],
+    edge: Annotated[str, typer.Option(help="This station's edge id.")],
+    token: Annotated[str, typer.Option(help="The one-time token from `fedge edge enroll`.")],
+    config: ConfigOption,
+    data_dir: Annotated[Path | None, typer.Option(help="Agent data dir.")] = None,
+) -> None:
+    """Enrol this device: make its key here, get its certificate, write agent.toml.
+
+    Example: fedge agent enroll --manager mgr.lan:8444 --edge st-01 --token T --config agent.toml
+    """
+    enrolled = enroll_device(manager, edge, token, config, data_dir)
+    console.print(
+        f"enrolled [bold]{edge}[/bold] in fleet {enrolled.response.fleet}; config in {config}, "
+        f"key in {enrolled.tls.key} (0600, never sent)",
+        highlight=False,
+    )
 
 
 @app.command()

@@ -19,6 +19,9 @@ from fedge.cli.common import (
     write_secret_file,
 )
 from fedge.edge_manager.enrollment import enroll as enroll_edge
+from fedge.edge_manager.enrollment import invite
+from fedge.edge_manager.enrollment import revoke as revoke_identity
+from fedge.edge_manager.home import ManagerHome
 
 app = typer.Typer(help="Edges: enrolment, configuration, state.", no_args_is_help=True)
 
@@ -45,18 +48,52 @@ def _per_class(thresholds: dict[str, float]) -> str:
 @friendly_errors
 def enroll(
     edge: str,
-    out: Annotated[Path, typer.Option(help="Where to write the agent.toml (0600).")],
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            help="The device's folder is on this machine: write its agent.toml here (0600), "
+            "its key and certificate beside it. Without it, print a one-time token for "
+            "`fedge agent enroll` on the device."
+        ),
+    ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Agent data dir on the device.")] = None,
+    ttl: Annotated[float, typer.Option(help="Seconds the token is valid.")] = 3600.0,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Create the edge's credentials and write its agent.toml.
+    """Enrol an edge: a single-use token for its device, or (--out) its agent.toml here.
 
+    Example: fedge edge enroll st-01            (prints the command to run on the device)
     Example: fedge edge enroll st-01 --out st-01/agent.toml
     """
+    manager_home = ManagerHome(home)
+    if out is None:
+        invitation = invite(manager_home, edge, ttl_s=ttl)
+        console.print(
+            f"token for [bold]{edge}[/bold], single use, valid {ttl:.0f} s; on the device run:"
+        )
+        typer.echo(invitation.command())
+        return
     manager_home, fleet = open_fleet(home)
     directory = (data_dir or out.parent.resolve() / "data").resolve()
-    write_secret_file(out, enroll_edge(manager_home, fleet, edge, directory))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    text = enroll_edge(manager_home, fleet, edge, directory, tls_dir=out.parent.resolve())
+    write_secret_file(out, text)
     console.print(f"enrolled [bold]{edge}[/bold]; agent config in {out}")
+
+
+@app.command()
+@friendly_errors
+def revoke(edge: str, home: HomeOption = DEFAULT_HOME) -> None:
+    """Revoke an edge's certificates: the broker and gRPC refuse it within seconds.
+
+    Example: fedge edge revoke st-07
+    """
+    revoked = revoke_identity(ManagerHome(home), edge)
+    console.print(
+        f"revoked {len(revoked)} certificate(s) of [bold]{edge}[/bold]; "
+        "enrol it again for a new one",
+        highlight=False,
+    )
 
 
 # A negative VALUE (e.g. -0.1) is an argument, not an unknown option: it then gets the

@@ -56,8 +56,18 @@ def init(
             "needed when a bind host is 0.0.0.0."
         ),
     ] = "",
+    insecure: Annotated[
+        bool,
+        typer.Option(
+            "--insecure",
+            help="Plain TCP listeners with passwords instead of mutual TLS (development only).",
+        ),
+    ] = False,
+    enroll_port: Annotated[int, typer.Option(help="The enrollment endpoint's port.")] = 8444,
 ) -> None:
-    """Create a manager home with a fresh signing key.
+    """Create a manager home: a signing key, and the fleet CA with server certificates.
+
+    Set FEDGE_CA_PASSPHRASE to keep the CA key encrypted (give it to `manager serve` too).
 
     Example: fedge manager init --fleet plant-a --broker-host 0.0.0.0 --advertise-host mgr.lan
     """
@@ -70,6 +80,8 @@ def init(
         superlink_host=superlink_host,
         superlink_port=superlink_port,
         advertise_host=advertise_host,
+        insecure=insecure,
+        enroll_port=enroll_port,
     )
     problem = settings.agent_address_problem(fix="give it with --advertise-host HOST")
     if problem is not None:  # refused now rather than at the first `fedge edge enroll`
@@ -78,6 +90,15 @@ def init(
     manager_home.init(settings)
     console.print(f"manager home for fleet [bold]{escape(fleet)}[/bold] created in {home}")
     console.print(f"public key (pin it on agents): {manager_home.public_key_path}")
+    if insecure:
+        err_console.print(
+            "[yellow]warning:[/yellow] --insecure: plain TCP and passwords; for development only"
+        )
+    else:
+        console.print(
+            f"fleet CA {manager_home.pki().ca_fingerprint()} (mutual TLS on every listener)",
+            highlight=False,
+        )
     console.print(f"agents are given {escape(settings.agent_grpc_target)} (gRPC)", highlight=False)
 
 

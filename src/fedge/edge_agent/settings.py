@@ -4,8 +4,11 @@ fleet = "plant-a"
 edge = "st-01"
 data_dir = "/var/lib/fedge/st-01"
 broker_host = "10.0.0.5"
-broker_port = 1883
-password = "..."                  # or password_file = "/etc/fedge/st-01.secret"
+broker_port = 8883
+ca_file = "/etc/fedge/st-01/ca.crt"          # the fleet CA (mutual TLS to broker, gRPC,
+cert_file = "/etc/fedge/st-01/agent.crt"     # SuperLink); written by `fedge agent enroll`,
+key_file = "/etc/fedge/st-01/agent.key"      # the key made on the device, 0600
+# insecure = true + password = "..." (or password_file): plain TCP, development only
 grpc_target = "10.0.0.5:50551"    # default; a deployment may name another
 manager_public_key = "base64..."  # pinned Ed25519 key of the manager
 watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
@@ -57,6 +60,7 @@ from fedge.edge_agent.health import ProbationPolicy
 from fedge.party.dataset import Retention
 from fedge.protocols import validate
 from fedge.protocols.errors import ProtocolError
+from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import PublicKey
 from fedge.transport.mqtt import MqttSettings
 
@@ -68,9 +72,16 @@ class AgentSettings:
     data_dir: Path
     broker_host: str
     broker_port: int
-    password: str = field(repr=False)
     grpc_target: str
     manager_public_key: str
+    # Mutual TLS (issue 13): the fleet CA, this station's certificate and its key (made on
+    # the device by `fedge agent enroll`). Relative paths are from agent.toml's folder.
+    ca_file: Path | None = None
+    cert_file: Path | None = None
+    key_file: Path | None = None
+    # Plain TCP with a password, for development only; never the default.
+    insecure: bool = False
+    password: str = field(default="", repr=False)
     watch_dir: Path | None = None
     http_port: int = 0
     image_size: int = 32
@@ -96,6 +107,17 @@ class AgentSettings:
     probation_max_error_rate: float = 0.05
     probation_min_spread: float = 0.001
     probation_max_restarts: int = 3
+
+    def tls(self) -> TlsFiles | None:
+        """The station's TLS files, or None in development (``insecure = true``)."""
+        if self.insecure:
+            return None
+        if self.ca_file is None or self.cert_file is None or self.key_file is None:
+            raise SettingsError(
+                "ca_file, cert_file and key_file are required (mutual TLS); enrol with "
+                "`fedge agent enroll`, or set insecure = true for a development broker"
+            )
+        return TlsFiles(ca=self.ca_file, cert=self.cert_file, key=self.key_file)
 
     def public_key(self) -> PublicKey:
         return PublicKey.from_text(self.manager_public_key)
@@ -124,8 +146,10 @@ class AgentSettings:
             host=self.broker_host,
             port=self.broker_port,
             client_id=self.edge,
-            username=self.edge,
-            password=self.password,
+            # Under TLS the broker takes the name from the certificate.
+            username=self.edge if self.insecure else None,
+            password=self.password if self.insecure else None,
+            tls=self.tls(),
             # Clean start: desired documents are retained, so a reconnecting edge gets
             # exactly the latest of each; a persistent session would also replay every
             # version it missed. Up-going records do not need the broker's session: the
@@ -163,7 +187,7 @@ def load_settings(path: Path) -> AgentSettings:
             f"{path}: missing setting(s) {', '.join(missing)}; "
             "`fedge edge enroll` writes a complete agent.toml"
         )
-    for key in ("data_dir", "watch_dir"):
+    for key in ("data_dir", "watch_dir", "ca_file", "cert_file", "key_file"):
         if key in data:
             data[key] = (path.parent / data[key]).resolve()
     try:
@@ -172,6 +196,7 @@ def load_settings(path: Path) -> AgentSettings:
         validate.identifier(settings.edge, "edge")
         settings.public_key()
         settings.probation_policy()
+        _check_credentials(settings, path)
         if settings.report_via not in ("mqtt", "grpc"):
             raise SettingsError(f"{path}: report_via must be 'mqtt' or 'grpc'")
         if settings.grpc_fallback_after_s < 0 or settings.grpc_poll_interval_s <= 0:
@@ -184,3 +209,20 @@ def load_settings(path: Path) -> AgentSettings:
     except ProtocolError as exc:
         raise SettingsError(f"{path}: {exc}") from None
     return settings
+
+
+def _check_credentials(settings: AgentSettings, path: Path) -> None:
+    if settings.insecure:
+        if not settings.password:
+            raise SettingsError(f"{path}: insecure = true needs a password (or password_file)")
+        return
+    if settings.password:
+        raise SettingsError(
+            f"{path}: a password is only used with insecure = true; under mutual TLS the "
+            "station is its certificate (remove the password)"
+        )
+    files = settings.tls()
+    assert files is not None
+    for what, file in (("ca_file", files.ca), ("cert_file", files.cert), ("key_file", files.key)):
+        if not file.is_file():
+            raise SettingsError(f"{path}: {what} {file} does not exist")

@@ -1,35 +1,99 @@
-"""Enrolling an edge: its broker account, its gRPC token, and the agent.toml it runs with."""
+"""Enrolling an edge: a one-time token, a certificate for the key made on the device, its
+broker identity and the agent.toml it runs with; and revoking one (issue 13).
 
+Under mutual TLS (the default) an edge is its certificate: `fedge edge enroll st-01`
+issues a short-lived single-use token; the device (`fedge agent enroll`) makes its key,
+sends a CSR with the token to the enrollment endpoint (`manager serve`), and gets its
+certificate (:func:`redeem`). On one machine (the demo, tests) :func:`enroll` does both
+halves through the same :func:`redeem`, writing the key straight into the device's folder.
+A ``--insecure`` home keeps the development path: a password per edge, plain TCP.
+"""
+
+import secrets
+from dataclasses import dataclass
 from pathlib import Path
 
+from fedge.edge_manager import credentials
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.store import Store
+from fedge.protocols import pki, validate
+from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, JoinToken
+from fedge.protocols.errors import ProtocolError
+from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.broker import FleetAccess, MosquittoBroker
+
+AGENT_KEY, AGENT_CERT, AGENT_CA = "agent.key", "agent.crt", "ca.crt"
 
 
 def fleet_access(home: ManagerHome) -> FleetAccess:
     settings = home.settings()
+    if settings.insecure:
+        return FleetAccess(
+            fleet=settings.fleet,
+            manager_user=settings.manager_user,
+            manager_password=home.manager_password(),
+            edge_passwords=home.edge_passwords(),
+            operator_passwords={
+                name: str(account["password"]) for name, account in home.operator_accounts().items()
+            },
+        )
+    # Under TLS the ACL names every identity holding a valid certificate; a revoked one
+    # drops out of it, so its open session can neither publish nor receive (the CRL
+    # refuses its next connection).
+    store = Store(home.db_path)
+    try:
+        issued = [c for c in credentials.certificates(store) if not c.revoked]
+    finally:
+        store.close()
     return FleetAccess(
         fleet=settings.fleet,
         manager_user=settings.manager_user,
-        manager_password=home.manager_password(),
-        edge_passwords=home.edge_passwords(),
-        operator_passwords={
-            name: str(account["password"]) for name, account in home.operator_accounts().items()
-        },
+        manager_password="",
+        edge_passwords={},
+        edges=frozenset(c.identity for c in issued if c.role == Role.EDGE.value),
+        operators=frozenset(c.identity for c in issued if c.role == Role.OPERATOR.value),
     )
 
 
 def managed_broker(home: ManagerHome) -> MosquittoBroker:
     """The Mosquitto this home runs (``fedge manager broker``), on the configured port."""
-    return MosquittoBroker(home.root / "broker", fleet_access(home), home.settings().broker_port)
+    settings = home.settings()
+    tls = None if settings.insecure else home.pki().server_files("broker")
+    return MosquittoBroker(
+        home.root / "broker",
+        fleet_access(home),
+        settings.broker_port,
+        tls=tls,
+        host=settings.broker_host,
+    )
 
 
-def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> str:
+def reload_broker(home: ManagerHome) -> None:
+    """Rewrite the broker's ACL (and passwords) and make a running broker re-read them
+    and the CRL."""
+    broker = managed_broker(home)
+    if broker.workdir.exists():
+        broker.reload_running()
+
+
+def agent_toml(
+    home: ManagerHome,
+    edge: str,
+    data_dir: Path,
+    *,
+    tls: TlsFiles | None = None,
+    password: str = "",
+) -> str:
     """The agent's config, with the addresses agents reach the manager at (advertised)."""
     settings = home.settings()
     public_key = home.public_key_path.read_text().strip()
+    credential = (
+        ["insecure = true", f'password = "{password}"']
+        if tls is None
+        else [f'ca_file = "{tls.ca}"', f'cert_file = "{tls.cert}"', f'key_file = "{tls.key}"']
+    )
     return "\n".join(
         [
             f'fleet = "{settings.fleet}"',
@@ -37,7 +101,7 @@ def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> s
             f'data_dir = "{data_dir}"',
             f'broker_host = "{settings.agent_broker_host}"',
             f"broker_port = {settings.broker_port}",
-            f'password = "{password}"',
+            *credential,
             f'grpc_target = "{settings.agent_grpc_target}"',
             f'superlink = "{settings.agent_superlink}"',
             f'manager_public_key = "{public_key}"',
@@ -48,8 +112,7 @@ def agent_toml(home: ManagerHome, edge: str, password: str, data_dir: Path) -> s
     )
 
 
-def enroll(home: ManagerHome, fleet: Fleet, edge: str, data_dir: Path) -> str:
-    """Register ``edge`` and return its agent.toml (which holds its secret: write it 0600)."""
+def _check_edge_name(home: ManagerHome, edge: str) -> None:
     settings = home.settings()
     # An agent given a wildcard (0.0.0.0) could never connect: refused before any secret.
     problem = settings.agent_address_problem()
@@ -58,11 +121,125 @@ def enroll(home: ManagerHome, fleet: Fleet, edge: str, data_dir: Path) -> str:
     # Broker users share one namespace (the username is the client id).
     if edge == settings.manager_user:
         raise ManagerError(f"{edge!r} is the manager's own broker user; pick another edge id")
-    if edge in home.operator_accounts():
+    if edge in home.operator_accounts() or edge in _operator_certs(home):
         raise ManagerError(f"{edge!r} is an operator's name; pick another edge id")
-    password = home.add_edge_password(edge)
-    fleet.enroll(edge, password)
-    broker = managed_broker(home)
-    if broker.workdir.exists():
-        broker.reload_running()
-    return agent_toml(home, edge, password, data_dir)
+
+
+def _operator_certs(home: ManagerHome) -> set[str]:
+    store = Store(home.db_path)
+    try:
+        return {c.identity for c in credentials.certificates(store) if c.role == "operator"}
+    finally:
+        store.close()
+
+
+@dataclass(frozen=True)
+class Invitation:
+    """What a person carries to the device: the token (with the CA pin) and where to go."""
+
+    edge: str
+    token: JoinToken
+    url: str
+    expires_in_s: float
+
+    def command(self) -> str:
+        return f"fedge agent enroll --manager {self.url} --edge {self.edge} --token {self.token}"
+
+
+def invite(home: ManagerHome, edge: str, *, ttl_s: float = credentials.TOKEN_TTL_S) -> Invitation:
+    """A single-use token for ``edge`` (only its hash is stored)."""
+    if home.settings().insecure:
+        raise ManagerError(
+            "this home is --insecure (passwords, plain TCP): enrol with --out instead of a token"
+        )
+    try:
+        validate.identifier(edge, "edge")
+    except ProtocolError as exc:
+        raise ManagerError(str(exc)) from None
+    _check_edge_name(home, edge)
+    fingerprint = home.pki().ca_fingerprint().removeprefix("sha256:")
+    store = Store(home.db_path)
+    try:
+        secret = credentials.create_token(store, edge, ttl_s=ttl_s)
+    finally:
+        store.close()
+    return Invitation(edge, JoinToken(secret, fingerprint), home.settings().enroll_url, ttl_s)
+
+
+def redeem(home: ManagerHome, request: EnrollRequest) -> EnrollResponse:
+    """Sign the device's CSR if its token is good; register the edge and let it on the
+    broker. Raises :class:`credentials.EnrollmentError` (nothing issued) otherwise."""
+    settings = home.settings()
+    ca = home.pki().ca()
+    issued_pem: list[bytes] = [b""]
+
+    def issue() -> pki.CertInfo:
+        try:
+            cert = ca.sign_csr(request.csr.encode(), identity=request.edge, role=Role.EDGE)
+        except pki.CertificateError as exc:
+            raise credentials.EnrollmentError(str(exc), "bad_csr") from None
+        issued_pem[0] = cert
+        return pki.cert_info(pki.load_certificate(cert))
+
+    fleet = Fleet.open(home)
+    try:
+        credentials.redeem_token(fleet.store, request.token, request.edge, issue)
+        # The edges row (gRPC's insecure-mode token is a random one nobody holds).
+        fleet.enroll(request.edge, secrets.token_urlsafe(18))
+    finally:
+        fleet.store.close()
+    reload_broker(home)
+    return EnrollResponse(
+        fleet=settings.fleet,
+        edge=request.edge,
+        certificate=issued_pem[0].decode(),
+        ca=home.pki().ca_path.read_text(),
+        manager_public_key=home.public_key_path.read_text().strip(),
+        broker_host=settings.agent_broker_host,
+        broker_port=settings.broker_port,
+        grpc_target=settings.agent_grpc_target,
+        superlink=settings.agent_superlink,
+    )
+
+
+def enroll(
+    home: ManagerHome, fleet: Fleet, edge: str, data_dir: Path, *, tls_dir: Path | None = None
+) -> str:
+    """Enrol ``edge`` whose device folder is on this machine; return its agent.toml.
+
+    Under TLS the key is made in ``tls_dir`` (default: beside ``data_dir``) and only its
+    CSR goes through :func:`redeem`, with a token issued for it. A ``--insecure`` home
+    gives a password instead (then the agent.toml holds a secret: write it 0600).
+    """
+    if home.settings().insecure:
+        _check_edge_name(home, edge)
+        password = home.add_edge_password(edge)
+        fleet.enroll(edge, password)
+        reload_broker(home)
+        return agent_toml(home, edge, data_dir, password=password)
+    folder = tls_dir if tls_dir is not None else data_dir.parent
+    invitation = invite(home, edge)
+    key_pem, csr_pem = pki.new_key_and_csr(edge)
+    files = TlsFiles(ca=folder / AGENT_CA, cert=folder / AGENT_CERT, key=folder / AGENT_KEY)
+    response = redeem(home, EnrollRequest(edge, invitation.token.secret, csr_pem.decode()))
+    pki.write_private(files.key, key_pem)
+    files.cert.write_text(response.certificate)
+    files.ca.write_text(response.ca)
+    return agent_toml(home, edge, data_dir, tls=files)
+
+
+def revoke(home: ManagerHome, identity: str) -> list[credentials.IssuedCert]:
+    """Revoke every certificate of ``identity``: the CRL is rewritten, the broker re-reads
+    it and drops the identity from its ACL, gRPC refuses it at its next call."""
+    fleet_pki = home.pki()
+    ca = fleet_pki.ca()
+    store = Store(home.db_path)
+    try:
+        revoked_now = credentials.revoke(store, identity)
+        if not revoked_now and not credentials.certificates(store, identity):
+            raise ManagerError(f"no certificate was issued to {identity!r}")
+        fleet_pki.write_crl(ca, credentials.revoked(store))
+    finally:
+        store.close()
+    reload_broker(home)
+    return revoked_now

@@ -3,7 +3,8 @@
 <home>/manager.toml          fleet id, broker and gRPC addresses, advertised host (no secrets)
 <home>/manager.db            SQLite store (WAL)
 <home>/keys/manager.key      Ed25519 private key, 0600   (+ manager.pub)
-<home>/secrets/              broker, edge and operator credentials, 0600, never logged
+<home>/pki/                  the fleet CA, server and manager certificates, CRL (fleet_pki.py)
+<home>/secrets/              --insecure homes: broker, edge and operator passwords, 0600
 <home>/artifacts/<name>/<version>/model.onnx
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.fleet_pki import FleetPki
 from fedge.protocols import validate
 from fedge.protocols.signing import SigningKey
 
@@ -63,6 +65,12 @@ class ManagerSettings:
     monitor_interval_s: float = 10.0
     monitor_min_window: int = 100
     min_estimated_accuracy: float = 0.8
+    # Plain listeners with passwords (development only, `fedge manager init --insecure`).
+    # Otherwise every listener is mutual TLS with the fleet CA's certificates (issue 13).
+    insecure: bool = False
+    # The enrollment endpoint (`manager serve`): HTTPS with the fleet CA's server
+    # certificate; a device presents a one-time token and a CSR and gets its certificate.
+    enroll_port: int = 8444
 
     def __post_init__(self) -> None:
         for name in RETENTION_FIELDS:
@@ -79,6 +87,26 @@ class ManagerSettings:
         if not all(c.isalnum() or c in ".-:_" for c in self.advertise_host):
             raise ManagerError(f"advertise_host {self.advertise_host!r} is not a host name")
         _check_monitor_settings(self)
+
+    @property
+    def enroll_url(self) -> str:
+        """Where devices enrol (`fedge agent enroll --manager`), as agents reach it."""
+        return "https://" + _host_port(self.advertise_host or self.grpc_host, self.enroll_port)
+
+    def server_hosts(self) -> list[str]:
+        """The names this manager's servers are reached at (their certificates' SANs)."""
+        return [
+            self.advertise_host,
+            self.broker_host,
+            self.grpc_host,
+            self.superlink_host,
+        ]
+
+    @property
+    def local_broker_host(self) -> str:
+        """Where processes on this machine reach the broker (a wildcard bind is not a name
+        a certificate can carry)."""
+        return "127.0.0.1" if is_wildcard(self.broker_host) else self.broker_host
 
     @property
     def grpc_target(self) -> str:
@@ -209,8 +237,14 @@ class ManagerHome:
         self.root.mkdir(parents=True, exist_ok=True)
         self.save_settings(settings)
         SigningKey.generate().save(self.key_path)
-        _write_secret(self.secrets_dir / "manager.password", secrets.token_urlsafe(24))
-        _write_secret(self.secrets_dir / "edges.json", "{}")
+        if settings.insecure:  # passwords only where there is no PKI
+            _write_secret(self.secrets_dir / "manager.password", secrets.token_urlsafe(24))
+            _write_secret(self.secrets_dir / "edges.json", "{}")
+        else:
+            self.pki().create(settings.fleet, settings.server_hosts(), settings.manager_user)
+
+    def pki(self) -> FleetPki:
+        return FleetPki(self.root / "pki")
 
     def save_settings(self, settings: ManagerSettings) -> None:
         self.settings_path.write_text(
@@ -228,6 +262,8 @@ class ManagerHome:
                     f"monitor_interval_s = {float(settings.monitor_interval_s)}",
                     f"monitor_min_window = {settings.monitor_min_window}",
                     f"min_estimated_accuracy = {float(settings.min_estimated_accuracy)}",
+                    f"insecure = {'true' if settings.insecure else 'false'}",
+                    f"enroll_port = {settings.enroll_port}",
                     # float() so `inf` is written as TOML's inf
                     *(f"{name} = {float(getattr(settings, name))}" for name in RETENTION_FIELDS),
                     "",
@@ -251,6 +287,9 @@ class ManagerHome:
         the address in their agent.toml until enrolled again."""
         settings = dataclasses.replace(self.settings(), advertise_host=host)
         self.save_settings(settings)
+        if not settings.insecure:  # the servers' certificates must name the new host
+            fleet_pki = self.pki()
+            fleet_pki.issue_servers(fleet_pki.ca(), settings.server_hosts())
         return settings
 
     def signing_key(self) -> SigningKey:
@@ -260,7 +299,10 @@ class ManagerHome:
         return (self.secrets_dir / "manager.password").read_text().strip()
 
     def edge_passwords(self) -> dict[str, str]:
-        data: dict[str, str] = json.loads((self.secrets_dir / "edges.json").read_text())
+        path = self.secrets_dir / "edges.json"
+        if not path.exists():
+            return {}  # a TLS home: edges are certificates
+        data: dict[str, str] = json.loads(path.read_text())
         return data
 
     def add_edge_password(self, edge: str) -> str:

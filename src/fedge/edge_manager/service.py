@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from fedge.edge_manager.enroll_server import EnrollServer
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
@@ -131,13 +132,16 @@ class ManagerService:
         self._worker = threading.Thread(target=self._run, name="manager-worker", daemon=True)
         self._grpc_server: grpc.Server | None = None
         self.grpc_services: GrpcServices | None = None
+        self.enroll_server: EnrollServer | None = None
         self.mqtt = MqttSession(
             MqttSettings(
-                host=self.settings.broker_host,
+                host=self.settings.local_broker_host,
                 port=self.settings.broker_port,
                 client_id=self.settings.manager_user,
-                username=self.settings.manager_user,
-                password=home.manager_password(),
+                # Under TLS the manager is its certificate (role manager, CN manager_user).
+                username=self.settings.manager_user if self.settings.insecure else None,
+                password=home.manager_password() if self.settings.insecure else None,
+                tls=None if self.settings.insecure else home.pki().manager_files(),
                 manual_ack=True,
                 max_inflight=1000,
             ),
@@ -159,9 +163,17 @@ class ManagerService:
         self._grpc_server, self.grpc_port = self.grpc_services.start(
             self.settings.grpc_host, self.grpc_port
         )
+        if not self.settings.insecure:
+            # Devices with no certificate yet enrol here (server-authenticated TLS).
+            self.enroll_server = EnrollServer(
+                self.home, self.settings.grpc_host, self.settings.enroll_port
+            )
+            self.enroll_server.start()
         self.mqtt.start()
 
     def stop(self) -> None:
+        if self.enroll_server is not None:
+            self.enroll_server.stop()
         self.mqtt.stop()
         if self._grpc_server is not None:
             self._grpc_server.stop(grace=1.0)

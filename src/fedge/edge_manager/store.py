@@ -186,6 +186,16 @@ CREATE TABLE IF NOT EXISTS drift_references (
     edge TEXT NOT NULL, model TEXT NOT NULL, first_rowid INTEGER NOT NULL,
     last_rowid INTEGER NOT NULL, rows TEXT NOT NULL, created_at REAL NOT NULL,
     PRIMARY KEY (edge, model));
+-- The fleet CA's issued certificates (issue 13; serial as text: 160-bit numbers) and
+-- enrollment tokens (only their SHA-256 is kept; single use, short-lived).
+CREATE TABLE IF NOT EXISTS certificates (
+    serial TEXT PRIMARY KEY, identity TEXT NOT NULL, role TEXT NOT NULL,
+    fingerprint TEXT NOT NULL, not_after REAL NOT NULL, issued_at REAL NOT NULL,
+    revoked_at REAL);
+CREATE INDEX IF NOT EXISTS certificates_identity ON certificates (identity);
+CREATE TABLE IF NOT EXISTS enrollment_tokens (
+    token_hash TEXT PRIMARY KEY, edge TEXT NOT NULL, created_at REAL NOT NULL,
+    expires_at REAL NOT NULL, used_at REAL);
 """
 
 _NEWER_LABEL = (

@@ -19,7 +19,7 @@ from fedge.protocols.deployment import DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.records import RecordBatch
-from fedge.transport.mqtt import Message, MqttSession, MqttSettings
+from fedge.transport.mqtt import Message, MqttSession
 
 
 @dataclass(frozen=True)
@@ -83,15 +83,7 @@ class FleetWatcher:
         )
         self._seen: queue.SimpleQueue[Seen] = queue.SimpleQueue()
         self.session = MqttSession(
-            MqttSettings(
-                host=credential.broker_host,
-                port=credential.broker_port,
-                client_id=credential.name,
-                username=credential.name,
-                password=credential.password,
-                clean_start=True,
-                session_expiry_s=0,
-            ),
+            credential.mqtt(),
             on_message=self._on_message,
             on_connect=lambda _: self.session.subscribe(self.subscription, qos=1),
         )

@@ -23,6 +23,7 @@ from typing import Any, TypeVar
 from fedge.protocols.alerts import Alert
 from fedge.protocols.config import ConfigReport, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStatus
+from fedge.protocols.enrollment import EnrollRequest, EnrollResponse
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
 from fedge.protocols.evaluation import EvaluationReport, EvaluationRequest
 from fedge.protocols.labels import StationLabels
@@ -49,6 +50,8 @@ KINDS: dict[type[Any], str] = {
     EvaluationRequest: "evaluation_request",
     EvaluationReport: "evaluation_report",
     Alert: "alert",
+    EnrollRequest: "enroll_request",
+    EnrollResponse: "enroll_response",
 }
 
 

@@ -337,7 +337,12 @@ class FleetCA:
         )
 
     def issue_client(
-        self, identity: str, role: Role, *, days: float = CLIENT_DAYS
+        self,
+        identity: str,
+        role: Role,
+        *,
+        days: float = CLIENT_DAYS,
+        now: dt.datetime | None = None,
     ) -> tuple[bytes, bytes]:
         """A client certificate and key for a holder whose key may be made here (the
         manager itself, an operator's tool on the manager's machine, tests)."""
@@ -345,7 +350,7 @@ class FleetCA:
         if role is Role.SERVER:
             raise CertificateError("use issue_server for servers")
         key = _new_key()
-        return self._issue(key.public_key(), identity, role, days=days), key_pem(key)
+        return self._issue(key.public_key(), identity, role, days=days, now=now), key_pem(key)
 
     def sign_csr(
         self,

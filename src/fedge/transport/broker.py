@@ -1,11 +1,18 @@
 """A Mosquitto broker that fedge configures and runs itself (tests, demo, benchmarks).
 
-Authentication is on by default: every edge has its own user, the broker uses the
-username as the client id (so one edge cannot take another's session), and the ACL lets
+Authentication is on by default: every edge has its own identity, the broker uses it as
+the client id (so one edge cannot take another's session), and the ACL lets
 an edge read only its ``down/`` topics and write only its ``up/`` topics. Operator
 accounts (people and tools that watch the fleet) read the fleet's topics and write nothing,
 so they never need the manager's identity (issue 9, defect 5: a second client under the
 manager's username took over its session).
+
+With ``tls`` (the default of a manager home, issue 13) the only listener is mutual TLS:
+``require_certificate`` refuses a client without a certificate of the fleet CA,
+``use_identity_as_username`` makes the certificate's common name the username the ACL is
+written for (no passwords at all), and ``crlfile`` refuses revoked certificates --
+re-read on SIGHUP (:meth:`MosquittoBroker.reload`). Without it (``--insecure``, for
+development) the listener is plain TCP with per-user passwords.
 """
 
 import getpass
@@ -20,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fedge.protocols import topics
+from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import BrokerError
 
 
@@ -33,11 +41,15 @@ class FleetAccess:
     manager_password: str
     edge_passwords: Mapping[str, str]
     operator_passwords: Mapping[str, str] = field(default_factory=dict)
+    # Under TLS identities come from certificates: edges and operators are named here and
+    # the password maps stay empty.
+    edges: frozenset[str] = frozenset()
+    operators: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         # The username is the client id and the key of the password file: a name used twice
         # would let one account overwrite (or take over the session of) the other.
-        edges, operators = set(self.edge_passwords), set(self.operator_passwords)
+        edges, operators = self.edge_names, self.operator_names
         clashes = (edges & operators) | ({self.manager_user} & (edges | operators))
         if clashes:
             raise BrokerError(
@@ -45,13 +57,21 @@ class FleetAccess:
                 "(manager, edges and operators need distinct names)"
             )
 
+    @property
+    def edge_names(self) -> set[str]:
+        return set(self.edge_passwords) | set(self.edges)
+
+    @property
+    def operator_names(self) -> set[str]:
+        return set(self.operator_passwords) | set(self.operators)
+
     def acl_text(self) -> str:
         fleet_root = f"{topics.ROOT}/{self.fleet}"
         lines = [f"user {self.manager_user}", f"topic readwrite {fleet_root}/#", ""]
-        for edge in sorted(self.edge_passwords):
+        for edge in sorted(self.edge_names):
             root = topics.edge_root(self.fleet, edge)
             lines += [f"user {edge}", f"topic read {root}/down/#", f"topic write {root}/up/#", ""]
-        for operator in sorted(self.operator_passwords):
+        for operator in sorted(self.operator_names):
             # Read-only: edges act only on down/ documents, which come from the manager
             # (signed), and the manager trusts up/ topics to name their writer.
             lines += [f"user {operator}", f"topic read {fleet_root}/#", ""]
@@ -78,17 +98,25 @@ def mosquitto_binary() -> str:
 class MosquittoBroker:
     """Run ``mosquitto`` on 127.0.0.1 with a generated config; stop and start it at will."""
 
-    def __init__(self, workdir: Path, access: FleetAccess, port: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        access: FleetAccess,
+        port: int | None = None,
+        *,
+        tls: TlsFiles | None = None,
+        host: str = "127.0.0.1",
+    ) -> None:
         self.workdir = workdir
         self.access = access
+        self.tls = tls
         self.port = port or free_port()
-        self.host = "127.0.0.1"
+        self.host = host
         self._process: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / "mosquitto.log"
         self.pid_path = workdir / "mosquitto.pid"
 
-    def _write_config(self) -> Path:
-        self.workdir.mkdir(parents=True, exist_ok=True)
+    def _write_passwords(self) -> Path:
         passwd = self.workdir / "passwd"
         entries = {self.access.manager_user: self.access.manager_password}
         entries.update(self.access.edge_passwords)
@@ -100,6 +128,27 @@ class MosquittoBroker:
         result = subprocess.run([hasher, "-U", str(passwd)], capture_output=True, check=False)
         if result.returncode != 0:
             raise BrokerError(f"mosquitto_passwd failed: {result.stderr.decode().strip()}")
+        return passwd
+
+    def _auth_lines(self) -> list[str]:
+        if self.tls is None:
+            return [f"password_file {self._write_passwords()}"]
+        (self.workdir / "passwd").unlink(missing_ok=True)  # no passwords under TLS
+        lines = [
+            f"cafile {self.tls.ca}",
+            f"certfile {self.tls.cert}",
+            f"keyfile {self.tls.key}",
+            "tls_version tlsv1.2",
+            "require_certificate true",
+            "use_identity_as_username true",
+        ]
+        if self.tls.crl is not None:
+            lines.append(f"crlfile {self.tls.crl}")
+        return lines
+
+    def _write_config(self) -> Path:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        auth = self._auth_lines()
         acl = self.workdir / "acl"
         acl.write_text(self.access.acl_text())
         os.chmod(acl, 0o600)
@@ -114,7 +163,7 @@ class MosquittoBroker:
                     # to our 0600 files; stay the user who started it.
                     f"user {getpass.getuser()}",
                     "allow_anonymous false",
-                    f"password_file {passwd}",
+                    *auth,
                     f"acl_file {acl}",
                     "use_username_as_clientid true",
                     "persistence true",

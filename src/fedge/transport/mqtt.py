@@ -8,6 +8,7 @@ message only after it is safely stored.
 """
 
 import logging
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -19,6 +20,7 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import TransportError
 from fedge.transport.link import LinkEvent, LinkState, advance
 
@@ -49,6 +51,9 @@ class MqttSettings:
     reconnect_min_s: int = 1
     reconnect_max_s: int = 30
     manual_ack: bool = False
+    # Mutual TLS with the fleet's certificates (issue 13): the broker takes the
+    # certificate's name as the username, so ``username``/``password`` stay None.
+    tls: TlsFiles | None = None
 
 
 @dataclass(frozen=True)
@@ -114,6 +119,16 @@ class MqttSession:
         )
         if settings.username is not None:
             self._client.username_pw_set(settings.username, settings.password)
+        if settings.tls is not None:
+            # paho reads the files itself (the key never passes through our code) and checks
+            # the broker's name against its certificate.
+            self._client.tls_set(
+                ca_certs=str(settings.tls.ca),
+                certfile=str(settings.tls.cert),
+                keyfile=str(settings.tls.key),
+                cert_reqs=ssl.CERT_REQUIRED,
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
         # A factory gives every connection attempt its own will (a fresh session counter).
         self._will_factory = will_factory or ((lambda: will) if will is not None else None)
         # lazy: take the first will in start(), so a session that never connects costs nothing.

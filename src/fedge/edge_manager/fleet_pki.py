@@ -1,0 +1,132 @@
+"""The fleet CA's files in a manager home, and the server and manager certificates.
+
+<home>/pki/ca.crt                 the fleet CA certificate (what every party pins)
+<home>/pki/ca.key                 its key, 0600; encrypted when FEDGE_CA_PASSPHRASE is set
+<home>/pki/crl.pem                revoked certificates, rewritten atomically on revocation
+<home>/pki/servers/<name>.crt|key the broker's, gRPC's, the SuperLink's and enrollment's
+<home>/pki/clients/manager.crt|key the manager's own client certificate (broker user)
+
+Which certificates were issued and revoked is in the manager's store
+(:mod:`fedge.edge_manager.credentials`); this module only reads and writes files.
+"""
+
+import os
+import socket
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+from fedge.edge_manager.errors import ManagerError
+from fedge.protocols import pki
+from fedge.protocols.pki import FleetCA, Revoked, Role, TlsFiles
+
+PASSPHRASE_ENV = "FEDGE_CA_PASSPHRASE"
+SERVERS = ("broker", "grpc", "superlink", "enroll")
+
+
+def passphrase() -> bytes | None:
+    """The CA key's passphrase from the environment (never from a file in the home)."""
+    value = os.environ.get(PASSPHRASE_ENV, "")
+    return value.encode() if value else None
+
+
+def server_hosts(*hosts: str) -> list[str]:
+    """The names a server certificate must carry: loopback, this machine's name, and the
+    hosts given (the advertised host, non-wildcard bind hosts)."""
+    names = ["127.0.0.1", "localhost", socket.gethostname()]
+    for host in hosts:
+        bare = host.strip().strip("[]")
+        if bare and bare not in ("0.0.0.0", "::", "*") and bare not in names:
+            names.append(bare)
+    return names
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)
+
+
+class FleetPki:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    @property
+    def ca_path(self) -> Path:
+        return self.root / "ca.crt"
+
+    @property
+    def ca_key_path(self) -> Path:
+        return self.root / "ca.key"
+
+    @property
+    def crl_path(self) -> Path:
+        return self.root / "crl.pem"
+
+    def exists(self) -> bool:
+        return self.ca_path.exists() and self.ca_key_path.exists()
+
+    def create(self, fleet: str, hosts: Sequence[str], manager_user: str) -> FleetCA:
+        """A new CA, its empty CRL, server certificates for ``hosts`` and the manager's
+        client certificate (``manager_user`` is its broker user name)."""
+        if self.exists():
+            raise ManagerError(f"{self.root} already holds a fleet CA")
+        self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
+        ca = FleetCA.create(fleet)
+        ca.save(self.ca_path, self.ca_key_path, passphrase())
+        self.write_crl(ca, [])
+        self.issue_servers(ca, hosts)
+        cert, key = ca.issue_client(manager_user, Role.MANAGER, days=pki.SERVER_DAYS)
+        self._write_pair(self.root / "clients" / "manager", cert, key)
+        return ca
+
+    def ca(self) -> FleetCA:
+        if not self.exists():
+            raise ManagerError(
+                f"{self.root} holds no fleet CA; this home was made with --insecure "
+                "(plain listeners), or before certificates existed"
+            )
+        try:
+            return FleetCA.load(self.ca_path, self.ca_key_path, passphrase())
+        except pki.CertificateError as exc:
+            raise ManagerError(f"cannot open the fleet CA in {self.root}: {exc}") from None
+
+    def ca_fingerprint(self) -> str:
+        return pki.fingerprint(pki.load_certificate(self.ca_path.read_bytes()))
+
+    def issue_servers(self, ca: FleetCA, hosts: Sequence[str]) -> None:
+        """(Re)issue every server certificate for ``hosts`` (after `manager advertise`)."""
+        for name in SERVERS:
+            cert, key = ca.issue_server(name, server_hosts(*hosts))
+            self._write_pair(self.root / "servers" / name, cert, key)
+
+    def write_crl(self, ca: FleetCA, revoked: Iterable[Revoked]) -> None:
+        _atomic_write(self.crl_path, ca.crl(revoked))
+
+    def _write_pair(self, stem: Path, cert: bytes, key: bytes) -> None:
+        stem.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        pki.write_private(stem.with_suffix(".key"), key)
+        _atomic_write(stem.with_suffix(".crt"), cert)
+
+    def _files(self, stem: Path, *, crl: bool) -> TlsFiles:
+        return TlsFiles(
+            ca=self.ca_path,
+            cert=stem.with_suffix(".crt"),
+            key=stem.with_suffix(".key"),
+            crl=self.crl_path if crl else None,
+        )
+
+    def server_files(self, name: str) -> TlsFiles:
+        if name not in SERVERS:
+            raise ManagerError(f"no server certificate {name!r} (known: {', '.join(SERVERS)})")
+        return self._files(self.root / "servers" / name, crl=True)
+
+    def manager_files(self) -> TlsFiles:
+        return self._files(self.root / "clients" / "manager", crl=False)
+
+    def client_files(self, name: str) -> TlsFiles:
+        """A client certificate kept in the home (operators' tools run on this machine)."""
+        return self._files(self.root / "clients" / name, crl=False)
+
+    def write_client(self, name: str, cert: bytes, key: bytes) -> TlsFiles:
+        self._write_pair(self.root / "clients" / name, cert, key)
+        return self.client_files(name)

@@ -1,0 +1,210 @@
+"""Mutual TLS at the broker (issue 13), against a real Mosquitto run from a manager home.
+
+Who is refused: no certificate, another CA's, an expired one, a revoked one. What a
+certificate may do: a station writes only its own up/ topics and reads only its own down/
+topics; an operator's certificate reads and cannot pass for the manager.
+"""
+
+import datetime as dt
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FleetHome, RawClient, make_fleet_home, wait_until
+
+from fedge.edge_manager.enrollment import revoke
+from fedge.edge_manager.operators import add_operator
+from fedge.protocols import pki, topics
+from fedge.protocols.pki import FleetCA, Role, TlsFiles
+from fedge.transport.broker import MosquittoBroker
+
+FLEET = "plant-a"
+NOT_AUTHORIZED = 0x87
+
+
+@pytest.fixture
+def tls_fleet(tmp_path: Path) -> Iterator[tuple[FleetHome, MosquittoBroker]]:
+    fh = make_fleet_home(tmp_path, edges=("st-01", "st-02"), fleet=FLEET)
+    broker = fh.broker()
+    broker.start()
+    try:
+        yield fh, broker
+    finally:
+        broker.stop()
+        fh.close()
+
+
+def station_files(fh: FleetHome, edge: str) -> TlsFiles:
+    files = fh.agent_settings(edge).tls()
+    assert files is not None
+    return files
+
+
+def write_client(folder: Path, name: str, cert: bytes, key: bytes, ca: Path) -> TlsFiles:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.crt").write_bytes(cert)
+    pki.write_private(folder / f"{name}.key", key)
+    return TlsFiles(ca=ca, cert=folder / f"{name}.crt", key=folder / f"{name}.key")
+
+
+def outcome(port: int, **kwargs: object) -> str:
+    """Connect once: "accepted", or what the refusal looked like."""
+    client = RawClient(port, "", "", client_id="probe", **kwargs)  # type: ignore[arg-type]
+    try:
+        wait_until(
+            lambda: client.error or client.disconnects or client.connect_code is not None,
+            10,
+            "the broker's answer",
+        )
+        if client.connect_code == 0:
+            return "accepted"
+        return client.error or f"refused (code {client.connect_code}, {client.disconnects} drops)"
+    finally:
+        client.close()
+
+
+def refused(port: int, **kwargs: object) -> str:
+    """The broker refuses (retried for a few seconds: a reload is asynchronous)."""
+    return wait_until(
+        lambda: outcome(port, **kwargs), 10, "a refusal", expect=lambda o: o != "accepted"
+    )
+
+
+def test_a_station_with_its_certificate_connects_without_any_password(
+    tls_fleet: tuple[FleetHome, MosquittoBroker],
+) -> None:
+    fh, broker = tls_fleet
+    config = fh.agents["st-01"].read_text()
+    assert "password" not in config and "insecure" not in config
+    assert (fh.home.root / "broker" / "passwd").exists() is False
+    client = RawClient(broker.port, "", "", client_id="st-01", tls=station_files(fh, "st-01"))
+    try:
+        client.wait_connected()
+    finally:
+        client.close()
+
+
+def test_no_certificate_another_ca_and_expired_are_refused(
+    tls_fleet: tuple[FleetHome, MosquittoBroker], tmp_path: Path
+) -> None:
+    fh, broker = tls_fleet
+    ca_path = fh.home.pki().ca_path
+    refused(broker.port, ca_only=ca_path)
+
+    stranger = FleetCA.create(FLEET)  # same fleet name, another CA
+    cert, key = stranger.issue_client("st-01", Role.EDGE)
+    refused(broker.port, tls=write_client(tmp_path / "stranger", "st-01", cert, key, ca_path))
+
+    past = pki.utcnow() - dt.timedelta(days=30)
+    cert, key = fh.home.pki().ca().issue_client("st-01", Role.EDGE, days=1, now=past)
+    refused(broker.port, tls=write_client(tmp_path / "expired", "st-01", cert, key, ca_path))
+    assert "certificate verify failed" in broker.log_path.read_text()
+
+
+def test_a_revoked_station_is_refused_and_its_open_session_goes_deaf_and_mute(
+    tls_fleet: tuple[FleetHome, MosquittoBroker],
+) -> None:
+    fh, broker = tls_fleet
+    manager = RawClient(
+        broker.port, "", "", client_id="fedge-manager", tls=fh.home.pki().manager_files()
+    )
+    open_session = RawClient(broker.port, "", "", client_id="st-02", tls=station_files(fh, "st-02"))
+    try:
+        manager.wait_connected()
+        open_session.wait_connected()
+        up = f"{topics.edge_root(FLEET, 'st-02')}/up/telemetry"
+        assert manager.subscribe(f"{topics.ROOT}/{FLEET}/+/up/+") == [1]
+        assert open_session.publish(up, b"before") == 0
+        wait_until(lambda: manager.received(up), 10, "the message before revocation")
+
+        revoked = revoke(fh.home, "st-02")
+        assert [c.identity for c in revoked] == ["st-02"]
+        # The broker re-read its CRL and ACL (SIGHUP): a new connection is refused...
+        wait_until(
+            lambda: "st-02" not in (fh.home.root / "broker" / "acl").read_text(), 5, "the ACL"
+        )
+        refused(broker.port, tls=station_files(fh, "st-02"))
+        # ...and the session still open can no longer publish (nor would it receive).
+        wait_until(
+            lambda: open_session.publish(up, b"after") == NOT_AUTHORIZED, 10, "the ACL reload"
+        )
+        assert [p for _, p in manager.received(up)] == [b"before"]
+        # The other station is untouched.
+        other = RawClient(broker.port, "", "", client_id="st-01", tls=station_files(fh, "st-01"))
+        other.wait_connected()
+        other.close()
+    finally:
+        manager.close()
+        open_session.close()
+
+
+def test_a_station_writes_and_reads_only_its_own_topics(
+    tls_fleet: tuple[FleetHome, MosquittoBroker],
+) -> None:
+    fh, broker = tls_fleet
+    st1 = RawClient(broker.port, "", "", client_id="st-01", tls=station_files(fh, "st-01"))
+    manager = RawClient(
+        broker.port, "", "", client_id="fedge-manager", tls=fh.home.pki().manager_files()
+    )
+    try:
+        st1.wait_connected()
+        manager.wait_connected()
+        other_up = f"{topics.edge_root(FLEET, 'st-02')}/up/telemetry"
+        other_down = f"{topics.edge_root(FLEET, 'st-02')}/down/config"
+        assert st1.publish(other_up, b"forged") == NOT_AUTHORIZED
+        assert st1.publish(f"{topics.edge_root(FLEET, 'st-01')}/down/config", b"x") == (
+            NOT_AUTHORIZED
+        )
+        st1.subscribe(other_down)  # granted or not, nothing of st-02's may arrive
+        assert manager.publish(other_down, b"for st-02 only") == 0
+        own_down = f"{topics.edge_root(FLEET, 'st-01')}/down/config"
+        st1.subscribe(own_down)
+        assert manager.publish(own_down, b"for st-01") == 0
+        wait_until(lambda: st1.received(own_down), 10, "st-01's own document")
+        assert st1.received(other_down) == []
+    finally:
+        st1.close()
+        manager.close()
+
+
+def test_an_operator_certificate_reads_but_cannot_pass_for_the_manager(
+    tls_fleet: tuple[FleetHome, MosquittoBroker],
+) -> None:
+    fh, broker = tls_fleet
+    credential = add_operator(fh.home, "alice")
+    assert credential.tls is not None and credential.password == ""
+    manager = RawClient(
+        broker.port, "", "", client_id="fedge-manager", tls=fh.home.pki().manager_files()
+    )
+    manager.wait_connected()
+    # Asking for the manager's client id with alice's certificate: the broker names the
+    # session after the certificate, so the manager's session is not taken over...
+    alice = wait_until(
+        lambda: _connected(broker.port, credential.tls), 10, "alice's connection (ACL reload)"
+    )
+    try:
+        down = f"{topics.edge_root(FLEET, 'st-01')}/down/config"
+        assert alice.publish(down, b"forged config") == NOT_AUTHORIZED
+        assert manager.disconnects == 0
+        up = f"{topics.edge_root(FLEET, 'st-01')}/up/telemetry"
+        alice.subscribe(up)
+        station = RawClient(broker.port, "", "", client_id="st-01", tls=station_files(fh, "st-01"))
+        station.wait_connected()
+        assert station.publish(up, b"reading") == 0
+        wait_until(lambda: alice.received(up), 10, "alice reads the fleet")
+        station.close()
+    finally:
+        alice.close()
+        manager.close()
+
+
+def _connected(port: int, tls: TlsFiles | None) -> RawClient | None:
+    client = RawClient(port, "", "", client_id="fedge-manager", tls=tls)
+    deadline = time.monotonic() + 5
+    while client.connect_code is None and not client.error and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if client.connect_code == 0:
+        return client
+    client.close()
+    return None
