@@ -180,9 +180,11 @@ def test_an_operator_certificate_reads_but_cannot_pass_for_the_manager(
     manager.wait_connected()
     # Asking for the manager's client id with alice's certificate: the broker names the
     # session after the certificate, so the manager's session is not taken over...
-    alice = wait_until(
+    found = wait_until(
         lambda: _connected(broker.port, credential.tls), 10, "alice's connection (ACL reload)"
     )
+    assert found is not None
+    alice = found
     try:
         down = f"{topics.edge_root(FLEET, 'st-01')}/down/config"
         assert alice.publish(down, b"forged config") == NOT_AUTHORIZED
