@@ -250,6 +250,29 @@ class FleetHome:
         self.agents[edge] = out
         return out
 
+    def tls_files(self, identity: str) -> TlsFiles:
+        """The certificate ``identity`` connects with: an edge's (beside its agent.toml),
+        the manager's, or an operator's (kept in the home)."""
+        if identity in self.agents:
+            files = self.agent_settings(identity).tls()
+            assert files is not None
+            return files
+        if identity == self.settings.manager_user:
+            return self.home.pki().manager_files()
+        return self.home.pki().client_files(identity)
+
+    def client(self, port: int, identity: str, client_id: str = "") -> RawClient:
+        """A bare MQTT client connected as ``identity`` the way this home authenticates:
+        its certificate (mutual TLS), or in an --insecure home its password."""
+        if not self.settings.insecure:
+            return RawClient(port, "", "", client_id or identity, tls=self.tls_files(identity))
+        passwords = {
+            self.settings.manager_user: self.home.manager_password(),
+            **self.home.edge_passwords(),
+            **{n: str(a["password"]) for n, a in self.home.operator_accounts().items()},
+        }
+        return RawClient(port, identity, passwords[identity], client_id)
+
     def set_agent_option(self, edge: str, key: str, value: int | float) -> None:
         """Change (or add) one scalar setting in the edge's agent.toml."""
         path = self.agents[edge]
@@ -285,8 +308,11 @@ class FleetHome:
             self._db = None
 
 
-def make_fleet_home(root: Path, edges: Iterable[str] = EDGES, fleet: str = FLEET) -> FleetHome:
-    """An initialised manager home on free ports with ``edges`` enrolled."""
+def make_fleet_home(
+    root: Path, edges: Iterable[str] = EDGES, fleet: str = FLEET, *, insecure: bool = False
+) -> FleetHome:
+    """An initialised manager home on free ports with ``edges`` enrolled: mutual TLS with
+    the fleet CA, or (``insecure``) plain TCP with passwords."""
     home = ManagerHome(root / "home")
     home.init(
         ManagerSettings(
@@ -295,6 +321,7 @@ def make_fleet_home(root: Path, edges: Iterable[str] = EDGES, fleet: str = FLEET
             grpc_port=free_port(),
             superlink_port=free_port(),
             enroll_port=free_port(),
+            insecure=insecure,
         )
     )
     fleet_home = FleetHome(root, home)
@@ -528,6 +555,30 @@ def connect_code(port: int, username: str, password: str) -> int:
         return code
     finally:
         client.close()
+
+
+def mqtt_outcome(port: int, **kwargs: Any) -> str:
+    """Connect once (``RawClient`` arguments after the port): "accepted", or what the
+    refusal looked like (a TLS error, a CONNACK code, a dropped connection)."""
+    client = RawClient(port, "", "", client_id=kwargs.pop("client_id", "probe"), **kwargs)
+    try:
+        wait_until(
+            lambda: client.error or client.disconnects or client.connect_code is not None,
+            10,
+            "the broker's answer",
+        )
+        if client.connect_code == 0:
+            return "accepted"
+        return client.error or f"refused (code {client.connect_code}, {client.disconnects} drops)"
+    finally:
+        client.close()
+
+
+def refused(port: int, **kwargs: Any) -> str:
+    """The broker refuses this client (retried for a few seconds: reloads are async)."""
+    return wait_until(
+        lambda: mqtt_outcome(port, **kwargs), 10, "a refusal", expect=lambda o: o != "accepted"
+    )
 
 
 # ---------------------------------------------------------------- fedge subprocesses

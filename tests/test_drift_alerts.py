@@ -95,8 +95,8 @@ def station(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Station]:
     broker.start()
     service = ManagerService(fh.home)
     processes = Processes(root / "logs", env={"FEDGE_HOME": str(fh.home.root)})
-    operator = RawClient(broker.port, credential.name, credential.password)
-    forger = RawClient(broker.port, IDLE_EDGE, fh.home.edge_passwords()[IDLE_EDGE])
+    operator = fh.client(broker.port, credential.name)
+    forger = fh.client(broker.port, IDLE_EDGE)
     try:
         service.start()
         alerts_topic = topics.alerts(fh.settings.fleet)

@@ -14,9 +14,9 @@ from conftest import (
     EDGES,
     FleetHome,
     Processes,
-    connect_code,
     drop_images,
     free_port,
+    mqtt_outcome,
     port_open,
     wait_until,
 )
@@ -224,14 +224,13 @@ def test_edge_enrolled_while_the_broker_runs_can_connect(
     toml = fleet_home.root / "st-03" / "agent.toml"
     processes.cli("edge", "enroll", "st-03", "--out", str(toml))
     fleet_home.agents["st-03"] = toml
-    password = fleet_home.agent_settings("st-03").password
-    # The running broker re-reads its accounts on SIGHUP; that takes a moment.
+    # The running broker re-reads its ACL on SIGHUP; that takes a moment.
     wait_until(
-        lambda: connect_code(port, "st-03", password),
+        lambda: mqtt_outcome(port, tls=fleet_home.tls_files("st-03"), client_id="st-03"),
         10,
         "the running broker to accept st-03",
-        expect=lambda code: code == 0,
+        expect=lambda outcome: outcome == "accepted",
     )
     for edge in EDGES:
-        assert connect_code(port, edge, fleet_home.agent_settings(edge).password) == 0
+        assert mqtt_outcome(port, tls=fleet_home.tls_files(edge), client_id=edge) == "accepted"
     assert broker.running()

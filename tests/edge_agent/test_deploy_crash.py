@@ -115,6 +115,7 @@ def test_a_kill_during_a_deployment_never_trusts_the_new_model_unjudged(
         data_dir=tmp_path,
         broker_host="127.0.0.1",
         broker_port=1,
+        insecure=True,
         password="p",
         grpc_target="127.0.0.1:1",
         manager_public_key=key.public.to_text(),

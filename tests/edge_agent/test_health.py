@@ -132,6 +132,7 @@ def test_agent_settings_carry_sane_probation_defaults() -> None:
         data_dir=Path("/tmp/x"),
         broker_host="h",
         broker_port=1,
+        insecure=True,
         password="p",
         grpc_target="h:2",
         manager_public_key="k",

@@ -84,6 +84,7 @@ def agent(tmp_path: Path) -> Iterator[EdgeAgent]:
         data_dir=tmp_path / "data",
         broker_host="127.0.0.1",
         broker_port=1,
+        insecure=True,
         password="secret",
         grpc_target="127.0.0.1:1",
         manager_public_key=SigningKey.generate().public.to_text(),

@@ -277,6 +277,7 @@ def _settings(models: Models) -> AgentSettings:
         data_dir=models.data_dir,
         broker_host="127.0.0.1",
         broker_port=1,
+        insecure=True,
         password="secret",
         grpc_target="127.0.0.1:1",
         manager_public_key=models.fh.home.signing_key().public.to_text(),

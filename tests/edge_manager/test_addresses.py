@@ -91,7 +91,9 @@ def test_enroll_refuses_a_wildcard_and_names_the_fix(tmp_path: Path) -> None:
     assert code == 1, output
     assert "cannot enrol st-01: grpc_host '0.0.0.0'" in output
     assert "fedge manager advertise HOST" in output and "--advertise-host" in output
-    assert not out.exists() and home.edge_passwords() == {}  # nothing was created
+    assert not out.exists()  # nothing was created
+    with opened(home) as fleet:
+        assert fleet.edges() == [] and fleet.store.scalar("SELECT count(*) FROM certificates") == 0
     with opened(home) as fleet, pytest.raises(ManagerError, match="wildcard"):
         fleet.deploy("inspect", 1, [])  # unknown model aside, a wildcard is refused first
 

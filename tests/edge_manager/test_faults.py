@@ -451,7 +451,7 @@ def intruder(plant: Plant) -> Iterator[RawClient]:
     plant.broker = plant.fh.broker()
     plant.broker.start()
     plant.start_serve()
-    client = RawClient(plant.broker.port, INTRUDER, plant.fh.home.edge_passwords()[INTRUDER])
+    client = plant.fh.client(plant.broker.port, INTRUDER)
     try:
         client.wait_connected()
         assert client.publish(_up("state"), _dumps(_liveness())) < 0x80

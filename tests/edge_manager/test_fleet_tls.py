@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FleetHome, RawClient, make_fleet_home, wait_until
+from conftest import FleetHome, RawClient, make_fleet_home, refused, wait_until
 
 from fedge.edge_manager.enrollment import revoke
 from fedge.edge_manager.operators import add_operator
@@ -46,29 +46,6 @@ def write_client(folder: Path, name: str, cert: bytes, key: bytes, ca: Path) -> 
     (folder / f"{name}.crt").write_bytes(cert)
     pki.write_private(folder / f"{name}.key", key)
     return TlsFiles(ca=ca, cert=folder / f"{name}.crt", key=folder / f"{name}.key")
-
-
-def outcome(port: int, **kwargs: object) -> str:
-    """Connect once: "accepted", or what the refusal looked like."""
-    client = RawClient(port, "", "", client_id="probe", **kwargs)  # type: ignore[arg-type]
-    try:
-        wait_until(
-            lambda: client.error or client.disconnects or client.connect_code is not None,
-            10,
-            "the broker's answer",
-        )
-        if client.connect_code == 0:
-            return "accepted"
-        return client.error or f"refused (code {client.connect_code}, {client.disconnects} drops)"
-    finally:
-        client.close()
-
-
-def refused(port: int, **kwargs: object) -> str:
-    """The broker refuses (retried for a few seconds: a reload is asynchronous)."""
-    return wait_until(
-        lambda: outcome(port, **kwargs), 10, "a refusal", expect=lambda o: o != "accepted"
-    )
 
 
 def test_a_station_with_its_certificate_connects_without_any_password(

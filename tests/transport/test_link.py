@@ -60,14 +60,12 @@ def test_the_session_logs_loss_and_reconnection(
 ) -> None:
     fh = make_fleet_home(tmp_path, edges=())
     broker = fh.broker()
-    password = fh.home.manager_password()
     session = MqttSession(
         MqttSettings(
             host="127.0.0.1",
             port=fh.settings.broker_port,
             client_id=fh.settings.manager_user,
-            username=fh.settings.manager_user,
-            password=password,
+            tls=fh.home.pki().manager_files(),
         )
     )
     caplog.set_level(logging.INFO, logger="fedge.transport.mqtt")
@@ -85,5 +83,6 @@ def test_the_session_logs_loss_and_reconnection(
         broker.stop()
         fh.close()
     assert f"mqtt {fh.settings.manager_user} -> 127.0.0.1:{fh.settings.broker_port}" in caplog.text
-    assert password not in caplog.text
+    key_body = fh.home.pki().manager_files().key.read_text().splitlines()[1]
+    assert key_body not in caplog.text
     assert "disconnected (stopping)" in caplog.text

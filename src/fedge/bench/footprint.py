@@ -230,7 +230,7 @@ def run_footprint(
         http_port = free_port()
         config = bed.root / "station" / "agent.toml"
         config.parent.mkdir()
-        toml = agent_toml(bed.home, edge, bed.passwords[edge], config.parent / "data")
+        toml = agent_toml(bed.home, edge, config.parent / "data", password=bed.passwords[edge])
         lines = [line for line in toml.splitlines() if not line.startswith("http_port")]
         config.write_text("\n".join([*lines, f"http_port = {http_port}", ""]))
         config.chmod(0o600)

@@ -159,6 +159,7 @@ def make_agent(data_dir: Path, model_path: Path, image_size: int) -> EdgeAgent:
         data_dir=data_dir,
         broker_host="127.0.0.1",
         broker_port=1,  # never connected
+        insecure=True,
         password="unused",
         grpc_target="127.0.0.1:1",
         manager_public_key=SigningKey.generate().public.to_text(),

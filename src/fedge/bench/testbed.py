@@ -58,7 +58,16 @@ class Testbed:
         self.root = Path(self._tmp.name)
         self.progress = progress
         self.home = ManagerHome(self.root / "home")
-        self.home.init(ManagerSettings(fleet=FLEET, broker_port=free_port(), grpc_port=free_port()))
+        # Passwords and plain TCP unless ``tls``: the benchmarks run both, side by side.
+        self.home.init(
+            ManagerSettings(
+                fleet=FLEET,
+                broker_port=free_port(),
+                grpc_port=free_port(),
+                enroll_port=free_port(),
+                insecure=True,
+            )
+        )
         self.settings = self.home.settings()
         self.store = Store(self.home.db_path)
         key = self.home.signing_key()

@@ -117,11 +117,12 @@ def _check_new_name(home: ManagerHome, name: str) -> None:
         raise ManagerError(str(exc)) from None
     if name == home.settings().manager_user:
         raise ManagerError(f"{name!r} is the manager's own broker user; pick another name")
-    if name in home.edge_passwords():
+    held = {c.role for c in _certificates(home, name) if not c.revoked}
+    if name in home.edge_passwords() or "edge" in held:
         raise ManagerError(f"{name!r} is an enrolled edge; operators need names of their own")
     if name in home.operator_accounts():
         raise ManagerError(f"operator {name!r} exists; remove it first to issue a new credential")
-    if not home.settings().insecure and _certificates(home, name):
+    if held:
         raise ManagerError(f"{name!r} holds certificates already; pick another name")
 
 
