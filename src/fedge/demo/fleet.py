@@ -84,6 +84,7 @@ def run_demo(out: Path) -> int:
             broker_port=free_port(),
             grpc_port=free_port(),
             superlink_port=free_port(),
+            enroll_port=free_port(),
             # The demo's stations score tens of parts, not thousands: judge drift on
             # windows of 40 and look every 2 s.
             monitor_interval_s=2.0,

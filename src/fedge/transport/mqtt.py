@@ -119,16 +119,15 @@ class MqttSession:
         )
         if settings.username is not None:
             self._client.username_pw_set(settings.username, settings.password)
+        self._ssl: ssl.SSLContext | None = None
         if settings.tls is not None:
-            # paho reads the files itself (the key never passes through our code) and checks
-            # the broker's name against its certificate.
-            self._client.tls_set(
-                ca_certs=str(settings.tls.ca),
-                certfile=str(settings.tls.cert),
-                keyfile=str(settings.tls.key),
-                cert_reqs=ssl.CERT_REQUIRED,
-                tls_version=ssl.PROTOCOL_TLS_CLIENT,
-            )
+            # Our own context (OpenSSL reads the files; the key never passes through our
+            # code), so a renewed certificate can be loaded into it: the next connection
+            # presents it, the current one carries on (no downtime).
+            self._ssl = ssl.create_default_context(cafile=str(settings.tls.ca))
+            self._ssl.minimum_version = ssl.TLSVersion.TLSv1_2
+            self._ssl.load_cert_chain(str(settings.tls.cert), str(settings.tls.key))
+            self._client.tls_set_context(self._ssl)
         # A factory gives every connection attempt its own will (a fresh session counter).
         self._will_factory = will_factory or ((lambda: will) if will is not None else None)
         # lazy: take the first will in start(), so a session that never connects costs nothing.
@@ -154,6 +153,13 @@ class MqttSession:
         self._client.will_set(
             will.topic, will.payload, qos=will.qos, retain=will.retain, properties=will_props
         )
+
+    def reload_certificate(self) -> None:
+        """Present the certificate now in the TLS files from the next connection on."""
+        tls = self.settings.tls
+        if self._ssl is None or tls is None:
+            return
+        self._ssl.load_cert_chain(str(tls.cert), str(tls.key))
 
     # -- lifecycle
 
