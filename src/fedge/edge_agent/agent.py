@@ -24,6 +24,7 @@ from fedge.edge_agent.labels_down import apply_labels
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
 from fedge.edge_agent.privacy_budget import admit_budget
+from fedge.edge_agent.renewal import renewer_for
 from fedge.edge_agent.scorer import ImageFile as ImageFile
 from fedge.edge_agent.scorer import Scorer
 from fedge.edge_agent.scoring import Scored
@@ -97,6 +98,8 @@ class EdgeAgent:
             will_factory=self._next_will,
             lazy_will=True,
         )
+        # Renews the station's certificate before it expires (None: --insecure).
+        self.renewer = renewer_for(settings, lambda: self.mqtt.reload_certificate())
         # Resolved at each send (tests replace self.mqtt with a paho-like twin).
         self.outbox = OutboxSender(
             self.store,
@@ -150,11 +153,15 @@ class EdgeAgent:
         self.supervisor = SupernodeSupervisor(self.settings.data_dir / "supernode")
         self.supervisor.start()
         self._apply_training()
+        if self.renewer is not None:
+            self.renewer.start()
         self.mqtt.start()  # takes the first will (a new session number) now
         self._publisher.start()
 
     def stop(self) -> None:
         self._stop.set()
+        if self.renewer is not None:
+            self.renewer.stop()
         self._publisher.join(timeout=5)
         goodbye = Liveness(
             self.settings.edge,

@@ -84,7 +84,7 @@ def _post(url: str, request: EnrollRequest, ca_pem: bytes) -> EnrollResponse:
         raise EnrollmentRefused(f"the enrollment reply is malformed: {exc}") from None
 
 
-def _agent_toml(response: EnrollResponse, tls: TlsFiles, data_dir: Path) -> str:
+def _agent_toml(response: EnrollResponse, tls: TlsFiles, data_dir: Path, url: str) -> str:
     return "\n".join(
         [
             f'fleet = "{response.fleet}"',
@@ -97,6 +97,7 @@ def _agent_toml(response: EnrollResponse, tls: TlsFiles, data_dir: Path) -> str:
             f'key_file = "{tls.key}"',
             f'grpc_target = "{response.grpc_target}"',
             f'superlink = "{response.superlink}"',
+            f'enroll_url = "{url}"',
             f'manager_public_key = "{response.manager_public_key}"',
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",
@@ -135,5 +136,5 @@ def enroll_device(
     pki.write_private(tls.key, key_pem)
     tls.cert.write_text(response.certificate)
     tls.ca.write_bytes(ca_pem)
-    config.write_text(_agent_toml(response, tls, (data_dir or folder / "data").resolve()))
+    config.write_text(_agent_toml(response, tls, (data_dir or folder / "data").resolve(), url))
     return Enrolled(config, tls, response)

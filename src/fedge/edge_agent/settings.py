@@ -79,6 +79,8 @@ class AgentSettings:
     ca_file: Path | None = None
     cert_file: Path | None = None
     key_file: Path | None = None
+    # Where the certificate is renewed (the manager's enrollment endpoint, https://...).
+    enroll_url: str = ""
     # Plain TCP with a password, for development only; never the default.
     insecure: bool = False
     password: str = field(default="", repr=False)

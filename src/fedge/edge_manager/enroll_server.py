@@ -7,6 +7,9 @@ device pins the CA by the fingerprint in its token):
     GET  /v1/ca      the fleet CA certificate (public; the device checks its fingerprint)
     POST /v1/enroll  an EnrollRequest (edge, token, CSR) -> an EnrollResponse, or
                      400 (malformed), 403 (token or CSR refused), 413 (oversized)
+    POST /v1/renew   a RenewRequest (CSR for a new key) sent with the station's current
+                     certificate as TLS client certificate -> an EnrollResponse; 401
+                     without one, 403 for a revoked/foreign one or a CSR for another name
 
 Every refusal is counted by reason and changes nothing (:func:`enrollment.redeem` consumes
 a token only when it issues). Tokens and CSRs are never logged.
@@ -21,10 +24,10 @@ from collections import Counter
 from typing import Any
 
 from fedge.edge_manager.credentials import EnrollmentError
-from fedge.edge_manager.enrollment import redeem
+from fedge.edge_manager.enrollment import redeem, renew
 from fedge.edge_manager.home import ManagerHome
 from fedge.protocols import codec
-from fedge.protocols.enrollment import EnrollRequest
+from fedge.protocols.enrollment import EnrollRequest, RenewRequest
 from fedge.protocols.errors import ProtocolError
 
 log = logging.getLogger(__name__)
@@ -42,6 +45,10 @@ class EnrollServer:
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
         context.load_cert_chain(str(files.cert), str(files.key))
+        # Optional: a device enrolling has no certificate yet; one renewing presents its
+        # current one, which OpenSSL checks against the fleet CA.
+        context.verify_mode = ssl.CERT_OPTIONAL
+        context.load_verify_locations(cafile=str(files.ca))
         self._httpd = http.server.ThreadingHTTPServer((host, port), self._handler())
         self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self.port = int(self._httpd.server_address[1])
@@ -85,31 +92,57 @@ class EnrollServer:
                     return
                 self._reply(200, server.home.pki().ca_path.read_bytes(), "application/x-pem-file")
 
-            def do_POST(self) -> None:
-                if self.path != "/v1/enroll":
-                    self._reply(404, b"{}")
-                    return
+            def _body(self) -> bytes | None:
                 try:
                     length = int(self.headers.get("Content-Length", ""))
                 except ValueError:
                     self._refuse(411, "no_length", "Content-Length is required")
-                    return
+                    return None
                 if not 0 < length <= MAX_BODY:
                     self._refuse(413, "oversized", f"a request is at most {MAX_BODY} bytes")
+                    return None
+                return bytes(self.rfile.read(length))
+
+            def do_POST(self) -> None:
+                if self.path not in ("/v1/enroll", "/v1/renew"):
+                    self._reply(404, b"{}")
                     return
-                body = self.rfile.read(length)
+                body = self._body()
+                if body is None:
+                    return
                 try:
-                    request = codec.decode(body, EnrollRequest, max_bytes=MAX_BODY)
+                    if self.path == "/v1/enroll":
+                        request = codec.decode(body, EnrollRequest, max_bytes=MAX_BODY)
+                        edge = request.edge
+                        response = redeem(server.home, request)
+                    else:
+                        peer = self._peer_certificate()
+                        if peer is None:
+                            return
+                        renewal = codec.decode(body, RenewRequest, max_bytes=MAX_BODY)
+                        response = renew(server.home, peer, renewal)
+                        edge = response.edge
                 except ProtocolError as exc:
                     self._refuse(400, exc.reason, str(exc))
                     return
-                try:
-                    response = redeem(server.home, request)
                 except EnrollmentError as exc:
                     self._refuse(403, exc.reason, str(exc))
                     return
-                server.count("enrolled")
-                log.info("enrolled %s", request.edge)
+                kind = "enrolled" if self.path == "/v1/enroll" else "renewed"
+                server.count(kind)
+                log.info("%s %s", kind, edge)
                 self._reply(200, codec.encode(response))
+
+            def _peer_certificate(self) -> bytes | None:
+                connection = self.connection
+                der = (
+                    connection.getpeercert(binary_form=True)
+                    if isinstance(connection, ssl.SSLSocket)
+                    else None
+                )
+                if not der:
+                    self._refuse(401, "no_certificate", "renewal needs the current certificate")
+                    return None
+                return ssl.DER_cert_to_PEM_cert(der).encode()
 
         return Handler

@@ -19,7 +19,7 @@ from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.protocols import pki, validate
-from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, JoinToken
+from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, JoinToken, RenewRequest
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.broker import FleetAccess, MosquittoBroker
@@ -104,6 +104,7 @@ def agent_toml(
             *credential,
             f'grpc_target = "{settings.agent_grpc_target}"',
             f'superlink = "{settings.agent_superlink}"',
+            *([] if tls is None else [f'enroll_url = "{settings.enroll_url}"']),
             f'manager_public_key = "{public_key}"',
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",
@@ -166,10 +167,56 @@ def invite(home: ManagerHome, edge: str, *, ttl_s: float = credentials.TOKEN_TTL
     return Invitation(edge, JoinToken(secret, fingerprint), home.settings().enroll_url, ttl_s)
 
 
+def _response(home: ManagerHome, edge: str, certificate: bytes) -> EnrollResponse:
+    settings = home.settings()
+    return EnrollResponse(
+        fleet=settings.fleet,
+        edge=edge,
+        certificate=certificate.decode(),
+        ca=home.pki().ca_path.read_text(),
+        manager_public_key=home.public_key_path.read_text().strip(),
+        broker_host=settings.agent_broker_host,
+        broker_port=settings.broker_port,
+        grpc_target=settings.agent_grpc_target,
+        superlink=settings.agent_superlink,
+    )
+
+
+def renew(home: ManagerHome, current_pem: bytes, request: RenewRequest) -> EnrollResponse:
+    """A new certificate for the station holding ``current_pem`` (its TLS peer
+    certificate), for the key in its CSR. Refused unless the current certificate is this
+    CA's, valid, an edge's, issued by this manager and not revoked, and the CSR names the
+    same edge. The old certificate stays valid until it expires: connections made with
+    it carry on (renewal without downtime)."""
+    ca = home.pki().ca()
+    try:
+        info = ca.verify(current_pem)
+    except pki.CertificateError as exc:
+        raise credentials.EnrollmentError(str(exc), "bad_certificate") from None
+    if info.role is not Role.EDGE:
+        raise credentials.EnrollmentError("only stations renew here", "not_an_edge")
+    store = Store(home.db_path)
+    try:
+        known = {c.serial: c for c in credentials.certificates(store, info.identity)}
+        current = known.get(info.serial)
+        if current is None or current.revoked:
+            raise credentials.EnrollmentError(
+                f"the certificate of {info.identity!r} is revoked or unknown; enrol again",
+                "revoked",
+            )
+        try:
+            cert = ca.sign_csr(request.csr.encode(), identity=info.identity, role=Role.EDGE)
+        except pki.CertificateError as exc:
+            raise credentials.EnrollmentError(str(exc), "bad_csr") from None
+        credentials.record_certificate(store, pki.cert_info(pki.load_certificate(cert)))
+    finally:
+        store.close()
+    return _response(home, info.identity, cert)
+
+
 def redeem(home: ManagerHome, request: EnrollRequest) -> EnrollResponse:
     """Sign the device's CSR if its token is good; register the edge and let it on the
     broker. Raises :class:`credentials.EnrollmentError` (nothing issued) otherwise."""
-    settings = home.settings()
     ca = home.pki().ca()
     issued_pem: list[bytes] = [b""]
 
@@ -189,17 +236,7 @@ def redeem(home: ManagerHome, request: EnrollRequest) -> EnrollResponse:
     finally:
         fleet.store.close()
     reload_broker(home)
-    return EnrollResponse(
-        fleet=settings.fleet,
-        edge=request.edge,
-        certificate=issued_pem[0].decode(),
-        ca=home.pki().ca_path.read_text(),
-        manager_public_key=home.public_key_path.read_text().strip(),
-        broker_host=settings.agent_broker_host,
-        broker_port=settings.broker_port,
-        grpc_target=settings.agent_grpc_target,
-        superlink=settings.agent_superlink,
-    )
+    return _response(home, request.edge, issued_pem[0])
 
 
 def enroll(

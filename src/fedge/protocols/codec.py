@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 from fedge.protocols.alerts import Alert
 from fedge.protocols.config import ConfigReport, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired, DeployStatus
-from fedge.protocols.enrollment import EnrollRequest, EnrollResponse
+from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, RenewRequest
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
 from fedge.protocols.evaluation import EvaluationReport, EvaluationRequest
 from fedge.protocols.labels import StationLabels
@@ -52,6 +52,7 @@ KINDS: dict[type[Any], str] = {
     Alert: "alert",
     EnrollRequest: "enroll_request",
     EnrollResponse: "enroll_response",
+    RenewRequest: "renew_request",
 }
 
 

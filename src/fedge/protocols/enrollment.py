@@ -73,3 +73,15 @@ class EnrollResponse:
         validate.identifier(self.edge, "edge")
         if not 0 < self.broker_port < 65536:
             raise ValidationError(f"broker_port {self.broker_port} out of range")
+
+
+@dataclass(frozen=True)
+class RenewRequest:
+    """A station renewing its certificate: a CSR for a new key, sent over TLS with its
+    current certificate (which is what authenticates it; no token)."""
+
+    csr: str  # PEM
+
+    def __post_init__(self) -> None:
+        if len(self.csr) > MAX_CSR_CHARS:
+            raise ValidationError(f"CSR over {MAX_CSR_CHARS} characters")

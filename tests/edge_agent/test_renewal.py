@@ -1,0 +1,163 @@
+"""Renewing a station's certificate before it expires, without downtime (issue 13).
+
+Real HTTPS enrollment endpoint, real Mosquitto with mutual TLS and a CRL.
+"""
+
+import datetime as dt
+import ssl
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FleetHome, make_fleet_home, wait_until
+
+from fedge.edge_agent.renewal import (
+    CertificateRenewer,
+    RenewalError,
+    complete_pending,
+    current,
+    renew_certificate,
+    renewal_due,
+)
+from fedge.edge_manager import credentials
+from fedge.edge_manager.enroll_server import EnrollServer
+from fedge.edge_manager.enrollment import revoke
+from fedge.protocols import codec, pki
+from fedge.protocols.enrollment import RenewRequest
+from fedge.protocols.pki import Role, TlsFiles
+from fedge.transport.mqtt import MqttSession, MqttSettings
+
+EDGE = "st-01"
+
+
+@pytest.fixture
+def station(tmp_path: Path) -> Iterator[tuple[FleetHome, EnrollServer, TlsFiles]]:
+    fh = make_fleet_home(tmp_path, edges=(EDGE, "st-02"))
+    server = EnrollServer(fh.home, "127.0.0.1", 0)
+    server.start()
+    tls = fh.tls_files(EDGE)
+    # Its certificate has 10 of its 90 days left: due for renewal.
+    ca = fh.home.pki().ca()
+    past = pki.utcnow() - dt.timedelta(days=80)
+    cert, key = ca.issue_client(EDGE, Role.EDGE, days=90, now=past)
+    credentials.record_certificate(fh.db, pki.cert_info(pki.load_certificate(cert)))
+    pki.write_private(tls.key, key)
+    tls.cert.write_bytes(cert)
+    try:
+        yield fh, server, tls
+    finally:
+        server.stop()
+        fh.close()
+
+
+def url(server: EnrollServer) -> str:
+    return f"https://127.0.0.1:{server.port}"
+
+
+def test_renewal_is_due_once_a_third_of_the_life_is_left() -> None:
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+    info = pki.CertInfo("st-01", Role.EDGE, 1, start, start + dt.timedelta(days=90), "x")
+    assert not renewal_due(info, start + dt.timedelta(days=59))
+    assert renewal_due(info, start + dt.timedelta(days=61))
+
+
+def test_a_station_renews_with_a_new_key_and_keeps_its_connection(
+    station: tuple[FleetHome, EnrollServer, TlsFiles],
+) -> None:
+    fh, server, tls = station
+    broker = fh.broker()
+    broker.start()
+    session = MqttSession(MqttSettings("127.0.0.1", broker.port, EDGE, tls=tls))
+    try:
+        session.start()
+        wait_until(session.connected.is_set, 10, "the station's connection")
+        old = current(tls)
+        old_key = tls.key.read_bytes()
+        renewer = CertificateRenewer(url(server), tls, session.reload_certificate)
+        assert renewer.check() is True and renewer.renewed == 1
+        new = current(tls)
+        assert new.serial != old.serial and tls.key.read_bytes() != old_key
+        assert new.not_after > old.not_after + dt.timedelta(days=60)
+        assert renewer.check() is False  # not due any more
+        # No downtime: the connection made with the old certificate carries on.
+        assert session.connected.is_set() and session.link.failures == 0
+        # The old certificate is revoked (as if stolen); the broker restarts: the station
+        # reconnects, which it can only do with the new certificate.
+        with fh.db.transaction() as conn:
+            conn.execute(
+                "UPDATE certificates SET revoked_at = 1 WHERE serial = ?", (str(old.serial),)
+            )
+        fh.home.pki().write_crl(fh.home.pki().ca(), credentials.revoked(fh.db))
+        broker.stop()
+        wait_until(lambda: not session.connected.is_set(), 10, "the station to see it gone")
+        broker.start()
+        wait_until(session.connected.is_set, 15, "the station to reconnect (new certificate)")
+        assert server.counters["renewed"] == 1
+        assert not list(tls.key.parent.glob("*.next"))
+    finally:
+        session.stop()
+        broker.stop()
+
+
+def test_renewal_refused_without_a_certificate_when_revoked_or_for_another_name(
+    station: tuple[FleetHome, EnrollServer, TlsFiles], tmp_path: Path
+) -> None:
+    fh, server, tls = station
+    _, csr = pki.new_key_and_csr(EDGE)
+    assert _post(server, csr, None) == 401  # no client certificate
+    _, other_csr = pki.new_key_and_csr("st-02")
+    assert _post(server, other_csr, tls) == 403  # a CSR for st-02 with st-01's certificate
+    operator_cert, operator_key = fh.home.pki().ca().issue_client("ops", Role.OPERATOR)
+    operator = TlsFiles(tls.ca, tmp_path / "ops.crt", tmp_path / "ops.key")
+    operator.cert.write_bytes(operator_cert)
+    pki.write_private(operator.key, operator_key)
+    _, ops_csr = pki.new_key_and_csr("ops")
+    assert _post(server, ops_csr, operator) == 403  # only stations renew
+    before = len(credentials.certificates(fh.db))
+    revoke(fh.home, EDGE)
+    with pytest.raises(RenewalError, match="revoked"):
+        renew_certificate(url(server), tls)
+    assert len(credentials.certificates(fh.db)) == before  # nothing issued
+    assert server.counters["refused_no_certificate"] == 1
+    assert server.counters["refused_bad_csr"] == 1
+    assert server.counters["refused_not_an_edge"] == 1
+    assert server.counters["refused_revoked"] == 1
+
+
+def test_a_swap_interrupted_by_a_crash_is_completed_at_start(tmp_path: Path) -> None:
+    ca = pki.FleetCA.create("plant-a")
+    tls = TlsFiles(tmp_path / "ca.crt", tmp_path / "agent.crt", tmp_path / "agent.key")
+    old_cert, old_key = ca.issue_client(EDGE, Role.EDGE)
+    new_cert, new_key = ca.issue_client(EDGE, Role.EDGE)
+    for name, data in (("agent.crt", old_cert), ("agent.key", old_key)):
+        (tmp_path / name).write_bytes(data)
+    # Crashed after the key moved, before the certificate did.
+    (tmp_path / "agent.key").write_bytes(new_key)
+    (tmp_path / "agent.crt.next").write_bytes(new_cert)
+    assert complete_pending(tls) is True
+    assert tls.cert.read_bytes() == new_cert and tls.key.read_bytes() == new_key
+    # Crashed with both new files written: both move.
+    (tmp_path / "agent.key.next").write_bytes(old_key)
+    (tmp_path / "agent.crt.next").write_bytes(old_cert)
+    assert complete_pending(tls) is True
+    assert tls.cert.read_bytes() == old_cert and tls.key.read_bytes() == old_key
+    assert complete_pending(tls) is False
+
+
+def _post(server: EnrollServer, csr: bytes, tls: TlsFiles | None) -> int:
+    context = ssl.create_default_context(cafile=str(server.home.pki().ca_path))
+    if tls is not None:
+        context.load_cert_chain(str(tls.cert), str(tls.key))
+    request = urllib.request.Request(
+        f"{url(server)}/v1/renew",
+        data=codec.encode(RenewRequest(csr.decode())),
+        headers={"Content-Type": "application/json"},
+        method="POST",
+    )
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=10) as reply:
+            return int(reply.status)
+    except urllib.error.HTTPError as exc:
+        return exc.code
