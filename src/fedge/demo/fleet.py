@@ -25,6 +25,7 @@ from fedge.demo.closed_loop import run_closed_loop
 from fedge.demo.learning import run_learning
 from fedge.demo.privacy import run_privacy
 from fedge.demo.report import write_report
+from fedge.demo.security import run_security
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTeacher
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import Fleet
@@ -143,6 +144,7 @@ def run_demo(out: Path) -> int:
             run.privacy = run_privacy(
                 out, home, fleet, store, sorted(ports), run.learning.published, console, _wait
             )
+            run.security = run_security(out, home, fleet, store, console, _wait)
             write_report(out, fleet, store, run, console)
     finally:
         for process in processes:

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fedge.demo import closed_loop, privacy
+from fedge.demo import closed_loop, privacy, security
 from fedge.demo.learning import plot, report_lines
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun
 from fedge.edge_manager.fleet import Fleet
@@ -161,6 +161,7 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
                 *([] if run.learning is None else report_lines(run.learning)),
                 *([] if run.closed_loop is None else closed_loop.report_lines(run.closed_loop)),
                 *([] if run.privacy is None else privacy.report_lines(run.privacy)),
+                *([] if run.security is None else security.report_lines(run.security)),
             ]
         )
     )
@@ -176,6 +177,7 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
         "learning": learning,
         "closed_loop": None if run.closed_loop is None else closed_loop.summary(run.closed_loop),
         "privacy": None if run.privacy is None else privacy.summary(run.privacy),
+        "security": None if run.security is None else security.summary(run.security),
         "edges": edges,
         "models": models,
         "push_s": run.push_s,

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # torch is imported only once training starts
 
     from fedge.demo.closed_loop import ClosedLoop
     from fedge.demo.privacy import PrivacyChapter
+    from fedge.demo.security import SecurityChapter
     from fedge.models.inspection_student import StudentReport
 
 EDGES = ("st-01", "st-02", "st-03")
@@ -46,3 +47,4 @@ class FleetRun:
     learning: Learning | None = None
     closed_loop: ClosedLoop | None = None
     privacy: PrivacyChapter | None = None
+    security: SecurityChapter | None = None
