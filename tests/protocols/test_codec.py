@@ -18,6 +18,7 @@ from fedge.protocols.config import (
     TrainingPolicy,
 )
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
+from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, RenewRequest
 from fedge.protocols.errors import DecodeError, OversizedError, ProtocolError, ValidationError
 from fedge.protocols.evaluation import (
     EvaluationItem,
@@ -329,6 +330,29 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'"kind":"alert","model":"inspect:1","raised_at":1700000000.0,"schema":1,'
         b'"state":"raised","threshold":0.25,"value":1.5}',
     ),
+    (
+        EnrollRequest("edge-01", "A" * 24, "-----BEGIN CERTIFICATE REQUEST-----"),
+        b'{"csr":"-----BEGIN CERTIFICATE REQUEST-----","edge":"edge-01",'
+        b'"kind":"enroll_request","schema":1,"token":"AAAAAAAAAAAAAAAAAAAAAAAA"}',
+    ),
+    (
+        EnrollResponse(
+            "plant-a",
+            "edge-01",
+            "CERT",
+            "CA",
+            "KEY",
+            "manager",
+            8883,
+            "manager:50051",
+            "manager:9092",
+        ),
+        b'{"broker_host":"manager","broker_port":8883,"ca":"CA","certificate":"CERT",'
+        b'"edge":"edge-01","fleet":"plant-a","grpc_target":"manager:50051",'
+        b'"kind":"enroll_response","manager_public_key":"KEY","schema":1,'
+        b'"superlink":"manager:9092"}',
+    ),
+    (RenewRequest("CSR"), b'{"csr":"CSR","kind":"renew_request","schema":1}'),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -347,6 +371,9 @@ GOLDEN_IDS = [
     "evaluation_request",
     "evaluation_report",
     "alert",
+    "enroll_request",
+    "enroll_response",
+    "renew_request",
 ]
 
 
