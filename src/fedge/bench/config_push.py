@@ -1,11 +1,16 @@
 """Config push: how long from a threshold change to every edge's report in the manager's store.
 
 Set-up (not measured): a temporary manager home with N enrolled edges, a real Mosquitto
-with the fleet's passwords and ACLs, :class:`ManagerService` in this process, and N
-simulated edges (real MQTT sessions, one per edge, authenticated as that edge) spread
-over worker processes (:mod:`fedge.bench.config_push_worker`). Every edge first receives
-and applies the retained config v1, so each measured push is a change, not a first
-connect.
+with the fleet's ACLs, :class:`ManagerService` in this process, and N simulated edges
+(real MQTT sessions, one per edge, authenticated as that edge) spread over worker
+processes (:mod:`fedge.bench.config_push_worker`). Every edge first receives and applies
+the retained config v1, so each measured push is a change, not a first connect.
+
+Transport: passwords on plain TCP, or with ``tls`` both -- first the plain fleet, then a
+fresh one on mutual TLS (issue 13: the broker requires each edge's certificate from the
+fleet CA, the manager connects with its own) -- reported side by side with the ratios
+TLS / plain of the medians, so the price of TLS is measured on the same machine in the
+same invocation.
 
 Measured, per repeat: ``fleet.set_threshold(all_edges, t)`` commits the new version for
 every edge in one store transaction (t0 = when it returns); the manager's serve loop
@@ -54,6 +59,13 @@ def _split(items: list[str], parts: int) -> list[list[str]]:
     return [items[i::parts] for i in range(parts) if items[i::parts]]
 
 
+def ratio(numerator: float | None, denominator: float | None) -> float | None:
+    """numerator / denominator rounded, or None when either is missing or zero."""
+    if numerator is None or not denominator:
+        return None
+    return round(numerator / denominator, 4)
+
+
 def run_config_push(
     edges: int = 1000,
     *,
@@ -61,14 +73,55 @@ def run_config_push(
     workers: int = 4,
     threshold: float = 0.72,
     timeout_s: float = 60.0,
+    tls: bool = False,
     progress: Progress = no_progress,
 ) -> dict[str, Any]:
-    """Run the benchmark and return its JSON-ready result (see the module docstring)."""
+    """Run the benchmark and return its JSON-ready result (see the module docstring).
+
+    With ``tls`` the top-level figures are the mutual-TLS run's; ``plain`` holds the
+    plain run's and ``tls_over_plain`` the ratios of their p50 and p99.
+    """
     if edges < 1 or repeats < 1 or workers < 1:
         raise BenchError("edges, repeats and workers must all be at least 1")
     machine = machine_info()
-    with Testbed(edges, progress=progress) as bed:
+
+    def measure(secure: bool) -> dict[str, Any]:
+        name = "mutual TLS" if secure else "plain"
+
+        def step(line: str) -> None:
+            progress(f"{name}: {line}" if tls else line)
+
+        return _measure(edges, repeats, workers, threshold, timeout_s, secure, step)
+
+    plain = measure(False)
+    if not tls:
+        return {"benchmark": "config-push", **plain, "machine": machine}
+    secure = measure(True)
+    return {
+        "benchmark": "config-push",
+        **secure,
+        "plain": plain,
+        "tls_over_plain": {
+            "p50": ratio(secure["p50_s"], plain["p50_s"]),
+            "p99": ratio(secure["p99_s"], plain["p99_s"]),
+        },
+        "machine": machine,
+    }
+
+
+def _measure(
+    edges: int,
+    repeats: int,
+    workers: int,
+    threshold: float,
+    timeout_s: float,
+    tls: bool,
+    progress: Progress,
+) -> dict[str, Any]:
+    """One fleet (plain or mutual TLS) on a fresh testbed: its figures, no machine."""
+    with Testbed(edges, tls=tls, progress=progress) as bed:
         bed.start_broker()
+        broker = bed.broker_auth()
         # v1 is in the store before the service starts: its first loop publishes it.
         bed.fleet.set_threshold(bed.edges, 0.5)
         bed.start_service()
@@ -83,14 +136,15 @@ def run_config_push(
                     port=bed.broker.port,
                     fleet=bed.settings.fleet,
                     public_key=bed.public_key,
-                    edges=[(edge, bed.passwords[edge]) for edge in group],
+                    edges=[bed.logins[edge] for edge in group],
                     store_path=str(bed.root / f"worker-{index}" / "agent.db"),
                 )
                 helpers.append(
                     HelperProcess(WORKER_MODULE, spec.to_json(), bed.root / f"worker-{index}.log")
                 )
+            tls_sessions = 0
             for helper in helpers:
-                helper.wait_event("ready", timeout_s)
+                tls_sessions += int(helper.wait_event("ready", timeout_s)["tls_sessions"])
                 helper.wait_event("applied", timeout_s, version=1)
             progress("waiting for the manager to store every edge's v1 report")
             wait_until(
@@ -117,8 +171,8 @@ def run_config_push(
                     timings.extend(event["rows"])
                     errors += int(event.get("errors", 0))
         _add_edge_breakdown(runs, timings)
-    result: dict[str, Any] = {
-        "benchmark": "config-push",
+    return {
+        "transport": "mutual TLS" if tls else "plain",
         "edges": edges,
         "workers": len(helpers),
         "repeats": repeats,
@@ -130,15 +184,15 @@ def run_config_push(
         "met_target": all(r["converged"] == edges for r in runs)
         and (_median([r["p99_s"] for r in runs]) or float("inf")) <= TARGET_P99_S,
         "edge_errors": errors,
+        "broker": broker,
+        "edge_sessions_on_tls": tls_sessions,
         "runs": runs,
         "measured": (
             "per edge: manager's ingest time of the edge's ConfigReport (edges."
             "config_reported_at) minus the commit of fleet.set_threshold; figures are "
             "medians over repeats"
         ),
-        "machine": machine,
     }
-    return result
 
 
 def _one_push(bed: Testbed, value: float, timeout_s: float) -> dict[str, Any]:

@@ -2,27 +2,34 @@
 
 Run as ``python -m fedge.bench.config_push_worker``; the parent writes one JSON spec line
 on stdin (broker address, fleet, the manager's pinned public key, and this worker's
-``[edge, password]`` pairs -- on a pipe, never on the command line) and reads JSON event
-lines on stdout.
+edge logins -- a password each, or under mutual TLS the paths of each edge's
+certificate files -- on a pipe, never on the command line) and reads JSON event lines on
+stdout.
 
-Each edge is a real MQTT v5 session authenticated as itself that follows the agent's
-config path minus ONNX: verify the signed :class:`EdgeConfig` with the pinned key, decide
-with :func:`decide_config`, persist the applied document (one local SQLite commit, as
-the agent does before reporting), and publish a retained QoS 1 :class:`ConfigReport`.
+Each edge is a real MQTT v5 session authenticated as itself (by password, or by its
+client certificate: the broker takes the certificate's name as the user) that follows
+the agent's config path minus ONNX: verify the signed :class:`EdgeConfig` with the pinned
+key, decide with :func:`decide_config`, persist the applied document (one local SQLite
+commit, as the agent does before reporting), and publish a retained QoS 1
+:class:`ConfigReport`.
 
 All clients are driven from ONE thread with paho's external-loop API over an epoll
 selector: paho's own loop uses ``select()`` (which breaks past 1024 descriptors) and one
-thread per client would spend the benchmark's CPU on thread switches.
+thread per client would spend the benchmark's CPU on thread switches. Under TLS, OpenSSL
+may already hold decrypted bytes the socket no longer signals (``SSLSocket.pending()``),
+so those clients are read again without waiting on the selector.
 
-Events written: ``ready`` (all connected and subscribed), ``applied`` (every edge of this
-worker applied ``version``), ``error``, and on the ``stop`` command ``timings`` rows
-``[edge, version, received_at, reported_at, acked_at]`` (wall-clock seconds).
+Events written: ``ready`` (all connected and subscribed; how many over TLS),
+``applied`` (every edge of this worker applied ``version``), ``error``, and on the
+``stop`` command ``timings`` rows ``[edge, version, received_at, reported_at, acked_at]``
+(wall-clock seconds).
 """
 
 import contextlib
 import json
 import os
 import selectors
+import ssl
 import sys
 import time
 from dataclasses import dataclass, field
@@ -36,6 +43,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fedge import __version__
+from fedge.bench.edge_login import EdgeLogin
 from fedge.edge_agent.decisions import ConfigAction, decide_config
 from fedge.edge_agent.local_store import LocalStore
 from fedge.protocols import codec, topics
@@ -54,14 +62,14 @@ class WorkerSpec:
     port: int
     fleet: str
     public_key: str
-    edges: list[tuple[str, str]]
+    edges: list[EdgeLogin]
     store_path: str
     keepalive_s: int = 60
 
     @classmethod
     def from_json(cls, line: str) -> "WorkerSpec":
         data = json.loads(line)
-        data["edges"] = [(str(e), str(p)) for e, p in data["edges"]]
+        data["edges"] = [EdgeLogin.from_json(entry) for entry in data["edges"]]
         return cls(**data)
 
     def to_json(self) -> str:
@@ -71,7 +79,7 @@ class WorkerSpec:
                 "port": self.port,
                 "fleet": self.fleet,
                 "public_key": self.public_key,
-                "edges": [list(pair) for pair in self.edges],
+                "edges": [login.to_json() for login in self.edges],
                 "store_path": self.store_path,
                 "keepalive_s": self.keepalive_s,
             }
@@ -85,6 +93,7 @@ class SimEdge:
     config: EdgeConfig | None = None
     connected: bool = False
     subscribed: bool = False
+    tls_version: str | None = None  # the session's TLS protocol, None on plain TCP
     last_report: bytes | None = None
     # version -> [received_at, reported_at, acked_at]
     timings: dict[int, list[float | None]] = field(default_factory=dict)
@@ -109,16 +118,27 @@ class Worker:
         self.running = True
         self.stdin_buffer = b""
         self.errors = 0
-        for edge, password in spec.edges:
-            self.edges[edge] = SimEdge(edge, self._client(edge, password))
+        self.buffered: set[paho.Client] = set()  # TLS clients with bytes inside OpenSSL
+        for login in spec.edges:
+            self.edges[login.edge] = SimEdge(login.edge, self._client(login))
 
     # -- paho clients and their selector registration
 
-    def _client(self, edge: str, password: str) -> paho.Client:
+    def _client(self, login: EdgeLogin) -> paho.Client:
+        edge = login.edge
         client = paho.Client(
             CallbackAPIVersion.VERSION2, client_id=edge, protocol=paho.MQTTv5, userdata=edge
         )
-        client.username_pw_set(edge, password)
+        if login.tls is not None:
+            # Mutual TLS: the certificate is the identity, so no username or password.
+            client.tls_set(
+                ca_certs=str(login.tls.ca),
+                certfile=str(login.tls.cert),
+                keyfile=str(login.tls.key),
+                tls_version=ssl.PROTOCOL_TLS_CLIENT,
+            )
+        else:
+            client.username_pw_set(edge, login.password)
         will = Liveness(edge, 0, EdgeState.LOST, __version__)
         client.will_set(self._up(edge, topics.Up.STATE), codec.encode(will), qos=1, retain=True)
         client.on_connect = self._on_connect
@@ -185,6 +205,8 @@ class Worker:
             emit({"event": "error", "edge": edge, "detail": f"refused: {reason_code}"})
             return
         sim.connected = True
+        sock = client.socket()
+        sim.tls_version = sock.version() if isinstance(sock, ssl.SSLSocket) else None
         # The agent's order: subscribe, birth, then re-state the config in force.
         client.subscribe(topics.edge_subscription(self.spec.fleet, edge), qos=1)
         applied = 0 if sim.config is None else sim.config.version
@@ -276,7 +298,9 @@ class Worker:
     def _check_ready(self) -> None:
         if not self.ready_sent and all(s.connected and s.subscribed for s in self.edges.values()):
             self.ready_sent = True
-            emit({"event": "ready", "edges": len(self.edges), "at": time.time()})
+            # Evidence of the transport: how many sessions run TLS.
+            on_tls = sum(s.tls_version is not None for s in self.edges.values())
+            emit({"event": "ready", "edges": len(self.edges), "tls_sessions": on_tls})
 
     def _read_commands(self) -> None:
         try:
@@ -292,6 +316,14 @@ class Worker:
             if line.strip() and json.loads(line).get("cmd") == "stop":
                 self.running = False
 
+    def _read(self, client: paho.Client) -> None:
+        client.loop_read()
+        # paho reads a bounded number of packets; under TLS the rest may already be
+        # decrypted inside OpenSSL, where the selector cannot see it: read it next turn.
+        sock = client.socket()
+        if isinstance(sock, ssl.SSLSocket) and sock.pending() > 0:
+            self.buffered.add(client)
+
     def run(self) -> None:
         stdin_fd = STDIN_FD
         os.set_blocking(stdin_fd, False)
@@ -299,13 +331,17 @@ class Worker:
         self.connect_all()
         last_misc = time.monotonic()
         while self.running:
-            for key, mask in self.selector.select(timeout=MISC_INTERVAL_S):
+            buffered, self.buffered = self.buffered, set()
+            for client in buffered:
+                self._read(client)
+            timeout = 0.0 if self.buffered else MISC_INTERVAL_S
+            for key, mask in self.selector.select(timeout=timeout):
                 client = key.data
                 if client is None:
                     self._read_commands()
                     continue
                 if mask & selectors.EVENT_READ:
-                    client.loop_read()
+                    self._read(client)
                 if mask & selectors.EVENT_WRITE:
                     client.loop_write()
             self._check_ready()

@@ -12,6 +12,11 @@ published twice, as a QoS 1 redelivery after a reconnect would be; the manager m
 store them once. After every message has been processed:
 ``lost`` = expected - distinct stored (edge, seq, idx), ``duplicated`` = stored rows -
 distinct ones.
+
+Transport: passwords on plain TCP, or with ``tls`` both, side by side: each repeat runs
+the plain fleet and then a fresh mutual-TLS one (issue 13: every publisher session
+presents its edge's certificate from the fleet CA), so load on the machine falls on both
+alike; the result holds both and the ratio TLS / plain of the median rates.
 """
 
 import statistics
@@ -19,6 +24,7 @@ import time
 from typing import Any
 
 from fedge.bench import Progress, no_progress
+from fedge.bench.config_push import ratio
 from fedge.bench.ingest_publisher import PublisherSpec
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, HelperProcess, Testbed, wait_until
@@ -37,39 +43,73 @@ def run_ingest(
     batch_records: int = 500,
     duplicate_fraction: float = 0.01,
     timeout_s: float = 300.0,
+    tls: bool = False,
     progress: Progress = no_progress,
 ) -> dict[str, Any]:
-    """Run the benchmark ``repeats`` times, each on a fresh testbed; medians and worst cases."""
+    """Run the benchmark ``repeats`` times, each on a fresh testbed; medians and worst cases.
+
+    With ``tls`` the top-level figures are the mutual-TLS runs'; ``plain`` holds the
+    plain runs' (interleaved with them) and ``tls_over_plain`` the ratio of the rates.
+    """
     if records < edges or edges < 1 or publishers < 1 or batch_records < 1 or repeats < 1:
         raise BenchError("need records >= edges >= 1, and publishers, batch_records, repeats >= 1")
     if records % edges:
         raise BenchError(f"records ({records}) must divide evenly over {edges} edges")
     machine = machine_info()
     publishers = min(publishers, edges)
-    runs = []
+    transports = (False, True) if tls else (False,)
+    runs: dict[bool, list[dict[str, Any]]] = {use_tls: [] for use_tls in transports}
     for repeat in range(repeats):
+        for use_tls in transports:
 
-        def step(line: str, repeat: int = repeat) -> None:
-            progress(f"run {repeat + 1}/{repeats}: {line}")
+            def step(line: str, repeat: int = repeat, use_tls: bool = use_tls) -> None:
+                name = "mutual TLS " if use_tls else ("plain " if tls else "")
+                progress(f"{name}run {repeat + 1}/{repeats}: {line}")
 
-        runs.append(
-            _one_run(records, edges, publishers, batch_records, duplicate_fraction, timeout_s, step)
-        )
+            runs[use_tls].append(
+                _one_run(
+                    records,
+                    edges,
+                    publishers,
+                    batch_records,
+                    duplicate_fraction,
+                    timeout_s,
+                    use_tls,
+                    step,
+                )
+            )
+    settings = {
+        "batch_records": batch_records,
+        "repeats": repeats,
+        "edges": edges,
+        "publishers": publishers,
+        "duplicate_fraction": duplicate_fraction,
+    }
+    plain = {**_summary(records, runs[False], False), **settings}
+    if not tls:
+        return {"benchmark": "ingest", **plain, "machine": machine}
+    mutual = {**_summary(records, runs[True], True), **settings}
+    return {
+        "benchmark": "ingest",
+        **mutual,
+        "plain": plain,
+        "tls_over_plain": {"records_per_s": ratio(mutual["records_per_s"], plain["records_per_s"])},
+        "machine": machine,
+    }
+
+
+def _summary(records: int, runs: list[dict[str, Any]], tls: bool) -> dict[str, Any]:
+    """One transport's figures over its runs: the median rate, the worst lost/duplicated."""
     rates = [r["records_per_s"] for r in runs]
     rate = None if None in rates else statistics.median(rates)
     return {
-        "benchmark": "ingest",
+        "transport": "mutual TLS" if tls else "plain",
         "records": records,
         "records_per_s": None if rate is None else round(rate),
         "seconds": None if rate is None else round(records / rate, 3),
         # Exactly-once must hold in every run, so the worst run is reported.
         "lost": max(r["lost"] for r in runs),
         "duplicated": max(r["duplicated"] for r in runs),
-        "batch_records": batch_records,
-        "repeats": repeats,
-        "edges": edges,
-        "publishers": publishers,
-        "duplicate_fraction": duplicate_fraction,
         "target_records_per_s": TARGET_RECORDS_PER_S,
         "met_target": rate is not None
         and rate >= TARGET_RECORDS_PER_S
@@ -79,7 +119,6 @@ def run_ingest(
             "first publish -> the manager's store holds every record (committed), median over "
             "repeats; publishers pre-encode their batches like the agent's outbox"
         ),
-        "machine": machine,
     }
 
 
@@ -90,10 +129,12 @@ def _one_run(
     batch_records: int,
     duplicate_fraction: float,
     timeout_s: float,
+    tls: bool,
     progress: Progress,
 ) -> dict[str, Any]:
-    with Testbed(edges, progress=progress) as bed:
+    with Testbed(edges, tls=tls, progress=progress) as bed:
         bed.start_broker()
+        broker = bed.broker_auth()
         service = bed.start_service()
         assert bed.broker is not None
         helpers: list[HelperProcess] = []
@@ -105,7 +146,7 @@ def _one_run(
                     host=bed.broker.host,
                     port=bed.broker.port,
                     fleet=bed.settings.fleet,
-                    edges=[(edge, bed.passwords[edge]) for edge in group],
+                    edges=[bed.logins[edge] for edge in group],
                     records_per_edge=records // edges,
                     batch_records=batch_records,
                     duplicate_fraction=duplicate_fraction,
@@ -164,6 +205,7 @@ def _one_run(
         "gaps": gaps,
         "publish_seconds": round(max(float(p["last_publish_at"]) for p in published) - start, 3),
         "broker_acked_seconds": _acked_seconds(published, start),
+        "broker": broker,
     }
 
 

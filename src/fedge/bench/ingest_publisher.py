@@ -1,13 +1,15 @@
 """One publisher process of the ingest benchmark.
 
 Run as ``python -m fedge.bench.ingest_publisher``; reads a JSON spec line on stdin (broker
-address, fleet, ``[edge, password]`` pairs, how many records per edge, batch size, which
-share of batches to send twice), then:
+address, fleet, edge logins -- a password each, or under mutual TLS the paths of each
+edge's certificate files --, how many records per edge, batch size, which share of
+batches to send twice), then:
 
 1. encodes every :class:`RecordBatch` up front -- the agent's outbox holds exact bytes
    too, so encoding is not part of what the manager has to keep up with;
 2. connects one :class:`MqttSession` per edge (the transport the agent uses), authenticated
-   as that edge, and writes ``{"event": "ready"}``;
+   as that edge (by password, or by its client certificate), and writes
+   ``{"event": "ready"}``;
 3. on the ``go`` command publishes everything at QoS 1, round-robin over its edges, with
    the chosen batches published a second time a few batches later (what a QoS 1
    redelivery after a reconnect looks like to the manager), and writes ``published``
@@ -22,6 +24,7 @@ import threading
 import time
 from dataclasses import dataclass
 
+from fedge.bench.edge_login import EdgeLogin
 from fedge.protocols import codec, topics
 from fedge.protocols.records import MetricRecord, RecordBatch, Stream
 from fedge.transport.mqtt import MqttSession, MqttSettings, PublishResult
@@ -34,7 +37,7 @@ class PublisherSpec:
     host: str
     port: int
     fleet: str
-    edges: list[tuple[str, str]]
+    edges: list[EdgeLogin]
     records_per_edge: int
     batch_records: int
     duplicate_fraction: float
@@ -44,7 +47,7 @@ class PublisherSpec:
     @classmethod
     def from_json(cls, line: str) -> "PublisherSpec":
         data = json.loads(line)
-        data["edges"] = [(str(e), str(p)) for e, p in data["edges"]]
+        data["edges"] = [EdgeLogin.from_json(entry) for entry in data["edges"]]
         return cls(**data)
 
     def to_json(self) -> str:
@@ -53,7 +56,7 @@ class PublisherSpec:
                 "host": self.host,
                 "port": self.port,
                 "fleet": self.fleet,
-                "edges": [list(pair) for pair in self.edges],
+                "edges": [login.to_json() for login in self.edges],
                 "records_per_edge": self.records_per_edge,
                 "batch_records": self.batch_records,
                 "duplicate_fraction": self.duplicate_fraction,
@@ -128,18 +131,20 @@ class Publisher:
         self.all_acked = threading.Event()
         self.expected = 0
         self.sessions = {
-            edge: MqttSession(
+            login.edge: MqttSession(
                 MqttSettings(
                     host=spec.host,
                     port=spec.port,
-                    client_id=edge,
-                    username=edge,
-                    password=password,
+                    client_id=login.edge,
+                    # Under TLS the certificate names the user: no username or password.
+                    username=None if login.tls is not None else login.edge,
+                    password=login.password,
                     max_inflight=spec.max_inflight,
+                    tls=login.tls,
                 ),
                 on_published=self._on_published,
             )
-            for edge, password in spec.edges
+            for login in spec.edges
         }
 
     def _on_published(self, result: PublishResult) -> None:

@@ -1,12 +1,20 @@
 """A throw-away control plane for benchmarks: manager home, enrolled edges, broker, service.
 
-Everything is real -- a Mosquitto started on a free port with the fleet's passwords and
-ACLs, the manager's SQLite store, and :class:`ManagerService` in this process -- and all
-of it lives in one temporary directory that :meth:`Testbed.close` removes.
+Everything is real -- a Mosquitto started on a free port with the fleet's ACLs, the
+manager's SQLite store, and :class:`ManagerService` in this process -- and all of it lives
+in one temporary directory that :meth:`Testbed.close` removes.
+
+Two transports, so a benchmark can run both side by side: plain TCP with a password per
+edge (an ``--insecure`` home), or mutual TLS (issue 13) -- the home's fleet CA, a broker
+listener that requires a client certificate and takes its name as the user, and a
+certificate per simulated edge. The benchmark simulates the stations, so it makes their
+keys here (a real station makes its own and sends a CSR); they are written 0600 under the
+testbed's directory and only their paths go to the helper processes.
 """
 
 import contextlib
 import json
+import secrets
 import sqlite3
 import subprocess
 import sys
@@ -19,13 +27,16 @@ from types import TracebackType
 from typing import IO, Any
 
 from fedge.bench import Progress, no_progress
-from fedge.edge_manager import enrollment
+from fedge.bench.edge_login import EdgeLogin
+from fedge.edge_manager import credentials, enrollment
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry import Registry
 from fedge.edge_manager.service import ManagerService
 from fedge.edge_manager.store import Store
 from fedge.errors import FedgeError
+from fedge.protocols import pki
+from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.broker import MosquittoBroker, free_port
 
 FLEET = "bench"
@@ -51,21 +62,28 @@ def edge_name(index: int) -> str:
 
 
 class Testbed:
-    """Temp manager home with ``n_edges`` enrolled; call :meth:`start` for broker + service."""
+    """Temp manager home with ``n_edges`` enrolled; call :meth:`start` for broker + service.
 
-    def __init__(self, n_edges: int, *, progress: Progress = no_progress) -> None:
+    ``tls``: mutual TLS with the fleet CA instead of passwords on plain TCP.
+    """
+
+    def __init__(
+        self, n_edges: int, *, tls: bool = False, progress: Progress = no_progress
+    ) -> None:
         self._tmp = tempfile.TemporaryDirectory(prefix="fedge-bench-")
         self.root = Path(self._tmp.name)
         self.progress = progress
+        self.tls = tls
         self.home = ManagerHome(self.root / "home")
-        # Passwords and plain TCP unless ``tls``: the benchmarks run both, side by side.
+        # ``init`` makes the fleet CA, the broker's and the manager's certificates unless
+        # the home is insecure; ManagerService then connects with its own certificate.
         self.home.init(
             ManagerSettings(
                 fleet=FLEET,
                 broker_port=free_port(),
                 grpc_port=free_port(),
                 enroll_port=free_port(),
-                insecure=True,
+                insecure=not tls,
             )
         )
         self.settings = self.home.settings()
@@ -79,25 +97,68 @@ class Testbed:
             self.settings.grpc_target,
         )
         self.public_key = self.home.public_key_path.read_text().strip()
-        self.passwords: dict[str, str] = {}
-        progress(f"enrolling {n_edges} edges")
-        with self.store.transaction():
-            for i in range(n_edges):
-                edge = edge_name(i)
-                password = self.home.add_edge_password(edge)
-                self.fleet.enroll(edge, password)
-                self.passwords[edge] = password
-        self.edges = sorted(self.passwords)
+        self.passwords: dict[str, str] = {}  # plain runs only
+        self.logins: dict[str, EdgeLogin] = {}
+        if tls:
+            progress(f"enrolling {n_edges} edges with certificates")
+            self._enroll_with_certificates([edge_name(i) for i in range(n_edges)])
+        else:
+            progress(f"enrolling {n_edges} edges")
+            with self.store.transaction():
+                for i in range(n_edges):
+                    edge = edge_name(i)
+                    password = self.home.add_edge_password(edge)
+                    self.fleet.enroll(edge, password)
+                    self.passwords[edge] = password
+                    self.logins[edge] = EdgeLogin(edge, password=password)
+        self.edges = sorted(self.logins)
         self.broker: MosquittoBroker | None = None
         self.service: ManagerService | None = None
         self._reader: sqlite3.Connection | None = None
 
+    def _enroll_with_certificates(self, edges: list[str]) -> None:
+        """A client certificate per edge from the home's CA, recorded in the store (so
+        :func:`enrollment.fleet_access` lets it on the broker), plus its edges row."""
+        fleet_pki = self.home.pki()
+        ca = fleet_pki.ca()
+        folder = self.root / "edge-certs"
+        folder.mkdir(mode=0o700)
+        issued: list[pki.CertInfo] = []
+        for edge in edges:
+            cert, key = ca.issue_client(edge, Role.EDGE)
+            files = TlsFiles(
+                ca=fleet_pki.ca_path, cert=folder / f"{edge}.crt", key=folder / f"{edge}.key"
+            )
+            pki.write_private(files.key, key)
+            pki.write_private(files.cert, cert)
+            issued.append(pki.cert_info(pki.load_certificate(cert)))
+            self.logins[edge] = EdgeLogin(edge, tls=files)
+        for info in issued:  # each its own transaction (they do not nest)
+            credentials.record_certificate(self.store, info)
+        with self.store.transaction():
+            for edge in edges:
+                # The edges row; its gRPC token is a random one nobody holds, as in
+                # enrollment.redeem: under TLS the certificate is the credential.
+                self.fleet.enroll(edge, secrets.token_urlsafe(18))
+
     def start_broker(self) -> None:
         self.progress("starting mosquitto")
-        self.broker = MosquittoBroker(
-            self.root / "broker", enrollment.fleet_access(self.home), self.settings.broker_port
-        )
+        # The home's broker: TLS-only with require_certificate and the CRL under TLS,
+        # passwords on plain TCP otherwise.
+        self.broker = enrollment.managed_broker(self.home)
         self.broker.start()
+
+    def broker_auth(self) -> dict[str, bool]:
+        """How the running broker authenticates, read back from the config it was started
+        with (results carry it, so a TLS figure shows it really was mutual TLS)."""
+        if self.broker is None:
+            raise BenchError("the broker is not started")
+        conf = (self.broker.workdir / "mosquitto.conf").read_text().splitlines()
+        return {
+            "require_certificate": "require_certificate true" in conf,
+            "use_identity_as_username": "use_identity_as_username true" in conf,
+            "password_file": any(line.startswith("password_file ") for line in conf),
+        }
 
     def start_service(self) -> ManagerService:
         self.progress("starting the manager service")

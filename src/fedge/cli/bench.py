@@ -23,6 +23,12 @@ app.command("secagg")(friendly_errors(secagg))  # wired in fedge.cli.bench_secag
 JsonOption = Annotated[
     Path | None, typer.Option("--json", help="Also write the result to this file.")
 ]
+TlsOption = Annotated[
+    bool,
+    typer.Option(
+        "--tls", help="Also run the fleet on mutual TLS; report both runs and TLS / plain."
+    ),
+]
 
 
 def _run(title: str, json_path: Path | None, bench: Callable[[Callable[[str], None]], Any]) -> None:
@@ -49,11 +55,12 @@ def config_push(
     workers: Annotated[int, typer.Option(help="Processes the edges are spread over.")] = 4,
     threshold: Annotated[float, typer.Option(help="Threshold of the first push.")] = 0.72,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 60.0,
+    tls: TlsOption = False,
     json_path: JsonOption = None,
 ) -> None:
     """Push a threshold to N edges; time until the manager stores every edge's report.
 
-    Example: fedge bench config-push --edges 1000 --json out.json
+    Example: fedge bench config-push --edges 1000 --tls --json out.json
     """
     from fedge.bench.config_push import run_config_push
 
@@ -66,6 +73,7 @@ def config_push(
             workers=workers,
             threshold=threshold,
             timeout_s=timeout,
+            tls=tls,
             progress=progress,
         ),
     )
@@ -83,11 +91,12 @@ def ingest(
         float, typer.Option(help="Share of batches published twice (redelivery).")
     ] = 0.01,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 300.0,
+    tls: TlsOption = False,
     json_path: JsonOption = None,
 ) -> None:
     """Publish telemetry batches QoS 1; time until the manager stores every record once.
 
-    Example: fedge bench ingest --records 200000 --json out.json
+    Example: fedge bench ingest --records 200000 --tls --json out.json
     """
     from fedge.bench.ingest import run_ingest
 
@@ -102,6 +111,7 @@ def ingest(
             batch_records=batch_records,
             duplicate_fraction=duplicate_fraction,
             timeout_s=timeout,
+            tls=tls,
             progress=progress,
         ),
     )
