@@ -278,7 +278,7 @@ def _agent_toml(path: Path, extra: str) -> Path:
     key = SigningKey.generate().public.to_text()
     path.write_text(
         'fleet = "plant-a"\nedge = "st-01"\ndata_dir = "data"\nbroker_host = "127.0.0.1"\n'
-        'broker_port = 1883\npassword = "x"\ngrpc_target = "127.0.0.1:50551"\n'
+        'broker_port = 1883\ninsecure = true\npassword = "x"\ngrpc_target = "127.0.0.1:50551"\n'
         f'manager_public_key = "{key}"\n{extra}'
     )
     return path

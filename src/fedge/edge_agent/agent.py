@@ -107,7 +107,7 @@ class EdgeAgent:
             publish=lambda topic, payload: self.mqtt.publish(topic, payload, qos=1),
             topic=lambda stream: self._topic(topics.Up(stream.value)),
             uploader_factory=lambda: ReportUploader(
-                settings.grpc_target, settings.edge, settings.password
+                settings.grpc_target, settings.edge, settings.password, tls=settings.tls()
             ),
         )
         # Configs, deployments and labels (and status reports) over gRPC where MQTT is
@@ -116,7 +116,9 @@ class EdgeAgent:
             report_via_grpc=settings.report_via == "grpc",
             fallback_after_s=settings.grpc_fallback_after_s,
             poll_interval_s=settings.grpc_poll_interval_s,
-            connect=lambda: DesiredClient(settings.grpc_target, settings.edge, settings.password),
+            connect=lambda: DesiredClient(
+                settings.grpc_target, settings.edge, settings.password, tls=settings.tls()
+            ),
             mqtt_connected=lambda: self.mqtt.connected.is_set(),
             known_versions=self._known_versions,
             handlers={

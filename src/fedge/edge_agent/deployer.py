@@ -68,6 +68,7 @@ def prepare(
                     manifest.name,
                     manifest.version,
                     download,
+                    tls=settings.tls(),
                 )
                 break
             except DownloadError as exc:

@@ -160,9 +160,9 @@ class DesiredPoller:
         if not active or now < self._next_poll:
             return
         self._next_poll = now + self._poll_interval_s
-        if self._client is None:
-            self._client = self._connect()
         try:
+            if self._client is None:
+                self._client = self._connect()  # SyncError: unreadable TLS files
             if not connected:
                 if now >= self._next_heartbeat:
                     self._next_heartbeat = now + HEARTBEAT_S

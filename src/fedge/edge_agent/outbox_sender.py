@@ -101,10 +101,10 @@ class OutboxSender:
 
     def upload(self) -> None:
         """Drain the outbox over gRPC: a batch is deleted once the manager stored it."""
-        if self._uploader is None:
-            self._uploader = self._uploader_factory()
         while entries := self._store.outbox(INFLIGHT_LIMIT, self._refused):
             try:
+                if self._uploader is None:
+                    self._uploader = self._uploader_factory()  # UploadError: bad TLS files
                 results = self._uploader.upload([e.payload for e in entries])
             except UploadError as exc:
                 self.counters["upload.failed"] += 1

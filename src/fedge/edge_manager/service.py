@@ -33,6 +33,7 @@ from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert
 from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
+from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
@@ -114,6 +115,7 @@ class ManagerService:
         poll_interval_s: float = 0.05,
         max_batch: int = 5000,
         grpc_port: int | None = None,
+        grpc_tls: TlsFiles | None = None,
     ) -> None:
         self.home = home
         self.settings = home.settings()
@@ -121,6 +123,11 @@ class ManagerService:
         self.poll_interval_s = poll_interval_s
         self.max_batch = max_batch
         self.grpc_port = self.settings.grpc_port if grpc_port is None else grpc_port
+        # gRPC: mutual TLS with the home's server certificate and CRL (stations are their
+        # certificates), unless the home is --insecure (tokens, development only).
+        if grpc_tls is None and not self.settings.insecure:
+            grpc_tls = home.pki().server_files("grpc")
+        self.grpc_tls = grpc_tls
         self.counters: Counter[str] = Counter()
         self.pruner = Pruner(RetentionPolicy.from_settings(self.settings))
         self._rollouts_due = 0.0
@@ -158,7 +165,7 @@ class ManagerService:
             raise TimeoutError("manager worker did not start")
         reader = _ReadSide(self.home, self.settings, self.key)
         self.grpc_services = GrpcServices(
-            reader, self, reader.authenticate, desired=reader, status_sink=self
+            reader, self, reader.authenticate, desired=reader, status_sink=self, tls=self.grpc_tls
         )
         self._grpc_server, self.grpc_port = self.grpc_services.start(
             self.settings.grpc_host, self.grpc_port

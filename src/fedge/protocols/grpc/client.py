@@ -3,6 +3,10 @@
 Checks nothing about content: the caller verifies the sha256 and the manifest
 signature that :func:`download_artifact` returns and the envelopes that
 :class:`DesiredClient` fetches, and owns retries.
+
+Every client takes ``tls``: the station's certificate files (mutual TLS, issue 13; the
+server knows the station by its certificate and no token is sent), or ``None`` for a
+development manager run with ``--insecure`` (the station's token goes in metadata).
 """
 
 from __future__ import annotations
@@ -20,6 +24,8 @@ import grpc
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 from fedge.protocols.grpc.server import EDGE_KEY, TOKEN_KEY, DesiredDocument, SinkResult
+from fedge.protocols.grpc.tls import ChannelOptions, ClientChannel
+from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import TransportError
 
 PART_SUFFIX = ".part"
@@ -67,16 +73,40 @@ class DownloadResult:
     resumed_from: int
 
 
-def _metadata(edge: str, token: str) -> tuple[tuple[str, str], ...]:
-    return ((EDGE_KEY, edge), (TOKEN_KEY, token))
+def _metadata(edge: str, token: str, tls: TlsFiles | None) -> tuple[tuple[str, str], ...]:
+    # Under TLS the certificate is the credential: nothing secret travels in metadata.
+    return () if tls is not None else ((EDGE_KEY, edge), (TOKEN_KEY, token))
 
 
-def _status(exc: grpc.RpcError) -> tuple[str | None, str]:
+def _open(
+    target: str, tls: TlsFiles | None, error: type[TransportError], options: ChannelOptions = ()
+) -> ClientChannel:
+    try:
+        return ClientChannel(target, tls, options)
+    except OSError as exc:
+        raise error(
+            f"cannot read the station's TLS files for {target}: {exc}; "
+            "enrol again with `fedge agent enroll`"
+        ) from None
+
+
+# A server that refuses our certificate closes the TLS handshake; gRPC only says the
+# socket closed, so the station's log says what to check (the server logs the reason).
+_HANDSHAKE_HINT = (
+    " (if the manager is up, it refused this station's certificate: it must be from the "
+    "fleet's CA, unexpired and not revoked; enrol again with `fedge agent enroll`)"
+)
+
+
+def _status(exc: grpc.RpcError, tls: TlsFiles | None) -> tuple[str | None, str]:
     """(status code name, "CODE: details") of an RpcError."""
     if isinstance(exc, grpc.Call):
         code = exc.code()
         name = code.name if code is not None else None
-        return name, f"{name}: {exc.details()}"
+        details = str(exc.details())
+        refused = "socket closed" in details.lower() or "handshake" in details.lower()
+        hint = _HANDSHAKE_HINT if tls is not None and code is grpc.StatusCode.UNAVAILABLE else ""
+        return name, f"{name}: {details}" + (hint if refused else "")
     return None, str(exc)
 
 
@@ -99,6 +129,7 @@ def download_artifact(
     *,
     chunk_size: int = 256 * 1024,
     timeout_s: float = 60.0,
+    tls: TlsFiles | None = None,
 ) -> DownloadResult:
     """Download a model artifact to ``dest``, resuming from ``dest`` + ``.part``.
 
@@ -115,10 +146,11 @@ def download_artifact(
         edge=edge, model_name=name, model_version=version, offset=offset, chunk_size=chunk_size
     )
     have = offset
-    with grpc.insecure_channel(target, options=options) as channel:
-        stub = fedge_pb2_grpc.ModelDownloadStub(channel)
+    channel = _open(target, tls, DownloadError, options)
+    try:
+        stub = fedge_pb2_grpc.ModelDownloadStub(channel.get())
         try:
-            stream = stub.Download(request, timeout=timeout_s, metadata=_metadata(edge, token))
+            stream = stub.Download(request, timeout=timeout_s, metadata=_metadata(edge, token, tls))
             first = next(stream, None)
             if first is None or first.WhichOneof("kind") != "header":
                 raise DownloadError(f"{what}: stream did not start with a header")
@@ -142,12 +174,14 @@ def download_artifact(
                     f.flush()
                     os.fsync(f.fileno())
         except grpc.RpcError as exc:
-            code, status = _status(exc)
+            code, status = _status(exc, tls)
             if code == grpc.StatusCode.OUT_OF_RANGE.name and offset > 0:
                 # The .part is longer than the artifact: it cannot be resumed.
                 part.unlink(missing_ok=True)
                 status += " (partial file discarded)"
             raise DownloadError(f"{what} failed at byte {have}: {status}", code) from exc
+    finally:
+        channel.close()
     if have != total:
         raise DownloadError(f"{what}: stream ended at byte {have} of {total}")
     os.replace(part, dest)
@@ -163,7 +197,7 @@ def download_artifact(
 class _Channel:
     """One gRPC channel, closed by ``close()`` or at the end of a ``with`` block."""
 
-    _channel: grpc.Channel
+    _channel: ClientChannel
 
     def close(self) -> None:
         self._channel.close()
@@ -183,12 +217,12 @@ class _Channel:
 class ReportUploader(_Channel):
     """Uploads record-batch payloads over one channel; one bidi call per batch."""
 
-    def __init__(self, target: str, edge: str, token: str) -> None:
+    def __init__(self, target: str, edge: str, token: str, *, tls: TlsFiles | None = None) -> None:
         self.target = target
         self.edge = edge
-        self._metadata = _metadata(edge, token)
-        self._channel = grpc.insecure_channel(target)
-        self._stub = fedge_pb2_grpc.ReportUploadStub(self._channel)
+        self._metadata = _metadata(edge, token, tls)
+        self._tls = tls
+        self._channel = _open(target, tls, UploadError)
         self._ids = itertools.count(1)
         self._ids_lock = threading.Lock()
 
@@ -207,9 +241,8 @@ class ReportUploader(_Channel):
         wanted = set(ids)
         acks: dict[int, SinkResult] = {}
         try:
-            for ack in self._stub.Upload(
-                iter(requests), timeout=timeout_s, metadata=self._metadata
-            ):
+            stub = fedge_pb2_grpc.ReportUploadStub(self._channel.get())
+            for ack in stub.Upload(iter(requests), timeout=timeout_s, metadata=self._metadata):
                 rid = int(ack.request_id)
                 if rid not in wanted:
                     raise UploadError(f"upload to {self.target}: ack for unknown request {rid}")
@@ -219,10 +252,12 @@ class ReportUploader(_Channel):
                     error=str(ack.error) or None,
                 )
         except grpc.RpcError as exc:
-            code, status = _status(exc)
+            code, status = _status(exc, self._tls)
             raise UploadError(
                 f"upload of {len(ids)} payloads to {self.target}: {status}", code
             ) from exc
+        except OSError as exc:  # the certificate files vanished under a renewal
+            raise UploadError(f"upload to {self.target}: {exc}") from exc
         missing = [i for i in ids if i not in acks]
         if missing:
             raise UploadError(f"upload to {self.target}: no ack for {len(missing)} payloads")
@@ -240,20 +275,26 @@ _SYNC_CHANNEL_OPTIONS = [
 class DesiredClient(_Channel):
     """An edge's DesiredSync calls over one channel: fetch desired envelopes, send statuses."""
 
-    def __init__(self, target: str, edge: str, token: str) -> None:
+    def __init__(self, target: str, edge: str, token: str, *, tls: TlsFiles | None = None) -> None:
         self.target = target
         self.edge = edge
-        self._metadata = _metadata(edge, token)
-        self._channel = grpc.insecure_channel(target, options=_SYNC_CHANNEL_OPTIONS)
-        self._stub = fedge_pb2_grpc.DesiredSyncStub(self._channel)
+        self._metadata = _metadata(edge, token, tls)
+        self._tls = tls
+        self._channel = _open(target, tls, SyncError, _SYNC_CHANNEL_OPTIONS)
+
+    def _stub(self) -> fedge_pb2_grpc.DesiredSyncStub:
+        try:
+            return fedge_pb2_grpc.DesiredSyncStub(self._channel.get())
+        except OSError as exc:  # the certificate files vanished under a renewal
+            raise SyncError(f"DesiredSync with {self.target}: {exc}") from exc
 
     def fetch(self, known: Mapping[str, int], timeout_s: float = 10.0) -> list[DesiredDocument]:
         """The newest desired documents above ``known`` (version per kind), unverified."""
         request = fedge_pb2.DesiredRequest(edge=self.edge, known=dict(known))
         try:
-            reply = self._stub.Fetch(request, timeout=timeout_s, metadata=self._metadata)
+            reply = self._stub().Fetch(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            code, status = _status(exc)
+            code, status = _status(exc, self._tls)
             raise SyncError(
                 f"fetching desired documents from {self.target}: {status}", code
             ) from exc
@@ -266,8 +307,8 @@ class DesiredClient(_Channel):
         """Send one status document (``kind``: state, config or deploy)."""
         request = fedge_pb2.StatusReport(edge=self.edge, kind=kind, payload=payload)
         try:
-            ack = self._stub.Report(request, timeout=timeout_s, metadata=self._metadata)
+            ack = self._stub().Report(request, timeout=timeout_s, metadata=self._metadata)
         except grpc.RpcError as exc:
-            code, status = _status(exc)
+            code, status = _status(exc, self._tls)
             raise SyncError(f"{kind} report to {self.target}: {status}", code) from exc
         return SinkResult(accepted=bool(ack.accepted), error=str(ack.error) or None)

@@ -2,9 +2,10 @@
 
 Thin on purpose: artifacts come from an :class:`ArtifactSource`, payloads go to a
 :class:`ReportSink`, desired documents come from a :class:`DesiredSource`, status
-documents go to a :class:`StatusSink`, and edges are checked by an
-:class:`EdgeAuthenticator`. Storage, parsing and MQTT live elsewhere; this module only
-speaks gRPC.
+documents go to a :class:`StatusSink`. Who calls is decided in
+:mod:`~fedge.protocols.grpc.identity`: under mutual TLS the station's certificate, in
+development an :class:`EdgeAuthenticator` checking a token. Storage, parsing and MQTT
+live elsewhere; this module only speaks gRPC.
 """
 
 from __future__ import annotations
@@ -20,12 +21,14 @@ from typing import NoReturn, Protocol
 import grpc
 
 from fedge.protocols import topics
-from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
+from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc, identity
+from fedge.protocols.grpc.identity import EDGE_KEY as EDGE_KEY
+from fedge.protocols.grpc.identity import TOKEN_KEY as TOKEN_KEY
+from fedge.protocols.grpc.identity import EdgeAuthenticator as EdgeAuthenticator
+from fedge.protocols.grpc.tls import server_credentials
+from fedge.protocols.pki import TlsFiles
 
 log = logging.getLogger(__name__)
-
-TOKEN_KEY = "x-fedge-token"
-EDGE_KEY = "x-fedge-edge"
 
 COUNTER_NAMES = (
     "unauthenticated",
@@ -111,12 +114,6 @@ class ReportSink(Protocol):
     def ingest_payload(self, edge: str, payload: bytes) -> SinkResult: ...
 
 
-class EdgeAuthenticator(Protocol):
-    """True if ``token`` proves the caller is ``edge``."""
-
-    def __call__(self, edge: str, token: str) -> bool: ...
-
-
 class Counters:
     """Thread-safe rejection counters; gRPC handlers run on a thread pool."""
 
@@ -144,7 +141,9 @@ class _Artifact:
 class GrpcServices:
     """The ModelDownload, ReportUpload and DesiredSync servicers, sharing config and counters.
 
-    Without ``desired`` and ``status_sink`` DesiredSync answers UNIMPLEMENTED.
+    Without ``desired`` and ``status_sink`` DesiredSync answers UNIMPLEMENTED. With
+    ``tls`` the port is mutual TLS and callers are their certificates (``authenticate``
+    is then unused); without, plain TCP with tokens (``--insecure``, development only).
     """
 
     def __init__(
@@ -158,6 +157,7 @@ class GrpcServices:
         chunk_size_default: int = 256 * 1024,
         max_chunk: int = 4 * 1024 * 1024,
         max_payload: int = 1 * 1024 * 1024,
+        tls: TlsFiles | None = None,
     ) -> None:
         if not 0 < chunk_size_default <= max_chunk:
             raise ValueError("need 0 < chunk_size_default <= max_chunk")
@@ -169,6 +169,11 @@ class GrpcServices:
         self.chunk_size_default = chunk_size_default
         self.max_chunk = max_chunk
         self.max_payload = max_payload
+        self.tls = tls
+        crl = None if tls is None or tls.crl is None else identity.RevocationList(tls.crl)
+        self._identity: identity.CallerIdentity = identity.TokenIdentity(authenticate)
+        if tls is not None:
+            self._identity = identity.CertificateIdentity(crl)
         self._counters = Counters()
 
     @property
@@ -194,7 +199,12 @@ class GrpcServices:
             options=self.server_options(),
         )
         self.add_to_server(server)
-        bound = server.add_insecure_port(f"{host}:{port}")
+        address = f"{host}:{port}"
+        bound = (
+            server.add_insecure_port(address)
+            if self.tls is None
+            else server.add_secure_port(address, server_credentials(self.tls))
+        )
         if bound == 0:
             raise OSError(f"cannot bind gRPC server to {host}:{port}")
         server.start()
@@ -213,23 +223,10 @@ class GrpcServices:
         context.abort(code, msg)
 
     def _authenticated_edge(self, context: grpc.ServicerContext) -> str:
-        meta: dict[str, str] = {}
-        for key, value in context.invocation_metadata():
-            meta[key] = value.decode() if isinstance(value, bytes) else value
-        edge, token = meta.get(EDGE_KEY, ""), meta.get(TOKEN_KEY, "")
-        if not edge or not token:
-            self._abort(context, grpc.StatusCode.UNAUTHENTICATED, "missing edge or token metadata")
         try:
-            ok = self.authenticate(edge, token)
-        except Exception:
-            # Fail closed: a broken authenticator must not let anyone in.
-            log.exception("authenticator failed for edge %r", edge)
-            ok = False
-        if not ok:
-            self._abort(
-                context, grpc.StatusCode.UNAUTHENTICATED, f"invalid token for edge {edge!r}"
-            )
-        return edge
+            return self._identity.edge(context.invocation_metadata(), context.auth_context())
+        except identity.Refused as refused:
+            self._abort(context, refused.code, str(refused))
 
     def _check_edge(self, context: grpc.ServicerContext, authed: str, claimed: str) -> None:
         if claimed != authed:
@@ -387,6 +384,7 @@ def start_grpc_server(
     chunk_size_default: int = 256 * 1024,
     max_chunk: int = 4 * 1024 * 1024,
     max_payload: int = 1 * 1024 * 1024,
+    tls: TlsFiles | None = None,
 ) -> tuple[grpc.Server, int]:
     """Start the services; returns the running server and the bound port.
 
@@ -400,5 +398,6 @@ def start_grpc_server(
         chunk_size_default=chunk_size_default,
         max_chunk=max_chunk,
         max_payload=max_payload,
+        tls=tls,
     )
     return services.start(host, port, max_workers=max_workers)
