@@ -4,26 +4,59 @@ Flower 1.41 serves the SuperLink's Fleet API (stations' SuperNodes connect to it
 Control API (``flwr run`` submits jobs to it) over HTTP on one ``--host``/``--port``;
 it starts each job's ServerApp through ``flower-superexec`` (found on PATH). Its state
 lives in a SQLite file in its work directory, so a restarted SuperLink keeps its runs.
+
+**On the wire** (issue 13) the SuperLink serves HTTPS with a server certificate from the
+fleet CA (``--ssl-certfile/--ssl-keyfile/--ssl-ca-certfile``; its own SuperExec and the
+ServerApps it starts trust that CA) and authenticates SuperNodes
+(``--enable-supernode-auth``): every Fleet request is signed with the station's EC key
+and only keys registered through the Control API (``flwr supernode register``) may
+activate a node. The key is the station's own TLS key (P-256), so the public key to
+register is the one in the station's certificate. Unregistering a key (revocation) makes
+the SuperLink answer that node's next request with 401, on which the SuperNode exits; a
+key once unregistered can never be registered again on the same database.
+
+Not covered by Flower 1.41 (open-source edition): client certificates are not checked on
+this port, and the Control API shares it with the Fleet API with no authentication of its
+own, so anyone who can reach the port can submit runs and (un)register SuperNode keys;
+until a front that passes only ``/v1/fleet/`` to stations exists, keep the port on a
+network only stations and the manager reach. ``tls=None``: plain HTTP, development only.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import ipaddress
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedge.aggregator.job_dir import JobError
+from fedge.protocols.pki import TlsFiles
 
 SUPERLINK = "flower-superlink"
+FLWR = "flwr"
+CLI_CONNECTION = "fedge-superlink"
+NODES_FILE = "supernodes.json"
+_NIST_CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what Flower's node auth accepts
+_CONNECTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 
 
 class SuperLinkError(JobError):
-    """The SuperLink could not be started or stopped."""
+    """The SuperLink could not be started or stopped, or a SuperNode key not (un)registered."""
 
 
 def port_open(host: str, port: int) -> bool:
@@ -32,19 +65,120 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-class SuperLink:
-    """One ``flower-superlink`` process, its database and log in ``workdir``."""
+def local_host(host: str) -> str:
+    """Where a client on this machine reaches a server bound to ``host`` (Flower's own
+    SuperExec does the same: a wildcard bind is reached on loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "::1", "": "127.0.0.1"}.get(host, host)
 
-    def __init__(self, workdir: Path, host: str, port: int) -> None:
+
+def connection_toml(name: str, address: str, root_certificates: Path | None) -> str:
+    """The ``flwr`` CLI's ``FLWR_HOME/config.toml`` naming one SuperLink connection: HTTPS
+    trusting ``root_certificates`` (the fleet CA), or plain HTTP when it is None."""
+    if not _CONNECTION_NAME.match(name):
+        raise ValueError(f"connection name {name!r}: letters, digits, - and _ only")
+    # JSON strings are TOML basic strings (both escape quotes, backslashes and controls).
+    lines = [
+        "[superlink]",
+        f"default = {json.dumps(name)}",
+        "",
+        f"[superlink.{name}]",
+        f"address = {json.dumps(address)}",
+        "insecure = true"
+        if root_certificates is None
+        else f"root-certificates = {json.dumps(str(root_certificates))}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def _openssh(public: object) -> str:
+    if not isinstance(public, ec.EllipticCurvePublicKey) or public.curve.name not in _NIST_CURVES:
+        raise SuperLinkError("SuperNode keys must be ECDSA on a NIST curve (fleet keys: P-256)")
+    raw = public.public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    return raw.decode()
+
+
+def node_public_key(pem: bytes) -> str:
+    """The OpenSSH public key line ``flwr supernode register`` takes, from a station's
+    certificate (or public key) in PEM."""
+    try:
+        if b"CERTIFICATE" in pem:
+            return _openssh(x509.load_pem_x509_certificate(pem).public_key())
+        return _openssh(serialization.load_pem_public_key(pem))
+    except ValueError as exc:
+        raise SuperLinkError(f"not a PEM certificate or public key: {exc}") from None
+
+
+def _checked_ssh_key(public_key: str) -> str:
+    try:
+        key = serialization.load_ssh_public_key(public_key.strip().encode())
+    except (ValueError, UnicodeError) as exc:
+        raise SuperLinkError(f"not an OpenSSH public key line: {exc}") from None
+    return _openssh(key)
+
+
+def certificate_names_host(cert_pem: bytes, host: str) -> bool:
+    """Whether the certificate's subject alternative names cover ``host`` (a name or IP)."""
+    cert = x509.load_pem_x509_certificate(cert_pem)
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    bare = host.strip("[]")
+    try:
+        return ipaddress.ip_address(bare) in names.get_values_for_type(x509.IPAddress)
+    except ValueError:
+        return bare.lower() in (n.lower() for n in names.get_values_for_type(x509.DNSName))
+
+
+@dataclass(frozen=True)
+class AuthorizedNode:
+    """A SuperNode key registered with the SuperLink, under the station it belongs to."""
+
+    name: str
+    node_id: int
+    public_key: str  # OpenSSH line
+
+
+def plan_sync(
+    current: Mapping[str, AuthorizedNode], wanted: Mapping[str, str]
+) -> tuple[list[str], list[str]]:
+    """(names to register, names to unregister) so that exactly ``wanted`` (name -> key)
+    is authorised; a station whose key changed is unregistered, then registered again."""
+    remove = sorted(n for n, node in current.items() if wanted.get(n) != node.public_key)
+    add = sorted(n for n, key in wanted.items() if n not in current or n in remove)
+    return add, remove
+
+
+class SuperLink:
+    """One ``flower-superlink`` process, its database and log in ``workdir``; with
+    ``tls``, HTTPS and (``node_auth``) only registered SuperNode keys admitted."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        host: str,
+        port: int,
+        *,
+        tls: TlsFiles | None = None,
+        node_auth: bool = True,
+    ) -> None:
         self.workdir = workdir
         self.host = host
         self.port = port
+        self.tls = tls
+        # Flower refuses SuperNode authentication without TLS; plain is development only.
+        self.node_auth = node_auth and tls is not None
         self.bin_dir = Path(sys.executable).parent
         self._proc: subprocess.Popen[bytes] | None = None
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    @property
+    def local_address(self) -> str:
+        host = local_host(self.host)
+        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
 
     @property
     def log_path(self) -> Path:
@@ -55,9 +189,19 @@ class SuperLink:
         return self._proc is not None and self._proc.poll() is None
 
     def command(self) -> list[str]:
+        if self.tls is None:
+            security = ["--insecure"]
+        else:
+            security = [
+                "--ssl-ca-certfile", str(self.tls.ca),
+                "--ssl-certfile", str(self.tls.cert),
+                "--ssl-keyfile", str(self.tls.key),
+            ]  # fmt: skip
+            if self.node_auth:
+                security.append("--enable-supernode-auth")
         return [
             str(self.bin_dir / SUPERLINK),
-            "--insecure",
+            *security,
             "--disable-runtime-dependency-installation",
             "--database",
             str(self.workdir / "superlink.db"),
@@ -67,12 +211,38 @@ class SuperLink:
             str(self.port),
         ]
 
+    def _check_tls(self) -> None:
+        if self.tls is None:
+            return
+        for what, path in (
+            ("CA", self.tls.ca),
+            ("certificate", self.tls.cert),
+            ("key", self.tls.key),
+        ):
+            if not path.is_file():
+                raise SuperLinkError(
+                    f"the SuperLink's TLS {what} {path} is missing; `fedge manager init` "
+                    "makes it (or run the SuperLink --insecure for development)"
+                )
+        try:
+            names_host = certificate_names_host(self.tls.cert.read_bytes(), local_host(self.host))
+        except ValueError as exc:
+            raise SuperLinkError(f"{self.tls.cert} is not a PEM certificate: {exc}") from None
+        if not names_host:
+            # Flower's SuperExec and ServerApps connect to the bind host: a certificate that
+            # does not name it would start a SuperLink whose jobs never run.
+            raise SuperLinkError(
+                f"{self.tls.cert} does not name {local_host(self.host)}; reissue the "
+                "server certificates for this host (`fedge manager advertise`)"
+            )
+
     def start(self, timeout_s: float = 60.0) -> None:
         if not (self.bin_dir / SUPERLINK).exists():
             raise SuperLinkError(
                 f"{SUPERLINK} is not installed in {self.bin_dir} (pip install 'fedge[train]')"
             )
-        if port_open(self.host, self.port):
+        self._check_tls()
+        if port_open(local_host(self.host), self.port):
             raise SuperLinkError(f"{self.address} is already in use (another SuperLink?)")
         self.workdir.mkdir(parents=True, exist_ok=True)
         home = self.workdir / "flwr-home"
@@ -94,7 +264,7 @@ class SuperLink:
                 start_new_session=True,
             )
         end = time.monotonic() + timeout_s
-        while not port_open(self.host, self.port):
+        while not port_open(local_host(self.host), self.port):
             if self._proc.poll() is not None:
                 raise SuperLinkError(f"{SUPERLINK} exited at start; see {self.log_path}")
             if time.monotonic() >= end:
@@ -114,3 +284,132 @@ class SuperLink:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
+
+    # ------------------------------------------------------------ authorised SuperNodes
+    # Flower's own CLI talks to the Control API (the SuperLink must be running, in this
+    # process or another); which key belongs to which station is kept in NODES_FILE, as
+    # Flower lists node ids but not their keys.
+
+    def authorized(self) -> dict[str, AuthorizedNode]:
+        try:
+            raw = json.loads((self.workdir / NODES_FILE).read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        return {
+            name: AuthorizedNode(name, int(v["node_id"]), v["public_key"])
+            for name, v in raw.items()
+        }
+
+    def authorize(self, name: str, public_key: str) -> AuthorizedNode:
+        """Admit the SuperNode of station ``name`` holding ``public_key`` (OpenSSH line,
+        see :func:`node_public_key`); a new key for the station replaces its old one."""
+        public_key = _checked_ssh_key(public_key)
+        with self._nodes_locked():
+            current = self.authorized()
+            node = current.get(name)
+            if node is not None and node.public_key == public_key:
+                return node
+            if node is not None:  # a renewed key: the old one goes first, and for good
+                self._unregister(node)
+                del current[name]
+                self._save(current)
+            added = self._register(name, public_key)
+            self._save({**current, name: added})
+            return added
+
+    def revoke(self, name: str) -> AuthorizedNode | None:
+        """Refuse station ``name``'s SuperNode from its next request on (its key can never
+        be registered again here); None if it was not authorised."""
+        with self._nodes_locked():
+            current = self.authorized()
+            node = current.pop(name, None)
+            if node is not None:
+                self._unregister(node)
+                self._save(current)
+            return node
+
+    def sync(self, wanted: Mapping[str, str]) -> tuple[list[str], list[str]]:
+        """Authorise exactly ``wanted`` (station -> OpenSSH key); returns (added, removed)."""
+        add, remove = plan_sync(self.authorized(), wanted)
+        for name in remove:
+            self.revoke(name)
+        for name in add:
+            self.authorize(name, wanted[name])
+        return add, remove
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """The SuperLink's nodes as ``flwr supernode ls`` lists them (id, status, ...)."""
+        nodes: list[dict[str, Any]] = self._flwr("ls").get("nodes", [])
+        return nodes
+
+    def _register(self, name: str, public_key: str) -> AuthorizedNode:
+        if not self.node_auth:
+            raise SuperLinkError("SuperNode authentication is off on this SuperLink (it needs TLS)")
+        key_file = self.workdir / "flwr-cli" / "register.pub"
+        key_file.parent.mkdir(parents=True, exist_ok=True)
+        key_file.write_text(public_key + "\n", encoding="utf-8")
+        try:
+            answer = self._flwr("register", str(key_file), name=name)
+        finally:
+            key_file.unlink(missing_ok=True)
+        return AuthorizedNode(name, int(answer["node-id"]), public_key)
+
+    def _unregister(self, node: AuthorizedNode) -> None:
+        try:
+            self._flwr("unregister", str(node.node_id))
+        except SuperLinkError as exc:
+            if "not found" not in str(exc).lower():  # already gone: what we wanted
+                raise
+
+    def _flwr(self, command: str, *args: str, name: str = "") -> dict[str, Any]:
+        """``flwr supernode COMMAND ARGS`` against this SuperLink; Flower's JSON answer."""
+        flwr = self.bin_dir / FLWR
+        if not flwr.exists():
+            raise SuperLinkError(f"the `flwr` command is not installed in {self.bin_dir}")
+        cli_home = self.workdir / "flwr-cli"
+        cli_home.mkdir(parents=True, exist_ok=True)
+        ca = None if self.tls is None else self.tls.ca
+        (cli_home / "config.toml").write_text(
+            connection_toml(CLI_CONNECTION, self.local_address, ca), encoding="utf-8"
+        )
+        extra = ["--name", name] if name else []
+        argv = [str(flwr), "supernode", command, *args, CLI_CONNECTION, *extra, "--format", "json"]
+        env = {**os.environ, "FLWR_HOME": str(cli_home), "FLWR_TELEMETRY_ENABLED": "0"}
+        try:
+            done = subprocess.run(
+                argv, capture_output=True, text=True, env=env, timeout=60, check=False
+            )
+        except subprocess.TimeoutExpired:
+            raise SuperLinkError(
+                f"`flwr supernode {command}` got no answer within 60 s from {self.local_address}"
+            ) from None
+        text = done.stdout
+        answer: dict[str, Any] = {}
+        if "{" in text:
+            with contextlib.suppress(json.JSONDecodeError):
+                answer = json.loads(text[text.index("{") :])
+        if not answer.get("success"):
+            detail = str(answer.get("error-message") or done.stderr or text).strip()
+            detail = detail.split("\n\n", 1)[-1][-500:]  # drop Flower's "Using SuperLink" line
+            raise SuperLinkError(
+                f"`flwr supernode {command}` failed against the SuperLink at "
+                f"{self.local_address}: {detail}"
+            )
+        return answer
+
+    @contextlib.contextmanager
+    def _nodes_locked(self) -> Iterator[None]:
+        """One writer of NODES_FILE at a time (the SuperLink's owner and `edge revoke`)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        with open(self.workdir / (NODES_FILE + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
+
+    def _save(self, nodes: Mapping[str, AuthorizedNode]) -> None:
+        data = {n: {"node_id": v.node_id, "public_key": v.public_key} for n, v in nodes.items()}
+        tmp = self.workdir / (NODES_FILE + ".tmp")
+        tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
+        tmp.replace(self.workdir / NODES_FILE)

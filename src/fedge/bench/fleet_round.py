@@ -82,9 +82,16 @@ def run_fleet_round(
 
 def _run(root: Path, agents: int, rounds: int, images: int, progress: Progress) -> dict[str, Any]:
     home = ManagerHome(root / "home")
+    # Plain on both sides (development mode): the peer is plain Flower, and the ratio is
+    # meant to measure fedge's orchestration, not TLS (measured by config-push/ingest --tls).
     home.init(
         ManagerSettings(
-            FLEET, broker_port=free_port(), grpc_port=free_port(), superlink_port=free_port()
+            FLEET,
+            broker_port=free_port(),
+            grpc_port=free_port(),
+            superlink_port=free_port(),
+            enroll_port=free_port(),
+            insecure=True,
         )
     )
     fleet = Fleet.open(home)

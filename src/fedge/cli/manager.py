@@ -315,22 +315,29 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
 
     Example: fedge manager superlink --home ./fedge-home
     """
-    from fedge.aggregator.superlink import SuperLink
+    from fedge.edge_manager.superlink_access import KeySync, fleet_superlink
 
     manager_home = ManagerHome(home)
     settings = manager_home.settings()
     lock_fd = hold(home, Role.SUPERLINK)
-    link = SuperLink(
-        manager_home.root / "superlink", settings.superlink_host, settings.superlink_port
-    )
+    link = fleet_superlink(manager_home)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     link.start()
-    console.print(f"SuperLink listening on port {settings.superlink_port} (log {link.log_path})")
+    # Stations' SuperNode keys follow their certificates (enrolled, renewed, revoked).
+    keys = KeySync(manager_home, link) if link.node_auth else None
+    if keys is not None:
+        keys.start()
+    security = "HTTPS, SuperNode keys from certificates" if link.tls else "plain HTTP"
+    console.print(
+        f"SuperLink listening on port {settings.superlink_port}, {security} (log {link.log_path})"
+    )
     while not stop.wait(0.5):
         if not link.running:
             raise ManagerError(f"the SuperLink exited; see {link.log_path}")
+    if keys is not None:
+        keys.stop()
     link.stop()
     os.close(lock_fd)
 

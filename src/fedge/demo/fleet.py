@@ -20,7 +20,6 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import Progress
 
-from fedge.aggregator.superlink import SuperLink
 from fedge.demo.closed_loop import run_closed_loop
 from fedge.demo.learning import run_learning
 from fedge.demo.privacy import run_privacy
@@ -32,6 +31,7 @@ from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry import TrainableSource
 from fedge.edge_manager.store import Store
+from fedge.edge_manager.superlink_access import KeySync, fleet_superlink
 from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.sim.processes import FedgeProcess
@@ -125,8 +125,10 @@ def run_demo(out: Path) -> int:
 
     broker = managed_broker(home)
     broker.start()
-    superlink = SuperLink(home.root / "superlink", "127.0.0.1", home.settings().superlink_port)
+    superlink = fleet_superlink(home)  # HTTPS; stations' SuperNode keys from certificates
     superlink.start()
+    node_keys = KeySync(home, superlink)
+    node_keys.start()
     env = {"FEDGE_HOME": str(home.root)}
     processes = [FedgeProcess(["manager", "serve"], out / "logs" / "manager.log", env).start()]
     processes += [
@@ -149,6 +151,7 @@ def run_demo(out: Path) -> int:
     finally:
         for process in processes:
             process.stop()
+        node_keys.stop()
         superlink.stop()
         broker.stop()
     return status or _federated_rounds(out)

@@ -154,7 +154,11 @@ def run_learning(
     manifest.write_text(JOB.format(rounds=ROUNDS, fleet=fleet.fleet), encoding="utf-8")
     started = time.monotonic()
     prepare(manifest, result.job_dir, home)
-    fleet_job.submit(result.job_dir, home.settings().superlink_address)
+    fleet_job.submit(
+        result.job_dir,
+        home.settings().superlink_address,
+        root_certificates=fleet_job.superlink_root_certificates(home),
+    )
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

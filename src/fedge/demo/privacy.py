@@ -106,7 +106,11 @@ def run_privacy(
     )
     started = time.monotonic()
     prepare(manifest, result.job_dir, home)
-    fleet_job.submit(result.job_dir, home.settings().superlink_address)
+    fleet_job.submit(
+        result.job_dir,
+        home.settings().superlink_address,
+        root_certificates=fleet_job.superlink_root_certificates(home),
+    )
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -196,6 +196,7 @@ class EdgeAgent:
             log.error("training is enabled but agent.toml names no superlink; not training")
             supervisor.apply(None)
             return
+        tls = self.settings.tls()
         supervisor.apply(
             SupernodeSpec(
                 superlink=self.settings.superlink,
@@ -204,6 +205,9 @@ class EdgeAgent:
                 holdout_percent=self.settings.holdout_percent,
                 threads=policy.threads,
                 max_seconds=policy.max_minutes * 60.0,
+                # TLS to the SuperLink, signing with the station's own key (node auth).
+                root_certificates=None if tls is None else tls.ca,
+                auth_key=None if tls is None else tls.key,
             )
         )
 

@@ -6,6 +6,13 @@ agent never imports torch or Flower; it starts the SuperNode when its signed con
 enables training, restarts it (with back-off) when it dies, and stops it when training
 is disabled or the agent stops.
 
+On the wire (issue 13) the SuperNode speaks HTTPS to the SuperLink, trusting only the
+fleet CA (``--root-certificates``), and signs every request with the station's own key
+(``--auth-supernode-private-key``): the SuperLink admits only keys the manager registered,
+the public key of the station's certificate. Flower reads that key in OpenSSH format, so
+the supervisor writes the same P-256 key re-encoded (0600) beside its state. Without a CA
+the SuperNode speaks plain HTTP (``--insecure``), for development only.
+
 The SuperNode is killed with the agent however the agent dies: it gets ``SIGKILL`` when
 its parent dies (Linux ``PR_SET_PDEATHSIG``), and Flower's own SuperExec and ClientApp
 processes follow their parent. A pid file lets a restarted agent remove a SuperNode
@@ -19,6 +26,7 @@ import ctypes
 import json
 import logging
 import os
+import re
 import shlex
 import signal
 import socket
@@ -29,12 +37,26 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from fedge.protocols.pki import write_private
+
 log = logging.getLogger(__name__)
 
 SUPERNODE = "flower-supernode"
 _PR_SET_PDEATHSIG = 1
 _BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 _STABLE_S = 60.0  # a SuperNode up this long resets the back-off
+AUTH_KEY_FILE = "node-auth.key"  # the station's key as Flower reads it (OpenSSH)
+# Flower's exit codes (flwr.supercore.exit.ExitCode) a station's operator must act on;
+# the process itself exits 1, Flower's code is in its last log lines ("Exit Code: 305").
+_EXIT_HINTS = {
+    303: "SuperNode authentication needs TLS (a CA)",
+    305: "the SuperLink could not be reached or refused this station (TLS: a certificate "
+    "not from the fleet CA; or this station's key is not registered, or was revoked)",
+}
+_FLOWER_EXIT = re.compile(r"Exit Code: (\d+)")
 
 
 @dataclass(frozen=True)
@@ -47,6 +69,14 @@ class SupernodeSpec:
     holdout_percent: int
     threads: int
     max_seconds: float
+    # The fleet CA the SuperLink's certificate must chain to; None: plain HTTP (development).
+    root_certificates: Path | None = None
+    # The station's private key (PEM, P-256: its TLS key) for SuperNode authentication.
+    auth_key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.auth_key is not None and self.root_certificates is None:
+            raise ValueError("SuperNode authentication needs TLS: give root_certificates too")
 
 
 def node_config(spec: SupernodeSpec) -> str:
@@ -66,13 +96,41 @@ def node_config(spec: SupernodeSpec) -> str:
     return "".join(f'"{key}" = {json.dumps(value)}\n' for key, value in values.items())
 
 
+def openssh_private_key(key_pem: bytes) -> bytes:
+    """The station's EC key (PEM) re-encoded as the OpenSSH private key Flower reads."""
+    try:
+        key = serialization.load_pem_private_key(key_pem, password=None)
+    except (ValueError, TypeError) as exc:
+        raise ValueError(f"not an unencrypted PEM private key: {exc}") from None
+    if not isinstance(key, ec.EllipticCurvePrivateKey):
+        raise ValueError("SuperNode authentication needs an ECDSA key (fleet keys: P-256)")
+    return key.private_bytes(
+        serialization.Encoding.PEM,
+        serialization.PrivateFormat.OpenSSH,
+        serialization.NoEncryption(),
+    )
+
+
 def supernode_command(
-    spec: SupernodeSpec, bin_dir: Path, runtime_port: int, node_config_file: Path
+    spec: SupernodeSpec,
+    bin_dir: Path,
+    runtime_port: int,
+    node_config_file: Path,
+    auth_key_file: Path | None = None,
 ) -> list[str]:
-    """The ``flower-supernode`` command line for this station (pure)."""
+    """The ``flower-supernode`` command line for this station (pure); ``auth_key_file`` is
+    ``spec.auth_key`` in OpenSSH format (:func:`openssh_private_key`)."""
+    if (spec.auth_key is None) != (auth_key_file is None):
+        raise ValueError("give auth_key_file exactly when the spec has an auth_key")
+    if spec.root_certificates is None:
+        security = ["--insecure"]
+    else:
+        security = ["--root-certificates", str(spec.root_certificates)]
+    if auth_key_file is not None:
+        security += ["--auth-supernode-private-key", str(auth_key_file)]
     return [
         str(bin_dir / SUPERNODE),
-        "--insecure",
+        *security,
         "--superlink",
         spec.superlink,
         "--host",
@@ -82,6 +140,26 @@ def supernode_command(
         "--node-config",
         str(node_config_file),
     ]
+
+
+def exit_reason(log_tail: str) -> str:
+    """What Flower's last exit code in a SuperNode's log means (", Flower exit code N:
+    why"), or "" when the log names none. Only the last start counts (each start
+    writes a ``--- <time>: <command>`` line first)."""
+    codes = _FLOWER_EXIT.findall(log_tail.rsplit("\n--- ", 1)[-1])
+    if not codes:
+        return ""
+    code = int(codes[-1])
+    return f", Flower exit code {code}" + (f": {_EXIT_HINTS[code]}" if code in _EXIT_HINTS else "")
+
+
+def _log_tail(path: Path, size: int = 4096) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(max(0, path.stat().st_size - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def _load_prctl() -> object | None:
@@ -218,6 +296,7 @@ class SupernodeSupervisor:
                 code = proc.returncode
                 uptime = time.monotonic() - self._started_at
                 self.last_error = f"SuperNode exited with code {code} after {uptime:.0f}s"
+                self.last_error += exit_reason(_log_tail(self.log_file))
                 log.error("%s; restarting (see %s)", self.last_error, self.log_file)
                 self._proc = None
                 failures = 0 if uptime > _STABLE_S else failures + 1
@@ -256,7 +335,11 @@ class SupernodeSupervisor:
         tmp = config_file.with_suffix(".tmp")
         tmp.write_text(node_config(spec), encoding="utf-8")
         tmp.replace(config_file)
-        command = supernode_command(spec, self.bin_dir, _free_port(), config_file)
+        auth_key_file = None
+        if spec.auth_key is not None:
+            auth_key_file = self.workdir / AUTH_KEY_FILE
+            write_private(auth_key_file, openssh_private_key(spec.auth_key.read_bytes()))
+        command = supernode_command(spec, self.bin_dir, _free_port(), config_file, auth_key_file)
         env = {
             **os.environ,
             "FLWR_HOME": str(home),
@@ -296,6 +379,8 @@ class SupernodeSupervisor:
             proc.wait(timeout=5)
         with contextlib.suppress(FileNotFoundError):
             self.pid_file.unlink()
+        # The re-encoded key is a copy of the station's: it lives no longer than its user.
+        (self.workdir / AUTH_KEY_FILE).unlink(missing_ok=True)
 
     def _remove_leftover(self) -> None:
         """A SuperNode a previous agent process left behind (its pid file) is killed."""

@@ -12,6 +12,7 @@ import datetime as dt
 import hashlib
 import hmac
 import secrets
+import sqlite3
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,20 +52,39 @@ def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-def record_certificate(store: Store, info: CertInfo, *, at: float | None = None) -> None:
+def _insert(conn: sqlite3.Connection, info: CertInfo, pem: bytes, at: float) -> None:
+    conn.execute(
+        "INSERT OR IGNORE INTO certificates (serial, identity, role, fingerprint, "
+        "not_after, issued_at, pem) VALUES (?, ?, ?, ?, ?, ?, ?)",
+        (
+            str(info.serial),
+            info.identity,
+            info.role.value if info.role else "",
+            info.fingerprint,
+            info.not_after.timestamp(),
+            at,
+            pem.decode(),
+        ),
+    )
+
+
+def record_certificate(
+    store: Store, info: CertInfo, *, pem: bytes = b"", at: float | None = None
+) -> None:
+    """Record an issued certificate (``pem``: the certificate itself, public; the
+    SuperLink's node keys are read from it)."""
     with store.transaction() as conn:
-        conn.execute(
-            "INSERT OR IGNORE INTO certificates (serial, identity, role, fingerprint, "
-            "not_after, issued_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                str(info.serial),
-                info.identity,
-                info.role.value if info.role else "",
-                info.fingerprint,
-                info.not_after.timestamp(),
-                time.time() if at is None else at,
-            ),
-        )
+        _insert(conn, info, pem, time.time() if at is None else at)
+
+
+def station_certificates(store: Store) -> dict[str, bytes]:
+    """Every station's newest valid certificate (PEM): edge -> certificate."""
+    rows = store.conn.execute(
+        "SELECT identity, pem FROM certificates WHERE role = 'edge' AND revoked_at IS NULL "
+        "AND not_after > ? AND pem != '' ORDER BY issued_at, serial",
+        (time.time(),),
+    ).fetchall()
+    return {str(identity): str(pem).encode() for identity, pem in rows}
 
 
 def certificates(store: Store, identity: str | None = None) -> list[IssuedCert]:
@@ -127,7 +147,9 @@ def create_token(store: Store, edge: str, *, ttl_s: float = TOKEN_TTL_S) -> str:
     return token
 
 
-def redeem_token(store: Store, token: str, edge: str, issue: Callable[[], CertInfo]) -> CertInfo:
+def redeem_token(
+    store: Store, token: str, edge: str, issue: Callable[[], tuple[CertInfo, bytes]]
+) -> CertInfo:
     """Check ``token`` was issued for ``edge``, is unused and unexpired; then ``issue``
     (sign the CSR) and consume the token and record the certificate, all in one
     transaction. A refusal raises :class:`EnrollmentError` and changes nothing."""
@@ -152,20 +174,9 @@ def redeem_token(store: Store, token: str, edge: str, issue: Callable[[], CertIn
             raise EnrollmentError(
                 f"this token was issued for {row[1]!r}, not {edge!r}", "wrong_edge"
             )
-        info = issue()  # raises (and rolls back) if the CSR is refused
+        info, pem = issue()  # raises (and rolls back) if the CSR is refused
         conn.execute(
             "UPDATE enrollment_tokens SET used_at = ? WHERE token_hash = ?", (time.time(), digest)
         )
-        conn.execute(
-            "INSERT INTO certificates (serial, identity, role, fingerprint, not_after, "
-            "issued_at) VALUES (?, ?, ?, ?, ?, ?)",
-            (
-                str(info.serial),
-                info.identity,
-                info.role.value if info.role else "",
-                info.fingerprint,
-                info.not_after.timestamp(),
-                time.time(),
-            ),
-        )
+        _insert(conn, info, pem, time.time())
     return info

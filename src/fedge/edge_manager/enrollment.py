@@ -208,7 +208,7 @@ def renew(home: ManagerHome, current_pem: bytes, request: RenewRequest) -> Enrol
             cert = ca.sign_csr(request.csr.encode(), identity=info.identity, role=Role.EDGE)
         except pki.CertificateError as exc:
             raise credentials.EnrollmentError(str(exc), "bad_csr") from None
-        credentials.record_certificate(store, pki.cert_info(pki.load_certificate(cert)))
+        credentials.record_certificate(store, pki.cert_info(pki.load_certificate(cert)), pem=cert)
     finally:
         store.close()
     return _response(home, info.identity, cert)
@@ -220,13 +220,13 @@ def redeem(home: ManagerHome, request: EnrollRequest) -> EnrollResponse:
     ca = home.pki().ca()
     issued_pem: list[bytes] = [b""]
 
-    def issue() -> pki.CertInfo:
+    def issue() -> tuple[pki.CertInfo, bytes]:
         try:
             cert = ca.sign_csr(request.csr.encode(), identity=request.edge, role=Role.EDGE)
         except pki.CertificateError as exc:
             raise credentials.EnrollmentError(str(exc), "bad_csr") from None
         issued_pem[0] = cert
-        return pki.cert_info(pki.load_certificate(cert))
+        return pki.cert_info(pki.load_certificate(cert)), cert
 
     fleet = Fleet.open(home)
     try:

@@ -114,7 +114,10 @@ class ManagerSettings:
 
     @property
     def superlink_address(self) -> str:
-        return f"{self.superlink_host}:{self.superlink_port}"
+        """Where tools on this machine (``flwr run``) reach the SuperLink (a wildcard bind
+        is reached on loopback, which its certificate names)."""
+        host = "127.0.0.1" if is_wildcard(self.superlink_host) else self.superlink_host
+        return _host_port(host, self.superlink_port)
 
     # -- what agents are given (the advertised host, or else the bind host)
 

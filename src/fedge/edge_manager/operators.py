@@ -146,7 +146,8 @@ def add_operator(home: ManagerHome, name: str) -> OperatorCredential:
         tls = home.pki().write_client(name, cert, key)
         store = Store(home.db_path)
         try:
-            credentials.record_certificate(store, pki.cert_info(pki.load_certificate(cert)))
+            info = pki.cert_info(pki.load_certificate(cert))
+            credentials.record_certificate(store, info, pem=cert)
         finally:
             store.close()
     accounts[name] = {"password": password, "created_at": time.time()}

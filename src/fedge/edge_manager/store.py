@@ -191,7 +191,7 @@ CREATE TABLE IF NOT EXISTS drift_references (
 CREATE TABLE IF NOT EXISTS certificates (
     serial TEXT PRIMARY KEY, identity TEXT NOT NULL, role TEXT NOT NULL,
     fingerprint TEXT NOT NULL, not_after REAL NOT NULL, issued_at REAL NOT NULL,
-    revoked_at REAL);
+    revoked_at REAL, pem TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS certificates_identity ON certificates (identity);
 CREATE TABLE IF NOT EXISTS enrollment_tokens (
     token_hash TEXT PRIMARY KEY, edge TEXT NOT NULL, created_at REAL NOT NULL,

@@ -36,6 +36,7 @@ from fedge.aggregator.job_dir import (
     is_live,
 )
 from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.superlink import connection_toml
 from fedge.edge_manager.home import ManagerHome
 from fedge.federation.prepare import APP_DIR, prepare
 from fedge.federation.publish import publish
@@ -62,19 +63,28 @@ class FleetJobResult:
 # ---------------------------------------------------------------- submit and wait
 
 
-def submit(job_dir: Path, superlink: str) -> dict[str, Any]:
+def superlink_root_certificates(home: ManagerHome) -> Path | None:
+    """The CA ``flwr run`` trusts for the home's SuperLink: the fleet CA, or None for a
+    home made ``--insecure`` (a plain SuperLink, development only)."""
+    return None if home.settings().insecure else home.pki().ca_path
+
+
+def submit(
+    job_dir: Path, superlink: str, *, root_certificates: Path | None = None
+) -> dict[str, Any]:
     """Send the job's app to the SuperLink with ``flwr run``; returns Flower's answer.
 
-    The run is marked queued first: until the new ServerApp takes the job, what the run
-    store says (halted, failed) is about the previous submission.
+    Over HTTPS trusting ``root_certificates`` (the fleet CA), or plain when None. The run
+    is marked queued first: until the new ServerApp takes the job, what the run store
+    says (halted, failed) is about the previous submission.
     """
+    if root_certificates is not None and not root_certificates.is_file():
+        raise JobError(f"the SuperLink's CA certificate {root_certificates} does not exist")
     _mark_queued(job_dir)
     cli_home = job_dir / "flwr-cli"
     cli_home.mkdir(exist_ok=True)
     (cli_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
-        f'[superlink.{CONNECTION}]\naddress = "{superlink}"\ninsecure = true\n',
-        encoding="utf-8",
+        connection_toml(CONNECTION, superlink, root_certificates), encoding="utf-8"
     )
     flwr = Path(sys.executable).parent / "flwr"
     if not flwr.exists():
@@ -222,10 +232,13 @@ def run_fleet_job(
     *,
     progress: ProgressFn | None = None,
     timeout_s: float | None = None,
+    root_certificates: Path | None = None,
 ) -> FleetJobResult:
-    """Prepare, submit, follow and publish a fleet job (``fedge aggregator run``)."""
+    """Prepare, submit, follow and publish a fleet job (``fedge aggregator run``);
+    ``root_certificates``: see :func:`submit` and :func:`superlink_root_certificates`."""
     prepare(manifest_path, job_dir, home)
-    submit(job_dir, home.settings().superlink_address)
+    roots = root_certificates or superlink_root_certificates(home)
+    submit(job_dir, home.settings().superlink_address, root_certificates=roots)
     return _finish(job_dir, home, progress, timeout_s)
 
 
@@ -235,11 +248,13 @@ def resume_fleet_job(
     *,
     progress: ProgressFn | None = None,
     timeout_s: float | None = None,
+    root_certificates: Path | None = None,
 ) -> FleetJobResult:
     """Continue a fleet job: submit it again if no aggregator runs it, follow, publish."""
     if needs_submission(job_dir):
         _clear_halt(job_dir)  # resuming is the newer request
-        submit(job_dir, home.settings().superlink_address)
+        roots = root_certificates or superlink_root_certificates(home)
+        submit(job_dir, home.settings().superlink_address, root_certificates=roots)
     return _finish(job_dir, home, progress, timeout_s)
 
 
