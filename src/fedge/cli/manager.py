@@ -342,5 +342,39 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
     os.close(lock_fd)
 
 
+@app.command()
+@friendly_errors
+def doctor(
+    home: HomeOption = DEFAULT_HOME,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Check the home's security: expiring certificates, readable keys, plain listeners.
+
+    Exit code 1 when any finding is an error. Changes nothing.
+
+    Example: fedge manager doctor --home ./fedge-home
+    """
+    from dataclasses import asdict
+
+    from fedge.cli.common import fitted_table
+    from fedge.edge_manager.doctor import counts, diagnose
+    from fedge.edge_manager.doctor_facts import gather
+
+    findings = diagnose(gather(ManagerHome(home)))
+    tally = counts(findings)
+    if as_json:
+        print_json({"findings": [asdict(f) for f in findings], "counts": tally})
+    else:
+        table = fitted_table("severity", "check", "subject", "message", whole=("severity",))
+        colour = {"error": "red", "warning": "yellow", "ok": "green"}
+        for f in findings:
+            severity = f"[{colour[f.severity]}]{f.severity}[/{colour[f.severity]}]"
+            table.add_row(severity, f.check, escape(f.subject), escape(f.message))
+        console.print(table)
+        console.print(f"{tally['error']} error(s), {tally['warning']} warning(s)")
+    if tally["error"]:
+        raise typer.Exit(1)
+
+
 app.command("watch")(operator.watch)
 app.command("prune")(retention.prune)

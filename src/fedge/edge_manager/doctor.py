@@ -1,0 +1,390 @@
+"""`fedge manager doctor`: what in a manager home weakens the fleet's security (issue 13).
+
+Pure: every check is a function from plain facts (file modes, certificate end dates, the
+broker's config text, the CRL's serials) to :class:`Finding` values; the facts are
+gathered from a home by :mod:`fedge.edge_manager.doctor_facts`. A finding names a file,
+a listener or a certificate's holder and says what to do -- never key material, a
+password or a token (the facts carry none: modes, dates, serials and booleans only).
+
+Checks, each reporting one "ok" finding when it finds nothing:
+
+- ``certificate-expiry``: the CA, the server certificates, the manager's client
+  certificate and every holder's newest unrevoked certificate in the store; expired is an
+  error, expiring within :data:`EXPIRY_WARNING_DAYS` a warning (stations renew earlier,
+  so a warning means renewal is not happening).
+- ``key-permissions``: private keys and secrets readable or writable by group/others,
+  and directories holding them that others can write (they could swap the files).
+- ``plain-listener``: a listener without mutual TLS; a warning in a development home
+  (``--insecure``), an error otherwise.
+- ``ca-key-encryption``: the CA key stored without a passphrase (a warning: the file is
+  0600, but a copied disk or backup then holds the fleet's root).
+- ``crl``: a CRL that does not parse, is not the fleet CA's, has expired, or lacks a
+  revocation recorded in the store.
+- ``secrets-in-logs``: a log file in the home holding a PEM private key.
+"""
+
+import datetime as dt
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Literal, get_args
+
+Severity = Literal["ok", "warning", "error"]
+SEVERITIES: tuple[Severity, ...] = get_args(Severity)
+EXPIRY_WARNING_DAYS = 30.0
+# Permission bits: group/others may not touch a secret at all; no one but the owner may
+# write a directory that holds one (sticky or not: the home is never a shared /tmp).
+SECRET_FORBIDDEN_BITS = 0o077
+DIR_FORBIDDEN_BITS = 0o002
+
+CERTIFICATE_EXPIRY = "certificate-expiry"
+KEY_PERMISSIONS = "key-permissions"
+PLAIN_LISTENER = "plain-listener"
+CA_KEY_ENCRYPTION = "ca-key-encryption"
+CRL = "crl"
+SECRETS_IN_LOGS = "secrets-in-logs"
+
+
+@dataclass(frozen=True)
+class Finding:
+    severity: Severity
+    check: str
+    subject: str
+    message: str
+
+    def __post_init__(self) -> None:
+        if self.severity not in SEVERITIES:
+            raise ValueError(f"severity {self.severity!r} is not one of {', '.join(SEVERITIES)}")
+
+
+@dataclass(frozen=True)
+class CertFact:
+    """One certificate's end date (``None`` with ``problem`` when it cannot be read).
+
+    ``holder`` groups certificates of one identity: only its newest is judged, since a
+    station that renewed keeps its old certificate, unrevoked, until it expires."""
+
+    subject: str
+    not_after: dt.datetime | None
+    problem: str = ""
+    holder: str = ""
+
+
+@dataclass(frozen=True)
+class FileMode:
+    path: str  # relative to the home
+    mode: int  # permission bits (st_mode & 0o7777)
+
+
+@dataclass(frozen=True)
+class RevokedFact:
+    serial: int
+    identity: str
+    revoked_at: dt.datetime
+
+
+@dataclass(frozen=True)
+class CrlFact:
+    """The CRL file as read: ``problem`` says why it is unusable (missing, not a CRL, not
+    signed by the fleet CA); otherwise the serials it lists and when it expires."""
+
+    path: str
+    problem: str = ""
+    listed: frozenset[int] = frozenset()
+    next_update: dt.datetime | None = None
+
+
+@dataclass(frozen=True)
+class HomeFacts:
+    insecure: bool
+    now: dt.datetime
+    certificates: tuple[CertFact, ...] = ()
+    secret_files: tuple[FileMode, ...] = ()
+    secret_dirs: tuple[FileMode, ...] = ()
+    ca_key_encrypted: bool | None = None  # None: the home holds no CA key
+    crl: CrlFact | None = None  # None: the home has no PKI (--insecure)
+    revoked: tuple[RevokedFact, ...] = ()  # revoked in the store, still within validity
+    broker_conf: str | None = None  # <home>/broker/mosquitto.conf, if the broker ran
+    superlink_ran_plain: bool = False  # its flwr connection file says insecure = true
+    logs_with_keys: tuple[str, ...] = ()
+
+
+def _ok(check: str, message: str) -> Finding:
+    return Finding("ok", check, "home", message)
+
+
+# -- certificates
+
+
+def current_certificates(facts: Iterable[CertFact]) -> list[CertFact]:
+    """Every certificate without a holder, and each holder's newest one (unreadable
+    ones always: they are findings of their own)."""
+    newest: dict[str, CertFact] = {}
+    kept: list[CertFact] = []
+    for fact in facts:
+        if not fact.holder or fact.not_after is None:
+            kept.append(fact)
+            continue
+        seen = newest.get(fact.holder)
+        if seen is None or (seen.not_after is not None and fact.not_after > seen.not_after):
+            newest[fact.holder] = fact
+    return kept + list(newest.values())
+
+
+def check_certificates(
+    facts: Sequence[CertFact], now: dt.datetime, warn_days: float = EXPIRY_WARNING_DAYS
+) -> list[Finding]:
+    findings: list[Finding] = []
+    judged = current_certificates(facts)
+    for fact in judged:
+        if fact.not_after is None:
+            findings.append(
+                Finding("error", CERTIFICATE_EXPIRY, fact.subject, f"unusable: {fact.problem}")
+            )
+            continue
+        days = (fact.not_after - now).total_seconds() / 86400.0
+        until = f"{fact.not_after:%Y-%m-%d %H:%M} UTC"
+        if days <= 0:
+            findings.append(
+                Finding(
+                    "error",
+                    CERTIFICATE_EXPIRY,
+                    fact.subject,
+                    f"expired {until}: it is refused; {_renewal(fact)}",
+                )
+            )
+        elif days <= warn_days:
+            findings.append(
+                Finding(
+                    "warning",
+                    CERTIFICATE_EXPIRY,
+                    fact.subject,
+                    f"expires in {days:.0f} day(s) ({until}); {_renewal(fact)}",
+                )
+            )
+    if not judged:
+        findings.append(_ok(CERTIFICATE_EXPIRY, "no certificates: this home has no fleet CA"))
+    elif not findings:
+        findings.append(
+            _ok(
+                CERTIFICATE_EXPIRY,
+                f"{len(judged)} certificate(s) valid for more than {warn_days:.0f} days",
+            )
+        )
+    return findings
+
+
+def _renewal(fact: CertFact) -> str:
+    if fact.holder.startswith("edge "):
+        return "the station renews itself while it can reach the manager; else enrol it again"
+    if fact.holder.startswith("operator "):
+        return "remove and add the operator again (`fedge manager operator`)"
+    if fact.subject.startswith("server "):
+        return "reissue the server certificates (`fedge manager advertise HOST`)"
+    return "create a new home or reissue it"
+
+
+# -- file permissions
+
+
+def check_permissions(files: Sequence[FileMode], directories: Sequence[FileMode]) -> list[Finding]:
+    findings: list[Finding] = []
+    for file in files:
+        if file.mode & SECRET_FORBIDDEN_BITS:
+            findings.append(
+                Finding(
+                    "error",
+                    KEY_PERMISSIONS,
+                    file.path,
+                    f"mode {file.mode:04o}: group/others can read or change this secret; "
+                    f"run chmod 600 {file.path} (and replace the secret if others read it)",
+                )
+            )
+    for directory in directories:
+        if directory.mode & DIR_FORBIDDEN_BITS:
+            findings.append(
+                Finding(
+                    "error",
+                    KEY_PERMISSIONS,
+                    directory.path,
+                    f"mode {directory.mode:04o}: anyone can replace the keys in this "
+                    f"directory; run chmod o-w {directory.path}",
+                )
+            )
+    if not findings:
+        findings.append(
+            _ok(KEY_PERMISSIONS, f"{len(files)} key and secret file(s) readable by the owner only")
+        )
+    return findings
+
+
+# -- listeners
+
+
+def _conf_lines(conf: str) -> list[str]:
+    """Non-comment lines, whitespace normalised (``require_certificate  true``)."""
+    return [
+        " ".join(line.split())
+        for line in conf.splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
+
+
+def check_listeners(facts: HomeFacts) -> list[Finding]:
+    if facts.insecure:
+        return [
+            Finding(
+                "warning",
+                PLAIN_LISTENER,
+                name,
+                "plain TCP with passwords: this is a development home (--insecure); "
+                "for a plant network create a home without --insecure (mutual TLS)",
+            )
+            for name in ("broker", "grpc", "superlink")
+        ]
+    findings: list[Finding] = []
+    if facts.broker_conf is not None:
+        lines = _conf_lines(facts.broker_conf)
+        if "require_certificate true" not in lines:
+            findings.append(
+                Finding(
+                    "error",
+                    PLAIN_LISTENER,
+                    "broker",
+                    "broker/mosquitto.conf lacks `require_certificate true`: the broker "
+                    "admits clients without a fleet certificate; restart it with "
+                    "`fedge manager broker` (which rewrites the config from this home)",
+                )
+            )
+        if "allow_anonymous true" in lines:
+            findings.append(
+                Finding(
+                    "error",
+                    PLAIN_LISTENER,
+                    "broker",
+                    "broker/mosquitto.conf has `allow_anonymous true`; restart the broker "
+                    "with `fedge manager broker`",
+                )
+            )
+    if facts.superlink_ran_plain:
+        findings.append(
+            Finding(
+                "error",
+                PLAIN_LISTENER,
+                "superlink",
+                "the SuperLink last ran without TLS (its flwr connection says insecure); "
+                "restart it with `fedge manager superlink`",
+            )
+        )
+    if not findings:
+        findings.append(
+            _ok(PLAIN_LISTENER, "broker, gRPC and the SuperLink use TLS with fleet certificates")
+        )
+    return findings
+
+
+# -- the CA key and the CRL
+
+
+def check_ca_key(encrypted: bool | None) -> list[Finding]:
+    if encrypted is None:
+        return []
+    if encrypted:
+        return [_ok(CA_KEY_ENCRYPTION, "the CA key is encrypted with a passphrase")]
+    return [
+        Finding(
+            "warning",
+            CA_KEY_ENCRYPTION,
+            "pki/ca.key",
+            "the CA key is stored unencrypted (0600); set FEDGE_CA_PASSPHRASE before "
+            "`fedge manager init` so a copied disk or backup does not hold the fleet's root",
+        )
+    ]
+
+
+def check_crl(
+    crl: CrlFact | None, revoked: Sequence[RevokedFact], now: dt.datetime
+) -> list[Finding]:
+    """The CRL must list every revocation in the store. Compared by serial, not by date:
+    the CRL's lastUpdate is set a few minutes back for clock skew, so a fresh CRL can
+    look older than the revocation it carries."""
+    if crl is None:
+        return []
+    if crl.problem:
+        return [
+            Finding(
+                "error",
+                CRL,
+                crl.path,
+                f"{crl.problem}: revoked stations may be let in; `fedge edge revoke ID` "
+                "rewrites it",
+            )
+        ]
+    findings: list[Finding] = []
+    missing = sorted((r for r in revoked if r.serial not in crl.listed), key=lambda r: r.revoked_at)
+    if missing:
+        newest = missing[-1]
+        revoked_at = f"{newest.revoked_at:%Y-%m-%d %H:%M} UTC"
+        findings.append(
+            Finding(
+                "error",
+                CRL,
+                crl.path,
+                f"older than the newest revocation: {len(missing)} revoked certificate(s) "
+                f"not listed (newest: {newest.identity}, revoked {revoked_at}), so the "
+                f"broker still admits them; run `fedge edge revoke {newest.identity}` "
+                "again to rewrite it",
+            )
+        )
+    if crl.next_update is not None and crl.next_update <= now:
+        findings.append(
+            Finding(
+                "error",
+                CRL,
+                crl.path,
+                f"expired {crl.next_update:%Y-%m-%d}: TLS stacks may refuse every client; "
+                "`fedge edge revoke ID` rewrites it",
+            )
+        )
+    if not findings:
+        findings.append(
+            _ok(
+                CRL,
+                f"the CRL is the fleet CA's and lists every revoked certificate ({len(revoked)})",
+            )
+        )
+    return findings
+
+
+def check_logs(logs_with_keys: Sequence[str]) -> list[Finding]:
+    if not logs_with_keys:
+        return [_ok(SECRETS_IN_LOGS, "no private key in the home's logs")]
+    return [
+        Finding(
+            "error",
+            SECRETS_IN_LOGS,
+            path,
+            "holds a PEM private key: delete the log and replace the key it shows",
+        )
+        for path in logs_with_keys
+    ]
+
+
+def diagnose(facts: HomeFacts) -> list[Finding]:
+    """Every check over one home's facts, errors first."""
+    findings = [
+        *check_certificates(facts.certificates, facts.now),
+        *check_permissions(facts.secret_files, facts.secret_dirs),
+        *check_listeners(facts),
+        *check_ca_key(facts.ca_key_encrypted),
+        *check_crl(facts.crl, facts.revoked, facts.now),
+        *check_logs(facts.logs_with_keys),
+    ]
+    rank = {"error": 0, "warning": 1, "ok": 2}
+    return sorted(findings, key=lambda f: rank[f.severity])
+
+
+def counts(findings: Iterable[Finding]) -> dict[Severity, int]:
+    tally: dict[Severity, int] = dict.fromkeys(SEVERITIES, 0)
+    for finding in findings:
+        tally[finding.severity] += 1
+    return tally
