@@ -201,11 +201,13 @@ def test_a_running_fleet_logs_no_key_token_or_passphrase(
         # serve opens the encrypted CA key to sign the station's CSR.
         outputs.append(("fedge manager up stdout", cli("manager", "up")))
         invitation = cli("edge", "enroll", EDGE)
-        command = re.search(r"^fedge agent enroll .*--token (\S+)$", invitation, re.M)
-        assert command is not None, invitation
-        token = command.group(1)
+        command = re.search(r"^(fedge agent enroll .*) --config \S+$", invitation, re.M)
+        found = re.search(r"^token: (\S+)$", invitation, re.M)
+        assert command is not None and found is not None, invitation
+        token = found.group(1)
         enrolled = cli(
-            *command.group(0).split()[1:],
+            *command.group(1).split()[1:],
+            "--token", token,
             "--config", str(device / "agent.toml"),
             "--data-dir", str(device / "data"),
         )  # fmt: skip

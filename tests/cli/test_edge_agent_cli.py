@@ -56,7 +56,7 @@ def test_an_incomplete_agent_toml_names_the_missing_settings(tmp_path: Path) -> 
         load_settings(path)
     message = str(raised.value)
     assert "__init__" not in message
-    for name in ("data_dir", "broker_host", "broker_port", "password", "grpc_target"):
+    for name in ("data_dir", "broker_host", "broker_port", "grpc_target"):
         assert name in message
     assert "manager_public_key" in message
 

@@ -33,4 +33,5 @@ def test_the_agent_logs_connection_changes_to_its_file(
         fh.close()
     text = log_file.read_text()
     assert f"mqtt {EDGE} -> 127.0.0.1:{fh.settings.broker_port}" in text
-    assert fh.agent_settings(EDGE).password not in text
+    key_body = fh.tls_files(EDGE).key.read_text().splitlines()[1]
+    assert key_body not in text and "PRIVATE KEY" not in text

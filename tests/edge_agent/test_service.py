@@ -65,6 +65,7 @@ def _agent_toml(path: Path, data_dir: str, watch_dir: str | None = None) -> Path
         f'data_dir = "{data_dir}"',
         'broker_host = "127.0.0.1"',
         "broker_port = 1883",
+        "insecure = true",
         'password = "secret"',
         'grpc_target = "127.0.0.1:50551"',
         f'manager_public_key = "{SigningKey.generate().public.to_text()}"',

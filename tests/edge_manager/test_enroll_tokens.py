@@ -138,7 +138,8 @@ def test_fedge_agent_enroll_on_the_command_line(
         check=True,
     ).stdout
     command = next(line for line in printed.splitlines() if line.startswith("fedge agent"))
-    token = command.split("--token ")[1].strip()
+    assert "--token" not in command  # asked for: not in the process list or shell history
+    token = next(line for line in printed.splitlines() if line.startswith("token: "))[7:]
     config = tmp_path / "st-05" / "agent.toml"
     result = subprocess.run(
         [
@@ -149,11 +150,10 @@ def test_fedge_agent_enroll_on_the_command_line(
             f"127.0.0.1:{server.port}",
             "--edge",
             "st-05",
-            "--token",
-            token,
             "--config",
             str(config),
         ],
+        input=token + "\n",
         capture_output=True,
         text=True,
         check=False,

@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from fedge.bench.errors import BenchError
 from fedge.protocols.pki import TlsFiles
 
 
-class EdgeLoginError(ValueError):
+class EdgeLoginError(BenchError, ValueError):
     """A spec line's login entry is malformed (a bug in the parent, not user input)."""
 
 

@@ -28,22 +28,18 @@ from typing import IO, Any
 
 from fedge.bench import Progress, no_progress
 from fedge.bench.edge_login import EdgeLogin
+from fedge.bench.errors import BenchError as BenchError  # re-exported: benches import it here
 from fedge.edge_manager import credentials, enrollment
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry import Registry
 from fedge.edge_manager.service import ManagerService
 from fedge.edge_manager.store import Store
-from fedge.errors import FedgeError
 from fedge.protocols import pki
 from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.broker import MosquittoBroker, free_port
 
 FLEET = "bench"
-
-
-class BenchError(FedgeError):
-    """A benchmark could not set up, or a helper process failed."""
 
 
 def wait_until(

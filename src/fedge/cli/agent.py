@@ -23,6 +23,7 @@ from fedge.edge_agent.watcher import watch
 
 app = typer.Typer(help="The edge agent.", no_args_is_help=True)
 
+TOKEN_ENV = "FEDGE_ENROLL_TOKEN"
 ConfigOption = Annotated[Path, typer.Option("--config", help="agent.toml")]
 
 
@@ -81,15 +82,22 @@ def run(
 def enroll(
     manager: Annotated[str, typer.Option(help="The manager's enrollment URL (host:port).")],
     edge: Annotated[str, typer.Option(help="This station's edge id.")],
-    token: Annotated[str, typer.Option(help="The one-time token from `fedge edge enroll`.")],
     config: ConfigOption,
     data_dir: Annotated[Path | None, typer.Option(help="Agent data dir.")] = None,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help="The one-time token from `fedge edge enroll` (scripts); otherwise read from "
+            f"${TOKEN_ENV} or asked for, so it is not in the process list or shell history."
+        ),
+    ] = None,
 ) -> None:
     """Enrol this device: make its key here, get its certificate, write agent.toml.
 
-    Example: fedge agent enroll --manager mgr.lan:8444 --edge st-01 --token T --config agent.toml
+    Example: fedge agent enroll --manager mgr.lan:8444 --edge st-01 --config agent.toml
     """
-    enrolled = enroll_device(manager, edge, token, config, data_dir)
+    secret = token or os.environ.get(TOKEN_ENV) or typer.prompt("token", hide_input=True)
+    enrolled = enroll_device(manager, edge, secret, config, data_dir)
     console.print(
         f"enrolled [bold]{edge}[/bold] in fleet {enrolled.response.fleet}; config in {config}, "
         f"key in {enrolled.tls.key} (0600, never sent)",

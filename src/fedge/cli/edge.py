@@ -69,9 +69,11 @@ def enroll(
     if out is None:
         invitation = invite(manager_home, edge, ttl_s=ttl)
         console.print(
-            f"token for [bold]{edge}[/bold], single use, valid {ttl:.0f} s; on the device run:"
+            f"token for [bold]{edge}[/bold], single use, valid {ttl:.0f} s (it pins the "
+            "fleet CA); on the device run the command and paste the token when asked:"
         )
         typer.echo(invitation.command())
+        typer.echo(f"token: {invitation.token}")
         return
     manager_home, fleet = open_fleet(home)
     directory = (data_dir or out.parent.resolve() / "data").resolve()

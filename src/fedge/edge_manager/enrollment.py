@@ -144,7 +144,8 @@ class Invitation:
     expires_in_s: float
 
     def command(self) -> str:
-        return f"fedge agent enroll --manager {self.url} --edge {self.edge} --token {self.token}"
+        """The device's command; it asks for the token (kept off its command line)."""
+        return f"fedge agent enroll --manager {self.url} --edge {self.edge} --config agent.toml"
 
 
 def invite(home: ManagerHome, edge: str, *, ttl_s: float = credentials.TOKEN_TTL_S) -> Invitation:

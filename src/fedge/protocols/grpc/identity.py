@@ -30,6 +30,7 @@ from typing import Protocol
 import grpc
 
 from fedge.protocols import pki
+from fedge.protocols.errors import ProtocolError
 from fedge.protocols.pki import CertificateError, CertInfo, Role
 
 log = logging.getLogger(__name__)
@@ -45,7 +46,7 @@ Metadata = Sequence[tuple[str, str | bytes]]
 AuthContext = Mapping[str, object]  # at run time a dict of lists of bytes
 
 
-class Refused(Exception):
+class Refused(ProtocolError):
     """The caller may not make this call; ``code`` is the gRPC status to answer with."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
