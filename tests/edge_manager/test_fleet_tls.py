@@ -18,6 +18,7 @@ from fedge.edge_manager.operators import add_operator
 from fedge.protocols import pki, topics
 from fedge.protocols.pki import FleetCA, Role, TlsFiles
 from fedge.transport.broker import MosquittoBroker
+from fedge.transport.mqtt import MqttSession, MqttSettings
 
 FLEET = "plant-a"
 NOT_AUTHORIZED = 0x87
@@ -192,3 +193,22 @@ def _connected(port: int, tls: TlsFiles | None) -> RawClient | None:
         return client
     client.close()
     return None
+
+
+def test_a_session_refused_in_the_tls_handshake_says_so(
+    tls_fleet: tuple[FleetHome, MosquittoBroker], tmp_path: Path
+) -> None:
+    """A certificate refused in the handshake gets no CONNACK: the session still counts
+    and reports it as a refusal (an operator must act), not as silence."""
+    fh, broker = tls_fleet
+    stranger = FleetCA.create(FLEET)
+    cert, key = stranger.issue_client("st-01", Role.EDGE)
+    files = write_client(tmp_path / "stranger", "st-01", cert, key, fh.home.pki().ca_path)
+    session = MqttSession(MqttSettings("127.0.0.1", broker.port, "st-01", tls=files))
+    session.start()
+    try:
+        wait_until(lambda: session.link.failures, 10, "the refusal to be noted")
+        assert not session.connected.is_set()
+        assert "closed the connection before answering" in session.link.last_error
+    finally:
+        session.stop()

@@ -42,10 +42,19 @@ class SecurityChapter:
 
 
 def _broker_accepts(host: str, port: int, edge: str, tls: TlsFiles) -> bool:
+    """One connection attempt: True if the broker accepted it, False as soon as it
+    refused (a TLS alert, a dropped connection)."""
     session = MqttSession(MqttSettings(host, port, edge, tls=tls, clean_start=True))
     session.start()
     try:
-        return session.connected.wait(1.0)
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            if session.connected.is_set():
+                return True
+            if session.link.failures or session.link.last_error:
+                return False
+            time.sleep(0.01)
+        return False
     finally:
         session.stop()
 

@@ -111,6 +111,7 @@ class MqttSession:
         self.link = LinkState()
         self._link_lock = threading.Lock()
         self._stopping = False
+        self._answered = False  # the broker answered (CONNACK) the current attempt
         self._client = paho.Client(
             CallbackAPIVersion.VERSION2,
             client_id=settings.client_id,
@@ -252,6 +253,7 @@ class MqttSession:
         reason_code: ReasonCode,
         properties: Properties | None,
     ) -> None:
+        self._answered = True
         if reason_code.is_failure:
             self._note(LinkEvent.REFUSED, str(reason_code))
             return
@@ -268,7 +270,18 @@ class MqttSession:
         properties: Properties | None,
     ) -> None:
         self.connected.clear()
-        if not self._stopping:
+        answered, self._answered = self._answered, False  # the next attempt starts afresh
+        if self._stopping:
+            pass
+        elif not answered:
+            # Closed before any CONNACK: under mutual TLS the broker refuses a certificate
+            # (unknown CA, expired, revoked) in the handshake, with no MQTT answer at all.
+            self._note(
+                LinkEvent.REFUSED,
+                "the broker closed the connection before answering (TLS: is this "
+                "certificate the fleet CA's, unexpired and not revoked?)",
+            )
+        else:
             self._note(LinkEvent.DROPPED, str(reason_code))
         self._on_disconnect(str(reason_code))
         if self._will_factory is not None:
