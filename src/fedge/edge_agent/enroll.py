@@ -59,10 +59,12 @@ def _fetch_ca(url: str, pin: str) -> bytes:
     return ca_pem
 
 
-def _post(url: str, request: EnrollRequest, ca_pem: bytes) -> EnrollResponse:
-    context = ssl.create_default_context(cadata=ca_pem.decode())
+def exchange(url: str, request: object, context: ssl.SSLContext, what: str) -> EnrollResponse:
+    """POST ``request`` (a wire message) to the enrollment endpoint ``url`` over
+    ``context``; the manager's EnrollResponse, or :class:`EnrollmentRefused` naming
+    ``what`` ("enrollment", "renewal") with the manager's reason."""
     http_request = urllib.request.Request(
-        f"{url}/v1/enroll",
+        url,
         data=codec.encode(request),
         headers={"Content-Type": "application/json"},
         method="POST",
@@ -75,13 +77,13 @@ def _post(url: str, request: EnrollRequest, ca_pem: bytes) -> EnrollResponse:
             detail = json.loads(exc.read(4096)).get("message", "")
         except (ValueError, AttributeError):
             detail = ""
-        raise EnrollmentRefused(f"enrollment refused ({exc.code}): {detail}") from None
+        raise EnrollmentRefused(f"{what} refused ({exc.code}): {detail}") from None
     except (urllib.error.URLError, OSError) as exc:
-        raise EnrollmentRefused(f"enrollment at {url} failed: {exc}") from None
+        raise EnrollmentRefused(f"{what} at {url} failed: {exc}") from None
     try:
         return codec.decode(body, EnrollResponse, max_bytes=64 * 1024)
     except ProtocolError as exc:
-        raise EnrollmentRefused(f"the enrollment reply is malformed: {exc}") from None
+        raise EnrollmentRefused(f"the {what} reply is malformed: {exc}") from None
 
 
 def _agent_toml(response: EnrollResponse, tls: TlsFiles, data_dir: Path, url: str) -> str:
@@ -122,7 +124,9 @@ def enroll_device(
         raise EnrollmentRefused(f"{config} exists; this device is enrolled already")
     ca_pem = _fetch_ca(url, join.ca_sha256)
     key_pem, csr_pem = pki.new_key_and_csr(edge)
-    response = _post(url, EnrollRequest(edge, join.secret, csr_pem.decode()), ca_pem)
+    context = ssl.create_default_context(cadata=ca_pem.decode())
+    request = EnrollRequest(edge, join.secret, csr_pem.decode())
+    response = exchange(f"{url}/v1/enroll", request, context, "enrollment")
     if response.edge != edge:
         raise EnrollmentRefused(f"the manager issued a certificate for {response.edge!r}")
     folder = config.parent.resolve()

@@ -13,21 +13,18 @@ swap at start-up, so the key and certificate on disk always belong together.
 """
 
 import datetime as dt
-import json
 import logging
 import os
 import ssl
 import threading
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from fedge.edge_agent.enroll import EnrollmentRefused, exchange
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.settings import AgentSettings
-from fedge.protocols import codec, pki
-from fedge.protocols.enrollment import EnrollResponse, RenewRequest
-from fedge.protocols.errors import ProtocolError
+from fedge.protocols import pki
+from fedge.protocols.enrollment import RenewRequest
 from fedge.protocols.pki import CertInfo, TlsFiles
 
 log = logging.getLogger(__name__)
@@ -71,28 +68,13 @@ def renew_certificate(url: str, tls: TlsFiles) -> CertInfo:
     key_pem, csr_pem = pki.new_key_and_csr(identity)
     context = ssl.create_default_context(cafile=str(tls.ca))
     context.load_cert_chain(str(tls.cert), str(tls.key))
-    request = urllib.request.Request(
-        f"{url.rstrip('/')}/v1/renew",
-        data=codec.encode(RenewRequest(csr_pem.decode())),
-        headers={"Content-Type": "application/json"},
-        method="POST",
-    )
     try:
-        with urllib.request.urlopen(request, context=context, timeout=TIMEOUT_S) as reply:
-            body = bytes(reply.read(64 * 1024))
-    except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read(4096)).get("message", "")
-        except (ValueError, AttributeError):
-            detail = ""
-        raise RenewalError(f"renewal refused ({exc.code}): {detail}") from None
-    except (urllib.error.URLError, OSError) as exc:
-        raise RenewalError(f"renewal at {url} failed: {exc}") from None
-    try:
-        response = codec.decode(body, EnrollResponse, max_bytes=64 * 1024)
+        response = exchange(
+            f"{url.rstrip('/')}/v1/renew", RenewRequest(csr_pem.decode()), context, "renewal"
+        )
         issued = pki.load_certificate(response.certificate.encode())
-    except ProtocolError as exc:
-        raise RenewalError(f"the renewal reply is malformed: {exc}") from None
+    except (EnrollmentRefused, pki.CertificateError) as exc:
+        raise RenewalError(str(exc)) from None
     info = pki.cert_info(issued)
     if info.identity != identity or issued.public_key() != pki.load_key(key_pem).public_key():
         raise RenewalError("the renewed certificate is not for this station's new key")
