@@ -172,10 +172,22 @@ class ManagerService:
         )
         if not self.settings.insecure:
             # Devices with no certificate yet enrol here (server-authenticated TLS).
-            self.enroll_server = EnrollServer(
-                self.home, self.settings.grpc_host, self.settings.enroll_port
-            )
-            self.enroll_server.start()
+            # A busy port stops enrollment, not the control plane: said loudly, retried
+            # at the next start.
+            try:
+                self.enroll_server = EnrollServer(
+                    self.home, self.settings.grpc_host, self.settings.enroll_port
+                )
+            except OSError as exc:
+                self.counters["enroll_server.unavailable"] += 1
+                log.error(
+                    "enrollment endpoint not started on port %s (%s); devices cannot enrol "
+                    "or renew until `manager serve` restarts with the port free",
+                    self.settings.enroll_port,
+                    exc,
+                )
+            else:
+                self.enroll_server.start()
         self.mqtt.start()
 
     def stop(self) -> None:
