@@ -36,6 +36,7 @@ from fedge.protocols.records import (
     RecordBatch,
     Stream,
 )
+from fedge.protocols.trust import KeyRotation, TrustChain, TrustReport, TrustStatus
 
 T0 = 1700000000.5  # exactly representable, so its JSON text is stable
 U64_MAX = 2**64 - 1
@@ -353,6 +354,20 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'"superlink":"manager:9092"}',
     ),
     (RenewRequest("CSR"), b'{"csr":"CSR","kind":"renew_request","schema":1}'),
+    (
+        KeyRotation("plant-a", 1, "KEY", 1700000000.0),
+        b'{"fleet":"plant-a","issued_at":1700000000.0,"kind":"key_rotation",'
+        b'"new_key":"KEY","schema":1,"sequence":1}',
+    ),
+    (
+        TrustChain("plant-a", ("L1", "L2")),
+        b'{"fleet":"plant-a","kind":"trust_chain","links":["L1","L2"],"schema":1}',
+    ),
+    (
+        TrustReport("edge-01", TrustStatus.ADOPTED, "0123456789abcdef", 2, "", 1700000000.0),
+        b'{"at":1700000000.0,"edge":"edge-01","key_id":"0123456789abcdef","kind":"trust_report",'
+        b'"reason":"","schema":1,"sequence":2,"status":"adopted"}',
+    ),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -374,6 +389,9 @@ GOLDEN_IDS = [
     "enroll_request",
     "enroll_response",
     "renew_request",
+    "key_rotation",
+    "trust_chain",
+    "trust_report",
 ]
 
 

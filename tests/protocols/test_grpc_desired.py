@@ -162,7 +162,7 @@ def test_malformed_fetches_are_refused_clearly_and_counted(
     with pytest.raises(SyncError) as err:
         client.fetch({"config": 1, "firmware": 2})
     assert err.value.refused
-    assert "unknown desired kind(s) 'firmware'; known kinds: config, deploy, labels" in str(
+    assert "unknown desired kind(s) 'firmware'; known kinds: trust, config, deploy" in str(
         err.value
     )
     with pytest.raises(SyncError) as neg:

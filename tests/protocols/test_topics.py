@@ -37,6 +37,7 @@ def test_down_layout(kind: Down, expected: str) -> None:
         (Up.PREDICTIONS, "fedge/v1/plant-a/edge-01/up/predictions"),
         (Up.LABELS, "fedge/v1/plant-a/edge-01/up/labels"),
         (Up.EVALUATE, "fedge/v1/plant-a/edge-01/up/evaluate"),
+        (Up.TRUST, "fedge/v1/plant-a/edge-01/up/trust"),
     ],
 )
 def test_up_layout(kind: Up, expected: str) -> None:
@@ -44,7 +45,7 @@ def test_up_layout(kind: Up, expected: str) -> None:
 
 
 def test_documented_kinds_are_exactly_these() -> None:
-    assert {k.value for k in Down} == {"config", "deploy", "labels", "evaluate"}
+    assert {k.value for k in Down} == {"trust", "config", "deploy", "labels", "evaluate"}
     assert {k.value for k in Up} == {
         "state",
         "config",
@@ -53,6 +54,7 @@ def test_documented_kinds_are_exactly_these() -> None:
         "predictions",
         "labels",
         "evaluate",
+        "trust",
     }
     assert {d.value for d in Direction} == {"down", "up"}
 

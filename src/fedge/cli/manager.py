@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
-from fedge.cli import operator, retention
+from fedge.cli import keys, operator, retention
 from fedge.cli.common import (
     DEFAULT_HOME,
     HomeOption,
@@ -377,4 +377,6 @@ def doctor(
 
 
 app.command("watch")(operator.watch)
+app.command("rotate-key")(keys.rotate_key)
+app.command("keys")(keys.keys)
 app.command("prune")(retention.prune)

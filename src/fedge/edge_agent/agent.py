@@ -9,7 +9,8 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -31,6 +32,7 @@ from fedge.edge_agent.scoring import Scored
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.edge_agent.telemetry import add_metric, emit_metrics
+from fedge.edge_agent.trust import KeyTrust
 from fedge.party.dataset import StationData
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
@@ -38,7 +40,7 @@ from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import DesiredClient, ReportUploader
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
-from fedge.protocols.signing import open_signed, trusted
+from fedge.protocols.signing import open_signed
 from fedge.transport.mqtt import Message, MqttSession, PublishResult, Will
 
 log = logging.getLogger(__name__)
@@ -50,12 +52,22 @@ PRUNE_EVERY_S = 60.0
 class EdgeAgent:
     def __init__(self, settings: AgentSettings) -> None:
         self.settings = settings
-        self.keys = trusted(settings.public_key())
         self.store = LocalStore(settings.data_dir / "agent.db")
+        self.counters: Counter[str] = Counter()
+        # The manager's key: pinned in agent.toml, moved on by signed rotations (trust.py).
+        self.trust = KeyTrust(
+            settings.edge,
+            settings.fleet,
+            settings.public_key(),
+            self.store,
+            self.counters,
+            report=lambda kind, payload, retained: self._report_status(kind, payload, retained),
+            handlers=self._handlers,
+        )
+        self.keys = self.trust.keys
         # The station's training set: what it scores, kept on the device with its labels.
         self.station = StationData(settings.data_dir, settings.retention())
         self.supervisor: SupernodeSupervisor | None = None
-        self.counters: Counter[str] = Counter()
         self.scorer = Scorer(
             settings,
             self.store,
@@ -121,12 +133,7 @@ class EdgeAgent:
             ),
             mqtt_connected=lambda: self.mqtt.connected.is_set(),
             known_versions=self._known_versions,
-            handlers={
-                topics.Down.CONFIG.value: self.handle_config,
-                topics.Down.DEPLOY.value: self.handle_deploy,
-                topics.Down.LABELS.value: self.handle_labels,
-                topics.Down.EVALUATE.value: self.handle_evaluate,
-            },
+            handlers={kind.value: partial(self._route, kind) for kind in topics.Down},
             statements=self._statements,
             counters=self.counters,
         )
@@ -246,6 +253,8 @@ class EdgeAgent:
         last_evaluation = self.evaluations.last_report
         if last_evaluation is not None:
             statements.append((topics.Up.EVALUATE, last_evaluation))
+        if self.trust.last_report is not None:
+            statements.append((topics.Up.TRUST, self.trust.last_report))
         return statements
 
     def _known_versions(self) -> dict[str, int]:
@@ -257,6 +266,7 @@ class EdgeAgent:
             topics.Down.DEPLOY.value: self.deployments.done_version,
             topics.Down.LABELS.value: int(self.store.get("labels_version") or 0),
             topics.Down.EVALUATE.value: self.evaluations.done_version,
+            topics.Down.TRUST.value: self.trust.done_version,
         }
 
     # -- incoming
@@ -275,14 +285,23 @@ class EdgeAgent:
             self.counters["rejected.topic"] += 1
             log.warning("ignored message: %s", exc)
             return
-        if kind is topics.Down.CONFIG:
-            self.handle_config(message.payload)
-        elif kind is topics.Down.LABELS:
-            self.handle_labels(message.payload)
-        elif kind is topics.Down.EVALUATE:
-            self.handle_evaluate(message.payload)
-        else:
-            self.handle_deploy(message.payload)
+        self._route(kind, message.payload)
+
+    def _handlers(self) -> dict[str, Callable[[bytes], None]]:
+        return {
+            topics.Down.TRUST.value: self.trust.handle,
+            topics.Down.CONFIG.value: self.handle_config,
+            topics.Down.DEPLOY.value: self.handle_deploy,
+            topics.Down.LABELS.value: self.handle_labels,
+            topics.Down.EVALUATE.value: self.handle_evaluate,
+        }
+
+    def _route(self, kind: topics.Down, payload: bytes) -> None:
+        """One desired document (MQTT or gRPC) to its handler. One signed by a key not
+        trusted yet is also kept, for after a rotation that introduces that key."""
+        if kind is not topics.Down.TRUST:
+            self.trust.hold_if_unknown(kind.value, payload)
+        self._handlers()[kind.value](payload)
 
     def handle_labels(self, envelope: bytes) -> None:
         """Labels an operator gave at the manager: into the station's training set, once."""

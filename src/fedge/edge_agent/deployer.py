@@ -19,7 +19,7 @@ from fedge.protocols.deployment import DeploymentDesired, DeployStage
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import DownloadError, download_artifact
 from fedge.protocols.manifest import ModelManifest
-from fedge.protocols.signing import TrustedKeys, open_signed
+from fedge.protocols.signing import TrustedKeys, open_signed, unverified_payload
 
 log = logging.getLogger(__name__)
 
@@ -37,6 +37,14 @@ def _sha256(path: Path) -> str:
 def open_manifest(envelope: bytes, keys: TrustedKeys) -> ModelManifest:
     try:
         return open_signed(envelope, ModelManifest, keys)
+    except ProtocolError as exc:
+        raise DeployError(exc.reason, f"model manifest: {exc}") from None
+
+
+def unverified_manifest(envelope: bytes) -> ModelManifest:
+    """A manifest this agent verified before (see restore.KeptModel)."""
+    try:
+        return unverified_payload(envelope, ModelManifest)
     except ProtocolError as exc:
         raise DeployError(exc.reason, f"model manifest: {exc}") from None
 

@@ -30,7 +30,7 @@ from fedge.protocols import codec
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.manifest import ModelManifest
-from fedge.protocols.signing import TrustedKeys
+from fedge.protocols.signing import KeyRing, TrustedKeys, signer_of
 
 # Models remembered for a fallback, the active one included.
 KEEP = 3
@@ -58,11 +58,23 @@ class KeptModel:
 
     def verified_manifest(self, keys: TrustedKeys) -> ModelManifest:
         if self.manifest_envelope:
-            return deployer.open_manifest(self.manifest_envelope.encode(), keys)
+            envelope = self.manifest_envelope.encode()
+            if isinstance(keys, KeyRing) and _signer(envelope) in keys.retired:
+                # Verified by this agent when it was kept, under a key the manager has
+                # since rotated away from: the station's own record still stands.
+                return deployer.unverified_manifest(envelope)
+            return deployer.open_manifest(envelope, keys)
         try:
             return codec.decode(self.manifest.encode(), ModelManifest)
         except ProtocolError as exc:
             raise DeployError("bad_pointer", f"stored manifest of {self.ref}: {exc}") from None
+
+
+def _signer(envelope: bytes) -> str:
+    try:
+        return signer_of(envelope)
+    except ProtocolError:
+        return ""  # open_manifest says what is wrong with it
 
 
 def kept_from(desired: DeploymentDesired, model: runtime.LoadedModel) -> KeptModel:

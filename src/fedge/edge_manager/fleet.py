@@ -19,7 +19,7 @@ from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
-from fedge.edge_manager import fleet_labels, fleet_views, labels
+from fedge.edge_manager import fleet_labels, fleet_views, key_rotation, labels
 from fedge.edge_manager.class_names import suggestion, unknown_class
 from fedge.edge_manager.desired import next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
@@ -81,6 +81,8 @@ class Fleet:
             "ON CONFLICT (edge) DO UPDATE SET token_sha256=excluded.token_sha256",
             (edge, time.time(), token_digest(token)),
         )
+        # After a key rotation a new edge is told the chain too, and says it follows it.
+        key_rotation.give_chain(self.store, self.fleet, edge, time.time())
 
     def authenticate(self, edge: str, token: str) -> bool:
         row = self.store.one("SELECT token_sha256 FROM edges WHERE edge=?", (edge,))
@@ -366,8 +368,9 @@ class Fleet:
     def unpublished(self, skip: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
         """Desired documents still to publish, minus ``skip`` (already in flight)."""
         keys = self.store.conn.execute(
-            "SELECT edge, kind, version FROM desired "
-            "WHERE published_at IS NULL AND superseded=0 ORDER BY created_at, edge"
+            # A key rotation goes out before the documents its new key signed.
+            "SELECT edge, kind, version FROM desired WHERE published_at IS NULL "
+            "AND superseded=0 ORDER BY kind != 'trust', created_at, edge"
         ).fetchall()
         todo = [(e, k, int(v)) for e, k, v in keys if (e, k, int(v)) not in skip]
         if not todo:

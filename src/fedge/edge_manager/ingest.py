@@ -30,11 +30,12 @@ from fedge.protocols.records import (
     RecordBatch,
     Stream,
 )
+from fedge.protocols.trust import TrustReport
 
 log = logging.getLogger(__name__)
 SQLITE_INT_MAX = 2**63 - 1
 # The retained up/ topics whose documents may also come over gRPC (DesiredSync.Report).
-STATUS_KINDS = (topics.Up.STATE, topics.Up.CONFIG, topics.Up.DEPLOY, topics.Up.EVALUATE)
+STATUS_KINDS = topics.STATUS
 
 
 class Verdict(StrEnum):
@@ -108,6 +109,8 @@ class Ingestor:
             return self._deploy_status(conn, edge, payload, now)
         if kind is topics.Up.EVALUATE:
             return self._evaluation_report(conn, edge, payload, now)
+        if kind is topics.Up.TRUST:
+            return self._trust_report(conn, edge, payload, now)
         return self._records(conn, edge, payload, now, expected_stream=Stream(kind.value))
 
     @staticmethod
@@ -177,6 +180,23 @@ class Ingestor:
                 (message.state.value, now, edge),
             )
         self.counters["stored.liveness"] += 1
+        return Outcome(Verdict.STORED)
+
+    def _trust_report(
+        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+    ) -> Outcome:
+        """The manager key an edge trusts, or a rotation it refused (key_rotation.py)."""
+        report = codec.decode(payload, TrustReport, max_bytes=self.max_bytes)
+        self._check_edge(conn, edge, report.edge)
+        self._storable(report.sequence, "sequence")
+        conn.execute(
+            "INSERT INTO edge_trust (edge, status, key_id, sequence, reason, reported_at) "
+            "VALUES (?,?,?,?,?,?) ON CONFLICT (edge) DO UPDATE SET status=excluded.status, "
+            "key_id=excluded.key_id, sequence=excluded.sequence, reason=excluded.reason, "
+            "reported_at=excluded.reported_at",
+            (edge, report.status.value, report.key_id, report.sequence, report.reason, now),
+        )
+        self.counters[f"stored.trust_{report.status.value}"] += 1
         return Outcome(Verdict.STORED)
 
     def _config_report(

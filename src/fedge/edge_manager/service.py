@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from fedge.edge_manager import key_rotation
 from fedge.edge_manager.enroll_server import EnrollServer
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -32,9 +33,10 @@ from fedge.edge_manager.rollouts import RolloutDriver
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert
+from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.pki import TlsFiles
-from fedge.protocols.signing import SigningKey
+from fedge.protocols.signing import SigningKey, signer_of
 from fedge.transport.errors import TransportError
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
 
@@ -107,6 +109,21 @@ class _ReadSide:
         ]
 
 
+def _signer(envelope: bytes) -> str:
+    try:
+        return signer_of(envelope)
+    except ProtocolError:
+        return ""  # not an envelope: published as it is, and the edge says what is wrong
+
+
+def _file_id(path: Path) -> tuple[int, int]:
+    try:
+        stat = path.stat()
+    except OSError:
+        return (0, 0)
+    return (stat.st_ino, stat.st_mtime_ns)
+
+
 class ManagerService:
     def __init__(
         self,
@@ -119,7 +136,12 @@ class ManagerService:
     ) -> None:
         self.home = home
         self.settings = home.settings()
+        done = key_rotation.settle(home)  # a rotation a crash cut short
+        if done:
+            log.warning("signing key: %s", done)
         self.key = home.signing_key()
+        self._key_file = _file_id(home.key_path)
+        self._retired: set[str] | None = None  # read from the store by the worker
         self.poll_interval_s = poll_interval_s
         self.max_batch = max_batch
         self.grpc_port = self.settings.grpc_port if grpc_port is None else grpc_port
@@ -249,6 +271,7 @@ class ManagerService:
                 if items:
                     self._process(store, fleet, ingestor, items)
                 self._drive_rollouts(rollouts)
+                self._follow_key(fleet)
                 self._publish_pending(fleet)
                 self._prune(store)
                 self._watch(monitor)
@@ -368,11 +391,39 @@ class ManagerService:
 
     # -- publishing desired documents
 
+    def _follow_key(self, fleet: Fleet) -> None:
+        """Sign with the key ``fedge manager rotate-key`` put in place while this runs."""
+        current = _file_id(self.home.key_path)
+        if current == self._key_file and self._retired is not None:
+            return
+        try:
+            key = self.home.signing_key()
+        except (OSError, ProtocolError) as exc:  # mid-replace: the next loop sees it whole
+            log.warning("signing key not readable yet: %s", exc)
+            return
+        self._key_file = current
+        self._retired = key_rotation.retired_ids(fleet.store)
+        if key.public.key_id == fleet.key.public.key_id:
+            return  # the first look at the store, at start
+        self.key = fleet.key = fleet.registry.key = key
+        self.counters["key.reloaded"] += 1
+        log.warning("signing with the rotated manager key %s from now on", key.public.key_id)
+
     def _publish_pending(self, fleet: Fleet) -> None:
         if not self.mqtt.connected.is_set():
             return
+        retired = self._retired or set()
         for row in fleet.unpublished(skip=set(self._inflight.values())):
-            self._publish((row["edge"], row["kind"], row["version"]), row["envelope"].encode())
+            envelope = row["envelope"].encode()
+            if row["kind"] != key_rotation.TRUST and _signer(envelope) in retired:
+                # Written with a key a rotation retired (between its commit and this
+                # loop's reload): edges would refuse it, so it goes out re-signed. A
+                # document signed by any other key goes out as it is, and is refused.
+                envelope = key_rotation.resign_desired(
+                    fleet.store, fleet.key, row["edge"], row["kind"], row["version"]
+                ).encode()
+                self.counters["resigned"] += 1
+            self._publish((row["edge"], row["kind"], row["version"]), envelope)
 
     def _publish(self, key: tuple[str, str, int], envelope: bytes) -> None:
         edge, kind, _ = key

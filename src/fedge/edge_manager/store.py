@@ -32,6 +32,12 @@ CREATE TABLE IF NOT EXISTS desired (
     PRIMARY KEY (edge, kind, version));
 CREATE INDEX IF NOT EXISTS desired_unpublished ON desired (created_at)
     WHERE published_at IS NULL AND superseded = 0;
+CREATE TABLE IF NOT EXISTS trust_links (
+    sequence INTEGER PRIMARY KEY, signer TEXT NOT NULL, new_key TEXT NOT NULL,
+    envelope TEXT NOT NULL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS edge_trust (
+    edge TEXT PRIMARY KEY, status TEXT NOT NULL, key_id TEXT NOT NULL,
+    sequence INTEGER NOT NULL, reason TEXT NOT NULL, reported_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS deployments (
     deployment_id TEXT PRIMARY KEY, model_name TEXT NOT NULL, model_version INTEGER NOT NULL,
     edges TEXT NOT NULL, created_at REAL NOT NULL);

@@ -30,6 +30,7 @@ from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.manifest import ModelManifest
 from fedge.protocols.records import RECORD_TYPE, RecordBatch
+from fedge.protocols.trust import KeyRotation, TrustChain, TrustReport
 from fedge.protocols.validate import OMIT_KEY
 
 SCHEMA_VERSION = 1
@@ -53,6 +54,9 @@ KINDS: dict[type[Any], str] = {
     EnrollRequest: "enroll_request",
     EnrollResponse: "enroll_response",
     RenewRequest: "renew_request",
+    KeyRotation: "key_rotation",
+    TrustChain: "trust_chain",
+    TrustReport: "trust_report",
 }
 
 

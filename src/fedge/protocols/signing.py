@@ -103,6 +103,11 @@ class SigningKey:
         public_path.write_text(self.public.to_text() + "\n")
         return public_path
 
+    def resign(self, envelope: bytes) -> bytes:
+        """``envelope``'s payload, byte for byte, signed by this key instead: for a manager
+        re-signing its own documents after a key rotation (the signature is not checked)."""
+        return self.sign_payload(_fields(envelope)[1].encode())
+
     def sign_bytes(self, payload: bytes) -> bytes:
         return self._private.sign(payload)
 
@@ -129,8 +134,29 @@ def trusted(*keys: PublicKey) -> dict[str, PublicKey]:
     return {key.key_id: key for key in keys}
 
 
-def verify_envelope(envelope: bytes, keys: TrustedKeys) -> bytes:
-    """Return the signed payload bytes, or raise SignatureError / DecodeError."""
+class KeyRing(dict[str, PublicKey]):
+    """The keys an agent trusts now, shared by all its handlers and changed in place when
+    the manager's key rotates (rotation.py), with the ids of the keys it trusted before.
+
+    A retired key verifies nothing that arrives; only what this agent verified and kept
+    while that key was trusted (its kept models' manifests, restore.py) stays valid.
+    """
+
+    def __init__(self, *keys: PublicKey) -> None:
+        super().__init__(trusted(*keys))
+        self.retired: set[str] = set()
+
+    def replace(self, key: PublicKey) -> None:
+        """Trust ``key`` alone from now on; the keys trusted until now become retired."""
+        old = [key_id for key_id in self if key_id != key.key_id]
+        self[key.key_id] = key  # added before the old go: a reader never sees no key
+        for key_id in old:
+            del self[key_id]
+        self.retired.update(old)
+
+
+def _fields(envelope: bytes) -> tuple[str, str, str]:
+    """The key id, payload and signature an envelope holds (nothing verified)."""
     obj = codec.loads(envelope, max_bytes=MAX_ENVELOPE_BYTES)
     if type(obj) is not dict or obj.get("kind") != "signed":
         raise SignatureError("not a signed envelope (kind 'signed' expected)")
@@ -141,6 +167,24 @@ def verify_envelope(envelope: bytes, keys: TrustedKeys) -> bytes:
     key_id, payload, sig = obj["key_id"], obj["payload"], obj["sig"]
     if not (type(key_id) is str and type(payload) is str and type(sig) is str):
         raise DecodeError("envelope key_id, payload and sig must be strings")
+    return key_id, payload, sig
+
+
+def signer_of(envelope: bytes) -> str:
+    """The key id an envelope *claims*; only to choose a key or spot a stale signature,
+    never as a reason to trust it."""
+    return _fields(envelope)[0]
+
+
+def unverified_payload(envelope: bytes, cls: type[T]) -> T:
+    """The inner message of an envelope whose signature was checked elsewhere: by the
+    caller, or by this agent before the key that signed it was retired (rotation.py)."""
+    return codec.decode(_fields(envelope)[1].encode(), cls, max_bytes=MAX_ENVELOPE_BYTES)
+
+
+def verify_envelope(envelope: bytes, keys: TrustedKeys) -> bytes:
+    """Return the signed payload bytes, or raise SignatureError / DecodeError."""
+    key_id, payload, sig = _fields(envelope)
     key = keys.get(key_id)
     if key is None:
         raise SignatureError(f"signed by key {key_id[:16]!r}, which is not pinned here")

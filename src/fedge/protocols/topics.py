@@ -1,5 +1,6 @@
 """MQTT topic layout, split by direction so that broker ACLs can enforce who writes what.
 
+    fedge/v1/{fleet}/{edge}/down/trust         retained TrustChain (manager key rotations)
     fedge/v1/{fleet}/{edge}/down/config        retained, signed EdgeConfig      (cloud writes)
     fedge/v1/{fleet}/{edge}/down/deploy        retained, signed DeploymentDesired
     fedge/v1/{fleet}/{edge}/down/evaluate      retained, signed EvaluationRequest (the gate)
@@ -7,6 +8,7 @@
     fedge/v1/{fleet}/{edge}/up/config          retained ConfigReport
     fedge/v1/{fleet}/{edge}/up/deploy          retained DeployStatus
     fedge/v1/{fleet}/{edge}/up/evaluate        retained EvaluationReport
+    fedge/v1/{fleet}/{edge}/up/trust           retained TrustReport (the key the edge trusts)
     fedge/v1/{fleet}/{edge}/up/telemetry       RecordBatch, QoS 1
     fedge/v1/{fleet}/{edge}/up/predictions     RecordBatch, QoS 1
     fedge/v1/{fleet}/{edge}/up/labels          RecordBatch, QoS 1
@@ -30,6 +32,9 @@ class Direction(StrEnum):
 
 
 class Down(StrEnum):
+    # First: gRPC hands an edge its missing documents in this order, and the others may
+    # be signed by a key the trust chain introduces.
+    TRUST = "trust"
     CONFIG = "config"
     DEPLOY = "deploy"
     LABELS = "labels"
@@ -44,6 +49,12 @@ class Up(StrEnum):
     PREDICTIONS = "predictions"
     LABELS = "labels"
     EVALUATE = "evaluate"
+    TRUST = "trust"
+
+
+# The retained up/ documents (statuses, not record streams); over gRPC they go through
+# DesiredSync.Report rather than ReportUpload.
+STATUS = (Up.STATE, Up.CONFIG, Up.DEPLOY, Up.EVALUATE, Up.TRUST)
 
 
 @dataclass(frozen=True)

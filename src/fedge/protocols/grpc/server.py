@@ -45,12 +45,7 @@ COUNTER_NAMES = (
 # What DesiredSync carries: the kinds of the down/ topics, and the retained up/ topics
 # (record batches go through ReportUpload instead).
 DESIRED_KINDS = tuple(kind.value for kind in topics.Down)
-STATUS_KINDS = (
-    topics.Up.STATE.value,
-    topics.Up.CONFIG.value,
-    topics.Up.DEPLOY.value,
-    topics.Up.EVALUATE.value,
-)
+STATUS_KINDS = tuple(kind.value for kind in topics.STATUS)
 # A real Fetch request is an edge name and three versions, well under 300 bytes.
 MAX_DESIRED_REQUEST = 4096
 

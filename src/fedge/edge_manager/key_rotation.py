@@ -1,0 +1,269 @@
+"""``fedge manager rotate-key``: a new signing key for the fleet, announced by the old one.
+
+A rotation, in order (each step safe to be cut short by a crash):
+
+1. The new key is made and written to ``keys/next/`` (0600).
+2. One transaction stores the rotation link (signed by the current key,
+   protocols/rotation.py), gives every edge the whole chain as its next ``trust``
+   desired document, and re-signs with the new key what edges may still be sent: every
+   model manifest in the registry and each edge's newest desired document of every kind
+   (deployments and evaluations carry manifests, which are swapped for the re-signed
+   ones). Re-signed documents keep their version and are published again; an edge that
+   already applied that version ignores it.
+3. The new key replaces ``keys/manager.key``; the old private key is gone.
+
+:func:`settle` finishes step 3 when the store has the link but the key file is still the
+old one, and drops a ``keys/next/`` key that no stored link names (a rotation cut short
+before its transaction). ``manager serve`` notices the new key file and signs with it
+(service.py); a document it wrote with the old key in between is re-signed before it is
+published (:func:`resign_desired`).
+"""
+
+import dataclasses
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.store import Store
+from fedge.protocols import codec
+from fedge.protocols.deployment import DeploymentDesired
+from fedge.protocols.evaluation import EvaluationRequest
+from fedge.protocols.rotation import rotation_link
+from fedge.protocols.signing import PublicKey, SigningKey
+from fedge.protocols.trust import TrustChain
+
+TRUST = "trust"
+
+
+@dataclass(frozen=True)
+class Rotation:
+    sequence: int
+    old_key_id: str
+    new_key_id: str
+    edges: int  # edges given the new chain
+    documents: int  # desired documents re-signed
+    manifests: int  # registry manifests re-signed
+
+
+def settle(home: ManagerHome) -> str:
+    """Finish or drop a rotation a crash cut short; what was done ("" if nothing)."""
+    pending = home.key_path.parent / "next" / home.key_path.name
+    if not pending.exists():
+        return ""
+    new = SigningKey.load(pending)
+    store = Store(home.db_path)
+    try:
+        newest = _newest_link_key(store)
+    finally:
+        store.close()
+    if newest == new.public.to_text():
+        _install(home, pending)
+        return f"finished the rotation to key {new.public.key_id}"
+    shutil.rmtree(pending.parent)
+    return f"dropped key {new.public.key_id}: its rotation was never stored"
+
+
+def _install(home: ManagerHome, pending: Path) -> None:
+    staged = home.key_path.parent / "next"
+    # The public half first: a crash between the two leaves a stale .pub, which the next
+    # settle rewrites (the private key is what signs).
+    os.replace(staged / home.public_key_path.name, home.public_key_path)
+    os.replace(pending, home.key_path)
+    staged.rmdir()
+
+
+def rotate(home: ManagerHome, *, now: float | None = None) -> Rotation:
+    settle(home)
+    fleet = home.settings().fleet
+    old = home.signing_key()
+    new = SigningKey.generate()
+    pending = home.key_path.parent / "next" / home.key_path.name
+    new.save(pending)
+    at = time.time() if now is None else now
+    store = Store(home.db_path)
+    try:
+        with store.transaction() as conn:
+            sequence = int(store.scalar("SELECT coalesce(max(sequence), 0) FROM trust_links")) + 1
+            newest = _newest_link_key(store)
+            if newest is not None and newest != old.public.to_text():
+                raise ManagerError(
+                    "keys/manager.key is not the key the last rotation introduced; restore "
+                    "that key before rotating again"
+                )
+            link = rotation_link(old, new.public, fleet=fleet, sequence=sequence, issued_at=at)
+            conn.execute(
+                "INSERT INTO trust_links (sequence, signer, new_key, envelope, created_at) "
+                "VALUES (?,?,?,?,?)",
+                (sequence, old.public.key_id, new.public.to_text(), link, at),
+            )
+            edges = [str(r["edge"]) for r in store.query("SELECT edge FROM edges ORDER BY edge")]
+            for edge in edges:
+                give_chain(store, fleet, edge, at)
+            manifests = resign_manifests(store, new)
+            latest = store.query(
+                "SELECT edge, kind, version FROM desired d WHERE kind != ? AND version = "
+                "(SELECT max(version) FROM desired WHERE edge=d.edge AND kind=d.kind)",
+                (TRUST,),
+            )
+            for row in latest:
+                resign_desired(store, new, str(row["edge"]), str(row["kind"]), int(row["version"]))
+    except BaseException:
+        shutil.rmtree(pending.parent, ignore_errors=True)
+        raise
+    finally:
+        store.close()
+    _install(home, pending)
+    return Rotation(
+        sequence, old.public.key_id, new.public.key_id, len(edges), len(latest), manifests
+    )
+
+
+def _newest_link_key(store: Store) -> str | None:
+    value = store.scalar("SELECT new_key FROM trust_links ORDER BY sequence DESC LIMIT 1")
+    return None if value is None else str(value)
+
+
+def give_chain(store: Store, fleet: str, edge: str, now: float) -> None:
+    """Make the fleet's chain ``edge``'s newest ``trust`` document (none before the first
+    rotation). Also for an edge enrolled after a rotation: it reports the key it trusts."""
+    chain = chain_of(store, fleet)
+    if chain is None:
+        return
+    document = codec.encode(chain).decode()
+    version = len(chain.links)
+    if store.one(
+        "SELECT 1 AS x FROM desired WHERE edge=? AND kind=? AND version=?", (edge, TRUST, version)
+    ):
+        return
+    store.conn.execute(
+        "UPDATE desired SET superseded=1 WHERE edge=? AND kind=? AND published_at IS NULL",
+        (edge, TRUST),
+    )
+    # Not signed as a whole: each link carries the signature of the key before it.
+    store.conn.execute(
+        "INSERT INTO desired (edge, kind, version, document, envelope, created_at) "
+        "VALUES (?,?,?,?,?,?)",
+        (edge, TRUST, version, document, document, now),
+    )
+
+
+def retired_ids(store: Store) -> set[str]:
+    """The ids of the keys this manager signed with before its rotations."""
+    return {str(r["signer"]) for r in store.query("SELECT signer FROM trust_links")}
+
+
+def chain_of(store: Store, fleet: str) -> TrustChain | None:
+    """The fleet's rotations so far (None before the first)."""
+    links = [
+        str(r["envelope"])
+        for r in store.query("SELECT envelope FROM trust_links ORDER BY sequence")
+    ]
+    return TrustChain(fleet, tuple(links)) if links else None
+
+
+def resign_manifests(store: Store, key: SigningKey) -> int:
+    rows = store.query("SELECT name, version, manifest FROM models")
+    for row in rows:
+        envelope = key.sign_payload(str(row["manifest"]).encode()).decode()
+        store.conn.execute(
+            "UPDATE models SET envelope=? WHERE name=? AND version=?",
+            (envelope, row["name"], row["version"]),
+        )
+    return len(rows)
+
+
+def resign_desired(store: Store, key: SigningKey, edge: str, kind: str, version: int) -> str:
+    """Sign ``edge``'s desired ``kind`` document ``version`` with ``key`` (the manifests it
+    carries too) and mark it to be published again."""
+    row = store.one(
+        "SELECT document FROM desired WHERE edge=? AND kind=? AND version=?", (edge, kind, version)
+    )
+    if row is None:
+        raise ManagerError(f"no desired {kind} v{version} for {edge}")
+    document = str(row["document"]).encode()
+    # Ed25519 is deterministic: a manifest re-signed here is byte for byte the registry's.
+    if kind == "deploy":
+        desired = codec.decode(document, DeploymentDesired)
+        manifest = key.resign(desired.manifest_envelope.encode()).decode()
+        document = codec.encode(dataclasses.replace(desired, manifest_envelope=manifest))
+    elif kind == "evaluate":
+        request = codec.decode(document, EvaluationRequest)
+        manifests = tuple(key.resign(e.encode()).decode() for e in request.manifest_envelopes)
+        document = codec.encode(dataclasses.replace(request, manifest_envelopes=manifests))
+    envelope = key.sign_payload(document).decode()
+    store.conn.execute(
+        "UPDATE desired SET document=?, envelope=?, published_at=NULL "
+        "WHERE edge=? AND kind=? AND version=?",
+        (document.decode(), envelope, edge, kind, version),
+    )
+    return envelope
+
+
+# -- how far a rotation has reached
+
+
+@dataclass(frozen=True)
+class EdgeTrust:
+    edge: str
+    key_id: str  # "" until the edge has reported on a chain
+    sequence: int
+    status: str  # current / adopted / rejected, or "" (never reported)
+    reason: str
+    reported_at: float | None
+
+
+@dataclass(frozen=True)
+class TrustView:
+    key_id: str  # the key the manager signs with
+    sequence: int  # its place in the chain (0: never rotated)
+    links: tuple[tuple[int, str, str, float], ...]  # (sequence, signer id, new key id, at)
+    edges: tuple[EdgeTrust, ...]
+
+    def on_current_key(self) -> list[str]:
+        """Edges that said they trust the current key (before any rotation: all of them,
+        each trusting the key it was enrolled with)."""
+        return [e.edge for e in self.edges if e.key_id == self.key_id or not self.links]
+
+    def behind(self) -> list[str]:
+        """Edges not (yet) known to trust the current key: offline since the rotation, or
+        refusing it."""
+        current = set(self.on_current_key())
+        return [e.edge for e in self.edges if e.edge not in current]
+
+
+def trust_view(home: ManagerHome) -> TrustView:
+    key = home.signing_key().public
+    store = Store(home.db_path)
+    try:
+        links = tuple(
+            (
+                int(r["sequence"]),
+                str(r["signer"]),
+                PublicKey.from_text(str(r["new_key"])).key_id,
+                float(r["created_at"]),
+            )
+            for r in store.query("SELECT * FROM trust_links ORDER BY sequence")
+        )
+        rows = store.query(
+            "SELECT e.edge, t.key_id, t.sequence, t.status, t.reason, t.reported_at "
+            "FROM edges e LEFT JOIN edge_trust t ON t.edge = e.edge ORDER BY e.edge"
+        )
+    finally:
+        store.close()
+    edges = tuple(
+        EdgeTrust(
+            str(r["edge"]),
+            str(r["key_id"] or ""),
+            int(r["sequence"] or 0),
+            str(r["status"] or ""),
+            str(r["reason"] or ""),
+            r["reported_at"],
+        )
+        for r in rows
+    )
+    sequence = links[-1][0] if links else 0
+    return TrustView(key.key_id, sequence, links, edges)

@@ -1,0 +1,248 @@
+"""Rotating the manager's signing key: the manager's side and an agent following it.
+
+The agent here is a real EdgeAgent on a real manager home (SQLite store, registry, keys)
+with its MQTT publishes captured; tests/test_key_rotation_processes.py runs the same
+over Mosquitto with `manager serve` and agent processes.
+"""
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import FLEET, FleetHome, deploy, make_fleet_home, publish_model, set_threshold
+
+from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.errors import DeployError
+from fedge.edge_agent.restore import KeptModel
+from fedge.edge_manager import key_rotation
+from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.protocols import codec, topics
+from fedge.protocols.config import EdgeConfig
+from fedge.protocols.deployment import DeploymentDesired
+from fedge.protocols.manifest import ModelManifest, TensorSpec
+from fedge.protocols.rotation import rotation_link
+from fedge.protocols.signing import KeyRing, SigningKey, open_signed, signer_of, trusted
+from fedge.protocols.trust import TrustChain, TrustReport, TrustStatus
+
+EDGE = "st-01"
+Sent = list[tuple[str, bytes]]
+
+
+@pytest.fixture
+def fh(tmp_path: Path) -> Iterator[FleetHome]:
+    fleet_home = make_fleet_home(tmp_path, edges=(EDGE, "st-02"))
+    yield fleet_home
+    fleet_home.close()
+
+
+def offline_agent(fh: FleetHome, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> EdgeAgent:
+    agent = EdgeAgent(fh.agent_settings(EDGE))
+
+    def publish(topic: str, payload: bytes, *args: Any, **kwargs: Any) -> None:
+        sent.append((topic, payload))
+
+    monkeypatch.setattr(agent.mqtt, "publish", publish)
+    return agent
+
+
+def close(agent: EdgeAgent) -> None:
+    agent.store.close()
+    agent.station.close()
+
+
+def latest(fh: FleetHome, kind: str, edge: str = EDGE) -> dict[str, Any]:
+    return fh.row(
+        "SELECT * FROM desired WHERE edge=? AND kind=? ORDER BY version DESC LIMIT 1",
+        (edge, kind),
+    )
+
+
+def trust_reports(sent: Sent) -> list[TrustReport]:
+    topic = topics.up(FLEET, EDGE, topics.Up.TRUST)
+    return [codec.decode(payload, TrustReport) for t, payload in sent if t == topic]
+
+
+def test_the_manager_signs_the_rotation_with_the_old_key_and_then_uses_only_the_new(
+    fh: FleetHome,
+) -> None:
+    old = fh.home.signing_key()
+    set_threshold(fh, EDGE, 0.3)
+    publish_model(fh, 1)
+    deployment = deploy(fh, 1, ["st-02"])
+    done = key_rotation.rotate(fh.home)
+    new = fh.home.signing_key()
+    assert (done.sequence, done.old_key_id, done.new_key_id) == (
+        1,
+        old.public.key_id,
+        new.public.key_id,
+    )
+    assert done.edges == 2 and done.manifests == 1
+    assert fh.home.public_key_path.read_text().strip() == new.public.to_text()
+    assert oct(fh.home.key_path.stat().st_mode & 0o777) == "0o600"
+    assert not (fh.home.key_path.parent / "next").exists()
+    # Every edge gets the chain; its one link is signed by the old key, names the new.
+    for edge in (EDGE, "st-02"):
+        row = latest(fh, "trust", edge)
+        chain = codec.decode(row["envelope"].encode(), TrustChain)
+        assert row["version"] == 1 and row["published_at"] is None
+        assert signer_of(chain.links[0].encode()) == old.public.key_id
+    # What may still go out is re-signed by the new key, its version unchanged.
+    config_row = latest(fh, "config")
+    assert config_row["version"] == 1 and config_row["published_at"] is None
+    config = open_signed(config_row["envelope"].encode(), EdgeConfig, trusted(new.public))
+    assert config.default_threshold == pytest.approx(0.3)
+    deploy_row = latest(fh, "deploy", "st-02")
+    desired = open_signed(deploy_row["envelope"].encode(), DeploymentDesired, trusted(new.public))
+    assert desired.deployment_id == deployment
+    registry = fh.row("SELECT envelope FROM models WHERE name='inspect' AND version=1")
+    assert desired.manifest_envelope == registry["envelope"]
+    assert signer_of(registry["envelope"].encode()) == new.public.key_id
+    # An edge enrolled after the rotation is told the chain too (it reports its key).
+    fh.enroll("st-03")
+    assert latest(fh, "trust", "st-03")["version"] == 1
+    view = key_rotation.trust_view(fh.home)
+    assert view.behind() == [EDGE, "st-02", "st-03"]  # none has reported yet
+    # A second rotation extends the chain, signed by the first rotation's key.
+    again = key_rotation.rotate(fh.home)
+    assert again.sequence == 2 and again.old_key_id == new.public.key_id
+    chain = codec.decode(latest(fh, "trust")["envelope"].encode(), TrustChain)
+    assert [signer_of(link.encode()) for link in chain.links] == [
+        old.public.key_id,
+        new.public.key_id,
+    ]
+
+
+def test_an_agent_follows_a_rotation_and_then_refuses_the_old_key(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: Sent = []
+    old = fh.home.signing_key()
+    agent = offline_agent(fh, sent, monkeypatch)
+    set_threshold(fh, EDGE, 0.3)
+    agent._route(topics.Down.CONFIG, latest(fh, "config")["envelope"].encode())
+    assert agent.applied_version == 1
+    key_rotation.rotate(fh.home)
+    new = fh.home.signing_key()
+    set_threshold(fh, EDGE, 0.4)
+    # The new config arrives before the rotation (retained topics come in any order):
+    # refused for now, kept, and applied once the chain makes its signer trusted.
+    agent._route(topics.Down.CONFIG, latest(fh, "config")["envelope"].encode())
+    assert agent.applied_version == 1 and agent.counters["config.rejected.bad_signature"] == 1
+    agent._route(topics.Down.TRUST, latest(fh, "trust")["envelope"].encode())
+    assert agent.applied_version == 2
+    assert agent.counters["trust.adopted"] == 1 and agent.counters["trust.replayed"] == 1
+    assert set(agent.keys) == {new.public.key_id}
+    assert trust_reports(sent)[-1].status is TrustStatus.ADOPTED
+    assert trust_reports(sent)[-1].key_id == new.public.key_id
+    # The old key signs nothing any more, even a newer version.
+    v3 = EdgeConfig(FLEET, EDGE, 3, 0.9)
+    agent._route(topics.Down.CONFIG, old.sign(v3))
+    assert agent.applied_version == 2 and agent.counters["config.rejected.bad_signature"] == 2
+    # The chain again (a reconnect's retained copy): nothing changes, nothing re-reported.
+    reports = len(trust_reports(sent))
+    agent._route(topics.Down.TRUST, latest(fh, "trust")["envelope"].encode())
+    assert len(trust_reports(sent)) == reports and agent.counters["trust.adopted"] == 1
+    # A restart keeps the new key.
+    close(agent)
+    restarted = offline_agent(fh, sent, monkeypatch)
+    try:
+        assert set(restarted.keys) == {new.public.key_id}
+        assert restarted.keys.retired == {old.public.key_id}
+        assert restarted.applied_version == 2
+        restarted._route(topics.Down.CONFIG, old.sign(v3))
+        assert restarted.applied_version == 2
+    finally:
+        close(restarted)
+
+
+def test_a_forged_rotation_is_refused_reported_and_changes_nothing(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: Sent = []
+    agent = offline_agent(fh, sent, monkeypatch)
+    pinned = set(agent.keys)
+    forger = SigningKey.generate()
+    forged = TrustChain(
+        FLEET, (rotation_link(forger, forger.public, fleet=FLEET, sequence=1, issued_at=1.0),)
+    )
+    try:
+        agent._route(topics.Down.TRUST, codec.encode(forged))
+        agent._route(topics.Down.TRUST, b'{"not": "a chain"}')
+        assert set(agent.keys) == pinned
+        assert agent.counters["trust.rejected"] == 2
+        reports = trust_reports(sent)
+        assert [r.status for r in reports] == [TrustStatus.REJECTED] * 2
+        assert "does not lead to" in reports[0].reason
+        # A config the forger signed is refused as before.
+        agent._route(topics.Down.CONFIG, forger.sign(EdgeConfig(FLEET, EDGE, 1, 0.9)))
+        assert agent.applied_version == 0
+        # The manager stores the refusal: an operator sees it in `fedge manager keys`.
+        ingestor = Ingestor(fh.db, FLEET)
+        topic = topics.up(FLEET, EDGE, topics.Up.TRUST)
+        with fh.db.transaction() as conn:
+            outcome = ingestor.handle(conn, topic, reports_payload(sent), 1.0)
+        assert outcome.verdict is Verdict.STORED
+        view = key_rotation.trust_view(fh.home)
+        row = next(e for e in view.edges if e.edge == EDGE)
+        assert row.status == "rejected" and "does not lead to" in row.reason
+        # Never rotated: every edge trusts the key it was enrolled with, the current one.
+        assert view.on_current_key() == [EDGE, "st-02"] and view.behind() == []
+    finally:
+        close(agent)
+
+
+def reports_payload(sent: Sent) -> bytes:
+    topic = topics.up(FLEET, EDGE, topics.Up.TRUST)
+    return next(payload for t, payload in sent if t == topic)
+
+
+def test_a_kept_model_verified_under_a_retired_key_still_restores() -> None:
+    old, new, stranger = SigningKey.generate(), SigningKey.generate(), SigningKey.generate()
+    manifest = ModelManifest(
+        name="inspect",
+        version=1,
+        sha256="0" * 64,
+        size=1,
+        inputs=(TensorSpec("x", "float32", (1, 4)),),
+        outputs=(TensorSpec("y", "float32", (1, 2)),),
+        classes=("clean", "scratch"),
+        positive_classes=("scratch",),
+        created_at=1.0,
+    )
+    ring = KeyRing(old.public)
+    ring.replace(new.public)
+    kept = KeptModel(Path("model.onnx"), "inspect", 1, old.sign(manifest).decode())
+    assert kept.verified_manifest(ring) == manifest
+    # Retired means verified before: a plain mapping of the new key refuses it ...
+    with pytest.raises(DeployError):
+        kept.verified_manifest(trusted(new.public))
+    # ... and so does the ring for a key it never trusted.
+    foreign = KeptModel(Path("model.onnx"), "inspect", 1, stranger.sign(manifest).decode())
+    with pytest.raises(DeployError):
+        foreign.verified_manifest(ring)
+
+
+def test_a_rotation_cut_short_is_finished_or_dropped(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    old = fh.home.signing_key()
+
+    def crash(*args: Any) -> None:
+        raise OSError("killed")
+
+    # Killed after the store has the link, before the key file moved: settle finishes it.
+    monkeypatch.setattr(key_rotation, "_install", crash)
+    with pytest.raises(OSError):
+        key_rotation.rotate(fh.home)
+    monkeypatch.undo()
+    assert fh.home.signing_key().public == old.public
+    assert "finished" in key_rotation.settle(fh.home)
+    link = fh.row("SELECT new_key FROM trust_links WHERE sequence=1")
+    assert fh.home.signing_key().public.to_text() == link["new_key"]
+    # A next key no stored link names (killed before the transaction): dropped.
+    stray = SigningKey.generate()
+    stray.save(fh.home.key_path.parent / "next" / fh.home.key_path.name)
+    assert "dropped" in key_rotation.settle(fh.home)
+    assert not (fh.home.key_path.parent / "next").exists()
+    assert fh.home.signing_key().public.to_text() == link["new_key"]
