@@ -110,6 +110,7 @@ def test_a_fresh_tls_home_is_clean_but_for_the_unencrypted_ca_key(fh: FleetHome)
         "ca-key-encryption",
         "crl",
         "secrets-in-logs",
+        "signing-key",
     }
 
 
@@ -240,7 +241,7 @@ def test_the_command_exits_1_on_an_error_and_prints_json(fh: FleetHome) -> None:
     assert "0 error(s), 1 warning(s)" in output and "ca-key-encryption" in output
     code, output = doctor_cli(fh, "--json")
     report = json.loads(output)
-    assert code == 0 and report["counts"] == {"ok": 5, "warning": 1, "error": 0}
+    assert code == 0 and report["counts"] == {"ok": 6, "warning": 1, "error": 0}
 
     os.chmod(fh.home.root / "pki" / "ca.key", 0o644)
     code, output = doctor_cli(fh, "--json")

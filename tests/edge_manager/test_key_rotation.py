@@ -16,6 +16,8 @@ from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.restore import KeptModel
 from fedge.edge_manager import key_rotation
+from fedge.edge_manager.doctor import diagnose
+from fedge.edge_manager.doctor_facts import gather
 from fedge.edge_manager.ingest import Ingestor, Verdict
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
@@ -103,6 +105,8 @@ def test_the_manager_signs_the_rotation_with_the_old_key_and_then_uses_only_the_
     assert latest(fh, "trust", "st-03")["version"] == 1
     view = key_rotation.trust_view(fh.home)
     assert view.behind() == [EDGE, "st-02", "st-03"]  # none has reported yet
+    behind = [f for f in diagnose(gather(fh.home)) if f.check == "signing-key"]
+    assert [(f.severity, f.subject) for f in behind] == [("warning", "st-01, st-02, st-03")]
     # A second rotation extends the chain, signed by the first rotation's key.
     again = key_rotation.rotate(fh.home)
     assert again.sequence == 2 and again.old_key_id == new.public.key_id
@@ -188,6 +192,10 @@ def test_a_forged_rotation_is_refused_reported_and_changes_nothing(
         assert row.status == "rejected" and "does not lead to" in row.reason
         # Never rotated: every edge trusts the key it was enrolled with, the current one.
         assert view.on_current_key() == [EDGE, "st-02"] and view.behind() == []
+        # `fedge manager doctor` names the station as an error.
+        found = [f for f in diagnose(gather(fh.home)) if f.check == "signing-key"]
+        assert [(f.severity, f.subject) for f in found] == [("error", EDGE)]
+        assert "still trusts the current key" in found[0].message
     finally:
         close(agent)
 
@@ -243,6 +251,8 @@ def test_a_rotation_cut_short_is_finished_or_dropped(
     # A next key no stored link names (killed before the transaction): dropped.
     stray = SigningKey.generate()
     stray.save(fh.home.key_path.parent / "next" / fh.home.key_path.name)
+    cut_short = [f for f in diagnose(gather(fh.home)) if f.check == "signing-key"]
+    assert ("warning", "keys/next") in [(f.severity, f.subject) for f in cut_short]
     assert "dropped" in key_rotation.settle(fh.home)
     assert not (fh.home.key_path.parent / "next").exists()
     assert fh.home.signing_key().public.to_text() == link["new_key"]

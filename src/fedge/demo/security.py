@@ -1,11 +1,13 @@
-"""The demo's security chapter: a station enrols with a one-time token, then is revoked.
+"""The demo's security chapter: a station enrols with a one-time token, is revoked; the
+manager's signing key rotates.
 
 Everything in the demo already ran over mutual TLS with the fleet CA's certificates (the
 broker listens on TLS only; the manager, every agent and the enrollment endpoint present
 certificates). This chapter shows the credential lifecycle: a new station (st-09) makes
 its key, enrols through the manager's HTTPS endpoint with a single-use token and comes
 online; its token used again is refused; then it is revoked, and the broker refuses it
-while the rest of the fleet carries on.
+while the rest of the fleet carries on. Last, the manager's signing key is rotated and
+every online station follows the rotation the old key signed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from fedge.edge_agent.enroll import EnrollmentRefused, enroll_device
-from fedge.edge_manager import credentials
+from fedge.edge_manager import credentials, key_rotation
 from fedge.edge_manager.enrollment import invite, revoke
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
@@ -39,6 +41,11 @@ class SecurityChapter:
     replay: str = ""
     revoke_to_refused_s: float = 0.0
     push_after_revoke_s: float = 0.0
+    old_key: str = ""
+    new_key: str = ""
+    rotation_to_all_s: float = 0.0  # until every online station said it trusts the new key
+    stations_on_new_key: int = 0
+    push_after_rotation_s: float = 0.0
 
 
 def _broker_accepts(host: str, port: int, edge: str, tls: TlsFiles) -> bool:
@@ -63,7 +70,7 @@ def run_security(
     out: Path, home: ManagerHome, fleet: Fleet, store: Store, console: Console, wait: Any
 ) -> SecurityChapter:
     """The chapter; ``wait(predicate, timeout_s, what)`` is the demo's poller."""
-    console.rule("[bold]security: enrolment with a one-time token, revocation")
+    console.rule("[bold]security: enrolment with a one-time token, revocation, key rotation")
     result = SecurityChapter(ca_fingerprint=home.pki().ca_fingerprint())
     settings = home.settings()
 
@@ -133,7 +140,45 @@ def run_security(
         f"{result.push_after_revoke_s:.2f} s; {result.station_certificates} station "
         f"certificates issued by CA {result.ca_fingerprint[:23]}…"
     )
+    _rotate(home, fleet, store, console, wait, result)
     return result
+
+
+def _rotate(
+    home: ManagerHome, fleet: Fleet, store: Store, console: Console, wait: Any, result: SecurityChapter
+) -> None:
+    """The manager's signing key rotates; the stations follow the rotation the old key
+    signed and from then on apply only what the new key signs."""
+    online = [str(r["edge"]) for r in store.query("SELECT edge FROM edges WHERE state='online'")]
+    started = time.monotonic()
+    rotated = key_rotation.rotate(home)
+    fleet.use_key(home.signing_key())
+    result.old_key, result.new_key = rotated.old_key_id, rotated.new_key_id
+
+    def followed() -> bool:
+        on_new = set(key_rotation.trust_view(home).on_current_key())
+        return set(online) <= on_new
+
+    wait(followed, 30, "every online station to trust the new key")
+    result.rotation_to_all_s = time.monotonic() - started
+    result.stations_on_new_key = len(key_rotation.trust_view(home).on_current_key())
+    pushed = fleet.set_threshold(["st-01"], 0.68)[0]
+    result.push_after_rotation_s = wait(
+        lambda: (
+            (store.one("SELECT config_applied FROM edges WHERE edge='st-01'") or {}).get(
+                "config_applied"
+            )
+            == pushed.version
+        ),
+        20,
+        "a threshold signed by the new key on st-01",
+    )
+    console.print(
+        f"signing key rotated {rotated.old_key_id} -> {rotated.new_key_id}: all "
+        f"{len(online)} online stations followed the rotation the old key signed within "
+        f"{result.rotation_to_all_s:.2f} s; a threshold the new key signed applied on st-01 "
+        f"in {result.push_after_rotation_s:.2f} s"
+    )
 
 
 def report_lines(result: SecurityChapter) -> list[str]:
@@ -152,6 +197,11 @@ def report_lines(result: SecurityChapter) -> list[str]:
         f"{result.revoke_to_refused_s:.2f} s after `revoke`; a threshold pushed to st-01 "
         f"afterwards applied in {result.push_after_revoke_s:.2f} s.",
         f"- Station certificates issued: {result.station_certificates}.",
+        f"- The manager's signing key rotated from `{result.old_key}` to `{result.new_key}`: "
+        f"{result.stations_on_new_key} stations reported following the rotation (signed by "
+        f"the old key) within {result.rotation_to_all_s:.2f} s, and a threshold signed by "
+        f"the new key applied on st-01 in {result.push_after_rotation_s:.2f} s. The old "
+        "key signs nothing the stations accept any more.",
         "",
     ]
 
@@ -164,4 +214,11 @@ def summary(result: SecurityChapter) -> dict[str, Any]:
         "replay": result.replay,
         "revoke_to_refused_s": result.revoke_to_refused_s,
         "push_after_revoke_s": result.push_after_revoke_s,
+        "key_rotation": {
+            "old_key": result.old_key,
+            "new_key": result.new_key,
+            "rotation_to_all_s": result.rotation_to_all_s,
+            "stations_on_new_key": result.stations_on_new_key,
+            "push_after_rotation_s": result.push_after_rotation_s,
+        },
     }

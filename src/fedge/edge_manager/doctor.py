@@ -21,12 +21,16 @@ Checks, each reporting one "ok" finding when it finds nothing:
 - ``crl``: a CRL that does not parse, is not the fleet CA's, has expired, or lacks a
   revocation recorded in the store.
 - ``secrets-in-logs``: a log file in the home holding a PEM private key.
+- ``signing-key``: stations that refused a key rotation, a rotation cut short, stations
+  not yet known to trust the current key (doctor_keys.py).
 """
 
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
+
+from fedge.edge_manager.doctor_keys import SIGNING_KEY, SigningKeyFact, check_signing_key
 
 Severity = Literal["ok", "warning", "error"]
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
@@ -106,6 +110,7 @@ class HomeFacts:
     broker_conf: str | None = None  # <home>/broker/mosquitto.conf, if the broker ran
     superlink_ran_plain: bool = False  # its flwr connection file says insecure = true
     logs_with_keys: tuple[str, ...] = ()
+    signing_key: SigningKeyFact | None = None  # None: not looked at
 
 
 def _ok(check: str, message: str) -> Finding:
@@ -378,6 +383,12 @@ def diagnose(facts: HomeFacts) -> list[Finding]:
         *check_ca_key(facts.ca_key_encrypted),
         *check_crl(facts.crl, facts.revoked, facts.now),
         *check_logs(facts.logs_with_keys),
+        *(
+            Finding(severity, SIGNING_KEY, subject, message)
+            for severity, subject, message in (
+                [] if facts.signing_key is None else check_signing_key(facts.signing_key)
+            )
+        ),
     ]
     rank = {"error": 0, "warning": 1, "ok": 2}
     return sorted(findings, key=lambda f: rank[f.severity])

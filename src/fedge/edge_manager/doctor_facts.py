@@ -16,8 +16,10 @@ from cryptography import x509
 
 from fedge.edge_manager import credentials
 from fedge.edge_manager.doctor import CertFact, CrlFact, FileMode, HomeFacts, RevokedFact
+from fedge.edge_manager.doctor_keys import SigningKeyFact
 from fedge.edge_manager.fleet_pki import SERVERS
 from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.key_rotation import trust_view
 from fedge.edge_manager.store import Store
 from fedge.protocols import pki
 
@@ -169,6 +171,19 @@ def _superlink_ran_plain(home: ManagerHome) -> bool:
     )
 
 
+def signing_key_fact(home: ManagerHome) -> SigningKeyFact:
+    view = trust_view(home)
+    refused = [e for e in view.edges if e.status == "rejected"]
+    names = {e.edge for e in refused}
+    return SigningKeyFact(
+        view.key_id,
+        view.sequence,
+        cut_short=(home.key_path.parent / "next").exists(),
+        refused=tuple((e.edge, e.reason, e.key_id == view.key_id) for e in refused),
+        behind=tuple(edge for edge in view.behind() if edge not in names),
+    )
+
+
 def gather(home: ManagerHome, now: dt.datetime | None = None) -> HomeFacts:
     """The facts of ``home`` (raises ManagerError if it is not a manager home)."""
     settings = home.settings()
@@ -190,4 +205,5 @@ def gather(home: ManagerHome, now: dt.datetime | None = None) -> HomeFacts:
         broker_conf=conf.read_text() if conf.is_file() else None,
         superlink_ran_plain=_superlink_ran_plain(home),
         logs_with_keys=tuple(_rel(home, p) for p in log_files(home) if holds_private_key(p)),
+        signing_key=signing_key_fact(home),
     )

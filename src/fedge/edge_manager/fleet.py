@@ -59,6 +59,10 @@ class Fleet:
         self.registry = registry
         self.grpc_target = grpc_target
 
+    def use_key(self, key: SigningKey) -> None:
+        """Sign with ``key`` from now on (after ``fedge manager rotate-key``)."""
+        self.key = self.registry.key = key
+
     @classmethod
     def open(cls, home: ManagerHome, store: Store | None = None) -> "Fleet":
         """The fleet of a manager home: its store (a new connection unless given), signing

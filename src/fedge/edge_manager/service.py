@@ -405,7 +405,8 @@ class ManagerService:
         self._retired = key_rotation.retired_ids(fleet.store)
         if key.public.key_id == fleet.key.public.key_id:
             return  # the first look at the store, at start
-        self.key = fleet.key = fleet.registry.key = key
+        self.key = key
+        fleet.use_key(key)
         self.counters["key.reloaded"] += 1
         log.warning("signing with the rotated manager key %s from now on", key.public.key_id)
 
