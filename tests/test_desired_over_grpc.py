@@ -29,6 +29,7 @@ from conftest import (
 )
 
 from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_manager import key_rotation
 from fedge.edge_manager.service import ManagerService
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
@@ -219,3 +220,29 @@ def test_an_edge_gets_only_its_own_documents(plant: Plant) -> None:
     assert plant.service.grpc_services is not None
     counters = plant.service.grpc_services.counters
     assert counters["permission_denied"] == 1
+
+
+def test_a_key_rotation_reaches_a_station_without_mqtt(plant: Plant) -> None:
+    """The chain comes over DesiredSync first; the station's report of the key it now
+    trusts goes back over gRPC; the config the new key signed is applied."""
+    fh = plant.fh
+    for edge in (BLOCKED, OPEN):
+        wait_config_applied(fh, edge, set_threshold(fh, edge, 0.7))
+    rotated = key_rotation.rotate(fh.home)
+    for edge in (BLOCKED, OPEN):
+        wait_config_applied(fh, edge, set_threshold(fh, edge, 0.55))
+        agent = plant.agents[edge]
+        assert set(agent.keys) == {rotated.new_key_id}
+        assert agent.config is not None and agent.config.default_threshold == 0.55
+    reports = wait_until(
+        lambda: fh.db.query("SELECT edge, status, key_id FROM edge_trust ORDER BY edge"),
+        20,
+        "both stations to report the new key",
+        expect=lambda rows: len(rows) == 2,
+    )
+    assert reports == [
+        {"edge": edge, "status": "adopted", "key_id": rotated.new_key_id}
+        for edge in (BLOCKED, OPEN)
+    ]
+    assert plant.agents[BLOCKED].counters["desired.grpc.trust"] == 1
+    assert plant.agents[BLOCKED].counters["connects"] == 0
