@@ -16,7 +16,7 @@ import numpy as np
 
 from fedge import __version__
 from fedge.edge_agent import runtime
-from fedge.edge_agent.decisions import ConfigAction, decide_config
+from fedge.edge_agent.configs import Configs
 from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
 from fedge.edge_agent.errors import InferenceError
@@ -24,7 +24,6 @@ from fedge.edge_agent.evaluations import Evaluations
 from fedge.edge_agent.labels_down import apply_labels
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
-from fedge.edge_agent.privacy_budget import admit_budget
 from fedge.edge_agent.renewal import renewer_for
 from fedge.edge_agent.scorer import ImageFile as ImageFile
 from fedge.edge_agent.scorer import Scorer
@@ -35,12 +34,11 @@ from fedge.edge_agent.telemetry import add_metric, emit_metrics
 from fedge.edge_agent.trust import KeyTrust
 from fedge.party.dataset import StationData
 from fedge.protocols import codec, topics
-from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
+from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.client import DesiredClient, ReportUploader
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
-from fedge.protocols.signing import open_signed
 from fedge.transport.mqtt import Message, MqttSession, PublishResult, Will
 
 log = logging.getLogger(__name__)
@@ -100,7 +98,18 @@ class EdgeAgent:
         self.session = self.store.get("session")
         self._session = int(self.session) if self.session is not None else -1
         self._stop = threading.Event()
-        self._last_config_report: bytes | None = None
+        self.configs = Configs(
+            settings,
+            self.store,
+            self.keys,
+            self.counters,
+            lock=self._lock,
+            deployments=lambda: self.deployments,
+            current=lambda: self.config,
+            commit=self._commit_config,
+            applied=self._apply_training,
+            report=self._report_status,
+        )
         # Built here, connected in start(): offline tools (label, score) never touch the broker.
         self.mqtt = MqttSession(
             settings.mqtt(),
@@ -245,8 +254,8 @@ class EdgeAgent:
             time.time(),
         )
         statements = [(topics.Up.STATE, codec.encode(birth))]
-        if self._last_config_report is not None:
-            statements.append((topics.Up.CONFIG, self._last_config_report))
+        if self.configs.last_report is not None:
+            statements.append((topics.Up.CONFIG, self.configs.last_report))
         last_deploy = self.deployments.last_status
         if last_deploy is not None:
             statements.append((topics.Up.DEPLOY, last_deploy))
@@ -315,57 +324,10 @@ class EdgeAgent:
         )
 
     def handle_config(self, envelope: bytes) -> None:
-        try:
-            offered = open_signed(envelope, EdgeConfig, self.keys)
-        except ProtocolError as exc:
-            self.counters[f"config.rejected.{exc.reason}"] += 1
-            log.error("config rejected (%s): %s", exc.reason, exc)
-            self._report_config(ConfigStatus.REJECTED, 0, f"{exc.reason}: {exc}")
-            return
-        with self._lock:
-            decision = decide_config(
-                self.config,
-                offered,
-                self.settings.fleet,
-                self.settings.edge,
-                self.deployments.config_done_version,
-            )
-            if decision.action is ConfigAction.APPLY:
-                # The station's privacy budget is in its ledger before the config counts.
-                decision = admit_budget(self.settings.data_dir, offered)
-            if decision.action is ConfigAction.APPLY:
-                # Persist first: after a crash the agent comes back with what it reported;
-                # remembered as its model's config, should a rollback go back to that model.
-                self.store.put_many(
-                    {
-                        "applied_config": codec.encode(offered).decode(),
-                        **self.deployments.config_writes(offered),
-                    }
-                )
-                self.config = offered
-        if decision.action is ConfigAction.APPLY:
-            self._apply_training()
-            self.counters["config.applied"] += 1
-            log.info(
-                "applied config v%d (threshold %.3f)", offered.version, offered.default_threshold
-            )
-            self._report_config(ConfigStatus.APPLIED, offered.version, "")
-        elif decision.action is ConfigAction.IGNORE:
-            self.counters["config.stale"] += 1
-            if self._last_config_report is None:
-                self._report_config(ConfigStatus.APPLIED, offered.version, "")
-        else:
-            self.counters["config.rejected.invalid"] += 1
-            log.error("config rejected: %s", decision.reason)
-            self._report_config(ConfigStatus.REJECTED, offered.version, decision.reason)
+        self.configs.handle(envelope)
 
-    def _report_config(self, status: ConfigStatus, offered: int, reason: str) -> None:
-        report = ConfigReport(
-            self.settings.edge, status, self.applied_version, offered, reason[:1000], time.time()
-        )
-        payload = codec.encode(report)
-        self._last_config_report = payload
-        self._report_status(topics.Up.CONFIG, payload, True)
+    def _commit_config(self, config: EdgeConfig) -> None:
+        self.config = config
 
     def handle_deploy(self, envelope: bytes) -> None:
         self.deployments.handle(envelope)

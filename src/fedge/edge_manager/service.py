@@ -5,7 +5,7 @@ messages, gRPC uploads, publish acknowledgements -- is queued to it; it folds a 
 messages into one transaction and acks them to the broker only after the commit (QoS 1
 with manual acks: a SIGKILL between store and ack means redelivery, which the
 (edge, stream, seq) key absorbs). The same loop publishes desired documents that
-operators wrote to the store, signed and retained.
+operators wrote to the store, signed and retained (desired_publisher.py).
 """
 
 import logging
@@ -23,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from fedge.edge_manager import key_rotation
+from fedge.edge_manager.desired_publisher import DesiredPublisher
 from fedge.edge_manager.enroll_server import EnrollServer
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -33,10 +34,9 @@ from fedge.edge_manager.rollouts import RolloutDriver
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert
-from fedge.protocols.errors import ProtocolError
 from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.pki import TlsFiles
-from fedge.protocols.signing import SigningKey, signer_of
+from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
 
@@ -109,21 +109,6 @@ class _ReadSide:
         ]
 
 
-def _signer(envelope: bytes) -> str:
-    try:
-        return signer_of(envelope)
-    except ProtocolError:
-        return ""  # not an envelope: published as it is, and the edge says what is wrong
-
-
-def _file_id(path: Path) -> tuple[int, int]:
-    try:
-        stat = path.stat()
-    except OSError:
-        return (0, 0)
-    return (stat.st_ino, stat.st_mtime_ns)
-
-
 class ManagerService:
     def __init__(
         self,
@@ -140,8 +125,6 @@ class ManagerService:
         if done:
             log.warning("signing key: %s", done)
         self.key = home.signing_key()
-        self._key_file = _file_id(home.key_path)
-        self._retired: set[str] | None = None  # read from the store by the worker
         self.poll_interval_s = poll_interval_s
         self.max_batch = max_batch
         self.grpc_port = self.settings.grpc_port if grpc_port is None else grpc_port
@@ -157,7 +140,6 @@ class ManagerService:
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._ready = threading.Event()
-        self._inflight: dict[int, tuple[str, str, int]] = {}
         self._worker = threading.Thread(target=self._run, name="manager-worker", daemon=True)
         self._grpc_server: grpc.Server | None = None
         self.grpc_services: GrpcServices | None = None
@@ -178,6 +160,7 @@ class ManagerService:
             on_connect=self._on_connect,
             on_published=lambda result: self._queue.put(_Published(result)),
         )
+        self.publisher = DesiredPublisher(home, self.settings.fleet, self.mqtt, self.counters)
 
     # -- lifecycle
 
@@ -271,8 +254,9 @@ class ManagerService:
                 if items:
                     self._process(store, fleet, ingestor, items)
                 self._drive_rollouts(rollouts)
-                self._follow_key(fleet)
-                self._publish_pending(fleet)
+                if self.publisher.follow_key(fleet):
+                    self.key = fleet.key
+                self.publisher.publish_pending(fleet)
                 self._prune(store)
                 self._watch(monitor)
         finally:
@@ -310,9 +294,9 @@ class ManagerService:
                         self.counters[outcome.verdict.value] += 1
                         uploads.append((item, outcome))
                     elif isinstance(item, _Published):
-                        self._mark_published(fleet, item.result, now)
+                        self.publisher.mark_published(fleet, item.result, now)
                     else:
-                        self._republish_latest(fleet)
+                        self.publisher.republish_latest(fleet)
         except Exception as exc:
             # Nothing is acked: the broker redelivers, and the cache may hold rolled-back state.
             log.exception("ingest transaction failed; messages will be redelivered")
@@ -388,66 +372,3 @@ class ManagerService:
             log.exception("could not publish alert %s (it is in the store)", alert.alert_id)
             return False
         return True
-
-    # -- publishing desired documents
-
-    def _follow_key(self, fleet: Fleet) -> None:
-        """Sign with the key ``fedge manager rotate-key`` put in place while this runs."""
-        current = _file_id(self.home.key_path)
-        if current == self._key_file and self._retired is not None:
-            return
-        try:
-            key = self.home.signing_key()
-        except (OSError, ProtocolError) as exc:  # mid-replace: the next loop sees it whole
-            log.warning("signing key not readable yet: %s", exc)
-            return
-        self._key_file = current
-        self._retired = key_rotation.retired_ids(fleet.store)
-        if key.public.key_id == fleet.key.public.key_id:
-            return  # the first look at the store, at start
-        self.key = key
-        fleet.use_key(key)
-        self.counters["key.reloaded"] += 1
-        log.warning("signing with the rotated manager key %s from now on", key.public.key_id)
-
-    def _publish_pending(self, fleet: Fleet) -> None:
-        if not self.mqtt.connected.is_set():
-            return
-        retired = self._retired or set()
-        for row in fleet.unpublished(skip=set(self._inflight.values())):
-            envelope = row["envelope"].encode()
-            if row["kind"] != key_rotation.TRUST and _signer(envelope) in retired:
-                # Written with a key a rotation retired (between its commit and this
-                # loop's reload): edges would refuse it, so it goes out re-signed. A
-                # document signed by any other key goes out as it is, and is refused.
-                envelope = key_rotation.resign_desired(
-                    fleet.store, fleet.key, row["edge"], row["kind"], row["version"]
-                ).encode()
-                self.counters["resigned"] += 1
-            self._publish((row["edge"], row["kind"], row["version"]), envelope)
-
-    def _publish(self, key: tuple[str, str, int], envelope: bytes) -> None:
-        edge, kind, _ = key
-        topic = topics.down(self.settings.fleet, edge, topics.Down(kind))
-        mid = self.mqtt.publish(topic, envelope, qos=1, retain=True)
-        self._inflight[mid] = key
-
-    def _mark_published(self, fleet: Fleet, result: PublishResult, now: float) -> None:
-        key = self._inflight.pop(result.mid, None)
-        if key is None:
-            return
-        if result.ok:
-            fleet.mark_published(*key, at=now)
-            self.counters["published"] += 1
-        else:
-            log.error("broker refused desired document %s: %s", key, result.reason)
-
-    def _republish_latest(self, fleet: Fleet) -> None:
-        rows = fleet.store.query(
-            "SELECT d.edge, d.kind, d.version, d.envelope FROM desired d "
-            "JOIN (SELECT edge, kind, max(version) AS v FROM desired "
-            "WHERE published_at IS NOT NULL GROUP BY edge, kind) m "
-            "ON d.edge=m.edge AND d.kind=m.kind AND d.version=m.v"
-        )
-        for row in rows:
-            self._publish((row["edge"], row["kind"], int(row["version"])), row["envelope"].encode())
