@@ -40,6 +40,7 @@ from fedge.protocols.grpc.client import DesiredClient, ReportUploader
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
 from fedge.transport.mqtt import Message, MqttSession, PublishResult, Will
+from fedge.transport.session import Session, SessionFactory
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +49,9 @@ PRUNE_EVERY_S = 60.0
 
 
 class EdgeAgent:
-    def __init__(self, settings: AgentSettings) -> None:
+    def __init__(self, settings: AgentSettings, *, sessions: SessionFactory = MqttSession) -> None:
+        """``sessions`` makes the MQTT session: a real broker's by default, or an
+        in-memory one (``MemoryBroker.session``) for fast behaviour tests."""
         self.settings = settings
         self.store = LocalStore(settings.data_dir / "agent.db")
         self.counters: Counter[str] = Counter()
@@ -111,7 +114,7 @@ class EdgeAgent:
             report=self._report_status,
         )
         # Built here, connected in start(): offline tools (label, score) never touch the broker.
-        self.mqtt = MqttSession(
+        self.mqtt: Session = sessions(
             settings.mqtt(),
             on_message=self._on_message,
             on_connect=self._on_connect,

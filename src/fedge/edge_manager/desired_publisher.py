@@ -20,7 +20,8 @@ from fedge.edge_manager.home import ManagerHome
 from fedge.protocols import topics
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import signer_of
-from fedge.transport.mqtt import MqttSession, PublishResult
+from fedge.transport.mqtt import PublishResult
+from fedge.transport.session import Session
 
 log = logging.getLogger(__name__)
 DocumentKey = tuple[str, str, int]  # edge, kind, version
@@ -45,7 +46,7 @@ class DesiredPublisher:
     """Used by the manager's worker thread only (no lock: paho callbacks only enqueue)."""
 
     def __init__(
-        self, home: ManagerHome, fleet: str, mqtt: MqttSession, counters: Counter[str]
+        self, home: ManagerHome, fleet: str, mqtt: Session, counters: Counter[str]
     ) -> None:
         self.home = home
         self.fleet = fleet

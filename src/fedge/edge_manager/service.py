@@ -39,6 +39,7 @@ from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
+from fedge.transport.session import Session, SessionFactory
 
 log = logging.getLogger(__name__)
 ROLLOUT_TICK_S = 1.0
@@ -118,6 +119,7 @@ class ManagerService:
         max_batch: int = 5000,
         grpc_port: int | None = None,
         grpc_tls: TlsFiles | None = None,
+        sessions: SessionFactory = MqttSession,
     ) -> None:
         self.home = home
         self.settings = home.settings()
@@ -144,7 +146,7 @@ class ManagerService:
         self._grpc_server: grpc.Server | None = None
         self.grpc_services: GrpcServices | None = None
         self.enroll_server: EnrollServer | None = None
-        self.mqtt = MqttSession(
+        self.mqtt: Session = sessions(
             MqttSettings(
                 host=self.settings.local_broker_host,
                 port=self.settings.broker_port,
