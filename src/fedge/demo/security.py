@@ -145,7 +145,12 @@ def run_security(
 
 
 def _rotate(
-    home: ManagerHome, fleet: Fleet, store: Store, console: Console, wait: Any, result: SecurityChapter
+    home: ManagerHome,
+    fleet: Fleet,
+    store: Store,
+    console: Console,
+    wait: Any,
+    result: SecurityChapter,
 ) -> None:
     """The manager's signing key rotates; the stations follow the rotation the old key
     signed and from then on apply only what the new key signs."""

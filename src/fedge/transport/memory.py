@@ -345,6 +345,15 @@ class MemorySession:
         self._send(mid, topic, payload, qos, retain)
         return mid
 
+    def publish_and_wait(
+        self, topic: str, payload: bytes, *, qos: int = 1, retain: bool = False, timeout_s: float
+    ) -> bool:
+        """True once the broker took it (as paho's wait: no ``on_published`` call)."""
+        if not self.connected.is_set():
+            return False
+        code = self.broker._publish(self, topic, payload, qos, retain)
+        return code is not None and code < 0x80
+
     def ack(self, message: Message) -> None:
         if self.settings.manual_ack and message.qos > 0:
             self.broker._ack(self, message.mid)
