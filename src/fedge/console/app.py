@@ -27,6 +27,7 @@ from fedge.console import accounts, actions, audit, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
+from fedge.console.fleet_table import STATES, TableQuery, fleet_table
 from fedge.console.sessions import COOKIE, Session, Sessions, csrf_ok
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet, opened
@@ -164,7 +165,8 @@ class Console:
         if kind == "audit" and who[1].role is not Role.ADMIN:
             return self.refuse(request, who, "only an admin can read the audit log")
         try:
-            context = await self.run(lambda fleet: _page_context(fleet, kind, edge))
+            params = dict(request.query_params)
+            context = await self.run(lambda fleet: _page_context(fleet, kind, edge, params))
         except ManagerError as exc:  # an edge that is not enrolled
             return self.render(request, "message.html", who, 404, title="Not found", error=str(exc))
         return self.render(request, f"{kind}.html", who, status, **context, **extra)
@@ -258,7 +260,7 @@ class Console:
         def snapshot(fleet: Fleet) -> str | None:
             if accounts.account(fleet.store, name) is None:
                 return None  # the token was removed: the stream ends with the session
-            rows = views.fleet_rows(fleet)
+            rows = fleet_table(fleet).rows
             return json.dumps({row.edge: row.cells for row in rows}, sort_keys=True)
 
         async def stream() -> AsyncIterator[str]:
@@ -280,9 +282,10 @@ class Console:
         )
 
 
-def _page_context(fleet: Fleet, kind: str, edge: str) -> dict[str, Any]:
+def _page_context(fleet: Fleet, kind: str, edge: str, params: dict[str, str]) -> dict[str, Any]:
     if kind == "fleet":
-        return {"rows": views.fleet_rows(fleet)}
+        table = fleet_table(fleet, TableQuery.parse(params))
+        return {"table": table, "rows": table.rows, "states": STATES}
     if kind == "edge":
         return {"detail": views.edge_detail(fleet, edge)}
     if kind == "labels":

@@ -60,16 +60,16 @@ class QueueItem:
     classes: tuple[str, ...]  # what it can be labelled: its model's classes
 
 
-def fleet_row(fleet: Fleet, view: dict[str, Any]) -> FleetRow:
-    edge = str(view["edge"])
+def cells(view: dict[str, Any], in_force: EdgeConfig | None) -> dict[str, str]:
+    """One edge's display cells from its view (``Fleet.show`` or fleet_table's) and the
+    config it applied (None: unknown)."""
     applied = int(view["config_applied"])
     desired = int(view["desired_config_version"])
-    in_force = config_at(fleet, edge, applied)
     predictions = int(view["predictions"])
     rejects = int(view["rejects"] or 0)
     gaps = view["gaps"]
     missing = sum(int(g["to_seq"]) - int(g["from_seq"]) + 1 for g in gaps)
-    cells = {
+    return {
         "state": str(view["state"]),
         "serving": str(view["serving"] or "-"),
         "config": f"v{desired} / v{applied}",
@@ -81,11 +81,12 @@ def fleet_row(fleet: Fleet, view: dict[str, Any]) -> FleetRow:
         "agreement": percent(view["label_agreement"]),
         "gaps": f"{len(gaps)} ({missing} batches)" if gaps else "none",
     }
-    return FleetRow(edge, str(view["state"]), bool(view["in_sync"]), cells)
 
 
-def fleet_rows(fleet: Fleet) -> list[FleetRow]:
-    return [fleet_row(fleet, fleet.show(str(row["edge"]))) for row in fleet.list()]
+def fleet_row(fleet: Fleet, view: dict[str, Any]) -> FleetRow:
+    edge = str(view["edge"])
+    in_force = config_at(fleet, edge, int(view["config_applied"]))
+    return FleetRow(edge, str(view["state"]), bool(view["in_sync"]), cells(view, in_force))
 
 
 def edge_detail(fleet: Fleet, edge: str) -> EdgeDetail:
