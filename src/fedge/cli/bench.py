@@ -12,6 +12,7 @@ from typing import Annotated, Any
 
 import typer
 
+from fedge.cli.bench_console import console
 from fedge.cli.bench_secagg import secagg
 from fedge.cli.common import err_console, friendly_errors
 
@@ -19,6 +20,7 @@ app = typer.Typer(
     help="Benchmarks (JSON output, machine named, peer side by side).", no_args_is_help=True
 )
 app.command("secagg")(friendly_errors(secagg))  # wired in fedge.cli.bench_secagg
+app.command("console")(friendly_errors(console))  # wired in fedge.cli.bench_console
 
 JsonOption = Annotated[
     Path | None, typer.Option("--json", help="Also write the result to this file.")

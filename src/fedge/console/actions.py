@@ -2,19 +2,22 @@
 
 A threshold is ``Fleet.set_threshold`` (a new signed config version, as ``fedge edge
 set-threshold``); a label is ``Fleet.add_label`` (stored, then sent down to the station,
-as ``fedge labels add``). Form fields are parsed here into typed values first: a field
-that is malformed or not one the form can send raises :class:`BadInput`, and the
-library's own checks (range, unknown edge or class) raise ManagerError. Either way
-nothing is written.
+as ``fedge labels add``); a rollout is paused, resumed or aborted through ``Rollouts``
+(as ``fedge rollout pause|resume|abort``). Form fields are parsed here into typed
+values first: a field that is malformed or not one the form can send raises
+:class:`BadInput`, and the library's own checks (range, unknown edge or class, a rollout
+state that does not allow it) raise ManagerError. Either way nothing is written.
 """
 
 import math
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fedge.console.errors import BadInput
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.labels import Applied
+from fedge.edge_manager.rollouts import Rollouts
 
 THRESHOLD_FIELDS = frozenset({"csrf", "threshold", "class_name", "back"})
 LABEL_FIELDS = frozenset({"csrf", "prediction_id", "label"})
@@ -91,3 +94,32 @@ def add_label(fleet: Fleet, change: LabelChange, who: str) -> str:
             f"({label_id}; was labelled by {previous.who})"
         )
     return f"{change.prediction_id} labelled {change.label} ({label_id})"
+
+
+ROLLOUT_FIELDS = frozenset({"csrf", "reason"})
+ROLLOUT_OPERATIONS = ("pause", "resume", "abort")
+MAX_REASON = 200
+
+
+def operate_rollout(fleet: Fleet, rollout_id: str, operation: str, form: Mapping[str, str]) -> str:
+    """Pause, resume or abort a staged rollout as ``fedge rollout pause|resume|abort`` does
+    (``Rollouts``); a state that does not allow it raises RolloutError, changing nothing."""
+    _only(form, ROLLOUT_FIELDS)
+    if operation not in ROLLOUT_OPERATIONS:
+        raise BadInput(f"{operation!r} is not something a rollout can do; reload the page")
+    reason = form.get("reason", "").strip() or "by operator"
+    if operation != "abort" and form.get("reason"):
+        raise BadInput("only an abort takes a reason; reload the page")
+    if len(reason) > MAX_REASON:
+        raise BadInput(f"the reason is over {MAX_REASON} characters")
+    rollouts, now = Rollouts(fleet), time.time()
+    if operation == "pause":
+        step = rollouts.pause(rollout_id, now)
+    elif operation == "resume":
+        step = rollouts.resume(rollout_id, now)
+    else:
+        step = rollouts.abort(rollout_id, now, reason)
+    done = f"rollout {rollout_id}: {operation}d, now {step.state.value}"
+    if step.roll_back:
+        done += f"; rolling back {', '.join(step.roll_back)} to their previous model"
+    return done

@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fedge.console import accounts, actions, audit, views
+from fedge.console import accounts, actions, audit, registry_views, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
@@ -157,7 +157,8 @@ class Console:
     # -- pages
 
     async def page(self, request: Request, name: str, status: int = 200, **extra: Any) -> Response:
-        """Page ``name`` ('fleet', 'labels', 'audit' or 'edge:<id>') for the user, or login."""
+        """Page ``name`` ('fleet', 'labels', 'audit', 'models', 'rollouts', 'edge:<id>' or
+        'rollout:<id>') for the user, or the login page."""
         who = await self.user(request)
         if who is None:
             return RedirectResponse("/login", status_code=303)
@@ -167,7 +168,7 @@ class Console:
         try:
             params = dict(request.query_params)
             context = await self.run(lambda fleet: _page_context(fleet, kind, edge, params))
-        except ManagerError as exc:  # an edge that is not enrolled
+        except ManagerError as exc:  # an edge that is not enrolled, an unknown rollout
             return self.render(request, "message.html", who, 404, title="Not found", error=str(exc))
         return self.render(request, f"{kind}.html", who, status, **context, **extra)
 
@@ -182,6 +183,15 @@ class Console:
 
     async def audit_page(self, request: Request) -> Response:
         return await self.page(request, "audit")
+
+    async def models_page(self, request: Request) -> Response:
+        return await self.page(request, "models")
+
+    async def rollouts_page(self, request: Request) -> Response:
+        return await self.page(request, "rollouts")
+
+    async def rollout_page(self, request: Request) -> Response:
+        return await self.page(request, f"rollout:{request.path_params['rollout_id']}")
 
     # -- actions: session, CSRF, role, then the library call; every attempt is audited
 
@@ -249,6 +259,22 @@ class Console:
         target = str(form.get("prediction_id", ""))[:128]
         return await self.act(request, "label", target, do, lambda _: "labels", lambda _: "/labels")
 
+    async def rollout_action(self, request: Request) -> Response:
+        rollout_id = str(request.path_params["rollout_id"])[:64]
+        operation = str(request.path_params["operation"])[:16]
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return actions.operate_rollout(fleet, rollout_id, operation, form)
+
+        return await self.act(
+            request,
+            f"rollout-{operation}",
+            rollout_id,
+            do,
+            lambda _: f"rollout:{rollout_id}",
+            lambda _: f"/rollouts/{rollout_id}",
+        )
+
     # -- live updates
 
     async def events(self, request: Request) -> Response:
@@ -290,6 +316,15 @@ def _page_context(fleet: Fleet, kind: str, edge: str, params: dict[str, str]) ->
         return {"detail": views.edge_detail(fleet, edge)}
     if kind == "labels":
         return {"queue": views.label_queue(fleet)}
+    if kind == "models":
+        return {"registry": registry_views.models_page(fleet)}
+    if kind == "rollouts":
+        return {"rollouts": registry_views.rollouts_page(fleet)}
+    if kind == "rollout":
+        return {
+            "rollout": registry_views.rollout_page(fleet, edge),
+            "actions": actions.ROLLOUT_OPERATIONS,
+        }
     return {"entries": audit.recent(fleet.store)}
 
 
@@ -308,6 +343,10 @@ def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
         Route("/labels", console.labels_page, methods=["GET"]),
         Route("/labels", console.label, methods=["POST"]),
         Route("/audit", console.audit_page),
+        Route("/models", console.models_page),
+        Route("/rollouts", console.rollouts_page),
+        Route("/rollouts/{rollout_id}", console.rollout_page),
+        Route("/rollouts/{rollout_id}/{operation}", console.rollout_action, methods=["POST"]),
         Route("/events", console.events),
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]

@@ -10,6 +10,7 @@ desc=1&state=online&model=inspect:3&q=st-0``), so they work without JavaScript a
 any size of fleet.
 """
 
+import functools
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -67,25 +68,33 @@ class Table:
     query: TableQuery
 
 
+@functools.lru_cache(maxsize=8192)
+def _decoded(document: str) -> EdgeConfig | None:
+    """A desired config document, decoded once: (edge, version) documents never change,
+    so a console process decodes each only the first time it shows it."""
+    try:
+        return codec.decode(document.encode(), EdgeConfig)
+    except ProtocolError:
+        return None  # shown as '?', as on the edge's page
+
+
 def _configs(fleet: Fleet) -> tuple[dict[str, EdgeConfig], dict[str, int]]:
     """Each edge's config in force (the desired document of the version it applied) and
     its newest desired config version."""
     in_force: dict[str, EdgeConfig] = {}
-    for row in fleet.store.query(
+    for edge, document in fleet.store.conn.execute(
         "SELECT d.edge, d.document FROM desired d JOIN edges e ON e.edge = d.edge "
         "WHERE d.kind = ? AND d.version = e.config_applied",
         (CONFIG,),
     ):
-        try:
-            in_force[str(row["edge"])] = codec.decode(str(row["document"]).encode(), EdgeConfig)
-        except ProtocolError:
-            continue  # shown as '?', as on the edge's page
-    newest = {
-        str(r["edge"]): int(r["v"])
-        for r in fleet.store.query(
-            "SELECT edge, max(version) AS v FROM desired WHERE kind = ? GROUP BY edge", (CONFIG,)
-        )
-    }
+        config = _decoded(str(document))
+        if config is not None:
+            in_force[str(edge)] = config
+    newest = dict(
+        fleet.store.conn.execute(
+            "SELECT edge, max(version) FROM desired WHERE kind = ? GROUP BY edge", (CONFIG,)
+        ).fetchall()
+    )
     return in_force, newest
 
 
@@ -98,29 +107,29 @@ def _agreement(fleet: Fleet) -> dict[str, float]:
     }
     agree: dict[str, int] = defaultdict(int)
     total: dict[str, int] = defaultdict(int)
-    for row in fleet.store.query(
-        "SELECT p.edge, p.model, p.decision, l.label FROM labels l JOIN (SELECT prediction_id, "
-        "edge, model, decision FROM predictions GROUP BY prediction_id) p "
-        "ON p.prediction_id = l.prediction_id"
+    # From the labels (few) to their predictions, one row per labelled prediction.
+    for edge, model, decision, label in fleet.store.conn.execute(
+        "SELECT p.edge, p.model, p.decision, l.label FROM labels l JOIN predictions p "
+        "ON p.prediction_id = l.prediction_id GROUP BY l.prediction_id"
     ):
-        edge = str(row["edge"])
         total[edge] += 1
-        agree[edge] += (row["decision"] == "reject") == (
-            row["label"] in positives.get(str(row["model"]), set())
-        )
+        agree[edge] += (decision == "reject") == (label in positives.get(str(model), set()))
     return {edge: agree[edge] / n for edge, n in total.items()}
 
 
 def fleet_table(fleet: Fleet, query: TableQuery = TableQuery()) -> Table:
-    edges = fleet.store.query(
-        "SELECT edge, state, serving, last_seen, config_applied FROM edges ORDER BY edge"
-    )
+    edges = [
+        {"edge": e, "state": st, "serving": sv, "last_seen": seen, "config_applied": applied}
+        for e, st, sv, seen, applied in fleet.store.conn.execute(
+            "SELECT edge, state, serving, last_seen, config_applied FROM edges ORDER BY edge"
+        )
+    ]
     in_force, newest = _configs(fleet)
     counts = {
-        str(r["edge"]): (int(r["n"]), int(r["rejects"]))
-        for r in fleet.store.query(
-            "SELECT edge, count(*) AS n, coalesce(sum(decision='reject'), 0) AS rejects "
-            "FROM predictions GROUP BY edge"
+        str(edge): (int(n), int(rejects))
+        for edge, n, rejects in fleet.store.conn.execute(
+            "SELECT edge, count(*), coalesce(sum(decision='reject'), 0) FROM predictions "
+            "GROUP BY edge"
         )
     }
     gaps: dict[str, list[dict[str, Any]]] = defaultdict(list)

@@ -1,0 +1,293 @@
+"""``fedge bench console``: the fleet page at fleet scale, and how soon a change shows.
+
+One run, on a real manager home (mutual TLS, SQLite), a real Mosquitto, ``manager
+serve``'s service, one real agent (the live edge) and the console served by uvicorn
+over HTTP, logged in as an operator:
+
+- **fleet page**: ``GET /`` for a fleet of ``edges`` (each online with a config applied
+  and predictions: the rows a plant has), p50/p95 over ``samples`` requests. Peers side
+  by side: a static file through the same server (the HTTP floor) and the page's table
+  queries alone, in process (``fleet_table``).
+- **live update**: a threshold set through the library (as the console's form does)
+  until an open ``/events`` stream shows the live edge's report of it applied:
+  manager -> broker -> agent -> broker -> manager's store -> the console's poll -> the
+  page. Peer: the same change until the store shows it applied (what the console adds is
+  its poll, 0.5 s).
+
+Targets (issue 14): fleet page p95 <= 300 ms at 1,000 edges, live update <= 1 s.
+"""
+
+import json
+import secrets
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import uvicorn
+
+from fedge.bench.machine import machine_info
+from fedge.console import accounts
+from fedge.console.accounts import Role
+from fedge.console.app import create_app
+from fedge.console.fleet_table import fleet_table
+from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.settings import load_settings
+from fedge.edge_manager.enrollment import enroll, managed_broker
+from fedge.edge_manager.fleet import opened
+from fedge.edge_manager.home import ManagerHome, ManagerSettings
+from fedge.edge_manager.ingest import Ingestor
+from fedge.edge_manager.service import ManagerService
+from fedge.protocols import codec, topics
+from fedge.protocols.config import ConfigReport, ConfigStatus
+from fedge.protocols.liveness import EdgeState, Liveness
+from fedge.transport.broker import free_port
+
+LIVE_EDGE = "st-live"
+PAGE_TARGET_MS = 300.0
+LIVE_TARGET_MS = 1000.0
+PREDICTIONS_PER_EDGE = 20
+Progress = Callable[[str], None]
+
+
+def _stats(seconds: list[float]) -> dict[str, float]:
+    ms = np.array(seconds) * 1000.0
+    return {
+        "p50_ms": round(float(np.percentile(ms, 50)), 2),
+        "p95_ms": round(float(np.percentile(ms, 95)), 2),
+        "max_ms": round(float(ms.max()), 2),
+        "n": len(seconds),
+    }
+
+
+def _fill(home: ManagerHome, edges: int) -> None:
+    """``edges`` stations as a plant has them, their reports through the real ingest."""
+    now = time.time()
+    with opened(home) as fleet:
+        names = [f"st-{i:04d}" for i in range(1, edges)]
+        with fleet.store.transaction():
+            for name in names:
+                fleet.enroll(name, secrets.token_urlsafe(12))
+        pushed = fleet.set_threshold(names, 0.6)
+        ingestor = Ingestor(fleet.store, fleet.fleet)
+        with fleet.store.transaction() as conn:
+            for push in pushed:
+                edge, version = push.edge, push.version
+                for kind, message in (
+                    (topics.Up.STATE, Liveness(edge, 1, EdgeState.ONLINE, "0", "", 0, now)),
+                    (
+                        topics.Up.CONFIG,
+                        ConfigReport(edge, ConfigStatus.APPLIED, version, version, "", now),
+                    ),
+                ):
+                    topic = topics.up(fleet.fleet, edge, kind)
+                    ingestor.handle(conn, topic, codec.encode(message), now)
+            rows = [
+                (
+                    f"{name}-{k}",
+                    name,
+                    k,
+                    now - k,
+                    "inspect:1",
+                    json.dumps({"clean": 0.8, "scratch": 0.2}),
+                    "reject" if k % 7 == 0 else "accept",
+                )
+                for name in names
+                for k in range(PREDICTIONS_PER_EDGE)
+            ]
+            conn.executemany(
+                "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
+                "decision, threshold, config_version, latency_ms, source) "
+                "VALUES (?,?,?,?,?,?,?,0.6,1,2.0,'')",
+                rows,
+            )
+
+
+class _Server:
+    def __init__(self, home: ManagerHome) -> None:
+        self.port = free_port()
+        config = uvicorn.Config(
+            create_app(home),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=1,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, name="console", daemon=True)
+
+    def __enter__(self) -> str:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline:
+                raise TimeoutError("the console did not start")
+            time.sleep(0.02)
+        return f"http://127.0.0.1:{self.port}"
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def _login(client: httpx.Client, token: str) -> None:
+    page = client.get("/login")
+    csrf = page.text.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+    response = client.post("/login", data={"csrf": csrf, "token": token})
+    if response.status_code != 303:
+        raise RuntimeError(f"login refused: {response.status_code}")
+
+
+class _Events(threading.Thread):
+    """Reads the page's live-update stream; remembers when each cell text first showed."""
+
+    def __init__(self, base: str, cookies: httpx.Cookies) -> None:
+        super().__init__(name="sse", daemon=True)
+        self.client = httpx.Client(base_url=base, cookies=cookies, timeout=None)
+        self.seen: dict[str, float] = {}  # the live edge's "config" cell -> first seen
+        self.lock = threading.Lock()
+
+    def run(self) -> None:
+        try:
+            with self.client.stream("GET", "/events") as response:
+                for line in response.iter_lines():
+                    if not line.startswith("data: "):
+                        continue
+                    cells = json.loads(line[6:]).get(LIVE_EDGE, {})
+                    with self.lock:
+                        self.seen.setdefault(str(cells.get("config")), time.perf_counter())
+        except httpx.HTTPError:
+            return  # the server shut down
+
+    def first(self, text: str) -> float | None:
+        with self.lock:
+            return self.seen.get(text)
+
+
+def run_console_bench(
+    edges: int = 1000, samples: int = 50, changes: int = 20, progress: Progress = lambda _: None
+) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="fedge-bench-console-") as tmp:
+        root = Path(tmp)
+        home = ManagerHome(root / "home")
+        home.init(
+            ManagerSettings(
+                "bench",
+                broker_port=free_port(),
+                grpc_port=free_port(),
+                superlink_port=free_port(),
+                enroll_port=free_port(),
+            )
+        )
+        with opened(home) as fleet:
+            toml = root / LIVE_EDGE / "agent.toml"
+            toml.parent.mkdir()
+            toml.write_text(enroll(home, fleet, LIVE_EDGE, root / LIVE_EDGE / "data"))
+            token = accounts.add_token(fleet.store, "bench", Role.OPERATOR)
+        progress(f"filling a fleet of {edges} edges")
+        _fill(home, edges)
+        broker = managed_broker(home)
+        broker.start()
+        service = ManagerService(home)
+        agent = EdgeAgent(load_settings(toml))
+        try:
+            service.start()
+            agent.start()
+            with _Server(home) as base, httpx.Client(base_url=base, timeout=30) as client:
+                _login(client, token)
+                progress("timing the fleet page")
+                page = _time_page(client, "/", samples, expect_rows=edges)
+                static = _time_page(client, "/static/console.css", samples)
+                query = _time_query(home, samples)
+                progress("timing live updates")
+                live, store = _time_live(home, base, client.cookies, changes, progress)
+        finally:
+            agent.stop()
+            service.stop()
+            broker.stop()
+    result = {
+        "benchmark": "console",
+        "machine": machine_info(),
+        "edges": edges,
+        "predictions": (edges - 1) * PREDICTIONS_PER_EDGE,
+        "fleet_page_p95_ms": page["p95_ms"],
+        "fleet_page_p50_ms": page["p50_ms"],
+        "live_update_p95_ms": live["p95_ms"],
+        "live_update_p50_ms": live["p50_ms"],
+        "fleet_page": page,
+        "peer_static_file": static,
+        "peer_table_queries": query,
+        "fleet_page_vs_static_p95": round(page["p95_ms"] / static["p95_ms"], 2),
+        "live_update": live,
+        "peer_store_applied": store,
+        "live_vs_store_p95": round(live["p95_ms"] / store["p95_ms"], 2),
+        "targets": {"fleet_page_p95_ms": PAGE_TARGET_MS, "live_update_p95_ms": LIVE_TARGET_MS},
+    }
+    result["met_target"] = page["p95_ms"] <= PAGE_TARGET_MS and live["p95_ms"] <= LIVE_TARGET_MS
+    return result
+
+
+def _time_page(
+    client: httpx.Client, path: str, samples: int, expect_rows: int | None = None
+) -> dict[str, float]:
+    for _ in range(2):  # warm-up: templates compiled, connections open
+        client.get(path)
+    times = []
+    for _ in range(samples):
+        started = time.perf_counter()
+        response = client.get(path)
+        times.append(time.perf_counter() - started)
+        if response.status_code != 200:
+            raise RuntimeError(f"GET {path}: {response.status_code}")
+        if expect_rows is not None and response.text.count("<tr data-edge=") != expect_rows:
+            raise RuntimeError(f"GET {path} did not show {expect_rows} edges")
+    return _stats(times)
+
+
+def _time_query(home: ManagerHome, samples: int) -> dict[str, float]:
+    times = []
+    with opened(home) as fleet:
+        for _ in range(samples):
+            started = time.perf_counter()
+            fleet_table(fleet)
+            times.append(time.perf_counter() - started)
+    return _stats(times)
+
+
+def _time_live(
+    home: ManagerHome, base: str, cookies: httpx.Cookies, changes: int, progress: Progress
+) -> tuple[dict[str, float], dict[str, float]]:
+    events = _Events(base, cookies)
+    events.start()
+    live: list[float] = []
+    store: list[float] = []
+    with opened(home) as fleet:
+        for index in range(changes):
+            started = time.perf_counter()
+            version = fleet.set_threshold([LIVE_EDGE], 0.5 + index / 100)[0].version
+            shown = f"v{version} / v{version}"
+            applied_at: float | None = None
+            deadline = started + 30
+            while events.first(shown) is None:
+                if (
+                    applied_at is None
+                    and fleet.store.scalar(
+                        "SELECT config_applied FROM edges WHERE edge=?", (LIVE_EDGE,)
+                    )
+                    == version
+                ):
+                    applied_at = time.perf_counter()
+                if time.perf_counter() > deadline:
+                    raise TimeoutError(f"the page never showed {LIVE_EDGE} at {shown}")
+                time.sleep(0.005)
+            seen = events.first(shown)
+            assert seen is not None
+            live.append(seen - started)
+            store.append((applied_at or seen) - started)
+            progress(f"live update {index + 1}/{changes}: {live[-1] * 1000:.0f} ms")
+    return _stats(live), _stats(store)

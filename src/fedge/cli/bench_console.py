@@ -1,0 +1,30 @@
+"""``fedge bench console``: its options and wiring (registered by :mod:`fedge.cli.bench`)."""
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def console(
+    edges: Annotated[
+        int, typer.Option(help="Edges in the fleet (one of them a real agent).", min=2)
+    ] = 1000,
+    samples: Annotated[int, typer.Option(help="Fleet page requests timed.", min=5)] = 50,
+    changes: Annotated[int, typer.Option(help="Threshold changes timed to the page.", min=1)] = 20,
+    json_path: Annotated[
+        Path | None, typer.Option("--json", help="Also write the result to this file.")
+    ] = None,
+) -> None:
+    """The console's fleet page at fleet scale, and how soon an applied threshold shows.
+
+    Example: fedge bench console --edges 1000 --json out.json
+    """
+    from fedge.bench.console import run_console_bench
+    from fedge.cli.bench import _run
+
+    _run(
+        "console",
+        json_path,
+        lambda progress: run_console_bench(edges, samples, changes, progress=progress),
+    )

@@ -1,0 +1,109 @@
+"""The models and rollouts pages: the registry with its lineage and the gate's evidence,
+and staged rollouts with their waves, health and events -- read through the library
+(``Registry.list``, ``gating.stored``, ``rollout_views``), as the CLI reads them.
+"""
+
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any
+
+from fedge.edge_manager import gating, rollout_views
+from fedge.edge_manager.fleet import Fleet
+
+
+@dataclass(frozen=True)
+class ModelRow:
+    name: str
+    version: int
+    parent: int | None
+    run_id: str
+    created_at: float
+    sha256: str
+    size: int
+    classes: str
+    verdict: gating.StoredVerdict | None  # the gate's newest, if it judged this version
+    serving: int  # edges serving it now
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+
+@dataclass(frozen=True)
+class LineageNode:
+    model: ModelRow
+    children: "tuple[LineageNode, ...]"
+
+
+@dataclass(frozen=True)
+class ModelsPage:
+    models: list[ModelRow]
+    lineage: dict[str, list[LineageNode]]  # model name -> its root versions
+
+
+def models_page(fleet: Fleet) -> ModelsPage:
+    serving: dict[str, int] = defaultdict(int)
+    for row in fleet.store.query("SELECT serving FROM edges WHERE serving != ''"):
+        serving[str(row["serving"])] += 1
+    registered: list[dict[str, Any]] = list(fleet.registry.list())
+    rows = [
+        ModelRow(
+            name=str(r["name"]),
+            version=int(r["version"]),
+            parent=None if r["parent_version"] is None else int(r["parent_version"]),
+            run_id=str(r["run_id"] or ""),
+            created_at=float(r["created_at"]),
+            sha256=str(r["sha256"]),
+            size=int(r["size"]),
+            classes=str(r["classes"]),
+            verdict=gating.stored(fleet.store, str(r["name"]), int(r["version"])),
+            serving=serving.get(f"{r['name']}:{r['version']}", 0),
+        )
+        for r in registered
+    ]
+    return ModelsPage(sorted(rows, key=lambda m: (m.name, -m.version)), _lineage(rows))
+
+
+def _lineage(rows: list[ModelRow]) -> dict[str, list[LineageNode]]:
+    """Each model name's versions as a tree: a version under the one it was trained from
+    (``Lineage.parent_version``); a version whose parent is not in the registry is a root."""
+    by_key = {(m.name, m.version): m for m in rows}
+    children: dict[tuple[str, int], list[ModelRow]] = defaultdict(list)
+    roots: dict[str, list[ModelRow]] = defaultdict(list)
+    for model in rows:
+        if model.parent is not None and (model.name, model.parent) in by_key:
+            children[(model.name, model.parent)].append(model)
+        else:
+            roots[model.name].append(model)
+
+    def node(model: ModelRow) -> LineageNode:
+        kids = sorted(children[(model.name, model.version)], key=lambda m: m.version)
+        return LineageNode(model, tuple(node(k) for k in kids))
+
+    return {
+        name: [node(m) for m in sorted(models, key=lambda m: m.version)]
+        for name, models in sorted(roots.items())
+    }
+
+
+def rollouts_page(fleet: Fleet) -> list[dict[str, Any]]:
+    return rollout_views.list_rollouts(fleet.store)
+
+
+def rollout_page(fleet: Fleet, rollout_id: str) -> dict[str, Any]:
+    """Raises RolloutError (a ManagerError) for an unknown rollout."""
+    status = rollout_views.status(fleet.store, rollout_id)
+    waves: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for edge in status["edges"]:
+        waves[int(edge["wave"])].append(edge)
+    status["waves"] = [
+        {
+            "wave": wave,
+            "name": "canary" if wave == 0 else f"wave {wave}",
+            "edges": edges,
+            "moved": sum(1 for e in edges if e["state"] != "waiting"),
+            "settled": sum(1 for e in edges if e["settled_at"] is not None),
+        }
+        for wave, edges in sorted(waves.items())
+    ]
+    return status
