@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fedge.console.errors import BadInput
+from fedge.edge_manager import alert_store
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.labels import Applied
 from fedge.edge_manager.rollouts import Rollouts
@@ -123,3 +124,19 @@ def operate_rollout(fleet: Fleet, rollout_id: str, operation: str, form: Mapping
     if step.roll_back:
         done += f"; rolling back {', '.join(step.roll_back)} to their previous model"
     return done
+
+
+ALERT_FIELDS = frozenset({"csrf", "note"})
+MAX_NOTE = 200
+
+
+def acknowledge_alert(fleet: Fleet, alert_id: str, form: Mapping[str, str], who: str) -> str:
+    """Acknowledge an open alert as ``fedge alerts clear`` does (``alert_store``): it is
+    cleared and not raised again for that edge and model until its condition stopped
+    holding once. An unknown or already cleared alert raises ManagerError."""
+    _only(form, ALERT_FIELDS)
+    note = form.get("note", "").strip()
+    if len(note) > MAX_NOTE:
+        raise BadInput(f"the note is over {MAX_NOTE} characters")
+    view = alert_store.acknowledge(fleet.store, alert_id, who, note, time.time())
+    return f"cleared {view.alert_id} ({view.kind} on {view.edge}, {view.model}) by {who}"

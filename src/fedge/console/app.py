@@ -29,6 +29,7 @@ from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
 from fedge.console.fleet_table import STATES, TableQuery, fleet_table
 from fedge.console.sessions import COOKIE, Session, Sessions, csrf_ok
+from fedge.edge_manager import alert_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome
@@ -190,6 +191,9 @@ class Console:
     async def rollouts_page(self, request: Request) -> Response:
         return await self.page(request, "rollouts")
 
+    async def alerts_page(self, request: Request) -> Response:
+        return await self.page(request, "alerts")
+
     async def rollout_page(self, request: Request) -> Response:
         return await self.page(request, f"rollout:{request.path_params['rollout_id']}")
 
@@ -275,6 +279,16 @@ class Console:
             lambda _: f"/rollouts/{rollout_id}",
         )
 
+    async def clear_alert(self, request: Request) -> Response:
+        alert_id = str(request.path_params["alert_id"])[:64]
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return actions.acknowledge_alert(fleet, alert_id, form, account.name)
+
+        return await self.act(
+            request, "clear-alert", alert_id, do, lambda _: "alerts", lambda _: "/alerts"
+        )
+
     # -- live updates
 
     async def events(self, request: Request) -> Response:
@@ -316,6 +330,12 @@ def _page_context(fleet: Fleet, kind: str, edge: str, params: dict[str, str]) ->
         return {"detail": views.edge_detail(fleet, edge)}
     if kind == "labels":
         return {"queue": views.label_queue(fleet)}
+    if kind == "alerts":
+        every = params.get("all") == "1"
+        return {
+            "alerts": alert_store.list_alerts(fleet.store, include_cleared=every),
+            "show_cleared": every,
+        }
     if kind == "models":
         return {"registry": registry_views.models_page(fleet)}
     if kind == "rollouts":
@@ -344,6 +364,8 @@ def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
         Route("/labels", console.label, methods=["POST"]),
         Route("/audit", console.audit_page),
         Route("/models", console.models_page),
+        Route("/alerts", console.alerts_page),
+        Route("/alerts/{alert_id}/clear", console.clear_alert, methods=["POST"]),
         Route("/rollouts", console.rollouts_page),
         Route("/rollouts/{rollout_id}", console.rollout_page),
         Route("/rollouts/{rollout_id}/{operation}", console.rollout_action, methods=["POST"]),
