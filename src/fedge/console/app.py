@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fedge.console import accounts, actions, audit, registry_views, views
+from fedge.console import accounts, actions, audit, jobs, registry_views, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
@@ -191,6 +191,12 @@ class Console:
     async def rollouts_page(self, request: Request) -> Response:
         return await self.page(request, "rollouts")
 
+    async def jobs_page(self, request: Request) -> Response:
+        return await self.page(request, "jobs")
+
+    async def job_page(self, request: Request) -> Response:
+        return await self.page(request, f"job:{request.path_params['job_id']}")
+
     async def alerts_page(self, request: Request) -> Response:
         return await self.page(request, "alerts")
 
@@ -330,6 +336,10 @@ def _page_context(fleet: Fleet, kind: str, edge: str, params: dict[str, str]) ->
         return {"detail": views.edge_detail(fleet, edge)}
     if kind == "labels":
         return {"queue": views.label_queue(fleet)}
+    if kind == "jobs":
+        return {"jobs": jobs.list_jobs(fleet)}
+    if kind == "job":
+        return {"detail": jobs.job_detail(fleet, edge)}
     if kind == "alerts":
         every = params.get("all") == "1"
         return {
@@ -365,6 +375,8 @@ def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
         Route("/audit", console.audit_page),
         Route("/models", console.models_page),
         Route("/alerts", console.alerts_page),
+        Route("/jobs", console.jobs_page),
+        Route("/jobs/{job_id}", console.job_page),
         Route("/alerts/{alert_id}/clear", console.clear_alert, methods=["POST"]),
         Route("/rollouts", console.rollouts_page),
         Route("/rollouts/{rollout_id}", console.rollout_page),

@@ -32,6 +32,9 @@ CREATE TABLE IF NOT EXISTS desired (
     PRIMARY KEY (edge, kind, version));
 CREATE INDEX IF NOT EXISTS desired_unpublished ON desired (created_at)
     WHERE published_at IS NULL AND superseded = 0;
+CREATE TABLE IF NOT EXISTS fleet_jobs (
+    job_dir TEXT PRIMARY KEY, name TEXT NOT NULL, model TEXT NOT NULL,
+    prepared_at REAL NOT NULL);
 CREATE TABLE IF NOT EXISTS trust_links (
     sequence INTEGER PRIMARY KEY, signer TEXT NOT NULL, new_key TEXT NOT NULL,
     envelope TEXT NOT NULL, created_at REAL NOT NULL);

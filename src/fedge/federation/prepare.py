@@ -11,6 +11,7 @@ map, a queued run in its run store, and the Flower app ``flwr run`` submits.
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from pathlib import Path
 
@@ -91,6 +92,13 @@ def prepare(manifest_path: Path, job_dir: Path, home: ManagerHome) -> FleetJobMa
         store.create_run(f"{manifest.name}-{uuid.uuid4().hex[:8]}", manifest.text, RunState.QUEUED)
     finally:
         store.close()
+    # The manager knows the jobs run on its fleet (the console's jobs page reads them).
+    with ManagerView(home) as (fleet, _):
+        fleet.store.conn.execute(
+            "INSERT OR REPLACE INTO fleet_jobs (job_dir, name, model, prepared_at) "
+            "VALUES (?,?,?,?)",
+            (str(job_dir.resolve()), manifest.name, manifest.task.model, time.time()),
+        )
     return manifest
 
 

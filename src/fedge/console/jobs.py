@@ -1,0 +1,148 @@
+"""The jobs pages: the federated jobs run on this fleet, from their own run stores.
+
+The manager records every fleet job prepared against it (``fleet_jobs``, written by
+``federation.prepare``; continuous training's jobs go through the same call); each job's
+directory holds the aggregator's run store (aggregator/run_store.py), which says what
+each round did: its tier, who was selected, on time, late or failed (and why), the
+round's time, whether the quorum was met, its metrics, and the privacy spent. The
+console opens those stores to read; it never writes them.
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from fedge.aggregator.job_dir import RUNS_DB
+from fedge.aggregator.run_store import RunStore
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.fleet import Fleet
+
+ACCURACY_KEYS = ("accuracy", "eval_accuracy", "federated_evaluate_accuracy")
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    job_id: str  # the position in fleet_jobs, what the URL names
+    name: str
+    model: str
+    job_dir: str
+    prepared_at: float
+    run_id: str = ""
+    state: str = "missing"  # the run's state, or "missing" when the directory is gone
+    rounds: int = 0
+    accuracy: float | None = None
+    error: str = ""
+
+
+@dataclass(frozen=True)
+class JobDetail:
+    summary: JobSummary
+    rounds: list[dict[str, Any]] = field(default_factory=list)
+    privacy: list[dict[str, Any]] = field(default_factory=list)
+    names: dict[int, str] = field(default_factory=dict)
+    chart: str = ""  # inline SVG: accuracy against round
+
+
+def accuracy_of(round_row: dict[str, Any]) -> float | None:
+    for metrics in (round_row["eval_metrics"], round_row["train_metrics"]):
+        for key in ACCURACY_KEYS:
+            if key in metrics:
+                return float(metrics[key])
+    return None
+
+
+def _open(job_dir: str) -> RunStore | None:
+    path = Path(job_dir) / RUNS_DB
+    return RunStore(path) if path.is_file() else None
+
+
+def _summary(row: dict[str, Any]) -> tuple[JobSummary, RunStore | None]:
+    base = JobSummary(
+        str(row["rowid"]),
+        str(row["name"]),
+        str(row["model"]),
+        str(row["job_dir"]),
+        float(row["prepared_at"]),
+    )
+    store = _open(base.job_dir)
+    if store is None:
+        return base, None
+    runs = store.runs()
+    if not runs:
+        return base, store
+    run = runs[-1]
+    rounds = store.rounds(str(run["run_id"]))
+    accuracies = [a for a in (accuracy_of(r) for r in rounds) if a is not None]
+    summary = JobSummary(
+        base.job_id,
+        base.name,
+        base.model,
+        base.job_dir,
+        base.prepared_at,
+        run_id=str(run["run_id"]),
+        state=str(run["state"]),
+        rounds=int(run["last_round"]),
+        accuracy=accuracies[-1] if accuracies else None,
+        error=str(run["error"] or ""),
+    )
+    return summary, store
+
+
+def list_jobs(fleet: Fleet) -> list[JobSummary]:
+    jobs = []
+    for row in fleet.store.query("SELECT rowid, * FROM fleet_jobs ORDER BY prepared_at DESC"):
+        summary, store = _summary(row)
+        if store is not None:
+            store.close()
+        jobs.append(summary)
+    return jobs
+
+
+def job_detail(fleet: Fleet, job_id: str) -> JobDetail:
+    row = fleet.store.one(
+        "SELECT rowid, * FROM fleet_jobs WHERE rowid=?", (int(job_id) if job_id.isdigit() else -1,)
+    )
+    if row is None:
+        raise ManagerError(f"no job {job_id!r} on this fleet; see the jobs page")
+    summary, store = _summary(row)
+    if store is None or not summary.run_id:
+        return JobDetail(summary)
+    try:
+        rounds = store.rounds(summary.run_id)
+        names = store.party_names(summary.run_id)
+        privacy = store.privacy_spent(summary.run_id)
+    finally:
+        store.close()
+    points = [(int(r["round"]), a) for r in rounds if (a := accuracy_of(r)) is not None]
+    return JobDetail(summary, rounds, privacy, names, accuracy_chart(points))
+
+
+def accuracy_chart(points: list[tuple[int, float]], width: int = 480, height: int = 180) -> str:
+    """Accuracy against round as a small inline SVG (no script, no CDN)."""
+    if not points:
+        return ""
+    pad = 30
+    last = max(r for r, _ in points)
+    low = min(0.0, min(a for _, a in points))
+
+    def x(r: int) -> float:
+        return pad + (width - 2 * pad) * (r - 1) / max(last - 1, 1)
+
+    def y(a: float) -> float:
+        return height - pad - (height - 2 * pad) * (a - low) / max(1.0 - low, 1e-9)
+
+    line = " ".join(f"{x(r):.1f},{y(a):.1f}" for r, a in points)
+    dots = "".join(
+        f'<circle cx="{x(r):.1f}" cy="{y(a):.1f}" r="3"><title>round {r}: {a:.3f}</title></circle>'
+        for r, a in points
+    )
+    return (
+        f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
+        f'role="img" aria-label="accuracy against round">'
+        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
+        'class="axis"/>'
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" class="axis"/>'
+        f'<text x="{pad}" y="{pad - 8}">accuracy (1.0 top)</text>'
+        f'<text x="{width - pad}" y="{height - 8}" text-anchor="end">round {last}</text>'
+        f'<polyline points="{line}" fill="none" class="series"/>{dots}</svg>'
+    )

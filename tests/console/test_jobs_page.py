@@ -1,0 +1,90 @@
+"""The jobs pages: the fleet jobs the manager recorded, read from their run stores."""
+
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from conftest import FleetHome, make_fleet_home
+from starlette.testclient import TestClient
+
+from fedge.aggregator.job_dir import RUNS_DB
+from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.run_store import RunState, RunStore
+from fedge.console import accounts
+from fedge.console.accounts import Role
+from fedge.console.app import create_app
+from fedge.console.jobs import accuracy_chart
+
+CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def _job(fh: FleetHome, job_dir: Path, name: str, rounds: int) -> None:
+    job_dir.mkdir(parents=True)
+    store = RunStore(job_dir / RUNS_DB)
+    store.create_run(f"{name}-1", "manifest", RunState.RUNNING)
+    store.name_parties(f"{name}-1", {101: "st-01", 102: "st-02", 103: "st-03"})
+    for r in range(1, rounds + 1):
+        store.record_round(
+            f"{name}-1",
+            RoundRecord(
+                r,
+                (101, 102, 103),
+                (101, 102),
+                (103,) if r == 2 else (),
+                (),
+                4.0 + r,
+                10.0 * r,
+                2,
+                True,
+                30.0,
+                tier=r % 2,
+                eval_metrics={"accuracy": 0.6 + 0.1 * r},
+            ),
+        )
+    store.close()
+    with fh.fleet() as fleet:
+        fleet.store.conn.execute(
+            "INSERT INTO fleet_jobs (job_dir, name, model, prepared_at) VALUES (?,?,?,?)",
+            (str(job_dir), name, "inspect:1", time.time()),
+        )
+
+
+@pytest.fixture
+def fh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
+    root = tmp_path_factory.mktemp("jobs")
+    fh = make_fleet_home(root)
+    _job(fh, root / "jobs" / "learn", "learn", 3)
+    with fh.fleet() as fleet:  # a job whose directory was removed since
+        fleet.store.conn.execute(
+            "INSERT INTO fleet_jobs (job_dir, name, model, prepared_at) VALUES (?,?,?,?)",
+            (str(root / "gone"), "gone", "inspect:1", time.time() + 1),
+        )
+    yield fh
+    fh.close()
+
+
+def test_the_jobs_pages_show_rounds_tiers_late_parties_and_accuracy(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        token = accounts.add_token(fleet.store, "viewer", Role.VIEWER)
+    client = TestClient(create_app(fh.home), follow_redirects=False)
+    page = client.get("/login")
+    client.post("/login", data={"csrf": CSRF.findall(page.text)[0], "token": token})
+    listing = client.get("/jobs").text
+    rows = re.findall(r'<tr data-job="(\d+)">(.*?)</tr>', listing, re.S)
+    assert [re.search(r">([a-z]+)</a>", row).group(1) for _, row in rows] == ["gone", "learn"]  # type: ignore[union-attr]
+    assert "missing" in rows[0][1] and "0.900" in rows[1][1] and "running" in rows[1][1]
+    detail = client.get(f"/jobs/{rows[1][0]}").text
+    assert re.findall(r'<tr data-round="(\d+)">', detail) == ["1", "2", "3"]
+    second = detail.split('<tr data-round="2">', 1)[1].split("</tr>", 1)[0]
+    assert "st-03" in second and "6.0 s" in second
+    assert "<svg" in detail and detail.count("<circle") == 3
+    assert client.get("/jobs/999").status_code == 404
+    assert client.get("/jobs/not-a-number").status_code == 404
+
+
+def test_the_chart_has_a_point_per_round_and_nothing_without() -> None:
+    assert accuracy_chart([]) == ""
+    svg = accuracy_chart([(1, 0.5), (2, 0.7)])
+    assert svg.count("<circle") == 2 and "round 2" in svg and "<script" not in svg
