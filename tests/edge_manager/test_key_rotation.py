@@ -18,6 +18,7 @@ from fedge.edge_agent.restore import KeptModel
 from fedge.edge_manager import key_rotation
 from fedge.edge_manager.doctor import diagnose
 from fedge.edge_manager.doctor_facts import gather
+from fedge.edge_manager.enrollment import revoke
 from fedge.edge_manager.ingest import Ingestor, Verdict
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
@@ -107,6 +108,9 @@ def test_the_manager_signs_the_rotation_with_the_old_key_and_then_uses_only_the_
     assert view.behind() == [EDGE, "st-02", "st-03"]  # none has reported yet
     behind = [f for f in diagnose(gather(fh.home)) if f.check == "signing-key"]
     assert [(f.severity, f.subject) for f in behind] == [("warning", "st-01, st-02, st-03")]
+    # A revoked station can say nothing any more: it is not waited for.
+    revoke(fh.home, "st-03")
+    assert [e.edge for e in key_rotation.trust_view(fh.home).edges] == [EDGE, "st-02"]
     # A second rotation extends the chain, signed by the first rotation's key.
     again = key_rotation.rotate(fh.home)
     assert again.sequence == 2 and again.old_key_id == new.public.key_id

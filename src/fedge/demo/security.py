@@ -154,7 +154,13 @@ def _rotate(
 ) -> None:
     """The manager's signing key rotates; the stations follow the rotation the old key
     signed and from then on apply only what the new key signs."""
-    online = [str(r["edge"]) for r in store.query("SELECT edge FROM edges WHERE state='online'")]
+    # The stations up now; a revoked one (st-09 above) can no longer report anything.
+    stations = {e.edge for e in key_rotation.trust_view(home).edges}
+    online = [
+        str(r["edge"])
+        for r in store.query("SELECT edge FROM edges WHERE state='online'")
+        if str(r["edge"]) in stations
+    ]
     started = time.monotonic()
     rotated = key_rotation.rotate(home)
     fleet.use_key(home.signing_key())

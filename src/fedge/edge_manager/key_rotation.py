@@ -221,7 +221,7 @@ class TrustView:
     key_id: str  # the key the manager signs with
     sequence: int  # its place in the chain (0: never rotated)
     links: tuple[tuple[int, str, str, float], ...]  # (sequence, signer id, new key id, at)
-    edges: tuple[EdgeTrust, ...]
+    edges: tuple[EdgeTrust, ...]  # every station but the revoked
 
     def on_current_key(self) -> list[str]:
         """Edges that said they trust the current key (before any rotation: all of them,
@@ -248,9 +248,13 @@ def trust_view(home: ManagerHome) -> TrustView:
             )
             for r in store.query("SELECT * FROM trust_links ORDER BY sequence")
         )
+        # A revoked station (every certificate of it revoked) can no longer say what it
+        # trusts: it is not waited for.
         rows = store.query(
             "SELECT e.edge, t.key_id, t.sequence, t.status, t.reason, t.reported_at "
-            "FROM edges e LEFT JOIN edge_trust t ON t.edge = e.edge ORDER BY e.edge"
+            "FROM edges e LEFT JOIN edge_trust t ON t.edge = e.edge WHERE e.edge NOT IN "
+            "(SELECT identity FROM certificates WHERE role = 'edge' GROUP BY identity "
+            "HAVING sum(revoked_at IS NULL) = 0) ORDER BY e.edge"
         )
     finally:
         store.close()
