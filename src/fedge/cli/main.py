@@ -63,13 +63,21 @@ def main(
 @app.command()
 def demo(
     out: Annotated[str, typer.Option(help="Output directory.")] = "demo-out",
+    console_port: Annotated[
+        int | None,
+        typer.Option(
+            "--console",
+            help="At the end, serve the operator console on this port (127.0.0.1) over the "
+            "live fleet until Ctrl-C.",
+        ),
+    ] = None,
 ) -> None:
     """Run the whole fleet on this machine: broker, manager, agents, model, threshold, images.
 
-    Example: fedge demo --out demo-out
+    Example: fedge demo --out demo-out --console 8470
     """
     from pathlib import Path
 
     from fedge.demo.fleet import run_demo
 
-    raise typer.Exit(run_demo(Path(out)))
+    raise typer.Exit(run_demo(Path(out), console_port=console_port))

@@ -27,7 +27,7 @@ from fedge.demo.report import write_report
 from fedge.demo.security import run_security
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTeacher
 from fedge.edge_manager.enrollment import enroll, managed_broker
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry import TrainableSource
 from fedge.edge_manager.store import Store
@@ -73,7 +73,9 @@ def _train_teacher(out: Path) -> TrainedTeacher:
     return TrainedTeacher(model, path, weights, accuracy, held_out)
 
 
-def run_demo(out: Path) -> int:
+def run_demo(out: Path, *, console_port: int | None = None) -> int:
+    """The whole demo; with ``console_port`` the operator console is served over the live
+    fleet at the end (127.0.0.1) until Ctrl-C, before everything stops."""
     out = out.resolve()
     if out.exists():
         shutil.rmtree(out)
@@ -148,6 +150,8 @@ def run_demo(out: Path) -> int:
             )
             run.security = run_security(out, home, fleet, store, console, _wait)
             write_report(out, fleet, store, run, console)
+            if console_port is not None:
+                serve_console(home, console_port)
     finally:
         for process in processes:
             process.stop()
@@ -155,6 +159,26 @@ def run_demo(out: Path) -> int:
         superlink.stop()
         broker.stop()
     return status or _federated_rounds(out)
+
+
+def serve_console(home: ManagerHome, port: int) -> None:
+    """The console over the demo's live fleet; an admin token printed once, here only."""
+    from fedge.console import accounts
+    from fedge.console.accounts import Role
+    from fedge.console.server import serve
+
+    with opened(home) as fleet:
+        token = accounts.add_token(fleet.store, "demo-admin", Role.ADMIN)
+    console.rule("[bold]the operator console")
+    console.print("log in with this admin token (shown once; not written to any file):")
+    console.print(f"  {token}", highlight=False, soft_wrap=True)
+    serve(
+        home,
+        port=port,
+        announce=lambda url: console.print(
+            f"console at {url} over the live fleet; Ctrl-C stops it and the demo"
+        ),
+    )
 
 
 def _federated_rounds(out: Path) -> int:
