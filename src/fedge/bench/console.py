@@ -30,6 +30,7 @@ import httpx
 import numpy as np
 import uvicorn
 
+from fedge.bench.console_shot import fleet_page_screenshot
 from fedge.bench.machine import machine_info
 from fedge.console import accounts
 from fedge.console.accounts import Role
@@ -78,7 +79,10 @@ def _fill(home: ManagerHome, edges: int) -> None:
             for push in pushed:
                 edge, version = push.edge, push.version
                 for kind, message in (
-                    (topics.Up.STATE, Liveness(edge, 1, EdgeState.ONLINE, "0", "", 0, now)),
+                    (
+                        topics.Up.STATE,
+                        Liveness(edge, 1, EdgeState.ONLINE, "0", "inspect:1", 0, now),
+                    ),
                     (
                         topics.Up.CONFIG,
                         ConfigReport(edge, ConfigStatus.APPLIED, version, version, "", now),
@@ -170,7 +174,11 @@ class _Events(threading.Thread):
 
 
 def run_console_bench(
-    edges: int = 1000, samples: int = 50, changes: int = 20, progress: Progress = lambda _: None
+    edges: int = 1000,
+    samples: int = 50,
+    changes: int = 20,
+    progress: Progress = lambda _: None,
+    screenshot: Path | None = None,
 ) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fedge-bench-console-") as tmp:
         root = Path(tmp)
@@ -205,7 +213,18 @@ def run_console_bench(
                 static = _time_page(client, "/static/console.css", samples)
                 query = _time_query(home, samples)
                 progress("timing live updates")
-                live, store = _time_live(home, base, client.cookies, changes, progress)
+                events = _Events(base, client.cookies)
+                events.start()
+                live, store = _time_live(home, events, changes, progress)
+                if screenshot is not None:
+                    progress(f"screenshot of the fleet page to {screenshot}")
+                    fleet_page_screenshot(base, token, screenshot)
+                # Logging out ends the live stream (the server checks the session) before
+                # the server stops, rather than having its shutdown cut it.
+                fleet_html = client.get("/").text
+                csrf = fleet_html.split('name="csrf" value="', 1)[1].split('"', 1)[0]
+                client.post("/logout", data={"csrf": csrf})
+                events.join(timeout=5)
         finally:
             agent.stop()
             service.stop()
@@ -260,10 +279,8 @@ def _time_query(home: ManagerHome, samples: int) -> dict[str, float]:
 
 
 def _time_live(
-    home: ManagerHome, base: str, cookies: httpx.Cookies, changes: int, progress: Progress
+    home: ManagerHome, events: "_Events", changes: int, progress: Progress
 ) -> tuple[dict[str, float], dict[str, float]]:
-    events = _Events(base, cookies)
-    events.start()
     live: list[float] = []
     store: list[float] = []
     with opened(home) as fleet:

@@ -15,6 +15,10 @@ def console(
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the result to this file.")
     ] = None,
+    screenshot: Annotated[
+        Path | None,
+        typer.Option(help="Also save a PNG of the fleet page (headless Chromium), e.g. for docs."),
+    ] = None,
 ) -> None:
     """The console's fleet page at fleet scale, and how soon an applied threshold shows.
 
@@ -26,5 +30,7 @@ def console(
     _run(
         "console",
         json_path,
-        lambda progress: run_console_bench(edges, samples, changes, progress=progress),
+        lambda progress: run_console_bench(
+            edges, samples, changes, progress=progress, screenshot=screenshot
+        ),
     )
