@@ -23,7 +23,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fedge.console import accounts, actions, audit, jobs, registry_views, views
+from fedge.console import accounts, actions, audit, histograms, jobs, registry_views, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
@@ -333,7 +333,11 @@ def _page_context(fleet: Fleet, kind: str, edge: str, params: dict[str, str]) ->
         table = fleet_table(fleet, TableQuery.parse(params))
         return {"table": table, "rows": table.rows, "states": STATES}
     if kind == "edge":
-        return {"detail": views.edge_detail(fleet, edge)}
+        return {
+            "detail": views.edge_detail(fleet, edge),
+            "histograms": histograms.score_histograms(fleet, edge),
+            "deploys": histograms.deploy_history(fleet, edge),
+        }
     if kind == "labels":
         return {"queue": views.label_queue(fleet)}
     if kind == "jobs":

@@ -1,0 +1,112 @@
+"""The edge page's score histograms: the defect score of an edge's recent predictions,
+per model version, with the threshold that decided them.
+
+The defect score of a prediction is its highest score among the model's positive
+(defect) classes, the score the agent compares with the threshold. One histogram per
+model version, because a new version moves the whole distribution: a threshold tuned
+for one is wrong for the next, and this is where an operator sees it. Drawn as inline
+SVG (no script, nothing from elsewhere).
+"""
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass
+
+from fedge.edge_manager.fleet import Fleet
+
+BINS = 20
+RECENT = 2000
+
+
+@dataclass(frozen=True)
+class Histogram:
+    model: str
+    counts: tuple[int, ...]  # BINS bins over [0, 1]
+    rejects: tuple[int, ...]  # of those, decided reject
+    threshold: float | None  # the newest prediction's threshold (None: mixed is not shown)
+    n: int
+
+    def svg(self, width: int = 420, height: int = 140) -> str:
+        pad, top = 24, max(self.counts) or 1
+        bar = (width - 2 * pad) / BINS
+        parts = [
+            f'<svg class="chart histogram" viewBox="0 0 {width} {height}" width="{width}" '
+            f'height="{height}" role="img" aria-label="defect scores of {self.model}">'
+        ]
+        for index, (count, rejected) in enumerate(zip(self.counts, self.rejects, strict=True)):
+            x = pad + index * bar
+            for value, css in ((count, "all"), (rejected, "reject")):
+                h = (height - 2 * pad) * value / top
+                parts.append(
+                    f'<rect x="{x:.1f}" y="{height - pad - h:.1f}" width="{bar - 1:.1f}" '
+                    f'height="{h:.1f}" class="{css}"><title>{index / BINS:.2f}-'
+                    f"{(index + 1) / BINS:.2f}: {count} ({rejected} rejected)</title></rect>"
+                )
+        if self.threshold is not None:
+            x = pad + (width - 2 * pad) * self.threshold
+            parts.append(
+                f'<line x1="{x:.1f}" y1="{pad / 2}" x2="{x:.1f}" y2="{height - pad}" '
+                f'class="threshold"/><text x="{x + 3:.1f}" y="{pad - 4}">threshold '
+                f"{self.threshold:g}</text>"
+            )
+        parts.append(
+            f'<text x="{pad}" y="{height - 6}">0</text>'
+            f'<text x="{width - pad}" y="{height - 6}" text-anchor="end">1 (defect score)</text>'
+            "</svg>"
+        )
+        return "".join(parts)
+
+
+def _positives(fleet: Fleet) -> dict[str, set[str]]:
+    return {
+        f"{r['name']}:{r['version']}": set(json.loads(r["manifest"])["positive_classes"])
+        for r in fleet.store.query("SELECT name, version, manifest FROM models")
+    }
+
+
+def score_histograms(fleet: Fleet, edge: str, limit: int = RECENT) -> list[Histogram]:
+    """``edge``'s newest ``limit`` predictions, one histogram per model version (newest
+    version first); a model the registry does not know (no positive classes) is left out."""
+    positives = _positives(fleet)
+    counts: dict[str, list[int]] = defaultdict(lambda: [0] * BINS)
+    rejects: dict[str, list[int]] = defaultdict(lambda: [0] * BINS)
+    thresholds: dict[str, float] = {}
+    newest: dict[str, float] = {}
+    rows = fleet.store.conn.execute(
+        "SELECT model, scores, decision, threshold, at FROM predictions WHERE edge=? "
+        "ORDER BY at DESC LIMIT ?",
+        (edge, limit),
+    )
+    for model, scores_text, decision, threshold, at in rows:
+        classes = positives.get(str(model))
+        if not classes:
+            continue
+        try:
+            scores = json.loads(scores_text)
+            score = max(float(scores[c]) for c in classes if c in scores)
+        except (ValueError, TypeError):  # no positive class in its scores, or not JSON
+            continue
+        index = min(BINS - 1, max(0, int(score * BINS)))
+        counts[model][index] += 1
+        rejects[model][index] += decision == "reject"
+        thresholds.setdefault(model, float(threshold))  # rows come newest first
+        newest.setdefault(model, float(at))
+    return [
+        Histogram(
+            model,
+            tuple(counts[model]),
+            tuple(rejects[model]),
+            thresholds.get(model),
+            sum(counts[model]),
+        )
+        for model in sorted(counts, key=lambda m: newest[m], reverse=True)
+    ]
+
+
+def deploy_history(fleet: Fleet, edge: str, limit: int = 20) -> list[dict[str, object]]:
+    """``edge``'s newest deployment events (stage, reason, what it served), newest first."""
+    return fleet.store.query(
+        "SELECT deployment_id, stage, reason, serving, at FROM deploy_events WHERE edge=? "
+        "ORDER BY at DESC LIMIT ?",
+        (edge, limit),
+    )
