@@ -29,7 +29,9 @@ from conftest import (
 )
 from selenium import webdriver
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
+from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -213,8 +215,13 @@ def test_an_operator_runs_the_fleet_from_the_browser(
         WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "queue"))
         first = browser.find_element(By.CSS_SELECTOR, "tr[data-prediction]")
         prediction_id = str(first.get_attribute("data-prediction"))
-        Select(first.find_element(By.NAME, "label")).select_by_value("scratch")
-        first.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        # By keyboard, as a labeler works: the first row has the focus; j moves down and
+        # k back up, 2 picks the second class (scratch), Enter labels.
+        keys = ActionChains(browser)
+        keys.send_keys("j").send_keys("k").send_keys("2").perform()
+        assert "focused" in str(first.get_attribute("class"))
+        assert Select(first.find_element(By.NAME, "label")).first_selected_option.text == "scratch"
+        ActionChains(browser).send_keys(Keys.ENTER).perform()
         expect_text(browser, "message", f"{prediction_id} labelled scratch")
         shots.take("labelled")
         stored = fh.db.query(
