@@ -109,8 +109,15 @@ def test_records_survive_a_broker_outage_once_each(twin: Twin) -> None:
 
 def test_a_dropped_station_comes_back_with_a_new_session(twin: Twin) -> None:
     fh = twin.fh
+    session = int(fh.edge_row("st-01")["session"])
     twin.broker.drop("st-01")  # its will first, then its reconnect and a new birth
-    wait_until(lambda: fh.edge_row("st-01")["state"], 5, "st-01 online", expect="online".__eq__)
+    row = wait_until(
+        lambda: fh.edge_row("st-01"),
+        5,
+        "st-01 back online in a new session",
+        expect=lambda r: r["state"] == "online" and int(r["session"]) > session,
+    )
+    assert row["session"] == session + 1
     assert twin.agents["st-01"].counters["connects"] == 2
     version = set_threshold(fh, "st-01", 0.4)
     wait_config_applied(fh, "st-01", version)

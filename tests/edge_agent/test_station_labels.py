@@ -7,6 +7,7 @@ from pathlib import Path
 from conftest import make_fleet_home
 
 from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_manager import desired_store
 from fedge.edge_manager.fleet import LABELS
 from fedge.protocols import codec
 from fedge.protocols.labels import StationLabels
@@ -24,9 +25,13 @@ def test_manager_labels_join_the_station_training_set_once(tmp_path: Path) -> No
             (time.time(),),
         )
         fleet.add_label("p-1", "scratch", "operator-3")
-        first = fleet.unpublished(skip=set())
+        first = desired_store.unpublished(fleet.store, skip=set())
         fleet.add_label("p-1", "clean", "operator-3")  # a relabel: a new document version
-        docs = [row for row in fleet.unpublished(skip=set()) if row["kind"] == LABELS]
+        docs = [
+            row
+            for row in desired_store.unpublished(fleet.store, skip=set())
+            if row["kind"] == LABELS
+        ]
     assert [row["version"] for row in first if row["kind"] == LABELS] == [1]
     assert [row["version"] for row in docs] == [2]  # the older one is superseded
     envelope = docs[0]["envelope"].encode()
@@ -77,7 +82,11 @@ def test_a_labels_document_always_fits_what_the_station_accepts(tmp_path: Path) 
                 (f"p-{index}", time.time()),
             )
             fleet.add_label(f"p-{index}", "scratch", "é" * 128)
-        docs = [row for row in fleet.unpublished(skip=set()) if row["kind"] == LABELS]
+        docs = [
+            row
+            for row in desired_store.unpublished(fleet.store, skip=set())
+            if row["kind"] == LABELS
+        ]
         kept = fleet.store.scalar("SELECT count(*) FROM desired WHERE kind='labels'")
     assert [row["version"] for row in docs] == [150]
     assert kept == 1
@@ -123,7 +132,9 @@ def test_a_relabel_at_the_manager_replaces_the_label_on_the_station(tmp_path: Pa
         )
         for label in ("scratch", "clean"):
             fleet.add_label("p-1", label, "alice")
-            (row,) = [r for r in fleet.unpublished(skip=set()) if r["kind"] == LABELS]
+            (row,) = [
+                r for r in desired_store.unpublished(fleet.store, skip=set()) if r["kind"] == LABELS
+            ]
             envelopes.append(row["envelope"].encode())
     agent = EdgeAgent(fh.agent_settings("st-01"))
     try:

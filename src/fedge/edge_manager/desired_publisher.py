@@ -14,7 +14,7 @@ import logging
 from collections import Counter
 from pathlib import Path
 
-from fedge.edge_manager import key_rotation
+from fedge.edge_manager import desired_store, key_rotation
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.protocols import topics
@@ -80,7 +80,7 @@ class DesiredPublisher:
         if not self.mqtt.connected.is_set():
             return
         retired = self._retired or set()
-        for row in fleet.unpublished(skip=set(self._inflight.values())):
+        for row in desired_store.unpublished(fleet.store, skip=set(self._inflight.values())):
             envelope = row["envelope"].encode()
             if row["kind"] != key_rotation.TRUST and _signer(envelope) in retired:
                 # Written with a key a rotation retired (between its commit and this
@@ -103,7 +103,7 @@ class DesiredPublisher:
         if key is None:
             return
         if result.ok:
-            fleet.mark_published(*key, at=now)
+            desired_store.mark_published(fleet.store, *key, at=now)
             self.counters["published"] += 1
         else:
             log.error("broker refused desired document %s: %s", key, result.reason)
@@ -111,11 +111,5 @@ class DesiredPublisher:
     def republish_latest(self, fleet: Fleet) -> None:
         """The newest published version of every document again (a broker that may have
         lost its retained messages); edges ignore versions they already applied."""
-        rows = fleet.store.query(
-            "SELECT d.edge, d.kind, d.version, d.envelope FROM desired d "
-            "JOIN (SELECT edge, kind, max(version) AS v FROM desired "
-            "WHERE published_at IS NOT NULL GROUP BY edge, kind) m "
-            "ON d.edge=m.edge AND d.kind=m.kind AND d.version=m.v"
-        )
-        for row in rows:
+        for row in desired_store.latest_published(fleet.store):
             self._publish((row["edge"], row["kind"], int(row["version"])), row["envelope"].encode())

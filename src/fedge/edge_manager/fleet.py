@@ -367,47 +367,6 @@ class Fleet:
             self._write_desired(config.edge, CONFIG, config.version, codec.encode(config), now)
         return Pushed(config.edge, config.version)
 
-    # -- the serve loop's side
-
-    def unpublished(self, skip: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
-        """Desired documents still to publish, minus ``skip`` (already in flight)."""
-        keys = self.store.conn.execute(
-            # A key rotation goes out before the documents its new key signed.
-            "SELECT edge, kind, version FROM desired WHERE published_at IS NULL "
-            "AND superseded=0 ORDER BY kind != 'trust', created_at, edge"
-        ).fetchall()
-        todo = [(e, k, int(v)) for e, k, v in keys if (e, k, int(v)) not in skip]
-        if not todo:
-            return []
-        return [
-            {"edge": e, "kind": k, "version": v, "envelope": self._envelope(e, k, v)}
-            for e, k, v in todo
-        ]
-
-    def _envelope(self, edge: str, kind: str, version: int) -> str:
-        return str(
-            self.store.scalar(
-                "SELECT envelope FROM desired WHERE edge=? AND kind=? AND version=?",
-                (edge, kind, version),
-            )
-        )
-
-    def latest_desired(self, edge: str) -> list[dict[str, Any]]:
-        """``edge``'s newest desired document of each kind (kind, version, envelope),
-        published or not: what the edge gets when it asks over gRPC (issue 9), the same
-        signed envelope MQTT retains or is about to."""
-        return self.store.query(
-            "SELECT kind, version, envelope FROM desired d WHERE edge=? AND version="
-            "(SELECT max(version) FROM desired WHERE edge=d.edge AND kind=d.kind) ORDER BY kind",
-            (edge,),
-        )
-
-    def mark_published(self, edge: str, kind: str, version: int, at: float) -> None:
-        self.store.conn.execute(
-            "UPDATE desired SET published_at=? WHERE edge=? AND kind=? AND version=?",
-            (at, edge, kind, version),
-        )
-
     # -- views
 
     def show(self, edge: str) -> dict[str, Any]:

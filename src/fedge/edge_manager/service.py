@@ -22,7 +22,7 @@ from pathlib import Path
 
 import grpc
 
-from fedge.edge_manager import key_rotation
+from fedge.edge_manager import desired_store, key_rotation
 from fedge.edge_manager.desired_publisher import DesiredPublisher
 from fedge.edge_manager.enroll_server import EnrollServer
 from fedge.edge_manager.fleet import Fleet
@@ -106,7 +106,7 @@ class _ReadSide:
     def latest_desired(self, edge: str) -> list[DesiredDocument]:
         return [
             DesiredDocument(str(row["kind"]), int(row["version"]), str(row["envelope"]).encode())
-            for row in self._fleet().latest_desired(edge)
+            for row in desired_store.latest_desired(self._fleet().store, edge)
         ]
 
 
