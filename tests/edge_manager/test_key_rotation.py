@@ -111,6 +111,7 @@ def test_the_manager_signs_the_rotation_with_the_old_key_and_then_uses_only_the_
     # A revoked station can say nothing any more: it is not waited for.
     revoke(fh.home, "st-03")
     assert [e.edge for e in key_rotation.trust_view(fh.home).edges] == [EDGE, "st-02"]
+    assert fh.edge_row("st-03")["state"] == "revoked"
     # A second rotation extends the chain, signed by the first rotation's key.
     again = key_rotation.rotate(fh.home)
     assert again.sequence == 2 and again.old_key_id == new.public.key_id

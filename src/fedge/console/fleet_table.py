@@ -34,7 +34,7 @@ SORT_KEYS = (
     "agreement",
     "gaps",
 )
-STATES = ("online", "lost", "offline", "never-seen")
+STATES = ("online", "lost", "offline", "never-seen", "revoked")
 
 
 @dataclass(frozen=True)

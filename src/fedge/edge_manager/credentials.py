@@ -117,6 +117,9 @@ def revoke(store: Store, identity: str, *, at: float | None = None) -> list[Issu
             "UPDATE certificates SET revoked_at = ? WHERE serial = ?",
             [(now, serial) for serial in serials],
         )
+        # A revoked station can no longer say it went away (the broker refuses its will
+        # and goodbye): its state says what happened instead of "online" forever.
+        conn.execute("UPDATE edges SET state = 'revoked' WHERE edge = ?", (identity,))
     return [c for c in certificates(store, identity) if str(c.serial) in serials]
 
 
