@@ -34,9 +34,9 @@ from fedge.edge_manager.service import ManagerService
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
-from fedge.protocols.grpc.client import DesiredClient, SyncError
 from fedge.protocols.signing import SigningKey
 from fedge.transport.broker import MosquittoBroker
+from fedge.transport.grpc.client import DesiredClient, SyncError
 
 pytestmark = pytest.mark.integration
 

@@ -47,11 +47,9 @@ PACKAGE_BASE: dict[str, type[Exception]] = {
 OTHER_BRANCH: dict[str, type[Exception]] = {
     # The simulated party's ClientApp refuses its inputs the way every party does.
     "fedge.sim.party_inputs.PartyConfigError": PartyError,
-    # The gRPC client is a transport adapter that still lives under protocols/grpc (the
-    # issue "One-way layers" moves it; see KNOWN_DEBT in test_layers.py).
-    "fedge.protocols.grpc.client.DownloadError": TransportError,
-    "fedge.protocols.grpc.client.UploadError": TransportError,
-    "fedge.protocols.grpc.client.SyncError": TransportError,
+    # A caller's identity (certificate or token) refused by the gRPC services: a refusal
+    # of what arrived, as a forged message is.
+    "fedge.transport.grpc.identity.Refused": ProtocolError,
 }
 
 # Not errors fedge raises to a user, so deliberately outside FedgeError.

@@ -36,15 +36,14 @@ LAYER = {
     "bench": 9,
     "cli": 10,
 }
-# The student builders publish to the registry and read the simulator's data; the gRPC
-# client shares the transport's error type (see the issue "One-way layers").
+# The student builders publish to the registry and read the simulator's data (see the
+# issue "One-way layers").
 KNOWN_DEBT = {
     ("models/edge_student.py", "aggregator"),
     ("models/edge_student.py", "edge_manager"),
     ("models/edge_student.py", "sim"),
     ("models/inspection_student.py", "edge_manager"),
     ("models/inspection_student.py", "sim"),
-    ("protocols/grpc/client.py", "transport"),
 }
 
 

@@ -11,7 +11,7 @@ first; ``tests/test_errors.py`` checks that every class a package defines is und
     │   └── SignatureError                    forged, tampered or signed by an unpinned key
     ├── transport.errors.TransportError      the broker or the network failed
     │   ├── BrokerError                       our local Mosquitto would not configure or start
-    │   └── protocols.grpc.client.*Error      Download/Upload/SyncError of the gRPC client
+    │   └── transport.grpc.client.*Error      Download/Upload/SyncError of the gRPC client
     ├── models.errors.ModelsError            a model cannot be built, distilled or exported
     │   ├── digits.ModelError                 unknown architecture, arrays that do not fit
     │   ├── inspection.ModelExportError       ONNX export failed or disagrees with torch

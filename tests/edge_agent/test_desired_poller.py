@@ -17,10 +17,10 @@ from fedge.edge_agent.desired_poller import (
 )
 from fedge.edge_agent.errors import SettingsError
 from fedge.edge_agent.settings import load_settings
-from fedge.protocols.grpc.client import SyncError
-from fedge.protocols.grpc.server import DesiredDocument, SinkResult, newer_than
 from fedge.protocols.signing import SigningKey
 from fedge.protocols.topics import Up
+from fedge.transport.grpc.client import SyncError
+from fedge.transport.grpc.server import DesiredDocument, SinkResult, newer_than
 
 BIRTH = b'{"birth": 1}'
 REPORT = b'{"config report": 1}'

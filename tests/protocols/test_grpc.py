@@ -15,14 +15,14 @@ import grpc
 import pytest
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
-from fedge.protocols.grpc.client import (
+from fedge.transport.grpc.client import (
     PART_SUFFIX,
     DownloadError,
     ReportUploader,
     UploadError,
     download_artifact,
 )
-from fedge.protocols.grpc.server import (
+from fedge.transport.grpc.server import (
     EDGE_KEY,
     TOKEN_KEY,
     GrpcServices,

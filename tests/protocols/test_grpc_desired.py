@@ -10,8 +10,8 @@ import grpc
 import pytest
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
-from fedge.protocols.grpc.client import DesiredClient, SyncError
-from fedge.protocols.grpc.server import (
+from fedge.transport.grpc.client import DesiredClient, SyncError
+from fedge.transport.grpc.server import (
     EDGE_KEY,
     TOKEN_KEY,
     DesiredDocument,

@@ -21,16 +21,6 @@ import grpc
 import pytest
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
-from fedge.protocols.grpc.client import (
-    DesiredClient,
-    DownloadError,
-    ReportUploader,
-    SyncError,
-    UploadError,
-    download_artifact,
-)
-from fedge.protocols.grpc.identity import EDGE_KEY, CertificateIdentity, Refused
-from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.pki import (
     CertificateError,
     FleetCA,
@@ -41,6 +31,16 @@ from fedge.protocols.pki import (
     load_certificate,
     write_private,
 )
+from fedge.transport.grpc.client import (
+    DesiredClient,
+    DownloadError,
+    ReportUploader,
+    SyncError,
+    UploadError,
+    download_artifact,
+)
+from fedge.transport.grpc.identity import EDGE_KEY, CertificateIdentity, Refused
+from fedge.transport.grpc.server import DesiredDocument, GrpcServices, SinkResult
 
 pytestmark = pytest.mark.integration
 

@@ -1,1 +1,2 @@
-"""gRPC transport for fedge: resumable model download and streamed report upload."""
+"""The gRPC wire schema (fedge.proto and its generated modules); the services and clients
+that speak it are transport/grpc."""

@@ -3,7 +3,7 @@
 Thin on purpose: artifacts come from an :class:`ArtifactSource`, payloads go to a
 :class:`ReportSink`, desired documents come from a :class:`DesiredSource`, status
 documents go to a :class:`StatusSink`. Who calls is decided in
-:mod:`~fedge.protocols.grpc.identity`: under mutual TLS the station's certificate, in
+:mod:`~fedge.transport.grpc.identity`: under mutual TLS the station's certificate, in
 development an :class:`EdgeAuthenticator` checking a token. Storage, parsing and MQTT
 live elsewhere; this module only speaks gRPC.
 """
@@ -21,12 +21,13 @@ from typing import NoReturn, Protocol
 import grpc
 
 from fedge.protocols import topics
-from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc, identity
-from fedge.protocols.grpc.identity import EDGE_KEY as EDGE_KEY
-from fedge.protocols.grpc.identity import TOKEN_KEY as TOKEN_KEY
-from fedge.protocols.grpc.identity import EdgeAuthenticator as EdgeAuthenticator
-from fedge.protocols.grpc.tls import server_credentials
+from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 from fedge.protocols.pki import TlsFiles
+from fedge.transport.grpc import identity
+from fedge.transport.grpc.identity import EDGE_KEY as EDGE_KEY
+from fedge.transport.grpc.identity import TOKEN_KEY as TOKEN_KEY
+from fedge.transport.grpc.identity import EdgeAuthenticator as EdgeAuthenticator
+from fedge.transport.grpc.tls import server_credentials
 
 log = logging.getLogger(__name__)
 

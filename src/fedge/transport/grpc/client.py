@@ -23,10 +23,10 @@ from typing import Self
 import grpc
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
-from fedge.protocols.grpc.server import EDGE_KEY, TOKEN_KEY, DesiredDocument, SinkResult
-from fedge.protocols.grpc.tls import ChannelOptions, ClientChannel
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import TransportError
+from fedge.transport.grpc.server import EDGE_KEY, TOKEN_KEY, DesiredDocument, SinkResult
+from fedge.transport.grpc.tls import ChannelOptions, ClientChannel
 
 PART_SUFFIX = ".part"
 # Room for the header (manifest envelope) and protobuf framing around a data chunk.

@@ -1,0 +1,1 @@
+"""fedge's gRPC services and clients (the adapters); the wire schema is protocols/grpc."""
