@@ -36,9 +36,9 @@ from fedge.party.dataset import StationData
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.grpc.client import DesiredClient, ReportUploader
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
+from fedge.transport.grpc.client import DesiredClient, ReportUploader
 from fedge.transport.mqtt import Message, MqttSession, PublishResult, Will
 from fedge.transport.session import Session, SessionFactory
 

@@ -17,9 +17,9 @@ from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.settings import AgentSettings
 from fedge.protocols.deployment import DeploymentDesired, DeployStage
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.grpc.client import DownloadError, download_artifact
 from fedge.protocols.manifest import ModelManifest
 from fedge.protocols.signing import TrustedKeys, open_signed, unverified_payload
+from fedge.transport.grpc.client import DownloadError, download_artifact
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
-from fedge.protocols.grpc.client import SyncError
-from fedge.protocols.grpc.server import DesiredDocument, SinkResult
 from fedge.protocols.topics import Up
+from fedge.transport.grpc.client import SyncError
+from fedge.transport.grpc.server import DesiredDocument, SinkResult
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +40,7 @@ CALL_TIMEOUT_S = 5.0
 
 
 class DesiredTransport(Protocol):
-    """What the poller needs of :class:`~fedge.protocols.grpc.client.DesiredClient`."""
+    """What the poller needs of :class:`~fedge.transport.grpc.client.DesiredClient`."""
 
     def fetch(self, known: Mapping[str, int], timeout_s: float = ...) -> list[DesiredDocument]: ...
 

@@ -15,8 +15,8 @@ from collections import Counter
 from collections.abc import Callable
 
 from fedge.edge_agent.local_store import LocalStore
-from fedge.protocols.grpc.client import ReportUploader, UploadError
 from fedge.protocols.records import Stream
+from fedge.transport.grpc.client import ReportUploader, UploadError
 from fedge.transport.mqtt import PublishResult
 
 log = logging.getLogger(__name__)

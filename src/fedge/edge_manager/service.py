@@ -34,10 +34,10 @@ from fedge.edge_manager.rollouts import RolloutDriver
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert
-from fedge.protocols.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
+from fedge.transport.grpc.server import DesiredDocument, GrpcServices, SinkResult
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
 from fedge.transport.session import Session, SessionFactory
 
