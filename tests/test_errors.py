@@ -24,6 +24,7 @@ from fedge.party.errors import PartyError
 from fedge.privacy.settings import PrivacyError
 from fedge.protocols.errors import ProtocolError
 from fedge.sim.errors import SimError
+from fedge.students.errors import StudentError
 from fedge.transport.errors import TransportError
 
 ROOT = Path(__file__).resolve().parents[1] / "src" / "fedge"
@@ -40,6 +41,7 @@ PACKAGE_BASE: dict[str, type[Exception]] = {
     "privacy": PrivacyError,
     "protocols": ProtocolError,
     "sim": SimError,
+    "students": StudentError,
     "transport": TransportError,
 }
 

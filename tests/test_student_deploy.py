@@ -22,13 +22,13 @@ from fedge.models.inspection import (
     predict_proba,
     train_inspection_model,
 )
-from fedge.models.inspection_student import (
+from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
+from fedge.students.inspection import (
     StudentSettings,
     distill_student,
     generated_proxy,
     publish_student,
 )
-from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 
 pytestmark = pytest.mark.integration
 

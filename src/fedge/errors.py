@@ -16,9 +16,10 @@ first; ``tests/test_errors.py`` checks that every class a package defines is und
     │   ├── digits.ModelError                 unknown architecture, arrays that do not fit
     │   ├── inspection.ModelExportError       ONNX export failed or disagrees with torch
     │   ├── distill.ProxyError                an unusable proxy set (also a ValueError)
-    │   ├── distill.DistillExportError        the student's export failed or disagrees
-    │   ├── edge_student.TeacherError         a teacher file or spec that cannot be read
-    │   └── inspection_student.TeacherModelError  a model that cannot serve as the teacher
+    │   └── distill.DistillExportError        the student's export failed or disagrees
+    ├── students.errors.StudentError         a student cannot be made from its teacher
+    │   ├── edge.TeacherError                 a teacher file or spec that cannot be read
+    │   └── inspection.TeacherModelError      a model that cannot serve as the teacher
     ├── privacy.settings.PrivacyError        a privacy setting or budget forbids what was asked
     │   └── BudgetExhaustedError              a round would spend past a job's or lifetime epsilon
     ├── party.errors.PartyError              a party cannot train: its data or model family

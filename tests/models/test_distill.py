@@ -29,16 +29,16 @@ from fedge.models.distill import (
     export_student_onnx,
     teacher_logits,
 )
-from fedge.models.edge_student import (
+from fedge.models.inspection import cpu_threads
+from fedge.sim.data import load_dataset
+from fedge.sim.scenario import load_scenario
+from fedge.students.edge import (
     Teacher,
     load_teacher,
     resolve_teacher,
     save_teacher,
     shifted_proxy,
 )
-from fedge.models.inspection import cpu_threads
-from fedge.sim.data import load_dataset
-from fedge.sim.scenario import load_scenario
 
 FloatArray = npt.NDArray[np.float32]
 LabelArray = npt.NDArray[np.int64]
@@ -244,7 +244,7 @@ def test_teacher_files_round_trip_and_bad_specs_are_clear(tmp_path: Path) -> Non
     for a, b in zip(model.state_dict().values(), loaded.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
     scenario = load_scenario("tifl-digits")
-    from fedge.models.edge_student import TeacherError
+    from fedge.students.edge import TeacherError
 
     with pytest.raises(TeacherError, match="does not exist"):
         resolve_teacher(str(tmp_path / "missing.pt"), scenario)
@@ -309,8 +309,8 @@ def test_the_transfer_set_adds_one_pixel_shifts_of_each_digit() -> None:
 def test_a_finished_federated_job_is_a_teacher(tmp_path: Path) -> None:
     from fedge.aggregator.checkpoint import load_arrays
     from fedge.aggregator.job_dir import FINAL_MODEL
-    from fedge.models.edge_student import TeacherError, distill_student
     from fedge.sim.jobs import run_job
+    from fedge.students.edge import TeacherError, distill_student
 
     manifest = tmp_path / "job.toml"
     manifest.write_text(

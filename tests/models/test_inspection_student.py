@@ -30,7 +30,8 @@ from fedge.models.inspection import (
     predict_proba,
     train_inspection_model,
 )
-from fedge.models.inspection_student import (
+from fedge.sim.defects import CLASSES, make_defect_images
+from fedge.students.inspection import (
     IMAGE_SHAPE,
     OnnxTeacher,
     ProxySet,
@@ -42,7 +43,6 @@ from fedge.models.inspection_student import (
     make_student,
     publish_student,
 )
-from fedge.sim.defects import CLASSES, make_defect_images
 
 Images = npt.NDArray[np.uint8]
 Labels = npt.NDArray[np.int64]

@@ -3,10 +3,10 @@
 On one scenario and seed (``tifl-digits``, seed 0 by default):
 
 - **teacher**: ``mlp-large`` trained *centrally* on the pooled training splits of all
-  parties (:func:`fedge.models.edge_student.train_teacher`). It stands in for a federated
+  parties (:func:`fedge.students.edge.train_teacher`). It stands in for a federated
   teacher (a FedAvg'd ``mlp-large`` would score about the same or lower); the JSON says so.
 - **student**: ``mlp-small`` distilled from it on the scenario's unlabeled proxy split and
-  its one-pixel shifts (Hinton loss, T = 4; :func:`fedge.models.edge_student.distill_student`),
+  its one-pixel shifts (Hinton loss, T = 4; :func:`fedge.students.edge.distill_student`),
   then exported to ONNX and verified against torch on the proxy split.
 - **student alone**: the same ``mlp-small`` trained by plain FedAvg over the scenario's
   parties with :func:`fedge.sim.runner.run_one` (in-process grid, the scenario's
@@ -31,10 +31,10 @@ from typing import Any
 
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
-from fedge.models import edge_student
 from fedge.sim.data import make_partitions
 from fedge.sim.runner import run_one
 from fedge.sim.scenario import load_scenario
+from fedge.students import edge as edge_student
 
 TARGET_COMPRESSION = 4.0
 TARGET_GAP_POINTS = 1.5

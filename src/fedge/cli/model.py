@@ -202,9 +202,10 @@ def train_teacher(
 
     Example: fedge model train-teacher --arch mlp-large --scenario tifl-digits --out teacher.pt
     """
-    from fedge.models import digits, edge_student
+    from fedge.models import digits
     from fedge.sim.data import make_partitions
     from fedge.sim.scenario import load_scenario
+    from fedge.students import edge as edge_student
 
     loaded = load_scenario(scenario)
     teacher = edge_student.train_teacher(loaded, seed, arch)
@@ -307,8 +308,8 @@ def _distill_digits(
     version: int | None,
     home: Path,
 ) -> None:
-    from fedge.models import edge_student
     from fedge.sim.scenario import load_scenario
+    from fedge.students import edge as edge_student
 
     # Open the registry first: a wrong --home fails before any training.
     fleet = open_fleet(home)[1] if publish_to_registry else None
@@ -360,8 +361,8 @@ def _distill_inspection(
     home: Path,
 ) -> None:
     from fedge.edge_manager.registry import parse_ref
-    from fedge.models import inspection_student as students
     from fedge.sim.defects import make_defect_images
+    from fedge.students import inspection as students
 
     if proxy_images is None:
         proxy_images = students.PROXY_IMAGES

@@ -5,7 +5,7 @@ separate processes; a CNN trained on generated scratch/clean surfaces, published
 and deployed as ``inspect:1``; one station's threshold pushed; images scored at every
 station; operator labels. Then the cloud -> edge step of KnowledgeNet: ``inspect:1`` is
 distilled into a compact student on unlabeled generated surfaces (Hinton et al. 2015;
-:mod:`fedge.models.inspection_student`), published as ``inspect:2`` with its lineage,
+:mod:`fedge.students.inspection`), published as ``inspect:2`` with its lineage,
 deployed to every station, and a fresh batch is scored and labelled. The Markdown report,
 the PNG plot and ``summary.json`` compare the two versions by what the stations served.
 """
@@ -263,7 +263,7 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
 
 
 def _distill_and_publish(out: Path, fleet: Fleet, run: FleetRun) -> str:
-    from fedge.models.inspection_student import (
+    from fedge.students.inspection import (
         PROXY_IMAGES,
         distill_student,
         generated_proxy,

@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # torch is imported only once training starts
     from fedge.demo.closed_loop import ClosedLoop
     from fedge.demo.privacy import PrivacyChapter
     from fedge.demo.security import SecurityChapter
-    from fedge.models.inspection_student import StudentReport
+    from fedge.students.inspection import StudentReport
 
 EDGES = ("st-01", "st-02", "st-03")
 IMAGES_PER_EDGE = 40

@@ -12,7 +12,7 @@ softened output on the server's **unlabeled** proxy split; proxy labels are neve
   computes them once on the proxy set (the teacher is frozen), then trains the student
   with Adam on minibatches of the proxy set. The loop does not care what a sample is: a
   digits feature vector (``input_shape=(64,)``) or an inspection image
-  (``input_shape=(1, 32, 32)``, :mod:`fedge.models.inspection_student`) go the same way.
+  (``input_shape=(1, 32, 32)``, :mod:`fedge.students.inspection`) go the same way.
 * :func:`export_student_onnx` writes the edge contract: ``input`` float32 ``[batch, 64]``
   -> ``probs`` float32 ``[batch, 10]`` (softmax in the graph), ONNX metadata ``classes`` =
   ``0,...,9``, and checks it against torch with ONNX Runtime, both the exported ``probs``

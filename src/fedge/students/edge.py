@@ -24,10 +24,10 @@ from torch import nn
 from fedge.edge_manager.registry import PublishedModel, Registry
 from fedge.models import digits
 from fedge.models.distill import ExportCheck, check_proxy, distill, export_student_onnx
-from fedge.models.errors import ModelsError
 from fedge.protocols.manifest import Lineage
 from fedge.sim.data import Partitions, Split, make_partitions
 from fedge.sim.scenario import Scenario
+from fedge.students.errors import StudentError
 
 TEACHER_ARCH = "mlp-large"
 STUDENT_ARCH = "mlp-small"
@@ -50,7 +50,7 @@ TEMPERATURE = 4.0
 _TEACHER_FORMAT = "fedge-teacher/1"
 
 
-class TeacherError(ModelsError):
+class TeacherError(StudentError):
     """A teacher file cannot be read, or a teacher spec is neither a file nor an arch."""
 
 

@@ -34,7 +34,6 @@ from torch import nn
 from fedge.edge_manager.registry import PublishedModel, Registry
 from fedge.models.digits import count_parameters
 from fedge.models.distill import DistillStats, check_proxy, distill
-from fedge.models.errors import ModelsError
 from fedge.models.inspection import (
     IMAGE_SIZE,
     INPUT_NAME,
@@ -48,6 +47,7 @@ from fedge.models.inspection import (
 )
 from fedge.protocols.manifest import Lineage, ModelManifest
 from fedge.sim.defects import make_defect_images
+from fedge.students.errors import StudentError
 
 IMAGE_SHAPE: tuple[int, int, int] = (1, IMAGE_SIZE, IMAGE_SIZE)
 """One proxy sample: a grayscale 32x32 image, as the edge feeds the model."""
@@ -55,7 +55,7 @@ PROXY_IMAGES = 6000
 """Unlabeled generated images to distil on (see :class:`StudentSettings` for why)."""
 
 
-class TeacherModelError(ModelsError):
+class TeacherModelError(StudentError):
     """A model file cannot serve as the inspection teacher (unreadable, or not image -> probs)."""
 
 
