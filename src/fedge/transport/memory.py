@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from fedge.protocols import topics
-from fedge.transport.broker import FleetAccess
+from fedge.transport.acl import Acl, matches
+from fedge.transport.acl import fleet_acl as fleet_acl
 from fedge.transport.errors import TransportError
 from fedge.transport.link import LinkEvent, LinkState, advance
 from fedge.transport.mqtt import (
@@ -39,40 +39,8 @@ from fedge.transport.mqtt import (
 )
 
 log = logging.getLogger(__name__)
-# identity (the client id), topic, "read" or "write" -> allowed
-Acl = Callable[[str, str, str], bool]
 NOT_AUTHORIZED = 0x87
 NO_MATCHING_SUBSCRIBERS = 0x10
-
-
-def fleet_acl(access: FleetAccess) -> Acl:
-    """The ACL :meth:`FleetAccess.acl_text` gives Mosquitto, as a function: the manager
-    reads and writes the fleet; an edge reads its ``down/`` and writes its ``up/``
-    topics; an operator reads the fleet; nobody else anything."""
-    fleet_root = f"{topics.ROOT}/{access.fleet}/#"
-    edges, operators = access.edge_names, access.operator_names
-
-    def allowed(identity: str, topic: str, action: str) -> bool:
-        if identity == access.manager_user:
-            return matches(fleet_root, topic)
-        if identity in edges:
-            root = topics.edge_root(access.fleet, identity)
-            mine = f"{root}/down/#" if action == "read" else f"{root}/up/#"
-            return matches(mine, topic)
-        return identity in operators and action == "read" and matches(fleet_root, topic)
-
-    return allowed
-
-
-def matches(topic_filter: str, topic: str) -> bool:
-    """MQTT topic filter matching (``+`` one level, ``#`` the rest)."""
-    parts, levels = topic_filter.split("/"), topic.split("/")
-    for index, part in enumerate(parts):
-        if part == "#":
-            return True
-        if index >= len(levels) or (part != "+" and part != levels[index]):
-            return False
-    return len(parts) == len(levels)
 
 
 @dataclass
