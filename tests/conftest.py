@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -772,3 +773,25 @@ def supervisors() -> Iterator[list[SupernodeSupervisor]]:
     yield started
     for supervisor in started:
         supervisor.stop()
+
+
+# ---------------------------------------------------------------- the console
+
+CONSOLE_CSRF = re.compile(r'name="csrf" value="([^"]+)"')
+
+
+def console_login(fh: FleetHome, role: str, name: str = "") -> tuple[Any, str]:
+    """A Starlette TestClient of the console over ``fh`` logged in with a new token of
+    ``role`` (viewer, operator or admin), and the session's CSRF token."""
+    from starlette.testclient import TestClient
+
+    from fedge.console import accounts
+    from fedge.console.accounts import Role
+    from fedge.console.app import create_app
+
+    with fh.fleet() as fleet:
+        token = accounts.add_token(fleet.store, name or f"{role}-1", Role(role))
+    client = TestClient(create_app(fh.home), follow_redirects=False)
+    page = client.get("/login")
+    client.post("/login", data={"csrf": CONSOLE_CSRF.findall(page.text)[0], "token": token})
+    return client, CONSOLE_CSRF.findall(client.get("/").text)[0]

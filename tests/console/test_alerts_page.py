@@ -5,16 +5,10 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import FleetHome, make_fleet_home
-from starlette.testclient import TestClient
+from conftest import FleetHome, console_login, make_fleet_home
 
-from fedge.console import accounts
-from fedge.console.accounts import Role
-from fedge.console.app import create_app
 from fedge.edge_manager import alert_store
 from fedge.edge_manager.alert_store import AlertView
-
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 @pytest.fixture
@@ -30,17 +24,8 @@ def fh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
     fh.close()
 
 
-def client_for(fh: FleetHome, role: Role) -> tuple[TestClient, str]:
-    with fh.fleet() as fleet:
-        token = accounts.add_token(fleet.store, f"{role.value}-1", role)
-    client = TestClient(create_app(fh.home), follow_redirects=False)
-    page = client.get("/login")
-    client.post("/login", data={"csrf": CSRF.findall(page.text)[0], "token": token})
-    return client, CSRF.findall(client.get("/").text)[0]
-
-
 def test_an_operator_acknowledges_an_open_alert(fh: FleetHome) -> None:
-    client, csrf = client_for(fh, Role.OPERATOR)
+    client, csrf = console_login(fh, "operator")
     page = client.get("/alerts")
     assert re.findall(r'data-alert="([^"]+)"', page.text) == ["a-000000000002", "a-000000000001"]
     done = client.post("/alerts/a-000000000001/clear", data={"csrf": csrf, "note": "lamp fixed"})
@@ -60,7 +45,7 @@ def test_an_operator_acknowledges_an_open_alert(fh: FleetHome) -> None:
 
 
 def test_a_viewer_sees_alerts_but_cannot_acknowledge(fh: FleetHome) -> None:
-    client, csrf = client_for(fh, Role.VIEWER)
+    client, csrf = console_login(fh, "viewer")
     assert "a-000000000002" in client.get("/alerts").text
     refused = client.post("/alerts/a-000000000002/clear", data={"csrf": csrf})
     assert refused.status_code == 403

@@ -6,12 +6,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import FleetHome, make_fleet_home, publish_model, set_threshold
-from starlette.testclient import TestClient
+from conftest import FleetHome, console_login, make_fleet_home, publish_model, set_threshold
 
-from fedge.console import accounts
-from fedge.console.accounts import Role
-from fedge.console.app import create_app
 from fedge.console.fleet_table import TableQuery, fleet_table
 from fedge.console.views import fleet_row
 from fedge.edge_manager.ingest import Ingestor
@@ -20,7 +16,6 @@ from fedge.protocols.config import ConfigReport, ConfigStatus
 from fedge.protocols.liveness import EdgeState, Liveness
 
 EDGES = ("st-01", "st-02", "st-03", "line-9")
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 @pytest.fixture
@@ -107,11 +102,7 @@ def test_sorting_and_filtering(fh: FleetHome, params: dict[str, str], expected: 
 
 
 def test_the_page_sorts_and_filters_from_its_query_string(fh: FleetHome) -> None:
-    with fh.fleet() as fleet:
-        token = accounts.add_token(fleet.store, "viewer", Role.VIEWER)
-    client = TestClient(create_app(fh.home), follow_redirects=False)
-    page = client.get("/login")
-    client.post("/login", data={"csrf": CSRF.findall(page.text)[0], "token": token})
+    client, _ = console_login(fh, "viewer")
     shown = client.get("/", params={"state": "online", "sort": "edge", "desc": "1"})
     assert shown.status_code == 200
     edges = re.findall(r'<tr data-edge="([^"]+)"', shown.text)

@@ -7,15 +7,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from conftest import FleetHome, make_fleet_home, publish_model
-from starlette.testclient import TestClient
+from conftest import FleetHome, console_login, make_fleet_home, publish_model
 
-from fedge.console import accounts
-from fedge.console.accounts import Role
-from fedge.console.app import create_app
 from fedge.console.histograms import BINS, score_histograms
-
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 @pytest.fixture
@@ -69,11 +63,7 @@ def test_one_histogram_per_model_version_with_its_threshold(fh: FleetHome) -> No
 
 
 def test_the_edge_page_shows_them_and_the_deployment_history(fh: FleetHome) -> None:
-    with fh.fleet() as fleet:
-        token = accounts.add_token(fleet.store, "viewer", Role.VIEWER)
-    client = TestClient(create_app(fh.home), follow_redirects=False)
-    page = client.get("/login")
-    client.post("/login", data={"csrf": CSRF.findall(page.text)[0], "token": token})
+    client, _ = console_login(fh, "viewer")
     edge = client.get("/edges/st-01").text
     assert re.findall(r'<figure class="histogram" data-model="([^"]+)"', edge) == [
         "inspect:2",

@@ -6,18 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FleetHome, make_fleet_home
-from starlette.testclient import TestClient
+from conftest import FleetHome, console_login, make_fleet_home
 
 from fedge.aggregator.job_dir import RUNS_DB
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.run_store import RunState, RunStore
-from fedge.console import accounts
-from fedge.console.accounts import Role
-from fedge.console.app import create_app
 from fedge.console.jobs import accuracy_chart
-
-CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
 
 def _job(fh: FleetHome, job_dir: Path, name: str, rounds: int) -> None:
@@ -66,11 +60,7 @@ def fh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
 
 
 def test_the_jobs_pages_show_rounds_tiers_late_parties_and_accuracy(fh: FleetHome) -> None:
-    with fh.fleet() as fleet:
-        token = accounts.add_token(fleet.store, "viewer", Role.VIEWER)
-    client = TestClient(create_app(fh.home), follow_redirects=False)
-    page = client.get("/login")
-    client.post("/login", data={"csrf": CSRF.findall(page.text)[0], "token": token})
+    client, _ = console_login(fh, "viewer")
     listing = client.get("/jobs").text
     rows = re.findall(r'<tr data-job="(\d+)">(.*?)</tr>', listing, re.S)
     assert [re.search(r">([a-z]+)</a>", row).group(1) for _, row in rows] == ["gone", "learn"]  # type: ignore[union-attr]
