@@ -28,7 +28,8 @@ from fedge.edge_manager import key_rotation
 from fedge.edge_manager.enrollment import fleet_access
 from fedge.edge_manager.service import ManagerService
 from fedge.protocols import topics
-from fedge.transport.memory import MemoryBroker, fleet_acl
+from fedge.transport.acl import fleet_acl
+from fedge.transport.memory import MemoryBroker
 
 EDGES = ("st-01", "st-02")
 

@@ -26,6 +26,7 @@ from conftest import FleetHome, Processes, make_fleet_home, wait_until
 from fedge.edge_manager.enrollment import invite
 from fedge.edge_manager.fleet_pki import PASSPHRASE_ENV
 from fedge.protocols import pki
+from fedge.protocols.fleet_ca import FleetCA
 
 REPO = Path(__file__).resolve().parents[1]
 EDGE = "st-01"
@@ -122,7 +123,7 @@ def test_the_scan_finds_planted_keys_passwords_and_tokens(tmp_path: Path) -> Non
         token = str(invite(fh.home, EDGE).token)
     finally:
         fh.close()
-    _cert, key = pki.FleetCA.create("plant-a").issue_client("alice", pki.Role.OPERATOR)
+    _cert, key = FleetCA.create("plant-a").issue_client("alice", pki.Role.OPERATOR)
     generated = secrets.token_urlsafe(18).encode()
     escaped = repr(key.decode()).encode()  # a key pasted into source as one string
     planted = {

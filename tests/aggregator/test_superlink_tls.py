@@ -33,7 +33,8 @@ from fedge.edge_agent.supervisor import (
     openssh_private_key,
     supernode_command,
 )
-from fedge.protocols.pki import FleetCA, Role, TlsFiles, new_key_and_csr, write_private
+from fedge.protocols.fleet_ca import FleetCA
+from fedge.protocols.pki import Role, TlsFiles, new_key_and_csr, write_private
 
 BIN = Path("/opt/bin")
 

@@ -26,6 +26,7 @@ from fedge.edge_manager.enroll_server import EnrollServer
 from fedge.edge_manager.enrollment import revoke
 from fedge.protocols import codec, pki
 from fedge.protocols.enrollment import RenewRequest
+from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.mqtt import MqttSession, MqttSettings
 
@@ -127,7 +128,7 @@ def test_renewal_refused_without_a_certificate_when_revoked_or_for_another_name(
 
 
 def test_a_swap_interrupted_by_a_crash_is_completed_at_start(tmp_path: Path) -> None:
-    ca = pki.FleetCA.create("plant-a")
+    ca = FleetCA.create("plant-a")
     tls = TlsFiles(tmp_path / "ca.crt", tmp_path / "agent.crt", tmp_path / "agent.key")
     old_cert, old_key = ca.issue_client(EDGE, Role.EDGE)
     new_cert, new_key = ca.issue_client(EDGE, Role.EDGE)

@@ -16,7 +16,8 @@ from conftest import FleetHome, RawClient, make_fleet_home, refused, wait_until
 from fedge.edge_manager.enrollment import revoke
 from fedge.edge_manager.operators import add_operator
 from fedge.protocols import pki, topics
-from fedge.protocols.pki import FleetCA, Role, TlsFiles
+from fedge.protocols.fleet_ca import FleetCA
+from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.broker import MosquittoBroker
 from fedge.transport.mqtt import MqttSession, MqttSettings
 

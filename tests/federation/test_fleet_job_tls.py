@@ -44,7 +44,8 @@ from fedge.edge_agent.supervisor import (
 )
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
-from fedge.protocols.pki import FleetCA, write_private
+from fedge.protocols.fleet_ca import FleetCA
+from fedge.protocols.pki import write_private
 
 pytestmark = pytest.mark.integration
 

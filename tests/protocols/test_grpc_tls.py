@@ -20,11 +20,10 @@ from pathlib import Path
 import grpc
 import pytest
 
+from fedge.protocols.fleet_ca import FleetCA, Revoked
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 from fedge.protocols.pki import (
     CertificateError,
-    FleetCA,
-    Revoked,
     Role,
     TlsFiles,
     cert_info,

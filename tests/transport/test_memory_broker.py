@@ -15,8 +15,9 @@ import pytest
 from conftest import free_port, wait_until
 
 from fedge.protocols import topics
+from fedge.transport.acl import fleet_acl, matches
 from fedge.transport.broker import FleetAccess, MosquittoBroker
-from fedge.transport.memory import MemoryBroker, fleet_acl, matches
+from fedge.transport.memory import MemoryBroker
 from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
 from fedge.transport.session import Session
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.store import Store
-from fedge.protocols.pki import CertInfo, Revoked
+from fedge.protocols.fleet_ca import Revoked
+from fedge.protocols.pki import CertInfo
 
 TOKEN_TTL_S = 3600.0
 MAX_TOKEN_TTL_S = 7 * 24 * 3600.0

@@ -17,7 +17,8 @@ from pathlib import Path
 
 from fedge.edge_manager.errors import ManagerError
 from fedge.protocols import pki
-from fedge.protocols.pki import FleetCA, Revoked, Role, TlsFiles
+from fedge.protocols.fleet_ca import FleetCA, Revoked
+from fedge.protocols.pki import Role, TlsFiles
 
 PASSPHRASE_ENV = "FEDGE_CA_PASSPHRASE"
 SERVERS = ("broker", "grpc", "superlink", "enroll")

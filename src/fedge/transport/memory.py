@@ -24,7 +24,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from fedge.transport.acl import Acl, matches
-from fedge.transport.acl import fleet_acl as fleet_acl
 from fedge.transport.errors import TransportError
 from fedge.transport.link import LinkEvent, LinkState, advance
 from fedge.transport.mqtt import (
