@@ -5,118 +5,23 @@ line on stderr (stdout carries nothing but the JSON), print the result and optio
 write it to ``--json PATH``.
 """
 
-import json
-from collections.abc import Callable
-from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
+from fedge.cli.bench_common import JsonOption, run_bench
 from fedge.cli.bench_console import console
+from fedge.cli.bench_fleet import config_push, ingest
 from fedge.cli.bench_secagg import secagg
-from fedge.cli.common import err_console, friendly_errors
+from fedge.cli.common import friendly_errors
 
 app = typer.Typer(
     help="Benchmarks (JSON output, machine named, peer side by side).", no_args_is_help=True
 )
 app.command("secagg")(friendly_errors(secagg))  # wired in fedge.cli.bench_secagg
 app.command("console")(friendly_errors(console))  # wired in fedge.cli.bench_console
-
-JsonOption = Annotated[
-    Path | None, typer.Option("--json", help="Also write the result to this file.")
-]
-TlsOption = Annotated[
-    bool,
-    typer.Option(
-        "--tls", help="Also run the fleet on mutual TLS; report both runs and TLS / plain."
-    ),
-]
-
-
-def _run(title: str, json_path: Path | None, bench: Callable[[Callable[[str], None]], Any]) -> None:
-    with err_console.status(title) as status:
-
-        def progress(line: str) -> None:
-            status.update(f"{title}: {line}")
-
-        result = bench(progress)
-    text = json.dumps(result, indent=2)
-    if json_path is not None:
-        json_path.parent.mkdir(parents=True, exist_ok=True)
-        json_path.write_text(text + "\n")
-    typer.echo(text)
-    if not result.get("met_target", True):
-        err_console.print(f"[yellow]{title}: target missed[/yellow] (see the JSON)")
-
-
-@app.command("config-push")
-@friendly_errors
-def config_push(
-    edges: Annotated[int, typer.Option(help="Simulated edges (one MQTT session each).")] = 1000,
-    repeats: Annotated[int, typer.Option(help="Pushes to measure, a new version each.")] = 3,
-    workers: Annotated[int, typer.Option(help="Processes the edges are spread over.")] = 4,
-    threshold: Annotated[float, typer.Option(help="Threshold of the first push.")] = 0.72,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 60.0,
-    tls: TlsOption = False,
-    json_path: JsonOption = None,
-) -> None:
-    """Push a threshold to N edges; time until the manager stores every edge's report.
-
-    Example: fedge bench config-push --edges 1000 --tls --json out.json
-    """
-    from fedge.bench.config_push import run_config_push
-
-    _run(
-        "config-push",
-        json_path,
-        lambda progress: run_config_push(
-            edges,
-            repeats=repeats,
-            workers=workers,
-            threshold=threshold,
-            timeout_s=timeout,
-            tls=tls,
-            progress=progress,
-        ),
-    )
-
-
-@app.command()
-@friendly_errors
-def ingest(
-    records: Annotated[int, typer.Option(help="Telemetry records to ingest.")] = 200_000,
-    repeats: Annotated[int, typer.Option(help="Runs, each on a fresh broker and store.")] = 3,
-    edges: Annotated[int, typer.Option(help="Edges publishing them.")] = 8,
-    publishers: Annotated[int, typer.Option(help="Publisher processes.")] = 2,
-    batch_records: Annotated[int, typer.Option(help="Records per RecordBatch.")] = 500,
-    duplicate_fraction: Annotated[
-        float, typer.Option(help="Share of batches published twice (redelivery).")
-    ] = 0.01,
-    timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 300.0,
-    tls: TlsOption = False,
-    json_path: JsonOption = None,
-) -> None:
-    """Publish telemetry batches QoS 1; time until the manager stores every record once.
-
-    Example: fedge bench ingest --records 200000 --tls --json out.json
-    """
-    from fedge.bench.ingest import run_ingest
-
-    _run(
-        "ingest",
-        json_path,
-        lambda progress: run_ingest(
-            records,
-            repeats=repeats,
-            edges=edges,
-            publishers=publishers,
-            batch_records=batch_records,
-            duplicate_fraction=duplicate_fraction,
-            timeout_s=timeout,
-            tls=tls,
-            progress=progress,
-        ),
-    )
+app.command("config-push")(friendly_errors(config_push))  # fedge.cli.bench_fleet
+app.command("ingest")(friendly_errors(ingest))  # fedge.cli.bench_fleet
 
 
 @app.command()
@@ -152,7 +57,7 @@ def inference(
     """
     from fedge.bench.inference import run_inference
 
-    _run(
+    run_bench(
         "inference",
         json_path,
         lambda progress: run_inference(
@@ -184,7 +89,7 @@ def aggregate(
     """
     from fedge.bench.aggregate import run_aggregate
 
-    _run(
+    run_bench(
         "aggregate",
         json_path,
         lambda progress: run_aggregate(updates, params, seed=seed, progress=progress),
@@ -213,7 +118,7 @@ def sim_overhead(
     """
     from fedge.bench.sim_overhead import run_sim_overhead
 
-    _run(
+    run_bench(
         "sim-overhead",
         json_path,
         lambda progress: run_sim_overhead(
@@ -255,13 +160,13 @@ def distill(
     if seeds is not None:
         if seed != 0:
             raise typer.BadParameter("give --seed or --seeds, not both", param_hint="--seed")
-        _run(
+        run_bench(
             "distill",
             json_path,
             lambda progress: run_distill_seeds(scenario, seeds, rounds=rounds, progress=progress),
         )
         return
-    _run(
+    run_bench(
         "distill",
         json_path,
         lambda progress: run_distill(scenario, seed, rounds=rounds, progress=progress),
@@ -311,9 +216,11 @@ def mpp(
         step=step,
     )
     if seeds is not None:
-        _run("mpp", json_path, lambda progress: run_mpp_seeds(seeds, size=size, progress=progress))
+        run_bench(
+            "mpp", json_path, lambda progress: run_mpp_seeds(seeds, size=size, progress=progress)
+        )
         return
-    _run("mpp", json_path, lambda progress: run_mpp(seed, size=size, progress=progress))
+    run_bench("mpp", json_path, lambda progress: run_mpp(seed, size=size, progress=progress))
 
 
 @app.command("agent-footprint")
@@ -331,7 +238,7 @@ def agent_footprint(
     """
     from fedge.bench.footprint import run_footprint
 
-    _run(
+    run_bench(
         "agent-footprint",
         json_path,
         lambda progress: run_footprint(images, timeout_s=timeout, progress=progress),
@@ -356,7 +263,7 @@ def fleet_round(
     """
     from fedge.bench.fleet_round import run_fleet_round
 
-    _run(
+    run_bench(
         "fleet-round",
         json_path,
         lambda progress: run_fleet_round(agents, rounds, images, progress=progress),
@@ -390,7 +297,7 @@ def chaos(
     """
     from fedge.bench.chaos import run_chaos
 
-    _run(
+    run_bench(
         "chaos",
         json_path,
         lambda progress: run_chaos(
@@ -420,7 +327,7 @@ def rollout(
     """
     from fedge.bench.rollout import run_rollout_bench
 
-    _run(
+    run_bench(
         "rollout",
         json_path,
         lambda progress: run_rollout_bench(

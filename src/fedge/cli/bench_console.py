@@ -25,9 +25,9 @@ def console(
     Example: fedge bench console --edges 1000 --json out.json
     """
     from fedge.bench.console import run_console_bench
-    from fedge.cli.bench import _run
+    from fedge.cli.bench_common import run_bench
 
-    _run(
+    run_bench(
         "console",
         json_path,
         lambda progress: run_console_bench(

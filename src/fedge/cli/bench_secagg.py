@@ -28,9 +28,9 @@ def secagg(
     Example: fedge bench secagg --parties 10 --params 1000000 --json out.json
     """
     from fedge.bench.secagg import run_secagg_bench
-    from fedge.cli.bench import _run
+    from fedge.cli.bench_common import run_bench
 
-    _run(
+    run_bench(
         "secagg",
         json_path,
         lambda progress: run_secagg_bench(
