@@ -8,6 +8,7 @@ for one is wrong for the next, and this is where an operator sees it. Drawn as i
 SVG (no script, nothing from elsewhere).
 """
 
+import html
 import json
 from collections import defaultdict
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ class Histogram:
         bar = (width - 2 * pad) / BINS
         parts = [
             f'<svg class="chart histogram" viewBox="0 0 {width} {height}" width="{width}" '
-            f'height="{height}" role="img" aria-label="defect scores of {self.model}">'
+            f'height="{height}" role="img" aria-label="defect scores of {html.escape(self.model)}">'
         ]
         for index, (count, rejected) in enumerate(zip(self.counts, self.rejects, strict=True)):
             x = pad + index * bar
