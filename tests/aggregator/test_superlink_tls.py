@@ -22,11 +22,10 @@ from fedge.aggregator.superlink import (
     AuthorizedNode,
     SuperLink,
     SuperLinkError,
-    certificate_names_host,
-    connection_toml,
     node_public_key,
     plan_sync,
 )
+from fedge.aggregator.superlink_address import certificate_names_host, connection_toml
 from fedge.edge_agent.supervisor import (
     SupernodeSpec,
     exit_reason,

@@ -9,18 +9,17 @@ import numpy as np
 import pytest
 
 from fedge.aggregator.latency import LatencyProfile, mean_latencies, observe, observe_timeout
-from fedge.aggregator.tiers import (
-    Tiers,
+from fedge.aggregator.tier_selection import (
     TierSelectionState,
     adaptive_probabilities,
     choose_tier,
     default_credits,
     estimated_training_time,
-    form_tiers,
     initial_state,
     maybe_update_probabilities,
     record_tier_accuracy,
 )
+from fedge.aggregator.tiers import Tiers, form_tiers
 
 # ---------------------------------------------------------------- profiles
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from fedge.bench.mpp import SCENARIOS, STREAM_SHIFTS
+from fedge.bench.mpp_images import SCENARIOS, STREAM_SHIFTS
 from fedge.cli.main import app
 
 TINY = [

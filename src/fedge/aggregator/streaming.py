@@ -45,7 +45,7 @@ from fedge.aggregator.deadline import DeadlineConfig
 from fedge.aggregator.fold import StreamingMean
 from fedge.aggregator.hooks import RoundHooks
 from fedge.aggregator.replies import Collected, fold_reply, weighted_metrics
-from fedge.aggregator.rounds import RoundObserver, RoundRecord
+from fedge.aggregator.rounds import RoundObserver, RoundRecord, settled_record, summary
 from fedge.aggregator.settled import Configured, flower_collected, settle_all
 from fedge.privacy.settings import PrivacyMode, PrivacySpec
 
@@ -357,33 +357,17 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         new_arrays = self.aggregate(server_round, arrays, folds, metrics)
         latency.observe_round(self.profiles, collected.arrivals, settlement, plan.deadline_s)
         self.elapsed_s += settlement.round_time_s
-        record = RoundRecord(
-            server_round=server_round,
-            selected=tuple(plan.selected),
-            on_time=tuple(settlement.on_time),
-            late=tuple(settlement.late),
-            failed=tuple(settlement.failed),
-            round_time_s=settlement.round_time_s,
-            elapsed_s=self.elapsed_s,
-            quorum=plan.quorum,
-            quorum_met=settlement.quorum_met,
-            deadline_s=plan.deadline_s,
+        record = settled_record(
+            server_round,
+            plan,
+            settlement,
             tier=tier,
+            elapsed_s=self.elapsed_s,
             stale_folded=stale_folded,
             train_metrics=metrics,
             failures=collected.failures,
         )
-        log(
-            INFO,
-            "round %d: tier %s, %d/%d on time, %d late, %d failed, %.2fs",
-            server_round,
-            tier,
-            len(settlement.on_time),
-            len(plan.selected),
-            len(settlement.late),
-            len(settlement.failed),
-            settlement.round_time_s,
-        )
+        log(INFO, "%s", summary(record))
         self.after_round(record, on_time_replies)
         for observer in self.reply_observers:
             observer(record, on_time_replies)

@@ -30,7 +30,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedge.aggregator import deadline as deadlines
-from fedge.aggregator import tiers
+from fedge.aggregator import tier_selection, tiers
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.streaming import StreamingFedAvg
 
@@ -71,7 +71,7 @@ class TieredFedAvg(StreamingFedAvg):
         self.retier_interval = retier_interval
         self.dropout_threshold_s = dropout_threshold_s
         self.tiers: tiers.Tiers | None = None
-        self.selection: tiers.TierSelectionState | None = None
+        self.selection: tier_selection.TierSelectionState | None = None
         self._profiling_plan: deadlines.RoundPlan | None = None
 
     # -- selection
@@ -103,7 +103,7 @@ class TieredFedAvg(StreamingFedAvg):
         self, server_round: int, node_ids: Sequence[int]
     ) -> tuple[Sequence[int], int | None]:
         assert self.tiers is not None and self.selection is not None
-        tier, self.selection = tiers.choose_tier(self.selection, self.rng)
+        tier, self.selection = tier_selection.choose_tier(self.selection, self.rng)
         live = set(node_ids)
         members = [n for n in self.tiers.members[tier] if n in live]
         # A tier whose parties all left the grid: fall back to everyone this round.
@@ -133,7 +133,7 @@ class TieredFedAvg(StreamingFedAvg):
             static = self.static_probabilities
             if static is not None and len(static) != self.tiers.n_tiers:
                 static = None
-            self.selection = tiers.initial_state(
+            self.selection = tier_selection.initial_state(
                 self.tiers.n_tiers,
                 credits if credits is None or isinstance(credits, int) else tuple(credits),
                 static_probabilities=static
@@ -148,11 +148,11 @@ class TieredFedAvg(StreamingFedAvg):
             return
         accuracy = _mean_local_accuracy(list(replies.values()))
         if accuracy is not None:
-            self.selection = tiers.record_tier_accuracy(
+            self.selection = tier_selection.record_tier_accuracy(
                 self.selection, record.tier, accuracy, record.server_round
             )
         if self.adaptive:
-            self.selection = tiers.maybe_update_probabilities(
+            self.selection = tier_selection.maybe_update_probabilities(
                 self.selection, record.server_round, self.interval
             )
 
@@ -170,7 +170,7 @@ class TieredFedAvg(StreamingFedAvg):
         self.selection = (
             None
             if state["selection"] is None
-            else tiers.TierSelectionState.from_dict(state["selection"])
+            else tier_selection.TierSelectionState.from_dict(state["selection"])
         )
 
 

@@ -38,7 +38,6 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,17 +46,12 @@ import numpy.typing as npt
 
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
+from fedge.bench.mpp_images import SCENARIOS, STREAM_SHIFTS, Images, Labels, gate_relit
+from fedge.models.inspection import cpu_threads, predict_proba, train_inspection_model
 from fedge.monitoring.drift import DriftPolicy, detect
 from fedge.monitoring.features import IMAGE_STATS, image_stats
 from fedge.monitoring.mpp import MppPredictor, calibration_estimate, feature_row
-from fedge.monitoring.relight import (
-    FAMILY,
-    from_uint8,
-    relight_linear,
-    relight_spot,
-    relit_copies,
-    to_uint8,
-)
+from fedge.monitoring.relight import FAMILY
 from fedge.protocols.evaluation import DEFAULT_AUGMENT
 from fedge.sim.defects import CLASSES, make_defect_images
 
@@ -76,9 +70,6 @@ NOTES = (
     "estimator built from scores and image statistics seen on scratch data can see that "
     "(all are far off); the input-drift alert is what catches it.",
 )
-
-Images = npt.NDArray[np.uint8]
-Labels = npt.NDArray[np.int64]
 
 
 @dataclass(frozen=True)
@@ -115,52 +106,10 @@ class _Scored:
         return [dict(zip(CLASSES, map(float, p), strict=True)) for p in self.probs]
 
 
-SCENARIOS: dict[str, Callable[[int, int], tuple[Images, Labels]]] = {}
-"""Scenario name -> ``(n, seed) -> (images, labels)``; filled below."""
-
-
-def _in_distribution(n: int, seed: int) -> tuple[Images, Labels]:
-    return make_defect_images(n, seed=seed)
-
-
-def _lighting_gradient(n: int, seed: int) -> tuple[Images, Labels]:
-    images, labels = make_defect_images(n, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    relit = relight_linear(from_uint8(images), rng, gain=1.0, offset=0.0, gradient=0.6)
-    return to_uint8(relit), labels
-
-
-def _lighting_spot(n: int, seed: int) -> tuple[Images, Labels]:
-    images, labels = make_defect_images(n, seed=seed)
-    rng = np.random.default_rng(seed + 1)
-    relit = relight_spot(from_uint8(images), rng, gain=0.7, amplitude=0.5, sigma=0.25)
-    return to_uint8(relit), labels
-
-
-def _new_defect_dents(n: int, seed: int) -> tuple[Images, Labels]:
-    return make_defect_images(n, seed=seed, dent_fraction=1.0)
-
-
-def _new_defect_mixed(n: int, seed: int) -> tuple[Images, Labels]:
-    return make_defect_images(n, seed=seed, dent_fraction=0.5)
-
-
-SCENARIOS.update(
-    in_distribution=_in_distribution,
-    lighting_gradient=_lighting_gradient,
-    lighting_spot=_lighting_spot,
-    new_defect_dents=_new_defect_dents,
-    new_defect_mixed=_new_defect_mixed,
-)
-STREAM_SHIFTS = ("lighting_gradient", "lighting_spot", "new_defect_dents")
-
-
 def run_mpp(
     seed: int = 0, *, size: MppBenchSize = FULL, progress: Progress = no_progress
 ) -> dict[str, Any]:
     """One seed: primary model, MPP fits, every scenario and every drift stream."""
-    from fedge.models.inspection import cpu_threads, predict_proba, train_inspection_model
-
     started = time.perf_counter()
     # Disjoint seeds per data set: training, gate, scenarios, streams (the copies are
     # seeded by their image's key, as on a station).
@@ -257,17 +206,6 @@ def run_mpp(
         "wall_s": {"train": round(train_s, 2), "total": round(time.perf_counter() - started, 2)},
         "machine": machine_info(),
     }
-
-
-def gate_relit(images: Images, base: int, copies: int) -> Images:
-    """``copies`` re-lit copies of each gate image, image by image (copy 1, 2, ... of
-    image 0 first), keyed like held-out images on a station."""
-    relit = [
-        copy
-        for index, image in enumerate(images)
-        for copy in relit_copies(from_uint8(image), f"g{base}-{index:05d}", copies)
-    ]
-    return to_uint8(np.stack(relit))
 
 
 def _scenario_result(scored: _Scored, mpp: MppPredictor, plain: MppPredictor) -> dict[str, Any]:

@@ -36,7 +36,7 @@ from fedge.aggregator.job_dir import (
     is_live,
 )
 from fedge.aggregator.run_store import RunState, RunStore
-from fedge.aggregator.superlink import connection_toml
+from fedge.aggregator.superlink_address import connection_toml
 from fedge.edge_manager.home import ManagerHome
 from fedge.federation.prepare import APP_DIR, prepare
 from fedge.federation.publish import publish
