@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.setup-done
 
-.PHONY: setup demo test lint typecheck unit integration clean proto
+.PHONY: setup demo console test lint typecheck unit integration clean proto
 
 setup: $(STAMP)
 
@@ -23,6 +23,12 @@ $(STAMP): pyproject.toml
 
 demo: setup
 	$(BIN)/fedge demo
+
+# The demo, then the operator console over its live fleet until Ctrl-C (an admin token
+# printed once); `make demo` itself ends by itself and says how to open it.
+CONSOLE_PORT ?= 8470
+console: setup
+	$(BIN)/fedge demo --console $(CONSOLE_PORT)
 
 lint: setup
 	$(BIN)/ruff check src tests

@@ -4,21 +4,23 @@ One run, on a real manager home (mutual TLS, SQLite), a real Mosquitto, ``manage
 serve``'s service, one real agent (the live edge) and the console served by uvicorn
 over HTTP, logged in as an operator:
 
-- **fleet page**: ``GET /`` for a fleet of ``edges`` (each online with a config applied
-  and predictions: the rows a plant has), p50/p95 over ``samples`` requests. Peers side
-  by side: a static file through the same server (the HTTP floor) and the page's table
-  queries alone, in process (``fleet_table``).
+- **fleet page**: ``GET /`` for a plant-like fleet of ``edges`` (``console_fleet``:
+  online, lost and never-seen stations, two models, configs applied and pending,
+  predictions, labels and gaps, all through the manager's real ingest), p50/p95 over
+  ``samples`` requests. Peers side by side: a static file through the same server (the
+  HTTP floor) and the page's table queries alone, in process (``fleet_table``).
 - **live update**: a threshold set through the library (as the console's form does)
   until an open ``/events`` stream shows the live edge's report of it applied:
   manager -> broker -> agent -> broker -> manager's store -> the console's poll -> the
-  page. Peer: the same change until the store shows it applied (what the console adds is
-  its poll, 0.5 s).
+  page. Split in two: until serve stored the agent's report (the peer: the fleet path
+  without the console), and from the report stored to the event on the stream (what the
+  console adds: its poll, 0.5 s).
 
 Targets (issue 14): fleet page p95 <= 300 ms at 1,000 edges, live update <= 1 s.
 """
 
 import json
-import secrets
+import random
 import tempfile
 import threading
 import time
@@ -30,6 +32,7 @@ import httpx
 import numpy as np
 import uvicorn
 
+from fedge.bench.console_fleet import MODEL, VERSIONS, fill, plan, publish_models
 from fedge.bench.console_shot import fleet_page_screenshot
 from fedge.bench.machine import machine_info
 from fedge.console import accounts
@@ -41,17 +44,13 @@ from fedge.edge_agent.settings import load_settings
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.ingest import Ingestor
 from fedge.edge_manager.service import ManagerService
-from fedge.protocols import codec, topics
-from fedge.protocols.config import ConfigReport, ConfigStatus
-from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.transport.broker import free_port
 
 LIVE_EDGE = "st-live"
 PAGE_TARGET_MS = 300.0
 LIVE_TARGET_MS = 1000.0
-PREDICTIONS_PER_EDGE = 20
+POLL_S = 0.5  # how often an open /events stream looks at the store (create_app's default)
 Progress = Callable[[str], None]
 
 
@@ -65,57 +64,41 @@ def _stats(seconds: list[float]) -> dict[str, float]:
     }
 
 
-def _fill(home: ManagerHome, edges: int) -> None:
-    """``edges`` stations as a plant has them, their reports through the real ingest."""
-    now = time.time()
+def _setup(home: ManagerHome, root: Path, edges: int) -> str:
+    """A plant-like fleet of ``edges`` - 1 stations (console_fleet) and the live edge's
+    agent config; the models published."""
     with opened(home) as fleet:
-        names = [f"st-{i:04d}" for i in range(1, edges)]
-        with fleet.store.transaction():
-            for name in names:
-                fleet.enroll(name, secrets.token_urlsafe(12))
-        pushed = fleet.set_threshold(names, 0.6)
-        ingestor = Ingestor(fleet.store, fleet.fleet)
-        with fleet.store.transaction() as conn:
-            for push in pushed:
-                edge, version = push.edge, push.version
-                for kind, message in (
-                    (
-                        topics.Up.STATE,
-                        Liveness(edge, 1, EdgeState.ONLINE, "0", "inspect:1", 0, now),
-                    ),
-                    (
-                        topics.Up.CONFIG,
-                        ConfigReport(edge, ConfigStatus.APPLIED, version, version, "", now),
-                    ),
-                ):
-                    topic = topics.up(fleet.fleet, edge, kind)
-                    ingestor.handle(conn, topic, codec.encode(message), now)
-            rows = [
-                (
-                    f"{name}-{k}",
-                    name,
-                    k,
-                    now - k,
-                    "inspect:1",
-                    json.dumps({"clean": 0.8, "scratch": 0.2}),
-                    "reject" if k % 7 == 0 else "accept",
-                )
-                for name in names
-                for k in range(PREDICTIONS_PER_EDGE)
-            ]
-            conn.executemany(
-                "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, "
-                "decision, threshold, config_version, latency_ms, source) "
-                "VALUES (?,?,?,?,?,?,?,0.6,1,2.0,'')",
-                rows,
+        publish_models(fleet, root)
+        toml = root / LIVE_EDGE / "agent.toml"
+        toml.parent.mkdir()
+        toml.write_text(enroll(home, fleet, LIVE_EDGE, root / LIVE_EDGE / "data"))
+        fill(fleet, [plan(i) for i in range(1, edges)], time.time())
+    return str(toml)
+
+
+def _deploy_live(home: ManagerHome) -> None:
+    """The live edge serves inspect:2 (a real deployment: download, verify, swap), so
+    its thresholds are set for the model it runs, as a plant's are."""
+    with opened(home) as fleet:
+        deployment = fleet.deploy(MODEL, VERSIONS[-1], [LIVE_EDGE])
+        deadline = time.monotonic() + 60
+        while (
+            fleet.store.scalar(
+                "SELECT count(*) FROM edges WHERE edge=? AND deploy_id=? AND deploy_stage='active'",
+                (LIVE_EDGE, deployment),
             )
+            != 1
+        ):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{LIVE_EDGE} did not activate {MODEL}:{VERSIONS[-1]}")
+            time.sleep(0.05)
 
 
 class _Server:
     def __init__(self, home: ManagerHome) -> None:
         self.port = free_port()
         config = uvicorn.Config(
-            create_app(home),
+            create_app(home, poll_s=POLL_S),
             host="127.0.0.1",
             port=self.port,
             log_level="warning",
@@ -153,7 +136,8 @@ class _Events(threading.Thread):
     def __init__(self, base: str, cookies: httpx.Cookies) -> None:
         super().__init__(name="sse", daemon=True)
         self.client = httpx.Client(base_url=base, cookies=cookies, timeout=None)
-        self.seen: dict[str, float] = {}  # the live edge's "config" cell -> first seen
+        # the live edge's "config" cell -> when first seen (perf clock, wall clock)
+        self.seen: dict[str, tuple[float, float]] = {}
         self.lock = threading.Lock()
 
     def run(self) -> None:
@@ -164,11 +148,13 @@ class _Events(threading.Thread):
                         continue
                     cells = json.loads(line[6:]).get(LIVE_EDGE, {})
                     with self.lock:
-                        self.seen.setdefault(str(cells.get("config")), time.perf_counter())
+                        self.seen.setdefault(
+                            str(cells.get("config")), (time.perf_counter(), time.time())
+                        )
         except httpx.HTTPError:
             return  # the server shut down
 
-    def first(self, text: str) -> float | None:
+    def first(self, text: str) -> tuple[float, float] | None:
         with self.lock:
             return self.seen.get(text)
 
@@ -176,7 +162,7 @@ class _Events(threading.Thread):
 def run_console_bench(
     edges: int = 1000,
     samples: int = 50,
-    changes: int = 20,
+    changes: int = 30,
     progress: Progress = lambda _: None,
     screenshot: Path | None = None,
 ) -> dict[str, Any]:
@@ -192,13 +178,11 @@ def run_console_bench(
                 enroll_port=free_port(),
             )
         )
+        progress(f"filling a fleet of {edges} edges through the manager's ingest")
+        toml = Path(_setup(home, root, edges))
         with opened(home) as fleet:
-            toml = root / LIVE_EDGE / "agent.toml"
-            toml.parent.mkdir()
-            toml.write_text(enroll(home, fleet, LIVE_EDGE, root / LIVE_EDGE / "data"))
             token = accounts.add_token(fleet.store, "bench", Role.OPERATOR)
-        progress(f"filling a fleet of {edges} edges")
-        _fill(home, edges)
+            predictions = int(fleet.store.scalar("SELECT count(*) FROM predictions"))
         broker = managed_broker(home)
         broker.start()
         service = ManagerService(home)
@@ -206,6 +190,8 @@ def run_console_bench(
         try:
             service.start()
             agent.start()
+            progress(f"deploying {MODEL}:{VERSIONS[-1]} to {LIVE_EDGE}")
+            _deploy_live(home)
             with _Server(home) as base, httpx.Client(base_url=base, timeout=30) as client:
                 _login(client, token)
                 progress("timing the fleet page")
@@ -215,7 +201,7 @@ def run_console_bench(
                 progress("timing live updates")
                 events = _Events(base, client.cookies)
                 events.start()
-                live, store = _time_live(home, events, changes, progress)
+                live, store, store_to_page = _time_live(home, events, changes, progress)
                 if screenshot is not None:
                     progress(f"screenshot of the fleet page to {screenshot}")
                     fleet_page_screenshot(base, token, screenshot)
@@ -233,7 +219,7 @@ def run_console_bench(
         "benchmark": "console",
         "machine": machine_info(),
         "edges": edges,
-        "predictions": (edges - 1) * PREDICTIONS_PER_EDGE,
+        "predictions": predictions,
         "fleet_page_p95_ms": page["p95_ms"],
         "fleet_page_p50_ms": page["p50_ms"],
         "live_update_p95_ms": live["p95_ms"],
@@ -242,8 +228,10 @@ def run_console_bench(
         "peer_static_file": static,
         "peer_table_queries": query,
         "fleet_page_vs_static_p95": round(page["p95_ms"] / static["p95_ms"], 2),
+        "fleet_page_vs_queries_p95": round(page["p95_ms"] / query["p95_ms"], 2),
         "live_update": live,
         "peer_store_applied": store,
+        "store_to_page": store_to_page,
         "live_vs_store_p95": round(live["p95_ms"] / store["p95_ms"], 2),
         "targets": {"fleet_page_p95_ms": PAGE_TARGET_MS, "live_update_p95_ms": LIVE_TARGET_MS},
     }
@@ -280,31 +268,36 @@ def _time_query(home: ManagerHome, samples: int) -> dict[str, float]:
 
 def _time_live(
     home: ManagerHome, events: "_Events", changes: int, progress: Progress
-) -> tuple[dict[str, float], dict[str, float]]:
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """Per change: set until shown (perf clock); set until stored, and stored until
+    shown, from the store's own record of when serve stored the report (wall clock, the
+    same machine)."""
     live: list[float] = []
     store: list[float] = []
+    store_to_page: list[float] = []
+    # Each change waits a random part of the console's poll first: changes made right
+    # after an event would all land at the same point of the poll's cycle (just after
+    # one poll) and measure nearly the whole period each time, not what a change made
+    # at any moment sees.
+    phase = random.Random(0)
     with opened(home) as fleet:
         for index in range(changes):
-            started = time.perf_counter()
+            time.sleep(phase.uniform(0.0, POLL_S))
+            started, started_wall = time.perf_counter(), time.time()
             version = fleet.set_threshold([LIVE_EDGE], 0.5 + index / 100)[0].version
             shown = f"v{version} / v{version}"
-            applied_at: float | None = None
             deadline = started + 30
-            while events.first(shown) is None:
-                if (
-                    applied_at is None
-                    and fleet.store.scalar(
-                        "SELECT config_applied FROM edges WHERE edge=?", (LIVE_EDGE,)
-                    )
-                    == version
-                ):
-                    applied_at = time.perf_counter()
+            while (seen := events.first(shown)) is None:
                 if time.perf_counter() > deadline:
                     raise TimeoutError(f"the page never showed {LIVE_EDGE} at {shown}")
                 time.sleep(0.005)
-            seen = events.first(shown)
-            assert seen is not None
-            live.append(seen - started)
-            store.append((applied_at or seen) - started)
+            row = fleet.store.conn.execute(
+                "SELECT config_status, config_reported_at FROM edges WHERE edge=?", (LIVE_EDGE,)
+            ).fetchone()
+            if row[0] != f"applied:{version}":
+                raise RuntimeError(f"{LIVE_EDGE} reported {row[0]}, not applied:{version}")
+            live.append(seen[0] - started)
+            store.append(float(row[1]) - started_wall)
+            store_to_page.append(seen[1] - float(row[1]))
             progress(f"live update {index + 1}/{changes}: {live[-1] * 1000:.0f} ms")
-    return _stats(live), _stats(store)
+    return _stats(live), _stats(store), _stats(store_to_page)

@@ -11,7 +11,7 @@ def console(
         int, typer.Option(help="Edges in the fleet (one of them a real agent).", min=2)
     ] = 1000,
     samples: Annotated[int, typer.Option(help="Fleet page requests timed.", min=5)] = 50,
-    changes: Annotated[int, typer.Option(help="Threshold changes timed to the page.", min=1)] = 20,
+    changes: Annotated[int, typer.Option(help="Threshold changes timed to the page.", min=1)] = 30,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the result to this file.")
     ] = None,

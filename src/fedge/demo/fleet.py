@@ -139,6 +139,7 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
         ).start()
         for e in EDGES
     ]
+    rounds: int | None = None
     try:
         run = FleetRun(teacher)
         status = _fleet_flow(out, fleet, store, run)
@@ -151,6 +152,9 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
             run.security = run_security(out, home, fleet, store, console, _wait)
             write_report(out, fleet, store, run, console)
             if console_port is not None:
+                # The simulation first: the console is the demo's last step, ended by
+                # Ctrl-C, and nothing should run on after the operator has stopped it.
+                rounds = _federated_rounds(out)
                 serve_console(home, console_port)
     finally:
         for process in processes:
@@ -158,7 +162,28 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
         node_keys.stop()
         superlink.stop()
         broker.stop()
-    return status or _federated_rounds(out)
+    if status:
+        return status
+    if rounds is None:
+        rounds = _federated_rounds(out)
+        console_hint(out)
+    return rounds
+
+
+def console_hint(out: Path) -> None:
+    """How to see this fleet in the operator console; the demo itself ends here."""
+    console.rule("[bold]the operator console")
+    console.print(
+        "to watch the live fleet in a browser: [bold]make console[/bold] (this demo, then the "
+        "console at http://127.0.0.1:8470/ until Ctrl-C; or fedge demo --console 8470)",
+        highlight=False,
+    )
+    console.print(
+        f"to browse what this run left: fedge console token add me --home {out / 'manager'} "
+        f"&& fedge console --home {out / 'manager'}",
+        highlight=False,
+        soft_wrap=True,
+    )
 
 
 def serve_console(home: ManagerHome, port: int) -> None:
