@@ -75,6 +75,11 @@ def _flower_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
 
 
 # ---------------------------------------------------------------- small helpers
+# A 2x2 grey PNG as base64: what a thumbnail record carries (a real, checked PNG).
+PNG_2X2 = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAAAAABX3VL4"
+    "AAAADklEQVR4nGNsYGBiYAAAApIAhPd8o1gAAAAASUVORK5CYII="
+)
 
 
 def free_port() -> int:

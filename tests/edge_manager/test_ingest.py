@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from conftest import PNG_2X2
 
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
 from fedge.edge_manager.store import Store
@@ -21,6 +22,7 @@ from fedge.protocols.records import (
     RecordBatch,
     Stream,
 )
+from fedge.protocols.thumbnails import ThumbnailRecord
 
 FLEET = "plant-a"
 EDGE = "st-01"
@@ -65,6 +67,8 @@ def _batch(
         records = tuple(_prediction(seq * 100 + i) for i in range(n))
     elif stream is Stream.TELEMETRY:
         records = tuple(MetricRecord(f"m{i}", float(i), 1.0) for i in range(n))
+    elif stream is Stream.THUMBNAILS:
+        records = tuple(ThumbnailRecord(f"p-{seq}-{i}", 1.0, PNG_2X2) for i in range(n))
     else:
         records = tuple(
             LabelRecord(f"l-{seq}-{i}", f"p-{seq}-{i}", "scratch", "op", 1.0) for i in range(n)
@@ -150,6 +154,10 @@ def test_streams_are_numbered_independently(ingestor: Ingestor, store: Store) ->
     assert _count(store, "labels") == 2
     labels = store.query("SELECT origin, edge FROM labels")
     assert labels == [{"origin": "edge", "edge": EDGE}] * 2
+    # The edge's config does not share images: its thumbnails batch counts, its images
+    # are not kept.
+    assert _count(store, "thumbnails") == 0
+    assert ingestor.counters["thumbnails.withheld"] == 2
 
 
 def test_a_gap_is_recorded_and_filled_by_late_batches(ingestor: Ingestor, store: Store) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import FleetHome, Processes, wait_until
+from conftest import PNG_2X2, FleetHome, Processes, wait_until
 
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -21,6 +21,7 @@ from fedge.edge_manager.retention import DAY_S, Pruner, RetentionPolicy, due, pr
 from fedge.edge_manager.service import ManagerService
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
+from fedge.protocols.config import EdgeConfig
 from fedge.protocols.records import (
     LabelRecord,
     MetricRecord,
@@ -29,6 +30,7 @@ from fedge.protocols.records import (
     RecordBatch,
     Stream,
 )
+from fedge.protocols.thumbnails import ThumbnailPolicy, ThumbnailRecord
 
 FLEET = "plant-a"
 EDGE = "st-01"
@@ -65,6 +67,8 @@ def _records(stream: Stream, seq: int, at: float) -> tuple[Record, ...]:
         )
     if stream is Stream.TELEMETRY:
         return (MetricRecord("latency_ms", 1.0, at), MetricRecord("queue", 2.0, at))
+    if stream is Stream.THUMBNAILS:
+        return (ThumbnailRecord(f"p-{seq}", at, PNG_2X2),)
     return (LabelRecord(f"l-{seq}", f"p-{seq}", "scratch", "op", at),)
 
 
@@ -149,17 +153,27 @@ def test_a_pruned_batch_redelivered_is_a_duplicate_and_gaps_are_unchanged(
 
 def test_labels_are_kept_by_default_and_each_stream_has_its_limit(store: Store) -> None:
     ingestor = Ingestor(store, FLEET)
+    # The edge shares thumbnails (its desired config says so): they are kept, then pruned
+    # with the predictions they show.
+    shared = EdgeConfig(FLEET, EDGE, 1, thumbnails=ThumbnailPolicy())
+    store.conn.execute(
+        "INSERT INTO desired (edge, kind, version, document, envelope, created_at) "
+        "VALUES (?, 'config', 1, ?, '', 0)",
+        (EDGE, codec.encode(shared).decode()),
+    )
     for stream in Stream:
         _deliver(ingestor, store, 0, OLD, stream)
         _deliver(ingestor, store, 1, RECENT, stream)
     assert math.isinf(POLICY.labels_s)
+    assert store.scalar("SELECT count(*) FROM thumbnails") == 2
 
     pruned = _prune(store)
 
     assert (pruned["predictions"], pruned["telemetry"], pruned.get("labels", 0)) == (1, 2, 0)
+    assert pruned["thumbnails"] == 1
     assert store.scalar("SELECT count(*) FROM labels") == 2
     # Every stream's old key went, labels' too: dedupe does not need them.
-    assert pruned["batches"] == 3
+    assert pruned["batches"] == len(Stream)
     assert _deliver(ingestor, store, 0, RECENT, Stream.LABELS) is Verdict.DUPLICATE
 
     short_labels = RetentionPolicy.from_settings(ManagerSettings(FLEET, keep_labels_days=10))

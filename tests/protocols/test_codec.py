@@ -7,6 +7,7 @@ import random
 from typing import Any
 
 import pytest
+from conftest import PNG_2X2
 
 from fedge.protocols import codec
 from fedge.protocols.alerts import Alert, AlertKind, AlertState
@@ -36,6 +37,7 @@ from fedge.protocols.records import (
     RecordBatch,
     Stream,
 )
+from fedge.protocols.thumbnails import ThumbnailPolicy, ThumbnailRecord
 from fedge.protocols.trust import KeyRotation, TrustChain, TrustReport, TrustStatus
 
 T0 = 1700000000.5  # exactly representable, so its JSON text is stable
@@ -368,6 +370,21 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'{"at":1700000000.0,"edge":"edge-01","key_id":"0123456789abcdef","kind":"trust_report",'
         b'"reason":"","schema":1,"sequence":2,"status":"adopted"}',
     ),
+    (
+        RecordBatch("edge-01", Stream.THUMBNAILS, 7, 3, (ThumbnailRecord("p-0001", T0, PNG_2X2),)),
+        b'{"edge":"edge-01","kind":"record_batch","records":[{"at":1700000000.5,"png":"'
+        + PNG_2X2.encode()
+        + b'","prediction_id":"p-0001"}],"schema":1,"seq":3,"session":7,"stream":"thumbnails"}',
+    ),
+    (
+        EdgeConfig(
+            "plant-a", "edge-01", 6, issued_at=T0, thumbnails=ThumbnailPolicy(48, False, 10)
+        ),
+        b'{"batch_max_records":500,"class_thresholds":{},"default_threshold":0.5,'
+        b'"edge":"edge-01","fleet":"plant-a","issued_at":1700000000.5,"kind":"edge_config",'
+        b'"report_interval_s":5.0,"schema":1,"thumbnails":{"per_minute":10,'
+        b'"rejects_only":false,"size":48},"version":6}',
+    ),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -392,6 +409,8 @@ GOLDEN_IDS = [
     "key_rotation",
     "trust_chain",
     "trust_report",
+    "batch_thumbnails",
+    "edge_config_thumbnails",
 ]
 
 

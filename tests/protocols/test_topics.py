@@ -55,6 +55,7 @@ def test_documented_kinds_are_exactly_these() -> None:
         "labels",
         "evaluate",
         "trust",
+        "thumbnails",
     }
     assert {d.value for d in Direction} == {"down", "up"}
 

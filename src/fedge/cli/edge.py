@@ -227,6 +227,52 @@ def set_privacy(
     warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
 
 
+@app.command("set-thumbnails")
+@friendly_errors
+def set_thumbnails(
+    edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
+    share: Annotated[
+        bool,
+        typer.Option("--share/--stop", help="Share thumbnails of scored images, or stop."),
+    ] = True,
+    size: Annotated[int, typer.Option(help="Longest side in pixels (16-96).")] = 64,
+    rejects_only: Annotated[
+        bool, typer.Option("--rejects-only/--all", help="Only the images the station rejected.")
+    ] = True,
+    per_minute: Annotated[int, typer.Option(help="At most this many a minute.")] = 30,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Let a station share small thumbnails of what it scores with the console (a new
+    signed config version). Off by default: a station's images stay on the station.
+
+    Example: fedge edge set-thumbnails st-01 --share --size 64 --rejects-only
+    """
+    from fedge.protocols.errors import ProtocolError
+    from fedge.protocols.thumbnails import ThumbnailPolicy
+
+    _, fleet = open_fleet(home)
+    edges = fleet.edges() if edge == "all" else [edge]
+    try:
+        policy = ThumbnailPolicy(size, rejects_only, per_minute) if share else None
+    except ProtocolError as exc:
+        raise typer.BadParameter(str(exc)) from None
+    for pushed in fleet.set_thumbnails(edges, policy):
+        console.print(f"{pushed.edge}: desired config v{pushed.version} ({_images(policy)})")
+    warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
+
+
+def _images(policy: Any) -> str:
+    """What a station's config says of its images (a ThumbnailPolicy, its dict, or None)."""
+    if policy is None:
+        return "images stay on the station"
+    plain = policy if isinstance(policy, dict) else vars(policy)
+    which = "rejected" if plain["rejects_only"] else "all scored"
+    return (
+        f"shares thumbnails of {which} images, {plain['size']} px, "
+        f"at most {plain['per_minute']}/min"
+    )
+
+
 def _privacy(budget: dict[str, float] | None, spent: float | None) -> str:
     """The desired lifetime budget, and the epsilon the station last said it spent."""
     bound = "no lifetime bound"
@@ -269,6 +315,7 @@ def show(
     console.print(f"  thresholds     {escape(_SOURCES[view['thresholds_source']])}")
     spent = view.get("privacy_epsilon_spent")
     console.print(f"  privacy        {_privacy(desired.get('privacy'), spent)}")
+    console.print(f"  images         {_images(desired.get('thumbnails'))}")
     console.print(f"  serving        {escape(view['serving'] or '-')}")
     deployment = f"{view['deploy_id'] or '-'} {view['deploy_stage']} {view['deploy_reason']}"
     console.print(f"  deployment     {escape(deployment)}")

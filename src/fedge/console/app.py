@@ -23,13 +23,13 @@ from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from fedge.console import accounts, actions, audit, histograms, jobs, registry_views, views
+from fedge.console import accounts, actions, audit, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
-from fedge.console.fleet_table import STATES, TableQuery, fleet_table
+from fedge.console.fleet_table import fleet_table
 from fedge.console.sessions import COOKIE, Session, Sessions, csrf_ok
-from fedge.edge_manager import alert_store
+from fedge.edge_manager import thumbnail_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome
@@ -168,7 +168,7 @@ class Console:
             return self.refuse(request, who, "only an admin can read the audit log")
         try:
             params = dict(request.query_params)
-            context = await self.run(lambda fleet: _page_context(fleet, kind, edge, params))
+            context = await self.run(lambda fleet: pages.context(fleet, kind, edge, params))
         except ManagerError as exc:  # an edge that is not enrolled, an unknown rollout
             return self.render(request, "message.html", who, 404, title="Not found", error=str(exc))
         return self.render(request, f"{kind}.html", who, status, **context, **extra)
@@ -295,6 +295,18 @@ class Console:
             request, "clear-alert", alert_id, do, lambda _: "alerts", lambda _: "/alerts"
         )
 
+    async def thumbnail(self, request: Request) -> Response:
+        """A thumbnail a station shared (its config said so), for any logged-in user."""
+        if await self.user(request) is None:
+            return Response("log in first", status_code=403)
+        edge, name = str(request.path_params["edge"]), str(request.path_params["name"])
+        prediction_id = name.removesuffix(".png")
+        found = await self.run(lambda fleet: thumbnail_store.get(fleet.store, edge, prediction_id))
+        if found is None:
+            return Response("no such thumbnail", status_code=404)
+        # The store holds only PNGs checked at ingest (protocols.thumbnails.check_png).
+        return Response(found.png, media_type="image/png")
+
     # -- live updates
 
     async def events(self, request: Request) -> Response:
@@ -328,40 +340,6 @@ class Console:
         )
 
 
-def _page_context(fleet: Fleet, kind: str, edge: str, params: dict[str, str]) -> dict[str, Any]:
-    if kind == "fleet":
-        table = fleet_table(fleet, TableQuery.parse(params))
-        return {"table": table, "rows": table.rows, "states": STATES}
-    if kind == "edge":
-        return {
-            "detail": views.edge_detail(fleet, edge),
-            "histograms": histograms.score_histograms(fleet, edge),
-            "deploys": histograms.deploy_history(fleet, edge),
-        }
-    if kind == "labels":
-        return {"queue": views.label_queue(fleet)}
-    if kind == "jobs":
-        return {"jobs": jobs.list_jobs(fleet)}
-    if kind == "job":
-        return {"detail": jobs.job_detail(fleet, edge)}
-    if kind == "alerts":
-        every = params.get("all") == "1"
-        return {
-            "alerts": alert_store.list_alerts(fleet.store, include_cleared=every),
-            "show_cleared": every,
-        }
-    if kind == "models":
-        return {"registry": registry_views.models_page(fleet)}
-    if kind == "rollouts":
-        return {"rollouts": registry_views.rollouts_page(fleet)}
-    if kind == "rollout":
-        return {
-            "rollout": registry_views.rollout_page(fleet, edge),
-            "actions": actions.ROLLOUT_OPERATIONS,
-        }
-    return {"entries": audit.recent(fleet.store)}
-
-
 def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
     """The console over ``home``'s store; its own tables are created here if missing."""
     with opened(home) as fleet:
@@ -374,6 +352,7 @@ def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
         Route("/logout", console.logout, methods=["POST"]),
         Route("/edges/{edge}", console.edge_page),
         Route("/edges/{edge}/threshold", console.threshold, methods=["POST"]),
+        Route("/edges/{edge}/thumbnails/{name}", console.thumbnail),
         Route("/labels", console.labels_page, methods=["GET"]),
         Route("/labels", console.label, methods=["POST"]),
         Route("/audit", console.audit_page),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedge.console.queries import ConfigVersion, config_at, config_history
+from fedge.edge_manager import thumbnail_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.predictions import PredictionFilter, PredictionView, list_predictions
@@ -52,12 +53,23 @@ class EdgeDetail:
     desired: EdgeConfig | None
     history: list[ConfigVersion]
     predictions: list[PredictionView]
+    thumbnails: frozenset[str]  # the predictions above whose image the station shared
+    images: str  # what the station's config says of its images
+
+
+def images(config: EdgeConfig | None) -> str:
+    policy = None if config is None else config.thumbnails
+    if policy is None:
+        return "stay on the station (no thumbnails shared)"
+    which = "rejected" if policy.rejects_only else "all scored"
+    return f"thumbnails of {which} images shared, {policy.size} px, at most {policy.per_minute}/min"
 
 
 @dataclass(frozen=True)
 class QueueItem:
     prediction: PredictionView
     classes: tuple[str, ...]  # what it can be labelled: its model's classes
+    thumbnail: bool = False  # its station shared the image's thumbnail
 
 
 def cells(view: dict[str, Any], in_force: EdgeConfig | None) -> dict[str, str]:
@@ -93,12 +105,16 @@ def edge_detail(fleet: Fleet, edge: str) -> EdgeDetail:
     """Raises UnknownEdgeError (a ManagerError) for an edge that is not enrolled."""
     view = fleet.show(edge)
     recent = list_predictions(fleet.store, PredictionFilter(edge=edge, limit=RECENT_PREDICTIONS))
+    shared = thumbnail_store.available(fleet.store, [(edge, p.prediction_id) for p in recent])
+    desired = fleet.desired_config(edge)
     return EdgeDetail(
         fleet_row(fleet, view),
         view,
-        fleet.desired_config(edge),
+        desired,
         config_history(fleet, edge),
         recent,
+        frozenset(prediction_id for _, prediction_id in shared),
+        images(desired),
     )
 
 
@@ -114,10 +130,12 @@ def model_classes(fleet: Fleet, model_ref: str) -> tuple[str, ...]:
 
 def label_queue(fleet: Fleet, limit: int = QUEUE_LIMIT) -> list[QueueItem]:
     unlabelled = list_predictions(fleet.store, PredictionFilter(unlabelled=True, limit=limit))
+    shared = thumbnail_store.available(fleet.store, [(p.edge, p.prediction_id) for p in unlabelled])
     classes: dict[str, tuple[str, ...]] = {}
     items = []
     for prediction in unlabelled:
         if prediction.model not in classes:
             classes[prediction.model] = model_classes(fleet, prediction.model)
-        items.append(QueueItem(prediction, classes[prediction.model]))
+        thumbnail = (prediction.edge, prediction.prediction_id) in shared
+        items.append(QueueItem(prediction, classes[prediction.model], thumbnail))
     return items

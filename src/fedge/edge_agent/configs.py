@@ -22,6 +22,7 @@ from fedge.edge_agent.settings import AgentSettings
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.errors import ProtocolError
+from fedge.protocols.records import Stream
 from fedge.protocols.signing import TrustedKeys, open_signed
 
 log = logging.getLogger(__name__)
@@ -84,6 +85,10 @@ class Configs:
                     }
                 )
                 self._commit(offered)
+                if offered.thumbnails is None:
+                    # Sharing is off: thumbnails not yet sealed into a batch never leave.
+                    dropped = self.store.drop_pending(Stream.THUMBNAILS)
+                    self.counters["thumbnails.dropped"] += dropped
         if decision.action is ConfigAction.APPLY:
             self._applied()
             self.counters["config.applied"] += 1

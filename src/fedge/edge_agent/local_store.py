@@ -21,6 +21,7 @@ from typing import Any
 
 from fedge.protocols import codec
 from fedge.protocols.records import (
+    BATCH_LIMIT,
     RECORD_TYPE,
     LabelRecord,
     PredictionRecord,
@@ -265,9 +266,18 @@ class LocalStore:
         """
         sealed = 0
         for stream in Stream:
-            while self._seal_one(edge, session, stream, max_records):
+            # Large records (thumbnails) go fewer to a batch: it stays under the codec limit.
+            limit = min(max_records, BATCH_LIMIT.get(stream, max_records))
+            while self._seal_one(edge, session, stream, limit):
                 sealed += 1
         return sealed
+
+    def drop_pending(self, stream: Stream) -> int:
+        """Forget ``stream``'s records not yet sealed into a batch; return how many."""
+        with self._lock:
+            return int(
+                self._conn.execute("DELETE FROM pending WHERE stream=?", (stream.value,)).rowcount
+            )
 
     def _seal_one(self, edge: str, session: int, stream: Stream, max_records: int) -> bool:
         with self._transaction("BEGIN IMMEDIATE") as conn:

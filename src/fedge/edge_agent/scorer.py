@@ -4,7 +4,8 @@
 model call (:mod:`fedge.edge_agent.scoring`), records the predictions in one commit
 shared with concurrent callers (:mod:`fedge.edge_agent.group_commit`) and keeps each
 image in the station's training set. The agent owns the serving model and the config in
-force; the scorer reads them through the callables it is given, once per call.
+force; the scorer reads them through the callables it is given, once per call. Where
+that config shares thumbnails, a scored file's thumbnail is queued too (thumbnails.py).
 """
 
 import logging
@@ -23,6 +24,7 @@ from fedge.edge_agent.images import decode_for
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.scoring import Scored
 from fedge.edge_agent.settings import AgentSettings
+from fedge.edge_agent.thumbnails import ThumbnailSharer
 from fedge.party.dataset import StationData
 from fedge.party.errors import StationDataError
 from fedge.protocols.config import EdgeConfig
@@ -68,6 +70,8 @@ class Scorer:
         # Told of every model call (the probation of a new model, fedge.edge_agent.probation).
         self._observe = observe
         self._untied_seen: set[tuple[int, str]] = set()
+        # Thumbnails of scored files, only while the config in force shares them.
+        self.thumbnails = ThumbnailSharer(store, counters)
         # (record, inbox arrival) pairs: the arrival commits with its prediction.
         self.commits: GroupCommit[tuple[PredictionRecord, str]] = GroupCommit(
             lambda items: store.add_predictions(
@@ -138,9 +142,12 @@ class Scorer:
             model=model,
             arrivals=[files[i].arrival for i, _ in decoded],
         )
+        config = self._config()
+        policy = None if config is None else config.thumbnails
         for (index, _), item in zip(decoded, scored, strict=True):
             results[index] = item
             self._keep_for_training(item.record, files[index])
+            self.thumbnails.offer(policy, item.record, files[index].data)
         return [results[index] for index in range(len(files))]
 
     def _keep_for_training(self, record: PredictionRecord, file: ImageFile) -> None:

@@ -1,8 +1,26 @@
 """Pure decisions about desired documents: the next config, the next deployment."""
 
 import dataclasses
+from typing import TypedDict
 
 from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
+from fedge.protocols.thumbnails import ThumbnailPolicy
+
+
+class ConfigChange(TypedDict, total=False):
+    """One change to a station's config, as :func:`next_config` takes it."""
+
+    threshold: float | None
+    class_name: str | None
+    training: TrainingPolicy | None
+    clear_class: str | None
+    model: str | None
+    privacy: PrivacyBudget | None
+    clear_privacy: bool
+    thumbnails: ThumbnailPolicy | None
+    clear_thumbnails: bool
+
+
 from fedge.protocols.deployment import DeploymentDesired
 
 
@@ -19,6 +37,8 @@ def next_config(
     model: str | None = None,
     privacy: PrivacyBudget | None = None,
     clear_privacy: bool = False,
+    thumbnails: ThumbnailPolicy | None = None,
+    clear_thumbnails: bool = False,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
 
@@ -28,6 +48,8 @@ def next_config(
     ``model`` ties the thresholds to that model version (None keeps the current tie).
     ``privacy`` sets the station's lifetime privacy budget (None keeps the current one);
     ``clear_privacy`` removes it (no lifetime bound; each job's own target still holds).
+    ``thumbnails`` makes the station share thumbnails of what it scores (None keeps the
+    current choice); ``clear_thumbnails`` stops it: its images stay on the station.
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -49,6 +71,9 @@ def next_config(
         training=base.training if training is None else training,
         model=base.model if model is None else model,
         privacy=None if clear_privacy else (base.privacy if privacy is None else privacy),
+        thumbnails=None
+        if clear_thumbnails
+        else (base.thumbnails if thumbnails is None else thumbnails),
     )
 
 

@@ -17,11 +17,11 @@ import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 from fedge.edge_manager import fleet_labels, fleet_views, key_rotation, labels
 from fedge.edge_manager.class_names import suggestion, unknown_class
-from fedge.edge_manager.desired import next_config, next_deployment
+from fedge.edge_manager.desired import ConfigChange, next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.home import ManagerHome, is_wildcard
 from fedge.edge_manager.registry import Registry, parse_ref
@@ -31,6 +31,7 @@ from fedge.protocols import codec, validate
 from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import SigningKey
+from fedge.protocols.thumbnails import ThumbnailPolicy
 
 CONFIG = "config"
 DEPLOY = "deploy"
@@ -132,12 +133,7 @@ class Fleet:
             for edge in edges:
                 self._check_class(edge, class_name, ties[edge])
         return self._push_config(
-            edges,
-            "threshold",
-            threshold=threshold,
-            class_name=class_name,
-            training=None,
-            models=ties,
+            edges, "threshold", threshold=threshold, class_name=class_name, models=ties
         )
 
     def _threshold_model(self, edge: str, model: str | None) -> str | None:
@@ -180,9 +176,7 @@ class Fleet:
                     f"{suggestion(class_name, per_class)}; its per-class thresholds: {has}; "
                     "nothing was changed"
                 )
-        return self._push_config(
-            edges, "clear", threshold=None, class_name=None, training=None, clear_class=class_name
-        )
+        return self._push_config(edges, "clear", clear_class=class_name)
 
     def _check_class(self, edge: str, class_name: str, model: str | None = None) -> None:
         """Refuse a per-class threshold for a class the edge's model (or ``model``, the
@@ -211,9 +205,7 @@ class Fleet:
 
     def set_training(self, edges: list[str], policy: TrainingPolicy) -> list[Pushed]:
         """Enable or disable local training on ``edges`` (a new signed config version each)."""
-        return self._push_config(
-            edges, "training", threshold=None, class_name=None, training=policy
-        )
+        return self._push_config(edges, "training", training=policy)
 
     def set_privacy(
         self, edges: list[str], epsilon: float | None, delta: float = 1e-3
@@ -224,47 +216,33 @@ class Fleet:
             budget = None if epsilon is None else PrivacyBudget(epsilon, delta)
         except ProtocolError as exc:
             raise ManagerError(f"{exc}; nothing was changed") from None
-        return self._push_config(
-            edges,
-            "privacy",
-            threshold=None,
-            class_name=None,
-            training=None,
-            privacy=budget,
-            clear_privacy=budget is None,
-        )
+        return self._push_config(edges, "privacy", privacy=budget, clear_privacy=budget is None)
+
+    def set_thumbnails(self, edges: list[str], policy: ThumbnailPolicy | None) -> list[Pushed]:
+        """Make ``edges`` share thumbnails of what they score (``policy``), or stop
+        (None: their images stay on the station); a new signed config version each."""
+        if policy is None:
+            return self._push_config(edges, "thumbnails", clear_thumbnails=True)
+        return self._push_config(edges, "thumbnails", thumbnails=policy)
 
     def _push_config(
         self,
         edges: list[str],
         what: str,
         *,
-        threshold: float | None,
-        class_name: str | None,
-        training: TrainingPolicy | None,
-        clear_class: str | None = None,
         models: dict[str, str | None] | None = None,
-        privacy: PrivacyBudget | None = None,
-        clear_privacy: bool = False,
+        **change: Unpack[ConfigChange],
     ) -> list[Pushed]:
         self.edges(edges)
         pushed = []
         now = time.time()
         with self.store.transaction():
             for edge in edges:
+                if models is not None:
+                    change["model"] = models.get(edge)
                 try:
                     config = next_config(
-                        self.desired_config(edge),
-                        fleet=self.fleet,
-                        edge=edge,
-                        now=now,
-                        threshold=threshold,
-                        class_name=class_name,
-                        training=training,
-                        clear_class=clear_class,
-                        model=None if models is None else models.get(edge),
-                        privacy=privacy,
-                        clear_privacy=clear_privacy,
+                        self.desired_config(edge), fleet=self.fleet, edge=edge, now=now, **change
                     )
                 except ProtocolError as exc:
                     raise ManagerError(f"{what} for {edge}: {exc}") from None

@@ -15,7 +15,7 @@ from collections import Counter
 from dataclasses import dataclass
 from enum import StrEnum
 
-from fedge.edge_manager import evaluations, gaps, labels
+from fedge.edge_manager import evaluations, gaps, labels, thumbnail_store
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
@@ -30,6 +30,7 @@ from fedge.protocols.records import (
     RecordBatch,
     Stream,
 )
+from fedge.protocols.thumbnails import ThumbnailRecord
 from fedge.protocols.trust import TrustReport
 
 log = logging.getLogger(__name__)
@@ -365,6 +366,14 @@ class Ingestor:
                     if isinstance(r, PredictionRecord)
                 ],
             )
+        elif batch.stream is Stream.THUMBNAILS:
+            thumbs = [r for r in batch.records if isinstance(r, ThumbnailRecord)]
+            kept = thumbnail_store.store(conn, edge, thumbs, now)
+            if kept.withheld:  # the station's config does not share images: none kept
+                self.counters["thumbnails.withheld"] += kept.withheld
+                log.warning("%s sent %d thumbnails it is not set to share", edge, kept.withheld)
+            self.counters[f"stored.{stream}"] += kept.stored
+            return Outcome(Verdict.STORED)
         else:
             # One current label per prediction, the newest `at` winning (labels.py).
             for r in batch.records:

@@ -28,7 +28,8 @@ from fedge.edge_manager.home import ManagerSettings
 from fedge.edge_manager.store import Store
 
 DAY_S = 86400.0
-RECORD_TABLES = ("predictions", "telemetry", "labels")
+# Thumbnails go with the predictions they show (thumbnail_store.py).
+RECORD_TABLES = ("predictions", "telemetry", "labels", "thumbnails")
 HISTORY_TABLES = ("deploy_events", "rejections")
 # Desired documents nobody needs: older than the latest one published to the broker for
 # that edge and kind (the edge converges on that one; `_republish_latest` sends it), or
@@ -79,6 +80,7 @@ class RetentionPolicy:
     def records_s(self, table: str) -> float:
         return {
             "predictions": self.predictions_s,
+            "thumbnails": self.predictions_s,
             "telemetry": self.telemetry_s,
             "labels": self.labels_s,
         }[table]

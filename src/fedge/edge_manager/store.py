@@ -202,6 +202,14 @@ CREATE TABLE IF NOT EXISTS certificates (
     fingerprint TEXT NOT NULL, not_after REAL NOT NULL, issued_at REAL NOT NULL,
     revoked_at REAL, pem TEXT NOT NULL DEFAULT '');
 CREATE INDEX IF NOT EXISTS certificates_identity ON certificates (identity);
+-- Thumbnails a station shares (thumbnail_store.py; only while its config says so),
+-- keyed by edge too: one station cannot overwrite another's.
+CREATE TABLE IF NOT EXISTS thumbnails (
+    edge TEXT NOT NULL, prediction_id TEXT NOT NULL, at REAL NOT NULL, png BLOB NOT NULL,
+    width INTEGER NOT NULL, height INTEGER NOT NULL, received_at REAL NOT NULL,
+    PRIMARY KEY (edge, prediction_id));
+CREATE INDEX IF NOT EXISTS thumbnails_edge_at ON thumbnails (edge, at);
+CREATE INDEX IF NOT EXISTS thumbnails_at ON thumbnails (at);
 CREATE TABLE IF NOT EXISTS enrollment_tokens (
     token_hash TEXT PRIMARY KEY, edge TEXT NOT NULL, created_at REAL NOT NULL,
     expires_at REAL NOT NULL, used_at REAL);

@@ -11,6 +11,7 @@ from enum import StrEnum
 
 from fedge.protocols import validate
 from fedge.protocols.errors import ValidationError
+from fedge.protocols.thumbnails import ThumbnailPolicy
 
 
 @dataclass(frozen=True)
@@ -77,6 +78,9 @@ class EdgeConfig:
     # Optional extension: the station's lifetime privacy budget (None: no lifetime bound;
     # each job's own target still holds). An agent without it refuses such a config.
     privacy: PrivacyBudget | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # Optional extension: the station shares thumbnails of what it scores (None: its
+    # images stay on the station, the default). An agent without it refuses such a config.
+    thumbnails: ThumbnailPolicy | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")

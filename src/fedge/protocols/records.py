@@ -10,12 +10,15 @@ from enum import StrEnum
 
 from fedge.protocols import validate
 from fedge.protocols.errors import ValidationError
+from fedge.protocols.thumbnails import PER_BATCH, ThumbnailRecord
 
 
 class Stream(StrEnum):
     TELEMETRY = "telemetry"
     PREDICTIONS = "predictions"
     LABELS = "labels"
+    # Only from a station whose config shares thumbnails (protocols.thumbnails).
+    THUMBNAILS = "thumbnails"
 
 
 @dataclass(frozen=True)
@@ -93,13 +96,17 @@ class LabelRecord:
         validate.bounded_text(self.who, "who", 128)
 
 
-Record = MetricRecord | PredictionRecord | LabelRecord
+Record = MetricRecord | PredictionRecord | LabelRecord | ThumbnailRecord
 
-RECORD_TYPE: dict[Stream, type[MetricRecord] | type[PredictionRecord] | type[LabelRecord]] = {
+RECORD_TYPE: dict[Stream, type[Record]] = {
     Stream.TELEMETRY: MetricRecord,
     Stream.PREDICTIONS: PredictionRecord,
     Stream.LABELS: LabelRecord,
+    Stream.THUMBNAILS: ThumbnailRecord,
 }
+
+# Records per batch where a record is large: the batch stays under the codec's limit.
+BATCH_LIMIT: dict[Stream, int] = {Stream.THUMBNAILS: PER_BATCH}
 
 
 @dataclass(frozen=True)
@@ -114,8 +121,11 @@ class RecordBatch:
         validate.identifier(self.edge, "edge")
         validate.u64(self.session, "session")
         validate.u64(self.seq, "seq")
-        if len(self.records) > 10_000:
-            raise ValidationError(f"batch of {len(self.records)} records, limit 10000")
+        limit = BATCH_LIMIT.get(self.stream, 10_000)
+        if len(self.records) > limit:
+            raise ValidationError(
+                f"{self.stream.value} batch of {len(self.records)} records, limit {limit}"
+            )
         expected = RECORD_TYPE[self.stream]
         for record in self.records:
             if type(record) is not expected:

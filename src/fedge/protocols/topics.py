@@ -12,6 +12,7 @@
     fedge/v1/{fleet}/{edge}/up/telemetry       RecordBatch, QoS 1
     fedge/v1/{fleet}/{edge}/up/predictions     RecordBatch, QoS 1
     fedge/v1/{fleet}/{edge}/up/labels          RecordBatch, QoS 1
+    fedge/v1/{fleet}/{edge}/up/thumbnails      RecordBatch, QoS 1 (only when shared)
     fedge/v1/{fleet}/alerts                    Alert raised or cleared, QoS 1 (cloud writes)
 
 The fleet level lets one broker serve several factories while ACLs keep them apart.
@@ -50,6 +51,7 @@ class Up(StrEnum):
     LABELS = "labels"
     EVALUATE = "evaluate"
     TRUST = "trust"
+    THUMBNAILS = "thumbnails"
 
 
 # The retained up/ documents (statuses, not record streams); over gRPC they go through
