@@ -18,6 +18,7 @@ from conftest import (
     make_fleet_home,
     publish_model,
     set_threshold,
+    stage_images,
     wait_config_applied,
     wait_deploy_done,
     wait_until,
@@ -28,6 +29,7 @@ from fedge.edge_manager import key_rotation
 from fedge.edge_manager.enrollment import fleet_access
 from fedge.edge_manager.service import ManagerService
 from fedge.protocols import topics
+from fedge.protocols.thumbnails import ThumbnailPolicy
 from fedge.transport.acl import fleet_acl
 from fedge.transport.memory import MemoryBroker
 
@@ -137,3 +139,30 @@ def test_a_key_rotation_on_the_twin(twin: Twin) -> None:
         expect=lambda v: sorted(v.on_current_key()) == list(EDGES),
     )
     assert view.behind() == []
+
+
+def test_only_the_station_set_to_share_sends_thumbnails(twin: Twin) -> None:
+    fh = twin.fh
+    publish_model(fh, 1)
+    for edge in EDGES:
+        wait_deploy_done(fh, deploy(fh, 1, [edge]), edge)
+    with fh.fleet() as fleet:
+        (pushed,) = fleet.set_thumbnails(["st-01"], ThumbnailPolicy(size=32, rejects_only=False))
+    wait_config_applied(fh, "st-01", pushed.version)
+    images = [path.read_bytes() for path in stage_images(fh.root / "images" / "inbox", "t", 3)]
+    scored = {
+        edge: [agent.score_image(data, suffix=".png").record for data in images]
+        for edge, agent in twin.agents.items()
+    }
+    wait_until(
+        lambda: fh.db.query("SELECT edge, prediction_id, width, height FROM thumbnails"),
+        10,
+        "st-01's three thumbnails",
+        expect=lambda rows: len(rows) == 3,
+    )
+    rows = fh.db.query("SELECT edge, prediction_id, width, height FROM thumbnails")
+    assert {r["prediction_id"] for r in rows} == {p.prediction_id for p in scored["st-01"]}
+    assert {(r["edge"], max(r["width"], r["height"])) for r in rows} == {("st-01", 32)}
+    # st-02's images never left it: it made none, so the manager had none to drop.
+    assert twin.agents["st-02"].counters["thumbnails.queued"] == 0
+    assert twin.agents["st-01"].counters["thumbnails.queued"] == 3

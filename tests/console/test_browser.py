@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import (
     FleetHome,
@@ -249,6 +250,49 @@ def test_an_operator_runs_the_fleet_from_the_browser(
         expect_text(browser, "error", "viewers cannot act")
         shots.take("viewer-refused")
         assert fh.row("SELECT max(version) AS v FROM desired WHERE kind='config'") == {"v": 2}
+
+        # -- thumbnails: none until st-01's config shares them; then the edge page and the
+        # label queue show the images it scored (a viewer may look), and nobody else can
+        assert fh.db.scalar("SELECT count(*) FROM thumbnails") == 0
+        processes.cli("edge", "set-thumbnails", EDGE, "--share", "--all", "--home", home)
+        wait_until(
+            lambda: fh.row("SELECT config_applied FROM edges WHERE edge=?", (EDGE,)),
+            15,
+            "st-01 to apply the config that shares thumbnails",
+            expect=lambda row: row["config_applied"] == 3,
+        )
+        drop_images(fh.inbox(EDGE), "shared", 2)
+        wait_until(
+            lambda: fh.db.scalar("SELECT count(*) FROM thumbnails WHERE edge=?", (EDGE,)),
+            30,
+            "st-01's thumbnails at the manager",
+            expect=lambda n: n == 2,
+        )
+        browser.get(f"{base}/edges/{EDGE}")
+        assert cell_of_edge_page(browser, "images").startswith("thumbnails of all scored images")
+        thumbs = browser.find_elements(By.CSS_SELECTOR, "img.thumb")
+        assert len(thumbs) == 2
+        wait_for(
+            browser,
+            "the thumbnails to load",
+            10,
+            lambda d: all(
+                d.execute_script("return arguments[0].naturalWidth", t) > 0 for t in thumbs
+            ),
+        )
+        browser.execute_script("arguments[0].scrollIntoView()", thumbs[0])
+        shots.take("edge-thumbnails")
+        browser.find_element(By.LINK_TEXT, "Label queue").click()
+        WebDriverWait(browser, 10).until(lambda d: d.find_elements(By.ID, "queue"))
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#queue img.thumb")) == 2
+        first_thumb = browser.find_element(By.CSS_SELECTOR, "#queue img.thumb")
+        src = str(first_thumb.get_attribute("src"))
+        assert src.endswith(".png"), src
+        anonymous = httpx.get(src)
+        assert anonymous.status_code == 403, "a thumbnail without a session"
+        missing = src.replace(f"/edges/{EDGE}/", "/edges/st-02/")
+        browser.get(missing)
+        assert "no such thumbnail" in browser.page_source, "another edge's thumbnail"
         assert console.running(), console.output()
     finally:
         service.stop()

@@ -74,9 +74,7 @@ class ThumbnailSharer:
         self._lock = threading.Lock()
         self._sent: deque[float] = deque()
 
-    def offer(
-        self, policy: ThumbnailPolicy | None, record: PredictionRecord, data: bytes
-    ) -> bool:
+    def offer(self, policy: ThumbnailPolicy | None, record: PredictionRecord, data: bytes) -> bool:
         """Queue a thumbnail of ``data`` (the image ``record`` scored) if the policy
         admits it; True if queued. Never raises: the prediction is recorded already."""
         if policy is None:

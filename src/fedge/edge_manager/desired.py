@@ -4,6 +4,7 @@ import dataclasses
 from typing import TypedDict
 
 from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
+from fedge.protocols.deployment import DeploymentDesired
 from fedge.protocols.thumbnails import ThumbnailPolicy
 
 
@@ -19,9 +20,6 @@ class ConfigChange(TypedDict, total=False):
     clear_privacy: bool
     thumbnails: ThumbnailPolicy | None
     clear_thumbnails: bool
-
-
-from fedge.protocols.deployment import DeploymentDesired
 
 
 def next_config(

@@ -71,9 +71,7 @@ def check_png(data: bytes) -> tuple[int, int]:
         raise ValidationError(f"thumbnail is {len(data)} bytes, limit {MAX_PNG_BYTES}")
     width, height = png_size(data)
     if not (1 <= width <= MAX_SIDE and 1 <= height <= MAX_SIDE):
-        raise ValidationError(
-            f"thumbnail is {width}x{height} pixels, limit {MAX_SIDE}x{MAX_SIDE}"
-        )
+        raise ValidationError(f"thumbnail is {width}x{height} pixels, limit {MAX_SIDE}x{MAX_SIDE}")
     return width, height
 
 
