@@ -257,20 +257,17 @@ def set_thumbnails(
     except ProtocolError as exc:
         raise typer.BadParameter(str(exc)) from None
     for pushed in fleet.set_thumbnails(edges, policy):
-        console.print(f"{pushed.edge}: desired config v{pushed.version} ({_images(policy)})")
+        console.print(f"{pushed.edge}: desired config v{pushed.version} (images {_images(policy)})")
     warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
 
 
 def _images(policy: Any) -> str:
     """What a station's config says of its images (a ThumbnailPolicy, its dict, or None)."""
     if policy is None:
-        return "images stay on the station"
+        return "stay on the station"
     plain = policy if isinstance(policy, dict) else vars(policy)
-    which = "rejected" if plain["rejects_only"] else "all scored"
-    return (
-        f"shares thumbnails of {which} images, {plain['size']} px, "
-        f"at most {plain['per_minute']}/min"
-    )
+    which = "rejected ones" if plain["rejects_only"] else "all scored"
+    return f"shared as thumbnails: {which}, {plain['size']} px, at most {plain['per_minute']}/min"
 
 
 def _privacy(budget: dict[str, float] | None, spent: float | None) -> str:

@@ -33,6 +33,7 @@ from fedge.edge_manager.registry import TrainableSource
 from fedge.edge_manager.store import Store
 from fedge.edge_manager.superlink_access import KeySync, fleet_superlink
 from fedge.protocols.manifest import Preprocess
+from fedge.protocols.thumbnails import ThumbnailPolicy
 from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.sim.processes import FedgeProcess
 from fedge.transport.broker import free_port
@@ -274,7 +275,15 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
         "threshold report",
     )
     console.print(f"threshold 0.72 pushed to st-01 -> applied and reported in {run.push_s:.3f}s")
+    # st-01 shares thumbnails of what it rejects (for the console); the others do not.
+    shares = fleet.set_thumbnails(["st-01"], ThumbnailPolicy())[0]
+    _wait(
+        lambda: _edge_state(store, "st-01").get("config_applied") == shares.version,
+        10,
+        "the config sharing st-01's thumbnails",
+    )
     run.truth.update(_score_and_label(out, fleet, store, version=1))
+    run.thumbnails = _shared_thumbnails(store)
 
     console.rule(f"[bold]cloud -> edge: distil {MODEL}:1 into a compact student")
     student_ref = _distill_and_publish(out, fleet, run)
@@ -285,6 +294,28 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
     )
     run.truth.update(_score_and_label(out, fleet, store, version=2))
     return 0
+
+
+def _shared_thumbnails(store: Store) -> dict[str, int]:
+    """Wait for st-01's thumbnails of its rejects (at most the policy's per minute)."""
+    rejects = int(
+        store.scalar("SELECT count(*) FROM predictions WHERE edge='st-01' AND decision='reject'")
+    )
+    expected = min(rejects, ThumbnailPolicy().per_minute)
+
+    def kept() -> dict[str, int]:
+        rows = store.query("SELECT edge, count(*) AS n FROM thumbnails GROUP BY edge")
+        return {str(r["edge"]): int(r["n"]) for r in rows}
+
+    _wait(lambda: kept().get("st-01", 0) >= expected, 20, "st-01's thumbnails")
+    shared = {edge: kept().get(edge, 0) for edge in EDGES}
+    console.print(
+        f"thumbnails at the manager: {shared} (st-01 shares those of its {rejects} rejects, "
+        f"at most {ThumbnailPolicy().per_minute} a minute; the others' images stay on "
+        "their stations)",
+        highlight=False,
+    )
+    return shared
 
 
 def _distill_and_publish(out: Path, fleet: Fleet, run: FleetRun) -> str:

@@ -118,6 +118,9 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
                 f"- deployment of {teacher_ref} to {len(EDGES)} edges (download, verify, smoke "
                 f"test, swap): {run.deploy_s[teacher_ref]:.2f} s",
                 f"- threshold push to st-01 until reported applied: {run.push_s:.3f} s",
+                f"- thumbnails at the manager by station: {run.thumbnails} (only st-01's "
+                "config shares them, of rejected images; every other image stayed on its "
+                "station)",
                 f"- student {student_ref} distilled from {teacher_ref} (Hinton et al. 2015, "
                 f"T={student.temperature:g}) on {student.data} in {run.distill_s:.1f} s: "
                 f"{student.student_params} parameters vs {student.teacher_params} "
@@ -181,6 +184,7 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
         "edges": edges,
         "models": models,
         "push_s": run.push_s,
+        "thumbnails": run.thumbnails,
         "distill_s": run.distill_s,
         "student": student_summary,
     }

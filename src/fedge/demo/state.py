@@ -44,6 +44,8 @@ class FleetRun:
     distill_s: float = 0.0
     student: StudentReport | None = None
     truth: dict[str, str] = dataclasses.field(default_factory=dict)
+    # Thumbnails at the manager by station: only st-01's config shares them.
+    thumbnails: dict[str, int] = dataclasses.field(default_factory=dict)
     learning: Learning | None = None
     closed_loop: ClosedLoop | None = None
     privacy: PrivacyChapter | None = None
