@@ -9,6 +9,7 @@ reads the latest commit of ``fedge manager serve``. Routes hold no SQL: pages co
 import asyncio
 import json
 import secrets
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -69,6 +70,9 @@ class Console:
         self.home = home
         self.poll_s = poll_s
         self.sessions = Sessions()
+        # The newest fleet snapshot the live streams share (monotonic time, JSON).
+        self._snapshot: tuple[float, str] | None = None
+        self._snapshot_lock = asyncio.Lock()
         env = Environment(
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
         )
@@ -309,27 +313,40 @@ class Console:
 
     # -- live updates
 
+    async def fleet_snapshot(self) -> str:
+        """Every edge's cells as JSON, shared by all open streams: built at most four
+        times a poll (so a stream sees it at most a quarter poll late) however many
+        operators watch."""
+        async with self._snapshot_lock:
+            now = time.monotonic()
+            if self._snapshot is None or now - self._snapshot[0] >= self.poll_s / 4:
+
+                def build(fleet: Fleet) -> str:
+                    rows = fleet_table(fleet).rows
+                    return json.dumps({row.edge: row.cells for row in rows}, sort_keys=True)
+
+                self._snapshot = (now, await self.run(build))
+            return self._snapshot[1]
+
     async def events(self, request: Request) -> Response:
         who = await self.user(request)
         if who is None:
             return Response("log in first", status_code=403)
         session_id, name = who[0].session_id, who[1].name
 
-        def snapshot(fleet: Fleet) -> str | None:
-            if accounts.account(fleet.store, name) is None:
-                return None  # the token was removed: the stream ends with the session
-            rows = fleet_table(fleet).rows
-            return json.dumps({row.edge: row.cells for row in rows}, sort_keys=True)
+        def still_allowed(fleet: Fleet) -> bool:
+            # The token was removed: the stream ends with the session.
+            return accounts.account(fleet.store, name) is not None
 
         async def stream() -> AsyncIterator[str]:
             last = None
             # Polling the store is what makes a change made anywhere (CLI, another
             # console, an edge's report ingested by serve) show up within poll_s.
             while self.sessions.get(session_id) is not None:
-                payload = await self.run(snapshot)
-                if payload is None:
+                if not await self.run(still_allowed):
                     self.sessions.end(session_id)
                     return
+                payload = await self.fleet_snapshot()
                 if payload != last:
                     yield f"data: {payload}\n\n"
                     last = payload

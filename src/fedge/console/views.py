@@ -91,7 +91,7 @@ def cells(view: dict[str, Any], in_force: EdgeConfig | None) -> dict[str, str]:
         "predictions": str(predictions),
         "reject_rate": percent(rejects / predictions if predictions else None),
         "agreement": percent(view["label_agreement"]),
-        "gaps": f"{len(gaps)} ({missing} batches)" if gaps else "none",
+        "gaps": f"{len(gaps)} ({missing} batch{'' if missing == 1 else 'es'})" if gaps else "none",
     }
 
 
