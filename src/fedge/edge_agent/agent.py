@@ -2,12 +2,13 @@
 
 Threads: paho's network thread (callbacks only enqueue or do short work), a deploy thread
 (downloads never block MQTT), and a publisher thread that seals pending records into
-numbered batches and drains the outbox, deleting a batch only on the broker's PUBACK.
+numbered batches and drains the outbox, deleting a batch only on the broker's PUBACK
+(publisher.py). What a session states about the agent is assembled in statements.py;
+whether the station trains is decided in training.py.
 """
 
 import logging
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from functools import partial
@@ -24,13 +25,16 @@ from fedge.edge_agent.evaluations import Evaluations
 from fedge.edge_agent.labels_down import apply_labels
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
+from fedge.edge_agent.publisher import Publisher
 from fedge.edge_agent.renewal import renewer_for
 from fedge.edge_agent.scorer import ImageFile as ImageFile
 from fedge.edge_agent.scorer import Scorer
 from fedge.edge_agent.scoring import Scored
 from fedge.edge_agent.settings import AgentSettings
-from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.edge_agent.statements import done_versions, in_force, liveness
+from fedge.edge_agent.supervisor import SupernodeSupervisor
 from fedge.edge_agent.telemetry import add_metric, emit_metrics
+from fedge.edge_agent.training import supernode_spec
 from fedge.edge_agent.trust import KeyTrust
 from fedge.party.dataset import StationData
 from fedge.protocols import codec, topics
@@ -43,9 +47,6 @@ from fedge.transport.mqtt import Message, MqttSession, PublishResult, Will
 from fedge.transport.session import Session, SessionFactory
 
 log = logging.getLogger(__name__)
-
-# How often the publisher trims the store's prediction and label index.
-PRUNE_EVERY_S = 60.0
 
 
 class EdgeAgent:
@@ -100,7 +101,6 @@ class EdgeAgent:
         )
         self.session = self.store.get("session")
         self._session = int(self.session) if self.session is not None else -1
-        self._stop = threading.Event()
         self.configs = Configs(
             settings,
             self.store,
@@ -149,7 +149,17 @@ class EdgeAgent:
             statements=self._statements,
             counters=self.counters,
         )
-        self._publisher = threading.Thread(target=self._publish_loop, name="publisher", daemon=True)
+        self._publisher = Publisher(
+            settings,
+            self.store,
+            self.counters,
+            outbox=self.outbox,
+            poller=self.desired_poller,
+            connected=lambda: self.mqtt.connected.is_set(),
+            config=lambda: self.config,
+            session=lambda: self._session,
+            emit_metrics=self._emit_metrics,
+        )
 
     # -- persistent state
 
@@ -180,18 +190,16 @@ class EdgeAgent:
         self._publisher.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        self._publisher.stop()
         if self.renewer is not None:
             self.renewer.stop()
         self._publisher.join(timeout=5)
-        goodbye = Liveness(
+        goodbye = liveness(
             self.settings.edge,
             max(self._session, 0),
             EdgeState.OFFLINE,
-            __version__,
             self.serving,
             self.applied_version,
-            time.time(),
         )
         self.desired_poller.farewell(codec.encode(goodbye))
         self.desired_poller.close()
@@ -203,32 +211,8 @@ class EdgeAgent:
 
     def _apply_training(self) -> None:
         """Run the station's SuperNode while its config enables training; stop it otherwise."""
-        supervisor, config = self.supervisor, self.config
-        if supervisor is None:
-            return
-        policy = None if config is None else config.training
-        if policy is None or not policy.enabled:
-            supervisor.apply(None)
-            return
-        if not self.settings.superlink:
-            self.counters["training.no_superlink"] += 1
-            log.error("training is enabled but agent.toml names no superlink; not training")
-            supervisor.apply(None)
-            return
-        tls = self.settings.tls()
-        supervisor.apply(
-            SupernodeSpec(
-                superlink=self.settings.superlink,
-                edge=self.settings.edge,
-                data_dir=self.settings.data_dir,
-                holdout_percent=self.settings.holdout_percent,
-                threads=policy.threads,
-                max_seconds=policy.max_minutes * 60.0,
-                # TLS to the SuperLink, signing with the station's own key (node auth).
-                root_certificates=None if tls is None else tls.ca,
-                auth_key=None if tls is None else tls.key,
-            )
-        )
+        if self.supervisor is not None:
+            self.supervisor.apply(supernode_spec(self.settings, self.config, self.counters))
 
     def _topic(self, kind: topics.Up) -> str:
         return topics.up(self.settings.fleet, self.settings.edge, kind)
@@ -247,39 +231,25 @@ class EdgeAgent:
 
     def _statements(self) -> list[tuple[topics.Up, bytes]]:
         """What a new session states, in order: the birth, then what is in force."""
-        birth = Liveness(
-            self.settings.edge,
-            self._session,
-            EdgeState.ONLINE,
-            __version__,
-            self.serving,
-            self.applied_version,
-            time.time(),
+        edge, session = self.settings.edge, self._session
+        birth = liveness(edge, session, EdgeState.ONLINE, self.serving, self.applied_version)
+        return in_force(
+            birth,
+            configs=self.configs,
+            deployments=self.deployments,
+            evaluations=self.evaluations,
+            trust=self.trust,
         )
-        statements = [(topics.Up.STATE, codec.encode(birth))]
-        if self.configs.last_report is not None:
-            statements.append((topics.Up.CONFIG, self.configs.last_report))
-        last_deploy = self.deployments.last_status
-        if last_deploy is not None:
-            statements.append((topics.Up.DEPLOY, last_deploy))
-        last_evaluation = self.evaluations.last_report
-        if last_evaluation is not None:
-            statements.append((topics.Up.EVALUATE, last_evaluation))
-        if self.trust.last_report is not None:
-            statements.append((topics.Up.TRUST, self.trust.last_report))
-        return statements
 
     def _known_versions(self) -> dict[str, int]:
         """The version of each desired document this agent is done with (for gRPC polls)."""
-        return {
-            topics.Down.CONFIG.value: max(
-                self.applied_version, self.deployments.config_done_version
-            ),
-            topics.Down.DEPLOY.value: self.deployments.done_version,
-            topics.Down.LABELS.value: int(self.store.get("labels_version") or 0),
-            topics.Down.EVALUATE.value: self.evaluations.done_version,
-            topics.Down.TRUST.value: self.trust.done_version,
-        }
+        return done_versions(
+            self.applied_version,
+            self.store,
+            deployments=self.deployments,
+            evaluations=self.evaluations,
+            trust=self.trust,
+        )
 
     # -- incoming
 
@@ -377,44 +347,13 @@ class EdgeAgent:
     def add_metric(self, name: str, value: float) -> None:
         add_metric(self.store, name, value)
 
-    # -- outgoing records
-
-    def _publish_loop(self) -> None:
-        last_metrics = time.monotonic()
-        last_prune = 0.0
-        while not self._stop.wait(self.settings.flush_interval_s):
-            try:
-                config = self.config
-                batch_max = 500 if config is None else config.batch_max_records
-                self.store.seal_batches(self.settings.edge, max(self._session, 0), batch_max)
-                self.desired_poller.tick()
-                if self.mqtt.connected.is_set() and self.settings.report_via == "mqtt":
-                    self._drain_outbox()
-                elif self.settings.report_via == "grpc" or self.desired_poller.active:
-                    # MQTT blocked for a while: records go the way configs come. A batch
-                    # also in flight on MQTT may reach the manager twice; its (edge,
-                    # stream, seq) key stores it once.
-                    self.outbox.upload()
-                interval = 5.0 if config is None else config.report_interval_s
-                if time.monotonic() - last_metrics >= interval:
-                    last_metrics = time.monotonic()
-                    self._emit_metrics()
-                if time.monotonic() - last_prune >= PRUNE_EVERY_S:
-                    last_prune = time.monotonic()
-                    self._prune_index()
-            except Exception:  # the publisher must outlive any single failure
-                log.exception("publisher iteration failed")
+    # -- outgoing records (the publisher thread: publisher.py)
 
     def _drain_outbox(self) -> None:
         self.outbox.drain()
 
     def _on_published(self, result: PublishResult) -> None:
         self.outbox.on_published(result)
-
-    def _prune_index(self) -> None:
-        """The store's prediction and label index keeps ``keep_days`` (at least a day)."""
-        keep_s = max(self.settings.keep_days, 1.0) * 86400.0
-        self.counters["store.pruned"] += self.store.prune(time.time() - keep_s)
 
     def _emit_metrics(self) -> None:
         training = self.supervisor.status() if self.supervisor is not None else None

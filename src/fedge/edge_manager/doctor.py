@@ -16,10 +16,10 @@ Checks, each reporting one "ok" finding when it finds nothing:
   and directories holding them that others can write (they could swap the files).
 - ``plain-listener``: a listener without mutual TLS; a warning in a development home
   (``--insecure``), an error otherwise.
-- ``ca-key-encryption``: the CA key stored without a passphrase (a warning: the file is
-  0600, but a copied disk or backup then holds the fleet's root).
-- ``crl``: a CRL that does not parse, is not the fleet CA's, has expired, or lacks a
-  revocation recorded in the store.
+- ``ca-key-encryption`` (doctor_ca.py): the CA key stored without a passphrase (a
+  warning: the file is 0600, but a copied disk or backup then holds the fleet's root).
+- ``crl`` (doctor_ca.py): a CRL that does not parse, is not the fleet CA's, has expired,
+  or lacks a revocation recorded in the store.
 - ``secrets-in-logs``: a log file in the home holding a PEM private key.
 - ``signing-key``: stations that refused a key rotation, a rotation cut short, stations
   not yet known to trust the current key (doctor_keys.py).
@@ -30,7 +30,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal, get_args
 
-from fedge.edge_manager.doctor_keys import SIGNING_KEY, SigningKeyFact, check_signing_key
+from fedge.edge_manager.doctor_ca import CA_KEY_ENCRYPTION, CRL, check_ca_key, check_crl
+from fedge.edge_manager.doctor_ca import CrlFact as CrlFact
+from fedge.edge_manager.doctor_ca import RevokedFact as RevokedFact
+from fedge.edge_manager.doctor_keys import (
+    SIGNING_KEY,
+    Judgement,
+    SigningKeyFact,
+    check_signing_key,
+)
 
 Severity = Literal["ok", "warning", "error"]
 SEVERITIES: tuple[Severity, ...] = get_args(Severity)
@@ -43,8 +51,6 @@ DIR_FORBIDDEN_BITS = 0o002
 CERTIFICATE_EXPIRY = "certificate-expiry"
 KEY_PERMISSIONS = "key-permissions"
 PLAIN_LISTENER = "plain-listener"
-CA_KEY_ENCRYPTION = "ca-key-encryption"
-CRL = "crl"
 SECRETS_IN_LOGS = "secrets-in-logs"
 
 
@@ -80,24 +86,6 @@ class FileMode:
 
 
 @dataclass(frozen=True)
-class RevokedFact:
-    serial: int
-    identity: str
-    revoked_at: dt.datetime
-
-
-@dataclass(frozen=True)
-class CrlFact:
-    """The CRL file as read: ``problem`` says why it is unusable (missing, not a CRL, not
-    signed by the fleet CA); otherwise the serials it lists and when it expires."""
-
-    path: str
-    problem: str = ""
-    listed: frozenset[int] = frozenset()
-    next_update: dt.datetime | None = None
-
-
-@dataclass(frozen=True)
 class HomeFacts:
     insecure: bool
     now: dt.datetime
@@ -115,6 +103,11 @@ class HomeFacts:
 
 def _ok(check: str, message: str) -> Finding:
     return Finding("ok", check, "home", message)
+
+
+def _findings(check: str, judgements: Iterable[Judgement]) -> list[Finding]:
+    """The (severity, subject, message) of doctor_ca.py's and doctor_keys.py's checks."""
+    return [Finding(severity, check, subject, message) for severity, subject, message in judgements]
 
 
 # -- certificates
@@ -287,79 +280,6 @@ def check_listeners(facts: HomeFacts) -> list[Finding]:
     return findings
 
 
-# -- the CA key and the CRL
-
-
-def check_ca_key(encrypted: bool | None) -> list[Finding]:
-    if encrypted is None:
-        return []
-    if encrypted:
-        return [_ok(CA_KEY_ENCRYPTION, "the CA key is encrypted with a passphrase")]
-    return [
-        Finding(
-            "warning",
-            CA_KEY_ENCRYPTION,
-            "pki/ca.key",
-            "the CA key is stored unencrypted (0600); set FEDGE_CA_PASSPHRASE before "
-            "`fedge manager init` so a copied disk or backup does not hold the fleet's root",
-        )
-    ]
-
-
-def check_crl(
-    crl: CrlFact | None, revoked: Sequence[RevokedFact], now: dt.datetime
-) -> list[Finding]:
-    """The CRL must list every revocation in the store. Compared by serial, not by date:
-    the CRL's lastUpdate is set a few minutes back for clock skew, so a fresh CRL can
-    look older than the revocation it carries."""
-    if crl is None:
-        return []
-    if crl.problem:
-        return [
-            Finding(
-                "error",
-                CRL,
-                crl.path,
-                f"{crl.problem}: revoked stations may be let in; `fedge edge revoke ID` "
-                "rewrites it",
-            )
-        ]
-    findings: list[Finding] = []
-    missing = sorted((r for r in revoked if r.serial not in crl.listed), key=lambda r: r.revoked_at)
-    if missing:
-        newest = missing[-1]
-        revoked_at = f"{newest.revoked_at:%Y-%m-%d %H:%M} UTC"
-        findings.append(
-            Finding(
-                "error",
-                CRL,
-                crl.path,
-                f"older than the newest revocation: {len(missing)} revoked certificate(s) "
-                f"not listed (newest: {newest.identity}, revoked {revoked_at}), so the "
-                f"broker still admits them; run `fedge edge revoke {newest.identity}` "
-                "again to rewrite it",
-            )
-        )
-    if crl.next_update is not None and crl.next_update <= now:
-        findings.append(
-            Finding(
-                "error",
-                CRL,
-                crl.path,
-                f"expired {crl.next_update:%Y-%m-%d}: TLS stacks may refuse every client; "
-                "`fedge edge revoke ID` rewrites it",
-            )
-        )
-    if not findings:
-        findings.append(
-            _ok(
-                CRL,
-                f"the CRL is the fleet CA's and lists every revoked certificate ({len(revoked)})",
-            )
-        )
-    return findings
-
-
 def check_logs(logs_with_keys: Sequence[str]) -> list[Finding]:
     if not logs_with_keys:
         return [_ok(SECRETS_IN_LOGS, "no private key in the home's logs")]
@@ -380,14 +300,12 @@ def diagnose(facts: HomeFacts) -> list[Finding]:
         *check_certificates(facts.certificates, facts.now),
         *check_permissions(facts.secret_files, facts.secret_dirs),
         *check_listeners(facts),
-        *check_ca_key(facts.ca_key_encrypted),
-        *check_crl(facts.crl, facts.revoked, facts.now),
+        *_findings(CA_KEY_ENCRYPTION, check_ca_key(facts.ca_key_encrypted)),
+        *_findings(CRL, check_crl(facts.crl, facts.revoked, facts.now)),
         *check_logs(facts.logs_with_keys),
-        *(
-            Finding(severity, SIGNING_KEY, subject, message)
-            for severity, subject, message in (
-                [] if facts.signing_key is None else check_signing_key(facts.signing_key)
-            )
+        *_findings(
+            SIGNING_KEY,
+            [] if facts.signing_key is None else check_signing_key(facts.signing_key),
         ),
     ]
     rank = {"error": 0, "warning": 1, "ok": 2}
