@@ -11,6 +11,7 @@ from conftest import FleetHome, console_login, make_fleet_home, publish_model, s
 from fedge.console.fleet_table import TableQuery, fleet_table
 from fedge.console.views import fleet_row
 from fedge.edge_manager.ingest import Ingestor
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
 from fedge.protocols.liveness import EdgeState, Liveness
@@ -29,8 +30,8 @@ def fh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
     v = set_threshold(fh, "st-02", 0.7)
 
     def status(edge: str, kind: topics.Up, payload: bytes) -> None:
-        with fh.db.transaction() as conn:
-            ingestor.handle(conn, topics.up(fh.settings.fleet, edge, kind), payload, now)
+        with IngestTransaction.open(fh.db) as tx:
+            ingestor.handle(tx, topics.up(fh.settings.fleet, edge, kind), payload, now)
 
     for edge, state, serving in (
         ("st-01", EdgeState.ONLINE, "inspect:1"),

@@ -9,6 +9,7 @@ from conftest import FLEET, FleetHome, make_fleet_home
 
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols import codec, topics
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.signing import SigningKey
@@ -93,9 +94,9 @@ def test_the_manager_shows_a_reported_deployment_rejection(
     (status,) = _deploy_reports(sent)
     with fh.fleet() as fleet:
         ingestor = Ingestor(fleet.store, FLEET)
-        with fleet.store.transaction() as conn:
+        with IngestTransaction.open(fleet.store) as tx:
             outcome = ingestor.handle(
-                conn, topics.up(FLEET, EDGE, topics.Up.DEPLOY), codec.encode(status), 1.0
+                tx, topics.up(FLEET, EDGE, topics.Up.DEPLOY), codec.encode(status), 1.0
             )
         assert outcome.verdict is Verdict.STORED
         view = fleet.show(EDGE)

@@ -33,6 +33,7 @@ from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.privacy_budget import apply_budget, lifetime_change
 from fedge.edge_manager.desired import next_config
 from fedge.edge_manager.ingest import Ingestor
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.party.budget import BudgetLedger
 from fedge.party.privacy_status import LEDGER_FILE, SpentEpsilon, write_spent
 from fedge.protocols import topics
@@ -125,8 +126,8 @@ def test_the_agent_writes_the_bound_before_it_applies_the_config(
         with fh.fleet() as fleet:
             ingestor = Ingestor(fleet.store, FLEET)
             for payload in sent:
-                with fleet.store.transaction() as conn:
-                    ingestor.handle(conn, topics.up(FLEET, EDGE, topics.Up.CONFIG), payload, 1.0)
+                with IngestTransaction.open(fleet.store) as tx:
+                    ingestor.handle(tx, topics.up(FLEET, EDGE, topics.Up.CONFIG), payload, 1.0)
             sent.clear()
             return fleet.show(EDGE)
 

@@ -9,6 +9,7 @@ from conftest import FLEET, FleetHome, make_fleet_home
 
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols import topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.signing import SigningKey
@@ -41,8 +42,8 @@ def test_an_applied_report_clears_the_previous_rejection(
             ingestor = Ingestor(fleet.store, FLEET)
             for report_topic, payload in sent:
                 assert report_topic == topic
-                with fleet.store.transaction() as conn:
-                    outcome = ingestor.handle(conn, report_topic, payload, 1.0)
+                with IngestTransaction.open(fleet.store) as tx:
+                    outcome = ingestor.handle(tx, report_topic, payload, 1.0)
                 assert outcome.verdict is Verdict.STORED
             sent.clear()
             return fleet.show(EDGE)

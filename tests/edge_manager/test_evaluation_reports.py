@@ -14,6 +14,7 @@ from fedge.edge_manager import evaluations, gating
 from fedge.edge_manager.errors import ManagerError, UnknownModelError
 from fedge.edge_manager.gate import GatePolicy
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.evaluation import (
@@ -58,8 +59,8 @@ def _report(request: gating.GateRequest, **changes: object) -> EvaluationReport:
 
 def _ingest(fh: FleetHome, payload: bytes, edge: str = EDGE) -> Outcome:
     topic = topics.up(FLEET, edge, topics.Up.EVALUATE)
-    with fh.fleet() as fleet, fleet.store.transaction() as conn:
-        return Ingestor(fleet.store, FLEET).handle(conn, topic, payload, time.time())
+    with fh.fleet() as fleet, IngestTransaction.open(fleet.store) as tx:
+        return Ingestor(fleet.store, FLEET).handle(tx, topic, payload, time.time())
 
 
 def _counts(fh: FleetHome) -> tuple[int, int, int]:
@@ -108,9 +109,9 @@ def test_a_report_is_stored_once_and_bad_ones_change_nothing(fh: FleetHome) -> N
 def test_a_report_over_grpc_is_stored_like_one_over_mqtt(fh: FleetHome) -> None:
     with fh.fleet() as fleet:
         request = gating.start(fleet, "inspect:2", [EDGE])
-        with fleet.store.transaction() as conn:
+        with IngestTransaction.open(fleet.store) as tx:
             outcome = Ingestor(fleet.store, FLEET).handle_status(
-                conn, EDGE, topics.Up.EVALUATE, codec.encode(_report(request)), time.time()
+                tx, EDGE, topics.Up.EVALUATE, codec.encode(_report(request)), time.time()
             )
     assert outcome.verdict is Verdict.STORED
 

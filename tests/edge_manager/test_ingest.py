@@ -9,6 +9,7 @@ import pytest
 from conftest import PNG_2X2
 
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
@@ -82,8 +83,8 @@ def _topic(kind: topics.Up, edge: str = EDGE) -> str:
 
 def _handle(ingestor: Ingestor, store: Store, topic: str, payload: bytes | Any) -> Outcome:
     data = payload if isinstance(payload, bytes) else codec.encode(payload)
-    with store.transaction() as conn:
-        return ingestor.handle(conn, topic, data, NOW)
+    with IngestTransaction.open(store) as tx:
+        return ingestor.handle(tx, topic, data, NOW)
 
 
 def _send(ingestor: Ingestor, store: Store, batch: RecordBatch) -> Outcome:
@@ -191,10 +192,10 @@ def test_gaps_are_per_stream(ingestor: Ingestor, store: Store) -> None:
 
 def test_grpc_upload_follows_the_same_rules(ingestor: Ingestor, store: Store) -> None:
     payload = codec.encode(_batch(0))
-    with store.transaction() as conn:
-        assert ingestor.handle_upload(conn, EDGE, payload, NOW).verdict is Verdict.STORED
-        assert ingestor.handle_upload(conn, EDGE, payload, NOW).verdict is Verdict.DUPLICATE
-        outcome = ingestor.handle_upload(conn, "st-02", payload, NOW)
+    with IngestTransaction.open(store) as tx:
+        assert ingestor.handle_upload(tx, EDGE, payload, NOW).verdict is Verdict.STORED
+        assert ingestor.handle_upload(tx, EDGE, payload, NOW).verdict is Verdict.DUPLICATE
+        outcome = ingestor.handle_upload(tx, "st-02", payload, NOW)
     assert (outcome.verdict, outcome.reason) == (Verdict.REJECTED, "invalid")
     assert _count(store, "predictions") == 2
     assert [r["topic"] for r in _rejections(store)] == ["grpc:st-02"]
@@ -204,8 +205,8 @@ def test_a_grpc_rejection_is_counted_for_the_uploading_edge(
     ingestor: Ingestor, store: Store
 ) -> None:
     """`fedge edge show` counts rejections by edge id (``WHERE edge=?``)."""
-    with store.transaction() as conn:
-        ingestor.handle_upload(conn, "st-02", b"{not json", NOW)
+    with IngestTransaction.open(store) as tx:
+        ingestor.handle_upload(tx, "st-02", b"{not json", NOW)
     assert [r["edge"] for r in _rejections(store)] == ["st-02"]
 
 
@@ -407,7 +408,8 @@ def test_any_record_batch_updates_last_seen(ingestor: Ingestor, store: Store) ->
     _send(ingestor, store, _batch(0, Stream.TELEMETRY))
     assert _edge(store)["last_seen"] == NOW
     late = codec.encode(_batch(1, Stream.TELEMETRY))
-    with store.transaction() as conn:  # a batch that waited in a queue does not move it back
-        outcome = ingestor.handle(conn, _topic(topics.Up.TELEMETRY), late, NOW - 50)
+    # A batch that waited in a queue does not move it back.
+    with IngestTransaction.open(store) as tx:
+        outcome = ingestor.handle(tx, _topic(topics.Up.TELEMETRY), late, NOW - 50)
     assert outcome.verdict is Verdict.STORED
     assert _edge(store)["last_seen"] == NOW

@@ -1,6 +1,5 @@
 """Status documents over gRPC (issue 9) are stored exactly as their MQTT twins are."""
 
-import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -8,6 +7,7 @@ from typing import Any
 import pytest
 
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
@@ -20,15 +20,15 @@ NOW = 1000.0
 
 
 def _over_mqtt(
-    ingestor: Ingestor, conn: sqlite3.Connection, kind: topics.Up, payload: bytes
+    ingestor: Ingestor, tx: IngestTransaction, kind: topics.Up, payload: bytes
 ) -> Outcome:
-    return ingestor.handle(conn, topics.up(FLEET, EDGE, kind), payload, NOW)
+    return ingestor.handle(tx, topics.up(FLEET, EDGE, kind), payload, NOW)
 
 
 def _over_grpc(
-    ingestor: Ingestor, conn: sqlite3.Connection, kind: topics.Up, payload: bytes
+    ingestor: Ingestor, tx: IngestTransaction, kind: topics.Up, payload: bytes
 ) -> Outcome:
-    return ingestor.handle_status(conn, EDGE, kind, payload, NOW)
+    return ingestor.handle_status(tx, EDGE, kind, payload, NOW)
 
 
 def _store(path: Path) -> Store:
@@ -73,8 +73,8 @@ def test_each_status_over_grpc_stores_what_mqtt_would(stores: tuple[Store, Store
     outcomes: dict[str, list[Verdict]] = {}
     for store, send, name in ((stores[0], _over_mqtt, "mqtt"), (stores[1], _over_grpc, "grpc")):
         ingestor = Ingestor(store, FLEET)
-        with store.transaction() as conn:
-            outcomes[name] = [send(ingestor, conn, kind, p).verdict for kind, p in _statuses()]
+        with IngestTransaction.open(store) as tx:
+            outcomes[name] = [send(ingestor, tx, kind, p).verdict for kind, p in _statuses()]
     assert outcomes["grpc"] == outcomes["mqtt"]
     assert outcomes["grpc"][-1] is Verdict.IGNORED  # an older session's birth
     assert _tables(stores[1]) == _tables(stores[0])
@@ -88,11 +88,11 @@ def test_bad_statuses_over_grpc_are_recorded_as_rejections(tmp_path: Path) -> No
     ingestor = Ingestor(store, FLEET)
     foreign = codec.encode(ConfigReport("st-02", ConfigStatus.APPLIED, 1, 1, "", NOW))
     try:
-        with store.transaction() as conn:
+        with IngestTransaction.open(store) as tx:
             outcomes = [
-                _over_grpc(ingestor, conn, topics.Up.CONFIG, b"{not json"),
-                _over_grpc(ingestor, conn, topics.Up.CONFIG, foreign),
-                _over_grpc(ingestor, conn, topics.Up.PREDICTIONS, b"{}"),
+                _over_grpc(ingestor, tx, topics.Up.CONFIG, b"{not json"),
+                _over_grpc(ingestor, tx, topics.Up.CONFIG, foreign),
+                _over_grpc(ingestor, tx, topics.Up.PREDICTIONS, b"{}"),
             ]
         assert [o.verdict for o in outcomes] == [Verdict.REJECTED] * 3
         assert "came from 'st-01'" in outcomes[1].detail

@@ -20,6 +20,7 @@ from fedge.edge_manager.doctor import diagnose
 from fedge.edge_manager.doctor_facts import gather
 from fedge.edge_manager.enrollment import revoke
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired
@@ -189,8 +190,8 @@ def test_a_forged_rotation_is_refused_reported_and_changes_nothing(
         # The manager stores the refusal: an operator sees it in `fedge manager keys`.
         ingestor = Ingestor(fh.db, FLEET)
         topic = topics.up(FLEET, EDGE, topics.Up.TRUST)
-        with fh.db.transaction() as conn:
-            outcome = ingestor.handle(conn, topic, reports_payload(sent), 1.0)
+        with IngestTransaction.open(fh.db) as tx:
+            outcome = ingestor.handle(tx, topic, reports_payload(sent), 1.0)
         assert outcome.verdict is Verdict.STORED
         view = key_rotation.trust_view(fh.home)
         row = next(e for e in view.edges if e.edge == EDGE)

@@ -13,6 +13,7 @@ from fedge.cli.main import app
 from fedge.edge_manager import labels, retention
 from fedge.edge_manager.home import ManagerSettings
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.labels import Applied, Label, Origin
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
@@ -84,9 +85,9 @@ def test_station_labels_follow_the_same_rule(tmp_path: Path) -> None:
     )
     for seq, record in enumerate(records):
         batch = RecordBatch(EDGE, Stream.LABELS, 1, seq, (record,))
-        with store.transaction() as conn:
+        with IngestTransaction.open(store) as tx:
             topic = topics.up("plant-a", EDGE, topics.Up.LABELS)
-            assert ingestor.handle(conn, topic, codec.encode(batch), 100.0).verdict is (
+            assert ingestor.handle(tx, topic, codec.encode(batch), 100.0).verdict is (
                 Verdict.STORED
             )
     assert _current(store) == [("l-new", "clean")]

@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeployStage, DeployStatus
@@ -220,12 +221,13 @@ def test_an_edge_that_rolled_back_shows_rolled_back_and_why(fh: FleetHome) -> No
         "st-01", deployment, 1, "inspect", 2, DeployStage.ROLLED_BACK, reason, "inspect:1", 1.0
     )
     ingestor = Ingestor(fh.db, fh.settings.fleet)
-    outcome = ingestor.handle(
-        fh.db.conn,
-        topics.up(fh.settings.fleet, "st-01", topics.Up.DEPLOY),
-        codec.encode(status),
-        time.time(),
-    )
+    with IngestTransaction.open(fh.db) as tx:
+        outcome = ingestor.handle(
+            tx,
+            topics.up(fh.settings.fleet, "st-01", topics.Up.DEPLOY),
+            codec.encode(status),
+            time.time(),
+        )
     assert outcome.verdict is Verdict.STORED
     row = fh.edge_row("st-01")
     assert (row["deploy_stage"], row["deploy_reason"], row["serving"]) == (

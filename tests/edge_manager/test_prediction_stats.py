@@ -6,6 +6,7 @@ import sqlite3
 from pathlib import Path
 
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.records import PredictionRecord, RecordBatch, Stream
@@ -73,9 +74,9 @@ def _ingest(
     payload: bytes | None = None,
 ) -> Verdict:
     batch = RecordBatch(EDGE, Stream.PREDICTIONS, 1, 0, records)
-    with store.transaction() as conn:
+    with IngestTransaction.open(store) as tx:
         return ingestor.handle(
-            conn,
+            tx,
             topics.up(FLEET, EDGE, topics.Up.PREDICTIONS),
             payload or codec.encode(batch),
             10.0,

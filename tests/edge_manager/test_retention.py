@@ -17,6 +17,7 @@ from conftest import PNG_2X2, FleetHome, Processes, wait_until
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.retention import DAY_S, Pruner, RetentionPolicy, due, prune_step, totals
 from fedge.edge_manager.service import ManagerService
 from fedge.edge_manager.store import Store
@@ -77,9 +78,9 @@ def _deliver(
 ) -> Verdict:
     """One batch made at ``at`` and arriving then (``at`` is the manager's clock too)."""
     batch = RecordBatch(EDGE, stream, 1, seq, _records(stream, seq, at))
-    with store.transaction() as conn:
+    with IngestTransaction.open(store) as tx:
         topic = topics.up(FLEET, EDGE, topics.Up(stream.value))
-        return ingestor.handle(conn, topic, codec.encode(batch), at).verdict
+        return ingestor.handle(tx, topic, codec.encode(batch), at).verdict
 
 
 def _prune(store: Store, policy: RetentionPolicy = POLICY, chunk: int = 1000) -> dict[str, int]:

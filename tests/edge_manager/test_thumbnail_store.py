@@ -11,6 +11,7 @@ from conftest import PNG_2X2
 
 from fedge.edge_manager import thumbnail_store
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
@@ -47,9 +48,9 @@ def _send(
 ) -> Verdict:
     records = tuple(ThumbnailRecord(i, NOW + n, png) for n, i in enumerate(ids))
     payload = codec.encode(RecordBatch(edge, Stream.THUMBNAILS, 1, seq, records))
-    with store.transaction() as conn:
+    with IngestTransaction.open(store) as tx:
         topic = topics.up(FLEET, edge, topics.Up.THUMBNAILS)
-        return ingestor.handle(conn, topic, payload, NOW).verdict
+        return ingestor.handle(tx, topic, payload, NOW).verdict
 
 
 def test_kept_while_shared_and_dropped_once_sharing_stops(store: Store) -> None:
@@ -85,9 +86,9 @@ def test_a_station_never_sees_or_overwrites_another_stations_thumbnail(store: St
     }
     # A station writes only its own topic: a batch naming another edge is refused.
     forged = RecordBatch("st-02", Stream.THUMBNAILS, 1, 5, (ThumbnailRecord("p-7", 1.0, PNG_2X2),))
-    with store.transaction() as conn:
+    with IngestTransaction.open(store) as tx:
         topic = topics.up(FLEET, "st-01", topics.Up.THUMBNAILS)
-        outcome = ingestor.handle(conn, topic, codec.encode(forged), NOW)
+        outcome = ingestor.handle(tx, topic, codec.encode(forged), NOW)
     assert outcome.verdict is Verdict.REJECTED
     assert thumbnail_store.get(store, "st-02", "p-7") is None
 
@@ -117,9 +118,9 @@ def test_a_bad_thumbnail_rejects_its_batch_and_changes_nothing(store: Store, png
     )
     wire = json.loads(good)
     wire["records"][0]["png"] = png
-    with store.transaction() as conn:
+    with IngestTransaction.open(store) as tx:
         topic = topics.up(FLEET, "st-01", topics.Up.THUMBNAILS)
-        outcome = ingestor.handle(conn, topic, json.dumps(wire).encode(), NOW)
+        outcome = ingestor.handle(tx, topic, json.dumps(wire).encode(), NOW)
     assert outcome.verdict is Verdict.REJECTED
     assert "thumbnail" in outcome.detail
     assert store.scalar("SELECT count(*) FROM thumbnails") == 0

@@ -18,8 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedge.edge_manager import ingest_records
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.ingest import Ingestor, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.models.tiny_onnx import build_linear_classifier
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
@@ -91,7 +93,7 @@ def publish_models(fleet: Fleet, root: Path) -> None:
 @contextmanager
 def _quiet_gaps() -> Iterator[None]:
     """The planned gaps are not news: keep ingest's per-gap warning off the terminal."""
-    logger = logging.getLogger("fedge.edge_manager.ingest")
+    logger = logging.getLogger(ingest_records.__name__)
     level = logger.level
     logger.setLevel(logging.ERROR)
     try:
@@ -117,13 +119,13 @@ def fill(fleet: Fleet, plans: list[EdgePlan], now: float) -> None:
     if pending:
         fleet.set_threshold(pending, 0.7)  # pushed; these stations have not applied it
     ingestor = Ingestor(fleet.store, fleet.fleet)
-    with _quiet_gaps(), fleet.store.transaction() as conn:
+    with _quiet_gaps(), IngestTransaction.open(fleet.store) as tx:
         for p in plans:
             if not p.seen:
                 continue
             at = now - p.seen_ago_s
             for kind, payload in _messages(p, applied[p.edge], at):
-                outcome = ingestor.handle(conn, topics.up(fleet.fleet, p.edge, kind), payload, at)
+                outcome = ingestor.handle(tx, topics.up(fleet.fleet, p.edge, kind), payload, at)
                 if outcome.verdict is not Verdict.STORED:
                     raise RuntimeError(f"ingest refused {p.edge}/{kind.value}: {outcome}")
 

@@ -12,17 +12,16 @@ Status documents (liveness and reports) are stored here; record batches in
 """
 
 import logging
-import sqlite3
 from collections import Counter
 
-from fedge.edge_manager import evaluations
 from fedge.edge_manager.ingest_checks import EnrolledEdges, storable
 from fedge.edge_manager.ingest_checks import Outcome as Outcome
 from fedge.edge_manager.ingest_checks import Verdict as Verdict
 from fedge.edge_manager.ingest_records import RecordIngest
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
-from fedge.protocols.config import ConfigReport, ConfigStatus
+from fedge.protocols.config import ConfigReport
 from fedge.protocols.deployment import DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError, ValidationError
 from fedge.protocols.evaluation import EvaluationReport
@@ -46,28 +45,28 @@ class Ingestor:
 
     # -- entry points
 
-    def handle(self, conn: sqlite3.Connection, topic: str, payload: bytes, now: float) -> Outcome:
+    def handle(self, tx: IngestTransaction, topic: str, payload: bytes, now: float) -> Outcome:
         """Ingest one MQTT message inside the caller's transaction."""
         try:
             parsed = topics.parse(topic)
             if parsed.fleet != self.fleet or parsed.direction is not topics.Direction.UP:
                 raise ValidationError(f"topic {topic!r} is not an up-topic of fleet {self.fleet}")
-            return self._dispatch(conn, parsed.edge, topics.Up(parsed.kind), payload, now)
+            return self._dispatch(tx, parsed.edge, topics.Up(parsed.kind), payload, now)
         except ProtocolError as exc:
             edge = topic.split("/")[3] if topic.count("/") >= 5 else ""
-            return self._reject(conn, edge, topic, exc, now)
+            return self._reject(tx, edge, topic, exc, now)
 
     def handle_upload(
-        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+        self, tx: IngestTransaction, edge: str, payload: bytes, now: float
     ) -> Outcome:
         """A record batch that came over gRPC instead of MQTT (same bytes, same rules)."""
         try:
-            return self._records.batch(conn, edge, payload, now, expected_stream=None)
+            return self._records.batch(tx, edge, payload, now, expected_stream=None)
         except ProtocolError as exc:
-            return self._reject(conn, edge, f"grpc:{edge}", exc, now)
+            return self._reject(tx, edge, f"grpc:{edge}", exc, now)
 
     def handle_status(
-        self, conn: sqlite3.Connection, edge: str, kind: topics.Up, payload: bytes, now: float
+        self, tx: IngestTransaction, edge: str, kind: topics.Up, payload: bytes, now: float
     ) -> Outcome:
         """A liveness, config or deploy report that came over gRPC instead of its up/ topic
         (issue 9: a station whose MQTT is blocked); same bytes, same code, same rules."""
@@ -75,52 +74,48 @@ class Ingestor:
         try:
             if kind not in STATUS_KINDS:
                 raise ValidationError(f"{kind.value} is not a status document")
-            return self._dispatch(conn, edge, kind, payload, now)
+            return self._dispatch(tx, edge, kind, payload, now)
         except ProtocolError as exc:
-            return self._reject(conn, edge, where, exc, now)
+            return self._reject(tx, edge, where, exc, now)
 
     # -- dispatch
 
     def _dispatch(
-        self, conn: sqlite3.Connection, edge: str, kind: topics.Up, payload: bytes, now: float
+        self, tx: IngestTransaction, edge: str, kind: topics.Up, payload: bytes, now: float
     ) -> Outcome:
         if kind is topics.Up.STATE:
-            return self._liveness(conn, edge, payload, now)
+            return self._liveness(tx, edge, payload, now)
         if kind is topics.Up.CONFIG:
-            return self._config_report(conn, edge, payload, now)
+            return self._config_report(tx, edge, payload, now)
         if kind is topics.Up.DEPLOY:
-            return self._deploy_status(conn, edge, payload, now)
+            return self._deploy_status(tx, edge, payload, now)
         if kind is topics.Up.EVALUATE:
-            return self._evaluation_report(conn, edge, payload, now)
+            return self._evaluation_report(tx, edge, payload, now)
         if kind is topics.Up.TRUST:
-            return self._trust_report(conn, edge, payload, now)
-        return self._records.batch(conn, edge, payload, now, expected_stream=Stream(kind.value))
+            return self._trust_report(tx, edge, payload, now)
+        return self._records.batch(tx, edge, payload, now, expected_stream=Stream(kind.value))
 
     def forget_cache(self) -> None:
         """Drop cached sequence state (after a rolled-back transaction)."""
         self._records.forget_cache()
 
     def _reject(
-        self, conn: sqlite3.Connection, edge: str, where: str, exc: ProtocolError, now: float
+        self, tx: IngestTransaction, edge: str, where: str, exc: ProtocolError, now: float
     ) -> Outcome:
         self.counters[f"rejected.{exc.reason}"] += 1
         detail = str(exc)[:500]
         log.warning("rejected message on %s: %s", where[:120], detail)
-        conn.execute(
-            "INSERT INTO rejections (at, edge, topic, reason, detail) VALUES (?,?,?,?,?)",
-            (now, edge[:64], where[:200], exc.reason, detail),
-        )
+        tx.rejection(now, edge, where, exc.reason, detail)
         return Outcome(Verdict.REJECTED, exc.reason, detail)
 
     # -- liveness and reports
 
-    def _liveness(self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float) -> Outcome:
+    def _liveness(self, tx: IngestTransaction, edge: str, payload: bytes, now: float) -> Outcome:
         message = codec.decode(payload, Liveness, max_bytes=self.max_bytes)
-        self._edges.check(conn, edge, message.edge)
+        self._edges.check(tx, edge, message.edge)
         storable(message.session, "session")
         storable(message.applied_config_version, "applied_config_version")
-        row = conn.execute("SELECT session FROM edges WHERE edge=?", (edge,)).fetchone()
-        current_session = int(row[0])
+        current_session = tx.session_of(edge)
         if message.state is EdgeState.ONLINE:
             stale = message.session < current_session
         else:
@@ -131,97 +126,56 @@ class Ingestor:
             self.counters["ignored.stale_liveness"] += 1
             return Outcome(Verdict.IGNORED, "stale", f"session {message.session} < current")
         if message.state is EdgeState.ONLINE:
-            conn.execute(
-                "UPDATE edges SET state=?, session=?, last_seen=?, agent_version=?, serving=?, "
-                "config_applied=max(config_applied, ?) WHERE edge=?",
-                (
-                    message.state.value,
-                    message.session,
-                    now,
-                    message.agent_version,
-                    message.serving,
-                    message.applied_config_version,
-                    edge,
-                ),
-            )
+            tx.went_online(edge, message, now)
         else:
-            conn.execute(
-                "UPDATE edges SET state=?, last_seen=? WHERE edge=?",
-                (message.state.value, now, edge),
-            )
+            tx.changed_state(edge, message.state, now)
         self.counters["stored.liveness"] += 1
         return Outcome(Verdict.STORED)
 
     def _trust_report(
-        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+        self, tx: IngestTransaction, edge: str, payload: bytes, now: float
     ) -> Outcome:
         """The manager key an edge trusts, or a rotation it refused (key_rotation.py)."""
         report = codec.decode(payload, TrustReport, max_bytes=self.max_bytes)
-        self._edges.check(conn, edge, report.edge)
+        self._edges.check(tx, edge, report.edge)
         storable(report.sequence, "sequence")
-        conn.execute(
-            "INSERT INTO edge_trust (edge, status, key_id, sequence, reason, reported_at) "
-            "VALUES (?,?,?,?,?,?) ON CONFLICT (edge) DO UPDATE SET status=excluded.status, "
-            "key_id=excluded.key_id, sequence=excluded.sequence, reason=excluded.reason, "
-            "reported_at=excluded.reported_at",
-            (edge, report.status.value, report.key_id, report.sequence, report.reason, now),
-        )
+        tx.trust_report(edge, report, now)
         self.counters[f"stored.trust_{report.status.value}"] += 1
         return Outcome(Verdict.STORED)
 
     def _config_report(
-        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+        self, tx: IngestTransaction, edge: str, payload: bytes, now: float
     ) -> Outcome:
         report = codec.decode(payload, ConfigReport, max_bytes=self.max_bytes)
-        self._edges.check(conn, edge, report.edge)
+        self._edges.check(tx, edge, report.edge)
         storable(report.applied_version, "applied_version")
         storable(report.offered_version, "offered_version")
-        conn.execute(
-            "UPDATE edges SET config_applied=max(config_applied, ?), config_status=?, "
-            "config_reason=?, config_reported_at=?, last_seen=? WHERE edge=?",
-            (
-                report.applied_version,
-                f"{report.status.value}:{report.offered_version}",
-                report.reason if report.status is ConfigStatus.REJECTED else "",
-                now,
-                now,
-                edge,
-            ),
-        )
+        tx.config_report(edge, report, now)
         self.counters["stored.config_report"] += 1
         return Outcome(Verdict.STORED)
 
     def _deploy_status(
-        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+        self, tx: IngestTransaction, edge: str, payload: bytes, now: float
     ) -> Outcome:
         status = codec.decode(payload, DeployStatus, max_bytes=self.max_bytes)
-        self._edges.check(conn, edge, status.edge)
+        self._edges.check(tx, edge, status.edge)
         storable(status.version, "version")
         storable(status.model_version, "model_version")
-        conn.execute(
-            "INSERT INTO deploy_events (edge, deployment_id, stage, reason, serving, at) "
-            "VALUES (?,?,?,?,?,?)",
-            (edge, status.deployment_id, status.stage.value, status.reason, status.serving, now),
-        )
         # A passed probation is an event of the deployment (deploy_events); the edge's
         # deployment stays ``active`` for everything that waits on that stage.
         stage = DeployStage.ACTIVE if status.stage is DeployStage.PASSED else status.stage
-        conn.execute(
-            "UPDATE edges SET deploy_id=?, deploy_stage=?, deploy_reason=?, serving=?, "
-            "last_seen=? WHERE edge=?",
-            (status.deployment_id, stage.value, status.reason, status.serving, now, edge),
-        )
+        tx.deploy_status(edge, status, stage, now)
         self.counters["stored.deploy_status"] += 1
         return Outcome(Verdict.STORED)
 
     def _evaluation_report(
-        self, conn: sqlite3.Connection, edge: str, payload: bytes, now: float
+        self, tx: IngestTransaction, edge: str, payload: bytes, now: float
     ) -> Outcome:
         """A station's answer to the gate (edge_manager/evaluations.py), stored once."""
         report = codec.decode(payload, EvaluationReport, max_bytes=self.max_bytes)
-        self._edges.check(conn, edge, report.edge)
+        self._edges.check(tx, edge, report.edge)
         storable(report.version, "version")
-        if not evaluations.store_report(conn, edge, report, now):
+        if not tx.evaluation_report(edge, report, now):
             self.counters["duplicate.evaluation_report"] += 1
             return Outcome(Verdict.DUPLICATE)
         self.counters["stored.evaluation_report"] += 1

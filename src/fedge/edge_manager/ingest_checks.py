@@ -4,10 +4,10 @@ Shared by :mod:`fedge.edge_manager.ingest` (entry points and status documents) a
 :mod:`fedge.edge_manager.ingest_records` (record batches); it imports neither.
 """
 
-import sqlite3
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols.errors import ValidationError
 
 SQLITE_INT_MAX = 2**63 - 1
@@ -40,12 +40,12 @@ class EnrolledEdges:
     def __init__(self) -> None:
         self._known: set[str] = set()
 
-    def check(self, conn: sqlite3.Connection, topic_edge: str, message_edge: str) -> None:
+    def check(self, tx: IngestTransaction, topic_edge: str, message_edge: str) -> None:
         if message_edge != topic_edge:
             raise ValidationError(
                 f"message says edge {message_edge!r} but came from {topic_edge!r}"
             )
         if topic_edge not in self._known:
-            if conn.execute("SELECT 1 FROM edges WHERE edge=?", (topic_edge,)).fetchone() is None:
+            if not tx.is_enrolled(topic_edge):
                 raise ValidationError(f"edge {topic_edge!r} is not enrolled")
             self._known.add(topic_edge)

@@ -28,6 +28,7 @@ from fedge.edge_manager.enroll_server import EnrollServer
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
+from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.monitor import Monitor, policy_from
 from fedge.edge_manager.retention import Pruner, RetentionPolicy
 from fedge.edge_manager.rollouts import RolloutDriver
@@ -68,11 +69,11 @@ _Item = Message | _Upload | _Published | _Republish
 
 
 def _ingest_upload(
-    ingestor: Ingestor, conn: sqlite3.Connection, upload: _Upload, now: float
+    ingestor: Ingestor, tx: IngestTransaction, upload: _Upload, now: float
 ) -> Outcome:
     if upload.kind is None:
-        return ingestor.handle_upload(conn, upload.edge, upload.payload, now)
-    return ingestor.handle_status(conn, upload.edge, upload.kind, upload.payload, now)
+        return ingestor.handle_upload(tx, upload.edge, upload.payload, now)
+    return ingestor.handle_status(tx, upload.edge, upload.kind, upload.payload, now)
 
 
 class _ReadSide:
@@ -279,19 +280,16 @@ class ManagerService:
         to_ack: list[Message] = []
         uploads: list[tuple[_Upload, Outcome]] = []
         try:
-            with store.transaction() as conn:
+            with IngestTransaction.open(store) as tx:
                 for item in items:
                     if isinstance(item, Message):
-                        outcome = self._isolated(
-                            conn,
-                            ingestor,
-                            partial(ingestor.handle, conn, item.topic, item.payload, now),
-                        )
+                        handle = partial(ingestor.handle, tx, item.topic, item.payload, now)
+                        outcome = self._isolated(tx, ingestor, handle)
                         self.counters[outcome.verdict.value] += 1
                         to_ack.append(item)
                     elif isinstance(item, _Upload):
                         outcome = self._isolated(
-                            conn, ingestor, partial(_ingest_upload, ingestor, conn, item, now)
+                            tx, ingestor, partial(_ingest_upload, ingestor, tx, item, now)
                         )
                         self.counters[outcome.verdict.value] += 1
                         uploads.append((item, outcome))
@@ -312,21 +310,18 @@ class ManagerService:
             upload.result.set_result(outcome)
 
     def _isolated(
-        self, conn: sqlite3.Connection, ingestor: Ingestor, handle: Callable[[], Outcome]
+        self, tx: IngestTransaction, ingestor: Ingestor, handle: Callable[[], Outcome]
     ) -> Outcome:
         """One message's writes in a savepoint: a bug it triggers cannot take the batch
         of other edges' messages down with it (they commit and are acked as usual)."""
-        conn.execute("SAVEPOINT message")
         try:
-            outcome = handle()
+            with tx.savepoint():
+                return handle()
         except Exception as exc:
-            conn.execute("ROLLBACK TO message")
             ingestor.forget_cache()
             log.exception("internal error on one message; it is recorded and dropped")
             self.counters["internal_error"] += 1
-            outcome = Outcome(Verdict.REJECTED, "internal", f"{type(exc).__name__}: {exc}")
-        conn.execute("RELEASE message")
-        return outcome
+            return Outcome(Verdict.REJECTED, "internal", f"{type(exc).__name__}: {exc}")
 
     def _drive_rollouts(self, driver: RolloutDriver) -> None:
         """Staged rollouts (rollouts.py): a tick about once a second; the desired documents
