@@ -1,11 +1,28 @@
-"""Desired documents as the serve loop and the gRPC DesiredSync read them: what is still
-to publish, the newest of each kind for an edge, and marking one published (on its
-PUBACK). Operators write them through :class:`fedge.edge_manager.fleet.Fleet`.
+"""Desired documents in the manager's store: the SQL side of every desired document.
+
+The serve loop and the gRPC DesiredSync read what is still to publish, the newest of
+each kind for an edge, and mark one published (on its PUBACK). Operators write them
+through :class:`fedge.edge_manager.fleet.Fleet`, which reads the edge's newest config,
+the models its deployments carry and the next version here, and writes signed
+documents with :func:`write`.
 """
 
+import sqlite3
 from typing import Any
 
 from fedge.edge_manager.store import Store
+from fedge.protocols import codec
+from fedge.protocols.config import EdgeConfig
+
+CONFIG = "config"
+DEPLOY = "deploy"
+
+# A deploy document names its deployment; the deployment row names the model.
+_DEPLOYED = (
+    "FROM desired x JOIN deployments d "
+    "ON d.deployment_id = json_extract(x.document, '$.deployment_id') "
+    "WHERE x.edge=? AND x.kind=?"
+)
 
 
 def unpublished(store: Store, skip: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
@@ -60,3 +77,59 @@ def latest_published(store: Store) -> list[dict[str, Any]]:
         "WHERE published_at IS NOT NULL GROUP BY edge, kind) m "
         "ON d.edge=m.edge AND d.kind=m.kind AND d.version=m.v"
     )
+
+
+def latest_config(store: Store, edge: str) -> EdgeConfig | None:
+    """``edge``'s newest desired config, published or not (None: it never had one)."""
+    row = store.conn.execute(
+        "SELECT document FROM desired WHERE edge=? AND kind=? ORDER BY version DESC LIMIT 1",
+        (edge, CONFIG),
+    ).fetchone()
+    return None if row is None else codec.decode(str(row[0]).encode(), EdgeConfig)
+
+
+def latest_version(store: Store, edge: str, kind: str) -> int | None:
+    """The newest version of ``edge``'s desired documents of ``kind`` (None: none yet)."""
+    version = store.scalar("SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, kind))
+    return None if version is None else int(version)
+
+
+def write(
+    conn: sqlite3.Connection,
+    edge: str,
+    kind: str,
+    version: int,
+    document: str,
+    envelope: str,
+    now: float,
+) -> None:
+    """Store a signed desired document for the serve loop to publish. Older ones of the
+    same kind not yet published are superseded: only the newest is worth sending."""
+    conn.execute(
+        "UPDATE desired SET superseded=1 WHERE edge=? AND kind=? AND published_at IS NULL",
+        (edge, kind),
+    )
+    conn.execute(
+        "INSERT INTO desired (edge, kind, version, document, envelope, created_at) "
+        "VALUES (?,?,?,?,?,?)",
+        (edge, kind, version, document, envelope, now),
+    )
+
+
+def deployed_model(store: Store, edge: str) -> tuple[str, int] | None:
+    """(name, version) of the model in ``edge``'s newest desired deployment, if any."""
+    row = store.conn.execute(
+        f"SELECT d.model_name, d.model_version {_DEPLOYED} ORDER BY x.version DESC LIMIT 1",
+        (edge, DEPLOY),
+    ).fetchone()
+    return None if row is None else (str(row[0]), int(row[1]))
+
+
+def deployed_models(store: Store, edge: str) -> list[tuple[str, int]]:
+    """(name, version) of every model ever deployed to ``edge``, by name then version."""
+    rows = store.conn.execute(
+        f"SELECT DISTINCT d.model_name, d.model_version {_DEPLOYED} "
+        "ORDER BY d.model_name, d.model_version",
+        (edge, DEPLOY),
+    ).fetchall()
+    return [(str(name), int(version)) for name, version in rows]

@@ -11,15 +11,22 @@ rollout's own writes pass its id. Operators' labels live in fleet_labels.py.
 """
 
 import hashlib
-import json
 import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Unpack
 
-from fedge.edge_manager import fleet_labels, fleet_views, key_rotation, labels
+from fedge.edge_manager import (
+    deployment_store,
+    desired_store,
+    edge_store,
+    fleet_labels,
+    fleet_views,
+    key_rotation,
+    labels,
+)
 from fedge.edge_manager.class_names import suggestion, unknown_class
 from fedge.edge_manager.desired import ConfigChange, next_config, next_deployment
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
@@ -33,8 +40,8 @@ from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import SigningKey
 from fedge.protocols.thumbnails import ThumbnailPolicy
 
-CONFIG = "config"
-DEPLOY = "deploy"
+CONFIG = desired_store.CONFIG
+DEPLOY = desired_store.DEPLOY
 LABELS = fleet_labels.LABELS
 
 
@@ -81,20 +88,16 @@ class Fleet:
             validate.identifier(edge, "edge")
         except ProtocolError as exc:
             raise ManagerError(str(exc)) from None
-        self.store.conn.execute(
-            "INSERT INTO edges (edge, enrolled_at, token_sha256) VALUES (?,?,?) "
-            "ON CONFLICT (edge) DO UPDATE SET token_sha256=excluded.token_sha256",
-            (edge, time.time(), token_digest(token)),
-        )
+        edge_store.enroll(self.store, edge, token_digest(token), time.time())
         # After a key rotation a new edge is told the chain too, and says it follows it.
         key_rotation.give_chain(self.store, self.fleet, edge, time.time())
 
     def authenticate(self, edge: str, token: str) -> bool:
-        row = self.store.one("SELECT token_sha256 FROM edges WHERE edge=?", (edge,))
-        return row is not None and row["token_sha256"] == token_digest(token)
+        stored = edge_store.token_sha256(self.store, edge)
+        return stored is not None and stored == token_digest(token)
 
     def edges(self, selector: list[str] | None = None) -> list[str]:
-        known = [r["edge"] for r in self.store.query("SELECT edge FROM edges ORDER BY edge")]
+        known = edge_store.names(self.store)
         if selector is None:
             return known
         missing = sorted(set(selector) - set(known))
@@ -107,11 +110,7 @@ class Fleet:
     # -- desired configuration
 
     def desired_config(self, edge: str) -> EdgeConfig | None:
-        row = self.store.one(
-            "SELECT document FROM desired WHERE edge=? AND kind=? ORDER BY version DESC LIMIT 1",
-            (edge, CONFIG),
-        )
-        return None if row is None else codec.decode(row["document"].encode(), EdgeConfig)
+        return desired_store.latest_config(self.store, edge)
 
     def set_threshold(
         self,
@@ -144,13 +143,7 @@ class Fleet:
             return None if deployed is None else f"{deployed[0]}:{deployed[1]}"
         name, version = parse_ref(model)
         self.registry.get(name, version)  # unknown: UnknownModelError, nothing changed
-        rows = self.store.query(
-            "SELECT DISTINCT d.model_name AS name, d.model_version AS version FROM desired x "
-            "JOIN deployments d ON d.deployment_id = json_extract(x.document, '$.deployment_id') "
-            "WHERE x.edge=? AND x.kind=? ORDER BY d.model_name, d.model_version",
-            (edge, DEPLOY),
-        )
-        refs = [f"{r['name']}:{r['version']}" for r in rows]
+        refs = [f"{n}:{v}" for n, v in desired_store.deployed_models(self.store, edge)]
         if f"{name}:{version}" not in refs:
             raise ManagerError(
                 f"{name}:{version} was never deployed to {edge} (deployed: "
@@ -195,13 +188,7 @@ class Fleet:
 
     def deployed_model(self, edge: str) -> tuple[str, int] | None:
         """(name, version) of the model in ``edge``'s latest desired deployment, if any."""
-        row = self.store.one(
-            "SELECT d.model_name, d.model_version FROM desired x "
-            "JOIN deployments d ON d.deployment_id = json_extract(x.document, '$.deployment_id') "
-            "WHERE x.edge=? AND x.kind=? ORDER BY x.version DESC LIMIT 1",
-            (edge, DEPLOY),
-        )
-        return None if row is None else (str(row["model_name"]), int(row["model_version"]))
+        return desired_store.deployed_model(self.store, edge)
 
     def set_training(self, edges: list[str], policy: TrainingPolicy) -> list[Pushed]:
         """Enable or disable local training on ``edges`` (a new signed config version each)."""
@@ -254,14 +241,8 @@ class Fleet:
         self, edge: str, kind: str, version: int, document: bytes, now: float
     ) -> None:
         envelope = self.key.sign_payload(document)
-        self.store.conn.execute(
-            "UPDATE desired SET superseded=1 WHERE edge=? AND kind=? AND published_at IS NULL",
-            (edge, kind),
-        )
-        self.store.conn.execute(
-            "INSERT INTO desired (edge, kind, version, document, envelope, created_at) "
-            "VALUES (?,?,?,?,?,?)",
-            (edge, kind, version, document.decode(), envelope.decode(), now),
+        desired_store.write(
+            self.store.conn, edge, kind, version, document.decode(), envelope.decode(), now
         )
 
     def write_desired(
@@ -298,15 +279,9 @@ class Fleet:
         deployment_id = f"d-{uuid.uuid4().hex[:12]}"
         now = time.time()
         with self._writing():
-            self.store.conn.execute(
-                "INSERT INTO deployments (deployment_id, model_name, model_version, edges, "
-                "created_at) VALUES (?,?,?,?,?)",
-                (deployment_id, name, version, json.dumps(edges), now),
-            )
+            deployment_store.record(self.store.conn, deployment_id, name, version, edges, now)
             for edge in edges:
-                current = self.store.scalar(
-                    "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, DEPLOY)
-                )
+                current = desired_store.latest_version(self.store, edge, DEPLOY)
                 desired = next_deployment(
                     current,
                     fleet=self.fleet,
@@ -352,11 +327,7 @@ class Fleet:
         return fleet_views.show(self, edge)
 
     def list(self) -> list[dict[str, Any]]:
-        return self.store.query(
-            "SELECT e.edge, e.state, e.session, e.last_seen, e.serving, e.config_applied, "
-            "coalesce((SELECT max(version) FROM desired d WHERE d.edge=e.edge AND d.kind='config'),"
-            " 0) AS config_desired, e.deploy_stage, e.deploy_reason FROM edges e ORDER BY e.edge"
-        )
+        return [asdict(summary) for summary in edge_store.summaries(self.store)]
 
     def label_agreement(self, edge: str) -> float | None:
         return labels.agreement(self.store.conn, edge)
