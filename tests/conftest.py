@@ -736,7 +736,7 @@ def png_bytes(image: object) -> bytes:
 
 def keep_labelled_images(data_dir: Path, seed: int, n: int = 16) -> None:
     """``n`` generated parts kept and labelled in a station's data directory."""
-    from fedge.party.dataset import Retention, StationData
+    from fedge.party.station_store import Retention, StationData
     from fedge.sim.defects import CLASSES, make_defect_images
 
     data = StationData(data_dir, Retention(holdout_percent=20))

@@ -49,7 +49,7 @@ from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.service import ManagerService
 from fedge.federation import fleet_job
 from fedge.federation.fleet_job import FleetJobResult
-from fedge.loop import runs
+from fedge.loop import run_store
 from fedge.loop.pipeline import RunState
 from fedge.loop.policy import LoopPolicy
 from fedge.loop.runner import LoopRunner
@@ -325,7 +325,7 @@ def _runner(plant: Plant) -> LoopRunner:
         abort_if="failed_activation>0",
         cooldown_s=0.0,
     )
-    runs.save_policy(plant.fh.db, policy)
+    run_store.save_policy(plant.fh.db, policy)
     wiring = manager_wiring(plant.fh.home, gate_policy=POLICY, gate_timeout_s=60)
     return LoopRunner(plant.fh.home, wiring)
 
@@ -351,9 +351,9 @@ def test_new_labels_lead_to_a_blessed_model_rolled_out_canary_first(
         (run.rollout_id,),
     )
     assert moved[0] == {"edge": MQTT_EDGE, "wave": 0}  # the canary first
-    steps = [e["step"] for e in runs.events(fh.db, run.run_id)]
+    steps = [e["step"] for e in run_store.events(fh.db, run.run_id)]
     assert steps == ["triggered", "published", "gated", "rollout_started", "rollout_ended"]
-    assert runs.observe(fh.db, "inspect").new_labels == 0  # used: nothing due now
+    assert run_store.observe(fh.db, "inspect").new_labels == 0  # used: nothing due now
 
 
 def test_a_candidate_worse_on_a_station_is_never_rolled_out(

@@ -28,7 +28,7 @@ from fedge.edge_agent.evaluations import (
 )
 from fedge.edge_manager.registry import PublishedModel
 from fedge.monitoring.features import IMAGE_STATS
-from fedge.party.dataset import is_holdout
+from fedge.party.station_store import is_holdout
 from fedge.protocols import codec, topics
 from fedge.protocols.evaluation import (
     DEFAULT_AUGMENT,

@@ -15,7 +15,7 @@ from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.fleet_job import FleetJobResult
-from fedge.loop import runs
+from fedge.loop import run_store
 from fedge.loop.pipeline import RunState
 from fedge.loop.policy import LoopPolicy
 from fedge.loop.runner import LoopRunner, Wiring
@@ -78,7 +78,7 @@ def test_new_labels_train_gate_and_roll_out(tmp_path: Path, jobs: list[str]) -> 
     home = _home(tmp_path)
     _label(home, 5)
     store = Store(home.db_path)
-    runs.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
+    run_store.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
     store.close()
     rollout = FakeRollout([(None, ""), (True, "")])
     runner = LoopRunner(home, Wiring(lambda c: (True, "better"), rollout, rollout_poll_s=0.01))
@@ -86,7 +86,7 @@ def test_new_labels_train_gate_and_roll_out(tmp_path: Path, jobs: list[str]) -> 
     assert run.state is RunState.COMPLETED and run.candidate == "inspect:2"
     assert 'model = "inspect:1"' in jobs[0] and rollout.started == ["inspect:2"]
     store = Store(home.db_path)
-    steps = [e["step"] for e in runs.events(store, run.run_id)]
+    steps = [e["step"] for e in run_store.events(store, run.run_id)]
     assert steps == ["triggered", "published", "gated", "rollout_started", "rollout_ended"]
     assert runner.tick() == []  # the labels were used: nothing is due
     store.close()
@@ -96,7 +96,7 @@ def test_a_refused_candidate_is_never_rolled_out(tmp_path: Path, jobs: list[str]
     home = _home(tmp_path)
     _label(home, 5)
     store = Store(home.db_path)
-    runs.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
+    run_store.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
     store.close()
     rollout = FakeRollout([])
     gate = lambda c: (False, "worse than inspect:1 on st-02 by 0.12")  # noqa: E731
@@ -111,7 +111,7 @@ def test_a_killed_runner_resumes_the_rollout_it_was_following(
     home = _home(tmp_path)
     _label(home, 5)
     store = Store(home.db_path)
-    runs.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
+    run_store.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
     store.close()
 
     class Dies(FakeRollout):
@@ -133,7 +133,7 @@ def test_a_runner_killed_before_storing_the_rollout_id_adopts_the_rollout(
     home = _home(tmp_path)
     _label(home, 5)
     store = Store(home.db_path)
-    runs.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
+    run_store.save_policy(store, LoopPolicy(model="inspect", job=JOB, min_new_labels=5))
     store.close()
 
     class DiesAfterStart(FakeRollout):

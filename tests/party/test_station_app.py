@@ -12,9 +12,9 @@ from PIL import Image
 
 from fedge.models.inspection import new_model
 from fedge.party import families, trainer
-from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import FamilyError, PartyError
 from fedge.party.station_app import Station, evaluate_round, model_spec, train_round
+from fedge.party.station_store import Retention, StationData
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.model_spec import ModelSpec
 from fedge.sim.defects import CLASSES, make_defect_images

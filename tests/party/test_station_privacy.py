@@ -19,10 +19,10 @@ from PIL import Image
 
 from fedge.models.inspection import new_model
 from fedge.party.budget import BudgetLedger
-from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
 from fedge.party.privacy_status import LEDGER_FILE, read_spent
 from fedge.party.station_app import Station, round_job, train_round
+from fedge.party.station_store import Retention, StationData
 from fedge.privacy import accounting
 from fedge.privacy.settings import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.manifest import Preprocess

@@ -14,6 +14,7 @@ from fedge.cli.common import (
     open_fleet,
     warn_if_not_serving,
 )
+from fedge.edge_manager import edge_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.registry import parse_ref
 
@@ -53,19 +54,15 @@ def deploy(
         return
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
-        rows = fleet.store.query(
-            "SELECT edge, deploy_stage, deploy_reason FROM edges WHERE deploy_id=?",
-            (deployment_id,),
-        )
-        finished = [r for r in rows if r["deploy_stage"] in ("active", "failed")]
+        progress = edge_store.deployment_progress(fleet.store, deployment_id)
+        finished = [p for p in progress if p.stage in ("active", "failed")]
         if len(finished) == len(targets):
-            for row in finished:
-                colour = "green" if row["deploy_stage"] == "active" else "red"
+            for edge in finished:
+                colour = "green" if edge.stage == "active" else "red"
                 console.print(
-                    f"  {row['edge']}: [{colour}]{row['deploy_stage']}[/{colour}] "
-                    f"{escape(row['deploy_reason'])}"
+                    f"  {edge.edge}: [{colour}]{edge.stage}[/{colour}] {escape(edge.reason)}"
                 )
-            if any(r["deploy_stage"] == "failed" for r in finished):
+            if any(p.stage == "failed" for p in finished):
                 raise typer.Exit(1)
             return
         time.sleep(0.2)

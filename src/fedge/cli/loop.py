@@ -58,7 +58,7 @@ def enable(
     from fedge.aggregator.fleet_manifest import load_fleet_manifest
     from fedge.edge_manager.errors import ManagerError
     from fedge.edge_manager.rollout_plan import parse_criteria, parse_duration, parse_waves
-    from fedge.loop import runs
+    from fedge.loop import run_store
     from fedge.loop.policy import LoopPolicy, alert_kinds, job_for
 
     manager_home = ManagerHome(home)
@@ -83,7 +83,7 @@ def enable(
     try:
         if store.scalar("SELECT count(*) FROM models WHERE name=?", (model,)) == 0:
             raise ManagerError(f"no version of model {model!r} is published (`fedge model list`)")
-        runs.save_policy(store, policy)
+        run_store.save_policy(store, policy)
     finally:
         store.close()
     triggers = [f"{min_new_labels} new labels"] if min_new_labels else []
@@ -108,14 +108,14 @@ def disable(
     import dataclasses
 
     from fedge.edge_manager.errors import ManagerError
-    from fedge.loop import runs
+    from fedge.loop import run_store
 
     store = Store(ManagerHome(home).db_path)
     try:
-        policy = runs.policy(store, model)
+        policy = run_store.policy(store, model)
         if policy is None:
             raise ManagerError(f"model {model!r} has no loop policy (`fedge loop status`)")
-        runs.save_policy(store, dataclasses.replace(policy, enabled=False))
+        run_store.save_policy(store, dataclasses.replace(policy, enabled=False))
     finally:
         store.close()
     console.print(f"continuous training of [bold]{model}[/bold] disabled", highlight=False)
@@ -132,16 +132,16 @@ def status(
 
     Example: fedge loop status inspect
     """
-    from fedge.loop import runs
+    from fedge.loop import run_store
     from fedge.loop.policy import decide
 
     store = Store(ManagerHome(home).db_path)
     try:
         now = time.time()
-        policies = [p for p in runs.policies(store) if model in (None, p.model)]
-        decisions = {p.model: decide(p, runs.observe(store, p.model), now) for p in policies}
-        recent = runs.runs(store, model, limit=10)
-        steps = {r.run_id: runs.events(store, r.run_id) for r in recent}
+        policies = [p for p in run_store.policies(store) if model in (None, p.model)]
+        decisions = {p.model: decide(p, run_store.observe(store, p.model), now) for p in policies}
+        recent = run_store.runs(store, model, limit=10)
+        steps = {r.run_id: run_store.events(store, r.run_id) for r in recent}
     finally:
         store.close()
     if as_json:

@@ -37,7 +37,7 @@ from fedge.edge_manager.registry import parse_ref
 from fedge.edge_manager.rollout_plan import make_plan
 from fedge.edge_manager.rollouts import Rollouts
 from fedge.edge_manager.store import Store
-from fedge.loop import runs
+from fedge.loop import run_store
 from fedge.loop.policy import LoopPolicy, alert_kinds
 from fedge.loop.runner import LoopRunner
 from fedge.loop.steps import manager_wiring
@@ -92,7 +92,7 @@ def run_closed_loop(
     _gate(fleet, flipped, result, console)
 
     # 2. Lighting drift at two stations -> alerts -> the loop trains, gates, rolls out.
-    runs.save_policy(
+    run_store.save_policy(
         store,
         LoopPolicy(
             model=MODEL,
@@ -133,7 +133,7 @@ def run_closed_loop(
         run = touched[-1]
         result.loop_state, result.loop_reason = run.state.value, run.reason
         result.loop_candidate = run.candidate
-        result.loop_steps = runs.events(store, run.run_id)
+        result.loop_steps = run_store.events(store, run.run_id)
         for step in result.loop_steps:
             console.print(f"  loop {step['step']}: {step['detail']}", highlight=False)
         if run.candidate:

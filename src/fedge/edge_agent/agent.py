@@ -36,7 +36,7 @@ from fedge.edge_agent.supervisor import SupernodeSupervisor
 from fedge.edge_agent.telemetry import add_metric, emit_metrics
 from fedge.edge_agent.training import supernode_spec
 from fedge.edge_agent.trust import KeyTrust
-from fedge.party.dataset import StationData
+from fedge.party.station_store import StationData
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError

@@ -2,7 +2,7 @@
 
 The manager asks (a signed, retained :class:`EvaluationRequest` on ``down/evaluate``, or
 over gRPC without MQTT) for the candidate model and the model this station serves to be
-scored on the station's held-out labelled images (``fedge.party.dataset``: the share a
+scored on the station's held-out labelled images (``fedge.party.station_store``: the share a
 station never trains on). Images never leave the station: the report carries per image
 and model the class scores, the station's label and the image statistics
 (``monitoring.features.image_stats``) of the prepared input. Each held-out image is also
@@ -50,7 +50,7 @@ from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
 from fedge.monitoring.features import image_stats
 from fedge.monitoring.relight import relit_copies
-from fedge.party.dataset import LabelledImage, StationData
+from fedge.party.station_store import LabelledImage, StationData
 from fedge.protocols import codec, topics
 from fedge.protocols.deployment import DeploymentDesired
 from fedge.protocols.errors import ProtocolError

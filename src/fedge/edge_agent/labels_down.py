@@ -1,6 +1,6 @@
 """Labels an operator gave at the manager, arriving at the station (signed, retained).
 
-Each label goes into the station's training set (:class:`~fedge.party.dataset.
+Each label goes into the station's training set (:class:`~fedge.party.station_store.
 StationData`) and the agent's label index, once: the document carries the newest labels
 in full, so a document no newer than the last applied one is stale.
 """
@@ -10,8 +10,8 @@ from collections import Counter
 
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
-from fedge.party.dataset import StationData
 from fedge.party.errors import StationDataError
+from fedge.party.station_store import StationData
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.signing import TrustedKeys, open_signed

@@ -25,8 +25,8 @@ from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.scoring import Scored
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.thumbnails import ThumbnailSharer
-from fedge.party.dataset import StationData
 from fedge.party.errors import StationDataError
+from fedge.party.station_store import StationData
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.records import PredictionRecord

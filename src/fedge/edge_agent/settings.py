@@ -57,7 +57,7 @@ from pathlib import Path
 
 from fedge.edge_agent.errors import SettingsError
 from fedge.edge_agent.health import ProbationPolicy
-from fedge.party.dataset import Retention
+from fedge.party.station_store import Retention
 from fedge.protocols import validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.pki import TlsFiles

@@ -11,8 +11,8 @@ from typing import Any
 
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
-from fedge.party.dataset import StationData
 from fedge.party.privacy_status import SPENT_METRIC, read_spent
+from fedge.party.station_store import StationData
 from fedge.protocols.records import MetricRecord, Stream
 
 

@@ -53,3 +53,21 @@ def summaries(store: Store) -> list[EdgeSummary]:
         " 0) AS config_desired, e.deploy_stage, e.deploy_reason FROM edges e ORDER BY e.edge"
     )
     return [EdgeSummary(**row) for row in rows]
+
+
+@dataclass(frozen=True)
+class DeployProgress:
+    """Where one edge's copy of a deployment is (``fedge deploy --wait`` shows it)."""
+
+    edge: str
+    stage: str
+    reason: str
+
+
+def deployment_progress(store: Store, deployment_id: str) -> list[DeployProgress]:
+    """The edges whose current deployment is ``deployment_id``, with its stage there."""
+    rows = store.conn.execute(
+        "SELECT edge, deploy_stage, deploy_reason FROM edges WHERE deploy_id=? ORDER BY edge",
+        (deployment_id,),
+    ).fetchall()
+    return [DeployProgress(str(e), str(stage), str(reason)) for e, stage, reason in rows]

@@ -30,6 +30,7 @@ from fedge.aggregator.job_dir import (
 )
 from fedge.aggregator.job_spec import ManifestError
 from fedge.aggregator.run_store import RunState, RunStore
+from fedge.edge_manager import fleet_job_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
@@ -94,10 +95,8 @@ def prepare(manifest_path: Path, job_dir: Path, home: ManagerHome) -> FleetJobMa
         store.close()
     # The manager knows the jobs run on its fleet (the console's jobs page reads them).
     with ManagerView(home) as (fleet, _):
-        fleet.store.conn.execute(
-            "INSERT OR REPLACE INTO fleet_jobs (job_dir, name, model, prepared_at) "
-            "VALUES (?,?,?,?)",
-            (str(job_dir.resolve()), manifest.name, manifest.task.model, time.time()),
+        fleet_job_store.record(
+            fleet.store, str(job_dir.resolve()), manifest.name, manifest.task.model, time.time()
         )
     return manifest
 

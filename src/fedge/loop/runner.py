@@ -27,7 +27,7 @@ from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.errors import FedgeError
 from fedge.federation import fleet_job
-from fedge.loop import runs
+from fedge.loop import run_store
 from fedge.loop.pipeline import (
     Event,
     Gated,
@@ -85,10 +85,10 @@ class LoopRunner:
         """One pass: finish what was started, then start what is due. Returns the runs
         this pass touched, as they ended up."""
         touched = []
-        for run in self._with_store(runs.unfinished):
+        for run in self._with_store(run_store.unfinished):
             touched.append(self.drive(run))
-        for policy in self._with_store(runs.policies):
-            seen = self._with_store(functools.partial(runs.observe, model=policy.model))
+        for policy in self._with_store(run_store.policies):
+            seen = self._with_store(functools.partial(run_store.observe, model=policy.model))
             decision = decide(policy, seen, time.time() if now is None else now)
             if not decision.start:
                 continue
@@ -97,7 +97,7 @@ class LoopRunner:
         return touched
 
     def start(self, policy: LoopPolicy, trigger: str) -> LoopRun:
-        run = runs.new_run(policy.model, trigger, time.time())
+        run = run_store.new_run(policy.model, trigger, time.time())
         job_dir = self.home.root / "loop" / run.run_id
         run = LoopRun(**{**run.__dict__, "job_dir": str(job_dir)})
         self._save(run, "triggered", trigger)
@@ -108,7 +108,7 @@ class LoopRunner:
     def drive(self, run: LoopRun) -> LoopRun:
         """Carry ``run`` through its steps until it ends."""
         while not run.state.ended:
-            policy = self._with_store(functools.partial(runs.policy, model=run.model))
+            policy = self._with_store(functools.partial(run_store.policy, model=run.model))
             if policy is None:
                 event: Event = StepFailed(f"the loop policy of {run.model} was removed")
             else:
@@ -164,7 +164,7 @@ class LoopRunner:
         return StepFailed(f"rollout {run.rollout_id} did not end within the loop's limit")
 
     def _save(self, run: LoopRun, step: str, detail: str) -> None:
-        self._with_store(lambda s: runs.save_run(s, run, step, detail))
+        self._with_store(lambda s: run_store.save_run(s, run, step, detail))
 
     def _with_store(self, use: Callable[[Store], T]) -> T:
         store = Store(self.home.db_path)

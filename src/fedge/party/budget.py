@@ -23,31 +23,14 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from fedge.party import budget_store
 from fedge.privacy.settings import BudgetExhaustedError, DpRelease, PrivacyError
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS dp_releases (
-    job TEXT NOT NULL, server_round INTEGER NOT NULL, attempt TEXT NOT NULL DEFAULT '',
-    noise_multiplier REAL NOT NULL, sample_rate REAL NOT NULL, steps INTEGER NOT NULL,
-    recorded_at REAL NOT NULL, PRIMARY KEY (job, server_round, attempt));
-CREATE TABLE IF NOT EXISTS dp_lifetime (
-    id INTEGER PRIMARY KEY CHECK (id = 1), epsilon REAL, delta REAL NOT NULL);
-"""
-_RELEASE_COLUMNS = {
-    "job",
-    "server_round",
-    "attempt",
-    "noise_multiplier",
-    "sample_rate",
-    "steps",
-}
-
-DEFAULT_LIFETIME_DELTA = 1e-3
+DEFAULT_LIFETIME_DELTA = budget_store.DEFAULT_LIFETIME_DELTA
 RELATIVE_TOLERANCE = 1e-6
 """A plan that lands exactly on its target (up to float rounding) is within it."""
 
@@ -59,24 +42,18 @@ class BudgetLedger:
         self.path = path
         self._lock = threading.Lock()
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._conn = sqlite3.connect(
-                str(path), isolation_level=None, check_same_thread=False, timeout=30.0
-            )
+            self._conn = budget_store.connect(path)
         except (OSError, sqlite3.Error) as exc:
             raise PrivacyError(f"cannot open the privacy ledger {path}: {exc}") from exc
         try:
-            self._conn.execute("PRAGMA journal_mode=WAL")
-            self._conn.execute("PRAGMA synchronous=FULL")
-            self._conn.executescript(SCHEMA)
-            columns = {row[1] for row in self._conn.execute("PRAGMA table_info(dp_releases)")}
+            columns = budget_store.prepare(self._conn)
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise PrivacyError(
                 f"{path} is not a privacy ledger ({exc}): move it aside and restore the "
                 "ledger from a backup; starting a new one forgets the epsilon already spent"
             ) from exc
-        if not _RELEASE_COLUMNS.issubset(columns):
+        if not budget_store.RELEASE_COLUMNS.issubset(columns):
             self._conn.close()
             raise PrivacyError(
                 f"{path} has a dp_releases table that is not a privacy ledger's "
@@ -92,24 +69,19 @@ class BudgetLedger:
         if not (math.isfinite(delta) and 0 < delta < 1):
             raise PrivacyError(f"a lifetime privacy delta must be in (0, 1), got {delta}")
         with self._transaction() as conn:
-            conn.execute(
-                "INSERT INTO dp_lifetime (id, epsilon, delta) VALUES (1, ?, ?) "
-                "ON CONFLICT (id) DO UPDATE SET epsilon = excluded.epsilon, "
-                "delta = excluded.delta",
-                (epsilon, delta),
-            )
+            budget_store.set_lifetime(conn, epsilon, delta)
 
     def lifetime(self) -> tuple[float | None, float]:
         """(epsilon or ``None`` for no bound, delta)."""
         with self._lock, self._sqlite_errors():
-            return _lifetime(self._conn)
+            return budget_store.lifetime(self._conn)
 
     # -- releases
 
     def history(self, job: str | None = None) -> list[DpRelease]:
         """The releases of ``job`` (``None``: of every job), in the order they were made."""
         with self._lock, self._sqlite_errors():
-            return _history(self._conn, job)
+            return budget_store.history(self._conn, job)
 
     def spent(self, job: str | None = None, *, delta: float, accountant: str = "rdp") -> float:
         """Epsilon at ``delta`` spent in ``job`` (``None``: over the party's lifetime)."""
@@ -131,8 +103,9 @@ class BudgetLedger:
         uses :meth:`reserve`, which checks and records in one transaction.
         """
         with self._lock, self._sqlite_errors():
-            job_history, history = _history(self._conn, job), _history(self._conn, None)
-            lifetime = _lifetime(self._conn)
+            job_history = budget_store.history(self._conn, job)
+            history = budget_store.history(self._conn, None)
+            lifetime = budget_store.lifetime(self._conn)
         _judge(job, release, job_history, history, lifetime, job_epsilon, delta, accountant)
 
     def reserve(
@@ -157,37 +130,22 @@ class BudgetLedger:
         if not job:
             raise PrivacyError("a DP release needs its job's id, got an empty one")
         with self._transaction() as conn:
-            job_history, history = _history(conn, job), _history(conn, None)
-            _judge(
-                job, release, job_history, history, _lifetime(conn), job_epsilon, delta, accountant
-            )
-            _insert(conn, job, server_round, attempt, release)
+            job_history = budget_store.history(conn, job)
+            history = budget_store.history(conn, None)
+            lifetime = budget_store.lifetime(conn)
+            _judge(job, release, job_history, history, lifetime, job_epsilon, delta, accountant)
+            budget_store.insert(conn, job, server_round, attempt, release)
 
     def settle(self, job: str, server_round: int, attempt: str, release: DpRelease) -> None:
         """Replace a reserved release with the one training actually made (fewer steps
         when a time cap stopped it)."""
         with self._transaction() as conn:
-            conn.execute(
-                "UPDATE dp_releases SET noise_multiplier = ?, sample_rate = ?, steps = ?, "
-                "recorded_at = ? WHERE job = ? AND server_round = ? AND attempt = ?",
-                (
-                    release.noise_multiplier,
-                    release.sample_rate,
-                    release.steps,
-                    time.time(),
-                    job,
-                    server_round,
-                    attempt,
-                ),
-            )
+            budget_store.replace(conn, job, server_round, attempt, release)
 
     def cancel(self, job: str, server_round: int, attempt: str) -> None:
         """Drop a reservation whose training failed: no update left the party."""
         with self._transaction() as conn:
-            conn.execute(
-                "DELETE FROM dp_releases WHERE job = ? AND server_round = ? AND attempt = ?",
-                (job, server_round, attempt),
-            )
+            budget_store.delete(conn, job, server_round, attempt)
 
     def record(self, job: str, server_round: int, release: DpRelease, *, attempt: str = "") -> bool:
         """Record a training's release; ``False`` if that attempt was recorded already.
@@ -199,7 +157,7 @@ class BudgetLedger:
         if not job:
             raise PrivacyError("a DP release needs its job's id, got an empty one")
         with self._transaction() as conn:
-            return _insert(conn, job, server_round, attempt, release)
+            return budget_store.insert(conn, job, server_round, attempt, release)
 
     def close(self) -> None:
         with self._lock:
@@ -208,14 +166,8 @@ class BudgetLedger:
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         # BEGIN IMMEDIATE: the station's ClientApp and its agent may share the file.
-        with self._lock, self._sqlite_errors():
-            self._conn.execute("BEGIN IMMEDIATE")
-            try:
-                yield self._conn
-            except BaseException:
-                self._conn.execute("ROLLBACK")
-                raise
-            self._conn.execute("COMMIT")
+        with self._lock, self._sqlite_errors(), budget_store.immediate(self._conn) as conn:
+            yield conn
 
     @contextmanager
     def _sqlite_errors(self) -> Iterator[None]:
@@ -278,40 +230,3 @@ def _epsilon_spent(history: list[DpRelease], delta: float, accountant: str) -> f
     from fedge.privacy.accounting import epsilon_spent
 
     return epsilon_spent(history, delta, accountant)
-
-
-def _lifetime(conn: sqlite3.Connection) -> tuple[float | None, float]:
-    row = conn.execute("SELECT epsilon, delta FROM dp_lifetime WHERE id = 1").fetchone()
-    if row is None:
-        return None, DEFAULT_LIFETIME_DELTA
-    return (None if row[0] is None else float(row[0])), float(row[1])
-
-
-def _history(conn: sqlite3.Connection, job: str | None) -> list[DpRelease]:
-    query = "SELECT noise_multiplier, sample_rate, steps FROM dp_releases"
-    params: tuple[str, ...] = ()
-    if job is not None:
-        query += " WHERE job = ?"
-        params = (job,)
-    rows = conn.execute(query + " ORDER BY rowid", params).fetchall()
-    return [DpRelease(float(sigma), float(q), int(steps)) for sigma, q, steps in rows]
-
-
-def _insert(
-    conn: sqlite3.Connection, job: str, server_round: int, attempt: str, release: DpRelease
-) -> bool:
-    cursor = conn.execute(
-        "INSERT INTO dp_releases (job, server_round, attempt, noise_multiplier, "
-        "sample_rate, steps, recorded_at) VALUES (?, ?, ?, ?, ?, ?, ?) "
-        "ON CONFLICT (job, server_round, attempt) DO NOTHING",
-        (
-            job,
-            server_round,
-            attempt,
-            release.noise_multiplier,
-            release.sample_rate,
-            release.steps,
-            time.time(),
-        ),
-    )
-    return cursor.rowcount == 1

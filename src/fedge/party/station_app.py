@@ -67,11 +67,11 @@ from torch import nn
 
 from fedge.party import families, trainer
 from fedge.party.budget import BudgetLedger
-from fedge.party.dataset import Retention, StationData
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
 from fedge.party.privacy_status import SpentEpsilon, ledger_path, write_spent
 from fedge.party.secagg import secagg_mod
+from fedge.party.station_store import Retention, StationData
 from fedge.privacy.settings import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec

@@ -1,7 +1,7 @@
 """Local training and evaluation on a station's labelled images (torch).
 
 The station's ClientApp (:mod:`fedge.party.station_app`) calls these with the images its
-agent kept (:mod:`fedge.party.dataset`) prepared as the model's manifest says
+agent kept (:mod:`fedge.party.station_store`) prepared as the model's manifest says
 (:mod:`fedge.party.preprocess`). Unreadable files and labels the model has no class for
 are skipped and counted, never fatal; a station left with nothing to train on is.
 """
@@ -18,9 +18,9 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedge.party.dataset import LabelledImage
 from fedge.party.errors import StationDataError
 from fedge.party.preprocess import ImageError, prepare
+from fedge.party.station_store import LabelledImage
 from fedge.protocols.manifest import Preprocess
 
 

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from fedge.party.dataset import Retention, StationData, is_holdout
 from fedge.party.errors import StationDataError
+from fedge.party.station_store import Retention, StationData, is_holdout
 
 PNG = b"\x89PNG fake bytes"
 

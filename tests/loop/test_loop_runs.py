@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from fedge.edge_manager.store import Store
-from fedge.loop import runs
+from fedge.loop import run_store
 from fedge.loop.pipeline import Published, RunState, advance
 from fedge.loop.policy import LoopPolicy, LoopPolicyError, alert_kinds, job_for
 
@@ -38,11 +38,11 @@ def test_policies_round_trip_through_the_store(tmp_path: Path) -> None:
     policy = LoopPolicy(
         model="inspect", job=JOB, on_alerts=alert_kinds(["drift"]), canary=("st-03",)
     )
-    runs.save_policy(store, policy)
-    assert runs.policy(store, "inspect") == policy
-    runs.save_policy(store, LoopPolicy(model="inspect", job=JOB, enabled=False))
-    assert [p.enabled for p in runs.policies(store)] == [False]
-    assert runs.policy(store, "other") is None
+    run_store.save_policy(store, policy)
+    assert run_store.policy(store, "inspect") == policy
+    run_store.save_policy(store, LoopPolicy(model="inspect", job=JOB, enabled=False))
+    assert [p.enabled for p in run_store.policies(store)] == [False]
+    assert run_store.policy(store, "other") is None
 
 
 def _label(store: Store, at: float, origin: str = "operator", model: str = "inspect:3") -> None:
@@ -76,18 +76,18 @@ def test_observe_counts_labels_and_alerts_since_the_last_run(tmp_path: Path) -> 
     _alert(store, "st-02", "input_drift", "inspect:3", 25.0)
     _alert(store, "st-03", "input_drift", "other:1", 25.0)  # another model's edge
     _alert(store, "st-01", "input_drift", "inspectXY:1", 25.0)  # "inspect" is no prefix
-    seen = runs.observe(store, "inspect")
+    seen = run_store.observe(store, "inspect")
     assert (seen.new_labels, seen.running, seen.last_started_at) == (4, False, None)
     assert seen.open_alerts == (("st-02", "input_drift"),)
 
-    run = runs.new_run("inspect", "3 new labels", now=22.0)
-    runs.save_run(store, run, "triggered", "3 new labels")
-    seen = runs.observe(store, "inspect")
+    run = run_store.new_run("inspect", "3 new labels", now=22.0)
+    run_store.save_run(store, run, "triggered", "3 new labels")
+    seen = run_store.observe(store, "inspect")
     assert (seen.new_labels, seen.running, seen.last_started_at) == (2, True, 22.0)
     assert seen.open_alerts == (("st-02", "input_drift"),)
 
     moved = advance(run, Published("inspect:4"), 50.0)
-    runs.save_run(store, moved, "published", "inspect:4")
-    assert runs.unfinished(store) == [moved]
-    assert [e["step"] for e in runs.events(store, run.run_id)] == ["triggered", "published"]
-    assert runs.runs(store, "inspect")[0].state is RunState.GATING
+    run_store.save_run(store, moved, "published", "inspect:4")
+    assert run_store.unfinished(store) == [moved]
+    assert [e["step"] for e in run_store.events(store, run.run_id)] == ["triggered", "published"]
+    assert run_store.runs(store, "inspect")[0].state is RunState.GATING
