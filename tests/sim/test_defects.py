@@ -10,7 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from fedge.sim.defects import CLASSES, load_image, make_defect_images, write_png_dir
+from fedge.party.preprocess import prepare
+from fedge.protocols.manifest import Preprocess
+from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 
 
 def test_shapes_and_dtypes() -> None:
@@ -92,19 +94,21 @@ def test_png_round_trip(tmp_path: Path) -> None:
     for path, image in zip(paths, images, strict=True):
         with Image.open(path) as opened:
             assert opened.mode == "L"
-        loaded = load_image(path, 32)
+        # Read back as training and serving read it (the one preprocessing function).
+        loaded = prepare(path, Preprocess(image_size=32))[0]
         assert loaded.dtype == np.float32
         assert loaded.shape == (32, 32)
-        # PNG is lossless and the loader divides by 255: exactly what training sees.
-        assert np.array_equal(loaded, image.astype(np.float32) / np.float32(255.0))
+        # PNG is lossless and pixels are scaled by 1/255: what training sees, to float
+        # rounding (x * (1/255) and x / 255 may differ in the last bit).
+        np.testing.assert_allclose(loaded, image.astype(np.float32) / np.float32(255.0), atol=1e-7)
 
 
-def test_load_image_resizes_and_converts_colour(tmp_path: Path) -> None:
+def test_a_colour_file_of_another_size_is_read_as_grey_32x32(tmp_path: Path) -> None:
     rgb = np.zeros((64, 48, 3), dtype=np.uint8)
     rgb[:, :, 0] = 255
     path = tmp_path / "red.png"
     Image.fromarray(rgb).save(path)
-    loaded = load_image(path, 32)
+    loaded = prepare(path, Preprocess(image_size=32))[0]
     assert loaded.shape == (32, 32)
     assert loaded.dtype == np.float32
     assert 0.0 <= loaded.min() <= loaded.max() <= 1.0

@@ -2,7 +2,7 @@
 
 The edge runs only the exported ONNX file with onnxruntime, so the contract that
 matters is the exported graph: input ``image`` float32 ``[batch, 1, 32, 32]`` with pixel
-values in [0, 1] (uint8 / 255, as ``fedge.sim.defects.load_image`` produces), output
+values in [0, 1] (uint8 / 255, as ``fedge.party.preprocess.prepare`` makes them), output
 ``probs`` float32 ``[batch, 2]`` holding softmax probabilities in ``CLASSES`` order.
 """
 

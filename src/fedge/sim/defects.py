@@ -6,8 +6,8 @@ two thin bright or dark line segments. Scratch contrast is drawn log-uniformly d
 the noise floor and scratches may run along the brushing direction, so some of them are
 genuinely hard to see: a small CNN lands in the high 90s rather than at 100 %.
 
-This module is also imported on the edge (``load_image``), so it depends on numpy and
-Pillow only -- never on torch.
+Images are read back with the one preprocessing function training and serving share
+(:func:`fedge.party.preprocess.prepare`). Numpy and Pillow only -- never torch.
 """
 
 from __future__ import annotations
@@ -203,18 +203,3 @@ def write_png_dir(images: npt.NDArray[np.uint8], dest: Path, prefix: str) -> lis
         Image.fromarray(np.ascontiguousarray(image)).save(path, format="PNG")
         paths.append(path)
     return paths
-
-
-def load_image(path: Path, size: int) -> npt.NDArray[np.float32]:
-    """Read an image file as grayscale float32 in [0, 1] with shape ``(size, size)``.
-
-    Colour images are converted to luminance; other sizes are resized bilinearly. This
-    is the edge's preprocessing, so it must match what training saw: uint8 / 255.
-    Pillow's errors (missing file, not an image) propagate unchanged for the caller to
-    translate.
-    """
-    with Image.open(path) as opened:
-        gray = opened.convert("L")
-    if gray.size != (size, size):
-        gray = gray.resize((size, size), Image.Resampling.BILINEAR)
-    return np.asarray(gray, dtype=np.float32) / np.float32(255.0)
