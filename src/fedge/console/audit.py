@@ -9,6 +9,7 @@ import time
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fedge.console import console_store
 from fedge.console.accounts import ensure_tables
 from fedge.edge_manager.store import Store
 
@@ -31,10 +32,9 @@ class AuditEntry:
 
 
 def record(store: Store, entry: AuditEntry) -> None:
-    store.conn.execute(
-        "INSERT INTO console_audit (at, who, role, action, target, detail, outcome) "
-        "VALUES (?,?,?,?,?,?,?)",
-        (
+    console_store.add_audit(
+        store,
+        console_store.AuditRow(
             entry.at,
             entry.who[:128],
             entry.role,
@@ -54,20 +54,7 @@ def entry(
 
 def recent(store: Store, limit: int = 200) -> list[AuditEntry]:
     ensure_tables(store)
-    rows = store.query(
-        "SELECT at, who, role, action, target, detail, outcome FROM console_audit "
-        "ORDER BY at DESC, rowid DESC LIMIT ?",
-        (limit,),
-    )
     return [
-        AuditEntry(
-            float(r["at"]),
-            str(r["who"]),
-            str(r["role"]),
-            str(r["action"]),
-            str(r["target"]),
-            str(r["detail"]),
-            Outcome(r["outcome"]),
-        )
-        for r in rows
+        AuditEntry(r.at, r.who, r.role, r.action, r.target, r.detail, Outcome(r.outcome))
+        for r in console_store.recent_audit(store, limit)
     ]

@@ -2,8 +2,8 @@
 
 ``views.fleet_row`` builds one row from ``Fleet.show`` (about ten queries an edge); for
 the fleet page that is ten thousand queries at 1,000 edges. Here every figure comes from
-one grouped query over all edges, and the same cells are produced (``views.cells``), so
-the page, its live updates and an edge's own page always agree.
+one grouped query over all edges (fleet_table_store.py), and the same cells are produced
+(``views.cells``), so the page, its live updates and an edge's own page always agree.
 
 Sorting and filtering happen on the server from the query string (``?sort=last_seen&
 desc=1&state=online&model=inspect:3&q=st-0``), so they work without JavaScript and on
@@ -11,13 +11,13 @@ any size of fleet.
 """
 
 import functools
-import json
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from fedge.console import fleet_table_store, views_store
 from fedge.console.views import FleetRow, cells
-from fedge.edge_manager.fleet import CONFIG, Fleet
+from fedge.edge_manager.fleet import Fleet
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError
@@ -82,79 +82,54 @@ def _configs(fleet: Fleet) -> tuple[dict[str, EdgeConfig], dict[str, int]]:
     """Each edge's config in force (the desired document of the version it applied) and
     its newest desired config version."""
     in_force: dict[str, EdgeConfig] = {}
-    for edge, document in fleet.store.conn.execute(
-        "SELECT d.edge, d.document FROM desired d JOIN edges e ON e.edge = d.edge "
-        "WHERE d.kind = ? AND d.version = e.config_applied",
-        (CONFIG,),
-    ):
-        config = _decoded(str(document))
+    for edge, document in fleet_table_store.in_force_documents(fleet.store):
+        config = _decoded(document)
         if config is not None:
-            in_force[str(edge)] = config
-    newest = dict(
-        fleet.store.conn.execute(
-            "SELECT edge, max(version) FROM desired WHERE kind = ? GROUP BY edge", (CONFIG,)
-        ).fetchall()
-    )
-    return in_force, newest
+            in_force[edge] = config
+    return in_force, fleet_table_store.newest_config_versions(fleet.store)
 
 
 def _agreement(fleet: Fleet) -> dict[str, float]:
     """labels.agreement for every edge at once (same rule: a label agrees with "reject"
     when it names one of the model's positive classes)."""
-    positives = {
-        f"{r['name']}:{r['version']}": set(json.loads(r["manifest"])["positive_classes"])
-        for r in fleet.store.query("SELECT name, version, manifest FROM models")
-    }
+    positives = views_store.positive_classes(fleet.store)
     agree: dict[str, int] = defaultdict(int)
     total: dict[str, int] = defaultdict(int)
-    # From the labels (few) to their predictions, one row per labelled prediction.
-    for edge, model, decision, label in fleet.store.conn.execute(
-        "SELECT p.edge, p.model, p.decision, l.label FROM labels l JOIN predictions p "
-        "ON p.prediction_id = l.prediction_id GROUP BY l.prediction_id"
-    ):
-        total[edge] += 1
-        agree[edge] += (decision == "reject") == (label in positives.get(str(model), set()))
+    for row in fleet_table_store.labelled_predictions(fleet.store):
+        total[row.edge] += 1
+        agree[row.edge] += (row.decision == "reject") == (
+            row.label in positives.get(row.model, set())
+        )
     return {edge: agree[edge] / n for edge, n in total.items()}
 
 
 def fleet_table(fleet: Fleet, query: TableQuery = TableQuery()) -> Table:
-    edges = [
-        {"edge": e, "state": st, "serving": sv, "last_seen": seen, "config_applied": applied}
-        for e, st, sv, seen, applied in fleet.store.conn.execute(
-            "SELECT edge, state, serving, last_seen, config_applied FROM edges ORDER BY edge"
-        )
-    ]
+    edges = fleet_table_store.edge_rows(fleet.store)
     in_force, newest = _configs(fleet)
-    counts = {
-        str(edge): (int(n), int(rejects))
-        for edge, n, rejects in fleet.store.conn.execute(
-            "SELECT edge, count(*), coalesce(sum(decision='reject'), 0) FROM predictions "
-            "GROUP BY edge"
-        )
-    }
+    counts = fleet_table_store.prediction_counts(fleet.store)
     gaps: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for gap in fleet.store.query("SELECT edge, stream, from_seq, to_seq FROM gaps"):
+    for gap in fleet_table_store.gaps(fleet.store):
         gaps[str(gap["edge"])].append(gap)
     agreement = _agreement(fleet)
-    models = sorted({str(e["serving"]) for e in edges if e["serving"]})
+    models = sorted({e.serving for e in edges if e.serving})
     text = query.text.lower()
     keyed: list[tuple[Any, FleetRow]] = []
     for edge_row in edges:
-        edge = str(edge_row["edge"])
-        if query.state and edge_row["state"] != query.state:
+        edge = edge_row.edge
+        if query.state and edge_row.state != query.state:
             continue
-        if query.model and edge_row["serving"] != query.model:
+        if query.model and edge_row.serving != query.model:
             continue
         if text and text not in edge.lower():
             continue
         predictions, rejects = counts.get(edge, (0, 0))
-        applied = int(edge_row["config_applied"])
+        applied = edge_row.config_applied
         desired = newest.get(edge, 0)
         view = {
             "edge": edge,
-            "state": edge_row["state"],
-            "serving": edge_row["serving"],
-            "last_seen": edge_row["last_seen"],
+            "state": edge_row.state,
+            "serving": edge_row.serving,
+            "last_seen": edge_row.last_seen,
             "config_applied": applied,
             "desired_config_version": desired,
             "in_sync": desired == applied,

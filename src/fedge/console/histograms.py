@@ -13,6 +13,7 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass
 
+from fedge.console import views_store
 from fedge.edge_manager.fleet import Fleet
 
 BINS = 20
@@ -58,40 +59,29 @@ class Histogram:
         return "".join(parts)
 
 
-def _positives(fleet: Fleet) -> dict[str, set[str]]:
-    return {
-        f"{r['name']}:{r['version']}": set(json.loads(r["manifest"])["positive_classes"])
-        for r in fleet.store.query("SELECT name, version, manifest FROM models")
-    }
-
-
 def score_histograms(fleet: Fleet, edge: str, limit: int = RECENT) -> list[Histogram]:
     """``edge``'s newest ``limit`` predictions, one histogram per model version (newest
     version first); a model the registry does not know (no positive classes) is left out."""
-    positives = _positives(fleet)
+    positives = views_store.positive_classes(fleet.store)
     counts: dict[str, list[int]] = defaultdict(lambda: [0] * BINS)
     rejects: dict[str, list[int]] = defaultdict(lambda: [0] * BINS)
     thresholds: dict[str, float] = {}
     newest: dict[str, float] = {}
-    rows = fleet.store.conn.execute(
-        "SELECT model, scores, decision, threshold, at FROM predictions WHERE edge=? "
-        "ORDER BY at DESC LIMIT ?",
-        (edge, limit),
-    )
-    for model, scores_text, decision, threshold, at in rows:
-        classes = positives.get(str(model))
+    for row in views_store.recent_scores(fleet.store, edge, limit):
+        model = row.model
+        classes = positives.get(model)
         if not classes:
             continue
         try:
-            scores = json.loads(scores_text)
+            scores = json.loads(row.scores)
             score = max(float(scores[c]) for c in classes if c in scores)
         except (ValueError, TypeError):  # no positive class in its scores, or not JSON
             continue
         index = min(BINS - 1, max(0, int(score * BINS)))
         counts[model][index] += 1
-        rejects[model][index] += decision == "reject"
-        thresholds.setdefault(model, float(threshold))  # rows come newest first
-        newest.setdefault(model, float(at))
+        rejects[model][index] += row.decision == "reject"
+        thresholds.setdefault(model, row.threshold)  # rows come newest first
+        newest.setdefault(model, row.at)
     return [
         Histogram(
             model,
@@ -106,8 +96,4 @@ def score_histograms(fleet: Fleet, edge: str, limit: int = RECENT) -> list[Histo
 
 def deploy_history(fleet: Fleet, edge: str, limit: int = 20) -> list[dict[str, object]]:
     """``edge``'s newest deployment events (stage, reason, what it served), newest first."""
-    return fleet.store.query(
-        "SELECT deployment_id, stage, reason, serving, at FROM deploy_events WHERE edge=? "
-        "ORDER BY at DESC LIMIT ?",
-        (edge, limit),
-    )
+    return views_store.deploy_events(fleet.store, edge, limit)

@@ -14,6 +14,7 @@ from typing import Any
 
 from fedge.aggregator.job_dir import RUNS_DB
 from fedge.aggregator.run_store import RunStore
+from fedge.console import views_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 
@@ -56,14 +57,8 @@ def _open(job_dir: str) -> RunStore | None:
     return RunStore(path) if path.is_file() else None
 
 
-def _summary(row: dict[str, Any]) -> tuple[JobSummary, RunStore | None]:
-    base = JobSummary(
-        str(row["rowid"]),
-        str(row["name"]),
-        str(row["model"]),
-        str(row["job_dir"]),
-        float(row["prepared_at"]),
-    )
+def _summary(job: views_store.FleetJob) -> tuple[JobSummary, RunStore | None]:
+    base = JobSummary(str(job.rowid), job.name, job.model, job.job_dir, job.prepared_at)
     store = _open(base.job_dir)
     if store is None:
         return base, None
@@ -90,8 +85,8 @@ def _summary(row: dict[str, Any]) -> tuple[JobSummary, RunStore | None]:
 
 def list_jobs(fleet: Fleet) -> list[JobSummary]:
     jobs = []
-    for row in fleet.store.query("SELECT rowid, * FROM fleet_jobs ORDER BY prepared_at DESC"):
-        summary, store = _summary(row)
+    for job in views_store.fleet_jobs(fleet.store):
+        summary, store = _summary(job)
         if store is not None:
             store.close()
         jobs.append(summary)
@@ -99,12 +94,10 @@ def list_jobs(fleet: Fleet) -> list[JobSummary]:
 
 
 def job_detail(fleet: Fleet, job_id: str) -> JobDetail:
-    row = fleet.store.one(
-        "SELECT rowid, * FROM fleet_jobs WHERE rowid=?", (int(job_id) if job_id.isdigit() else -1,)
-    )
-    if row is None:
+    job = views_store.fleet_job(fleet.store, int(job_id) if job_id.isdigit() else -1)
+    if job is None:
         raise ManagerError(f"no job {job_id!r} on this fleet; see the jobs page")
-    summary, store = _summary(row)
+    summary, store = _summary(job)
     if store is None or not summary.run_id:
         return JobDetail(summary)
     try:

@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from fedge.console import views_store
 from fedge.edge_manager import gating, rollout_views
 from fedge.edge_manager.fleet import Fleet
 
@@ -43,8 +44,8 @@ class ModelsPage:
 
 def models_page(fleet: Fleet) -> ModelsPage:
     serving: dict[str, int] = defaultdict(int)
-    for row in fleet.store.query("SELECT serving FROM edges WHERE serving != ''"):
-        serving[str(row["serving"])] += 1
+    for ref in views_store.serving_refs(fleet.store):
+        serving[ref] += 1
     registered: list[dict[str, Any]] = list(fleet.registry.list())
     rows = [
         ModelRow(
