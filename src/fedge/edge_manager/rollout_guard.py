@@ -4,25 +4,19 @@ A staged rollout owns its edges' model and thresholds until it ends: a ``fedge d
 a threshold pushed to one of them meanwhile would be undone by the rollout's rollback, or
 would make the rollback restore the wrong model. Such changes are refused, naming the
 rollout, unless the operator forces them; the rollout's own moves and rollbacks pass its
-id (``within``) and go through.
+id (``within``) and go through. Which rollouts hold which edges is read in
+rollout_store.py.
 """
 
 import sqlite3
 
+from fedge.edge_manager import rollout_store
 from fedge.edge_manager.rollout_plan import RolloutError
 
 
 def active_rollouts_of(conn: sqlite3.Connection, edges: list[str]) -> dict[str, str]:
     """edge -> id of the unfinished rollout it belongs to, for ``edges``."""
-    if not edges:
-        return {}
-    marks = ",".join("?" * len(edges))
-    rows = conn.execute(
-        f"SELECT e.edge, r.rollout_id FROM rollout_edges e JOIN rollouts r "
-        f"ON r.rollout_id = e.rollout_id WHERE r.finished_at IS NULL AND e.edge IN ({marks})",
-        tuple(edges),
-    ).fetchall()
-    return {str(edge): str(rid) for edge, rid in rows}
+    return rollout_store.unfinished_rollouts_of(conn, edges)
 
 
 def refuse_if_in_rollout(

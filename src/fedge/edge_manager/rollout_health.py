@@ -1,6 +1,7 @@
 """What a moved edge reported since it moved: the abort metrics of a staged rollout.
 
-Read from the manager's store (an adapter: SQLite in, :class:`EdgeHealth` out). Every
+Read from the manager's store (an adapter: the values rollout_health_store.py reads in,
+:class:`EdgeHealth` out). Every
 metric covers the edge's reports since ``moved_at`` and is left out while there is
 too little to judge it on (no labels yet, too few images, no estimate yet), so a
 criterion never trips on missing evidence -- except ``failed_activation``, which is 0
@@ -38,6 +39,7 @@ import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from fedge.edge_manager import rollout_health_store as reports
 from fedge.edge_manager.rollout import EdgeHealth, EdgeState, Rollout
 from fedge.edge_manager.rollout_plan import Metric
 
@@ -52,12 +54,7 @@ MIN_ERROR_RATE_IMAGES = 20
 
 def settled_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
     """When ``edge`` first reported ``deployment_id`` active, failed or rolled back."""
-    value = conn.execute(
-        "SELECT min(at) FROM deploy_events WHERE edge=? AND deployment_id=? "
-        "AND stage IN ('active', 'failed', 'rolled_back')",
-        (edge, deployment_id),
-    ).fetchone()[0]
-    return None if value is None else float(value)
+    return reports.first_settled_at(conn, edge, deployment_id)
 
 
 def rollout_health(
@@ -123,17 +120,12 @@ def is_back(
     conn: sqlite3.Connection, edge: str, previous_model: str, restore_config_version: int
 ) -> bool:
     """Whether ``edge`` serves its previous model and applied its restored thresholds."""
-    row = conn.execute("SELECT serving, config_applied FROM edges WHERE edge=?", (edge,)).fetchone()
-    return row is not None and row[0] == previous_model and int(row[1]) >= restore_config_version
+    row = reports.serving_and_applied(conn, edge)
+    return row is not None and row[0] == previous_model and row[1] >= restore_config_version
 
 
 def failed_activation(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float:
-    row = conn.execute(
-        "SELECT 1 FROM deploy_events WHERE edge=? AND deployment_id=? "
-        "AND stage IN ('failed', 'rolled_back') LIMIT 1",
-        (edge, deployment_id),
-    ).fetchone()
-    return 1.0 if row is not None else 0.0
+    return 1.0 if reports.activation_failed(conn, edge, deployment_id) else 0.0
 
 
 def error_rate(conn: sqlite3.Connection, edge: str, since: float) -> float | None:
@@ -146,30 +138,14 @@ def error_rate(conn: sqlite3.Connection, edge: str, since: float) -> float | Non
     return errors / attempts
 
 
-# Telemetry records with the manager's receive time of their batch.
-_RECEIVED_TELEMETRY = (
-    "SELECT t.value FROM telemetry t JOIN batches b ON b.edge = t.edge "
-    "AND b.stream = 'telemetry' AND b.seq = t.seq WHERE t.edge=? AND t.name=? "
-)
-
-
 def _counter_increase(conn: sqlite3.Connection, edge: str, name: str, since: float) -> float | None:
     """How much a cumulative counter grew since ``since`` (None: never reported since),
     by the manager's receive time (batches are received in the agent's order)."""
-    before = conn.execute(
-        _RECEIVED_TELEMETRY + "AND b.received_at < ? ORDER BY t.seq DESC, t.idx DESC LIMIT 1",
-        (edge, name, since),
-    ).fetchone()
-    values = [
-        float(v)
-        for (v,) in conn.execute(
-            _RECEIVED_TELEMETRY + "AND b.received_at >= ? ORDER BY t.seq, t.idx",
-            (edge, name, since),
-        )
-    ]
+    before = reports.counter_before(conn, edge, name, since)
+    values = reports.counter_since(conn, edge, name, since)
     if not values:
         return None
-    last = 0.0 if before is None else float(before[0])
+    last = 0.0 if before is None else before
     grown = 0.0
     for value in values:
         grown += value - last if value >= last else value  # a restart counts from 0
@@ -177,21 +153,8 @@ def _counter_increase(conn: sqlite3.Connection, edge: str, name: str, since: flo
     return grown
 
 
-# Predictions of an edge whose batch the manager received at or after a time.
-_RECEIVED_PREDICTION = (
-    "JOIN batches b ON b.edge = p.edge AND b.stream = 'predictions' AND b.seq = p.seq "
-    "WHERE p.edge=? AND b.received_at >= ? "
-)
-
-
 def latency_p95_ms(conn: sqlite3.Connection, edge: str, model: str, since: float) -> float | None:
-    latencies = sorted(
-        float(v)
-        for (v,) in conn.execute(
-            "SELECT p.latency_ms FROM predictions p " + _RECEIVED_PREDICTION + "AND p.model=?",
-            (edge, since, model),
-        )
-    )
+    latencies = sorted(reports.latencies_since(conn, edge, model, since))
     if not latencies:
         return None
     return latencies[max(0, math.ceil(0.95 * len(latencies)) - 1)]
@@ -208,21 +171,12 @@ def agreement(
     """Share of ``model``'s labelled predictions on ``edge`` (received at or after
     ``since``, manager time) whose decision their current label agrees with; None with
     fewer than ``min_labels``."""
-    row = conn.execute("SELECT manifest FROM models WHERE name=? AND version=?", _ref(model))
-    found = row.fetchone()
-    positives = set() if found is None else set(json.loads(found[0])["positive_classes"])
+    manifest = reports.manifest_json(conn, *_ref(model))
+    positives = set() if manifest is None else set(json.loads(manifest)["positive_classes"])
     if since > 0:
-        chosen = "FROM predictions p " + _RECEIVED_PREDICTION + "AND p.model=? "
-        params: tuple[object, ...] = (edge, since, model)
+        rows = reports.labelled_decisions_since(conn, edge, model, since)
     else:  # all of them: old predictions whose batch keys retention pruned count too
-        chosen = "FROM predictions p WHERE p.edge=? AND p.model=? "
-        params = (edge, model)
-    rows = conn.execute(
-        "SELECT p.decision, l.label FROM labels l JOIN (SELECT p.prediction_id, p.decision "
-        + chosen
-        + "GROUP BY p.prediction_id) p ON p.prediction_id = l.prediction_id",
-        params,
-    ).fetchall()
+        rows = reports.labelled_decisions(conn, edge, model)
     if not rows or len(rows) < min_labels:
         return None
     agree = sum(1 for decision, label in rows if (decision == "reject") == (label in positives))
@@ -241,31 +195,15 @@ def agreement_drop(
 
 def open_alerts(conn: sqlite3.Connection, edge: str, model: str, since: float) -> float:
     """Open alerts about ``model`` raised on ``edge`` since ``since`` (both manager time)."""
-    count = conn.execute(
-        "SELECT count(*) FROM alerts WHERE edge=? AND model=? AND raised_at >= ? "
-        "AND cleared_at IS NULL",
-        (edge, model, since),
-    ).fetchone()[0]
-    return float(count)
+    return float(reports.open_alert_count(conn, edge, model, since))
 
 
 def estimate_drop(
     conn: sqlite3.Connection, edge: str, model: str, previous_model: str, since: float
 ) -> float | None:
-    new = _mean_estimate(conn, edge, model, "window_end > ?", since)
-    old = _mean_estimate(conn, edge, previous_model, "window_start >= ?", 0.0)
+    new = reports.mean_estimate_ending_after(conn, edge, model, since)
+    old = reports.mean_estimate_starting_from(conn, edge, previous_model, 0.0)
     return None if new is None or old is None else old - new
-
-
-def _mean_estimate(
-    conn: sqlite3.Connection, edge: str, model: str, when: str, at: float
-) -> float | None:
-    value = conn.execute(
-        f"SELECT sum(mpp * n) / sum(n) FROM estimates WHERE edge=? AND model=? AND {when} "
-        "AND mpp IS NOT NULL AND n > 0",
-        (edge, model, at),
-    ).fetchone()[0]
-    return None if value is None else float(value)
 
 
 def _ref(model: str) -> tuple[str, int]:

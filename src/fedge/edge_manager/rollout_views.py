@@ -1,9 +1,14 @@
-"""Staged rollouts as operators see them: plain dicts for the CLI, JSON and the console."""
+"""Staged rollouts as operators see them: plain dicts for the CLI, JSON and the console.
+
+The rows come from rollout_store.py; this module shapes them (labels, per-edge status).
+"""
 
 import sqlite3
+from dataclasses import asdict
 from typing import Any
 
 from fedge.edge_manager import rollout_health as health
+from fedge.edge_manager import rollout_store
 from fedge.edge_manager.rollout import EdgeState, RolloutState
 from fedge.edge_manager.rollout_writes import load
 from fedge.edge_manager.store import Store
@@ -11,14 +16,7 @@ from fedge.edge_manager.store import Store
 
 def list_rollouts(store: Store) -> list[dict[str, Any]]:
     """Every rollout, newest first: id, model, state (``wave 2``...), edge counts."""
-    rows = store.query(
-        "SELECT r.rollout_id, r.model_name || ':' || r.model_version AS model, r.state, r.wave, "
-        "r.created_at, r.updated_at, r.finished_at, r.reason, r.forced_unblessed, "
-        "(SELECT count(*) FROM rollout_edges e WHERE e.rollout_id=r.rollout_id) AS edges, "
-        "(SELECT count(*) FROM rollout_edges e WHERE e.rollout_id=r.rollout_id "
-        " AND e.state != 'waiting') AS moved "
-        "FROM rollouts r ORDER BY r.created_at DESC, r.rollout_id"
-    )
+    rows = [asdict(summary) for summary in rollout_store.summaries(store.conn)]
     for row in rows:
         row["label"] = _label(str(row["state"]), int(row["wave"]))
         row["forced_unblessed"] = bool(row["forced_unblessed"])
@@ -30,7 +28,8 @@ def status(store: Store, rollout_id: str) -> dict[str, Any]:
     it settled) and its events, oldest first."""
     loaded = load(store.conn, rollout_id)
     rollout = loaded.rollout
-    head = store.one("SELECT * FROM rollouts WHERE rollout_id=?", (rollout_id,)) or {}
+    stored = rollout_store.rollout_row(store.conn, rollout_id)
+    head: dict[str, Any] = {} if stored is None else asdict(stored)
     edges = []
     for edge in rollout.edges:
         row = loaded.rows[edge.edge]
@@ -48,7 +47,7 @@ def status(store: Store, rollout_id: str) -> dict[str, Any]:
                 "moved_at": row["moved_at"],
                 "settled_at": settled,
                 "deployment_id": row["deployment_id"],
-                "serving": store.scalar("SELECT serving FROM edges WHERE edge=?", (edge.edge,)),
+                "serving": rollout_store.serving(store.conn, edge.edge),
                 "restored_at": row["restored_at"],
             }
         )
@@ -70,18 +69,11 @@ def status(store: Store, rollout_id: str) -> dict[str, Any]:
 
 
 def events(conn: sqlite3.Connection, rollout_id: str) -> list[dict[str, Any]]:
-    rows = conn.execute(
-        "SELECT at, kind, edge, detail FROM rollout_events WHERE rollout_id=? ORDER BY at, rowid",
-        (rollout_id,),
-    ).fetchall()
-    return [
-        {"at": at, "kind": kind, "edge": edge, "detail": detail} for at, kind, edge, detail in rows
-    ]
+    return [asdict(event) for event in rollout_store.events(conn, rollout_id)]
 
 
 def latest_id(store: Store) -> str | None:
-    value = store.scalar("SELECT rollout_id FROM rollouts ORDER BY created_at DESC LIMIT 1")
-    return None if value is None else str(value)
+    return rollout_store.newest_id(store.conn)
 
 
 def outcome(store: Store, rollout_id: str) -> tuple[bool | None, str]:
@@ -90,7 +82,8 @@ def outcome(store: Store, rollout_id: str) -> tuple[bool | None, str]:
     state = loaded.rollout.state
     if state is RolloutState.COMPLETED:
         return True, ""
-    reason = str(store.scalar("SELECT reason FROM rollouts WHERE rollout_id=?", (rollout_id,)))
+    row = rollout_store.rollout_row(store.conn, rollout_id)
+    reason = str(None if row is None else row.reason)
     if state is RolloutState.ROLLED_BACK:
         return False, reason
     if state is RolloutState.ABORTED:

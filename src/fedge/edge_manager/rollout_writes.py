@@ -1,10 +1,11 @@
-"""A staged rollout's rows in the store, and the writes that carry a step out.
+"""A staged rollout loaded from the store, and the writes that carry a step out.
 
 The store side of rollouts.py (split out of it): :func:`load` reads a rollout into the
 pure state machine's values (rollout.py), :func:`write_step` writes a
 :class:`~fedge.edge_manager.rollout.Step` -- the edges' deployments and configs through
 :class:`Fleet` (passing the rollout's id, which the rollout guard lets through), the
-rollout's state, reason and events -- inside the caller's transaction.
+rollout's state, reason and events -- inside the caller's transaction. The statements
+are rollout_store.py's.
 """
 
 import json
@@ -15,12 +16,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedge.edge_manager import rollout as machine
-from fedge.edge_manager import rollout_configs
+from fedge.edge_manager import rollout_configs, rollout_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.registry import parse_ref
 from fedge.edge_manager.rollout import EdgeState, EventKind, RolloutState
 from fedge.edge_manager.rollout_plan import RolloutError, RolloutPlan
+from fedge.edge_manager.rollout_store import record_event
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
@@ -38,13 +40,10 @@ class Loaded:
 
 def recommended_thresholds(conn: sqlite3.Connection, manifest: ModelManifest) -> Thresholds | None:
     """The gate evidence's ``recommended_thresholds``, else the manifest's (else None)."""
-    row = conn.execute(
-        "SELECT evidence FROM gate_results WHERE name=? AND version=? ORDER BY at DESC LIMIT 1",
-        (manifest.name, manifest.version),
-    ).fetchone()
-    if row is not None:
+    evidence = rollout_store.gate_evidence(conn, manifest.name, manifest.version)
+    if evidence is not None:
         try:
-            found = json.loads(row[0]).get("recommended_thresholds")
+            found = json.loads(evidence).get("recommended_thresholds")
             if isinstance(found, dict):
                 return Thresholds(
                     default_threshold=float(found["default_threshold"]),
@@ -62,13 +61,11 @@ def recommended_thresholds(conn: sqlite3.Connection, manifest: ModelManifest) ->
 def previous_model(fleet: Fleet, edge: str) -> str | None:
     """What ``edge`` runs now, to go back to: the model it reports serving if the registry
     has it, else the model of its latest desired deployment."""
-    serving = fleet.store.scalar("SELECT serving FROM edges WHERE edge=?", (edge,))
+    serving = rollout_store.serving(fleet.store.conn, edge)
     if serving:
-        name, _, version = str(serving).rpartition(":")
-        if version.isdigit() and fleet.store.scalar(
-            "SELECT 1 FROM models WHERE name=? AND version=?", (name, int(version))
-        ):
-            return str(serving)
+        name, _, version = serving.rpartition(":")
+        if version.isdigit() and rollout_store.is_published(fleet.store.conn, name, int(version)):
+            return serving
     deployed = fleet.deployed_model(edge)
     return None if deployed is None else f"{deployed[0]}:{deployed[1]}"
 
@@ -78,39 +75,23 @@ def halt(store: Store, rollout_id: str, reason: str, now: float) -> int:
     rollout whose plan or edges cannot even be loaded is stopped too. The same error
     again is not recorded again (a paused rollout is still stepped every second)."""
     with store.transaction() as conn:
-        row = conn.execute(
-            "SELECT state, wave, reason FROM rollouts WHERE rollout_id=?", (rollout_id,)
-        ).fetchone()
-        if row is None or row[2] == reason:
+        row = rollout_store.rollout_row(conn, rollout_id)
+        if row is None or row.reason == reason:
             return 0
-        result = machine.halted(RolloutState(row[0]), int(row[1]), reason)
-        conn.execute(
-            "UPDATE rollouts SET state=?, reason=?, updated_at=? WHERE rollout_id=?",
-            (result.state.value, reason, now, rollout_id),
-        )
+        result = machine.halted(RolloutState(row.state), int(row.wave), reason)
+        rollout_store.set_halted(conn, rollout_id, result.state.value, reason, now)
         for event in result.events:
             record_event(conn, rollout_id, now, event.kind.value, event.edge, event.detail)
     return 1
 
 
 def load(conn: sqlite3.Connection, rollout_id: str) -> Loaded:
-    head = conn.execute(
-        "SELECT model_name, model_version, plan, state, wave, reason FROM rollouts "
-        "WHERE rollout_id=?",
-        (rollout_id,),
-    ).fetchone()
+    head = rollout_store.rollout_row(conn, rollout_id)
     if head is None:
         raise RolloutError(f"no rollout {rollout_id!r}; see `fedge rollout list`")
-    name, version, plan, state, wave, reason = head
-    aborted_at = conn.execute(
-        "SELECT max(at) FROM rollout_events WHERE rollout_id=? AND kind=?",
-        (rollout_id, EventKind.ABORTED.value),
-    ).fetchone()[0]
-    cursor = conn.execute(
-        "SELECT * FROM rollout_edges WHERE rollout_id=? ORDER BY wave, edge", (rollout_id,)
-    )
-    columns = [d[0] for d in cursor.description]
-    rows = {str(r[1]): dict(zip(columns, r, strict=True)) for r in cursor.fetchall()}
+    plan = head.plan
+    aborted_at = rollout_store.last_event_at(conn, rollout_id, EventKind.ABORTED.value)
+    rows = rollout_store.edge_rows(conn, rollout_id)
     edges = tuple(
         machine.RolloutEdge(edge, int(r["wave"]), EdgeState(r["state"]), r["moved_at"])
         for edge, r in rows.items()
@@ -123,13 +104,13 @@ def load(conn: sqlite3.Connection, rollout_id: str) -> Loaded:
         raise RolloutError(f"rollout {rollout_id}: a stored rollout plan is damaged: {plan!r}")
     rollout = machine.Rollout(
         rollout_id,
-        f"{name}:{version}",
+        f"{head.model_name}:{head.model_version}",
         RolloutPlan.from_json_dict(stored),
-        RolloutState(state),
-        int(wave),
+        RolloutState(head.state),
+        int(head.wave),
         edges,
-        reason=str(reason or ""),
-        aborted_at=None if aborted_at is None else float(aborted_at),
+        reason=str(head.reason or ""),
+        aborted_at=aborted_at,
     )
     return Loaded(rollout, rows)
 
@@ -143,27 +124,19 @@ def write_step(fleet: Fleet, loaded: Loaded, result: machine.Step, now: float) -
     for edge in result.roll_back:
         _send_back(fleet, loaded.rows[edge], now)
     for edge in result.back:
-        conn.execute(
-            "UPDATE rollout_edges SET state=?, restored_at=? WHERE rollout_id=? AND edge=?",
-            (EdgeState.ROLLED_BACK.value, now, rollout.rollout_id, edge),
+        rollout_store.set_edge_restored(
+            conn, rollout.rollout_id, edge, EdgeState.ROLLED_BACK.value, now
         )
     for edge in result.unconfirmed:
-        conn.execute(
-            "UPDATE rollout_edges SET state=? WHERE rollout_id=? AND edge=?",
-            (EdgeState.UNCONFIRMED.value, rollout.rollout_id, edge),
-        )
-    reason = result.reason
-    conn.execute(
-        "UPDATE rollouts SET state=?, wave=?, updated_at=?, reason=coalesce(?, reason), "
-        "finished_at=? WHERE rollout_id=?",
-        (
-            result.state.value,
-            result.wave,
-            now,
-            reason,
-            now if result.finished else None,
-            rollout.rollout_id,
-        ),
+        rollout_store.set_edge_state(conn, rollout.rollout_id, edge, EdgeState.UNCONFIRMED.value)
+    rollout_store.set_stepped(
+        conn,
+        rollout.rollout_id,
+        state=result.state.value,
+        wave=result.wave,
+        reason=result.reason,
+        finished_at=now if result.finished else None,
+        now=now,
     )
     for event in result.events:
         record_event(conn, rollout.rollout_id, now, event.kind.value, event.edge, event.detail)
@@ -187,19 +160,16 @@ def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None
         edge,
     )
     fleet.push_config(config, now, within_rollout=rollout.rollout_id)
-    fleet.store.conn.execute(
-        "UPDATE rollout_edges SET state=?, previous_model=?, previous_config=?, moved_at=?, "
-        "deployment_id=?, config_version=? WHERE rollout_id=? AND edge=?",
-        (
-            EdgeState.MOVED.value,
-            before,
-            None if current is None else codec.encode(current).decode(),
-            now,
-            deployment_id,
-            config.version,
-            rollout.rollout_id,
-            edge,
-        ),
+    rollout_store.set_edge_moved(
+        fleet.store.conn,
+        rollout.rollout_id,
+        edge,
+        state=EdgeState.MOVED.value,
+        previous_model=before,
+        previous_config=None if current is None else codec.encode(current).decode(),
+        moved_at=now,
+        deployment_id=deployment_id,
+        config_version=config.version,
     )
 
 
@@ -226,10 +196,13 @@ def _send_back(fleet: Fleet, row: dict[str, Any], now: float) -> None:
         edge,
     )
     fleet.push_config(config, now, within_rollout=rollout_id)
-    fleet.store.conn.execute(
-        "UPDATE rollout_edges SET state=?, restore_deployment_id=?, restore_config_version=? "
-        "WHERE rollout_id=? AND edge=?",
-        (EdgeState.ROLLING_BACK.value, deployment_id, config.version, row["rollout_id"], edge),
+    rollout_store.set_edge_sent_back(
+        fleet.store.conn,
+        rollout_id,
+        edge,
+        state=EdgeState.ROLLING_BACK.value,
+        deployment_id=deployment_id,
+        config_version=config.version,
     )
 
 
@@ -239,12 +212,3 @@ def _config(build: Callable[[], EdgeConfig], edge: str) -> EdgeConfig:
     except ProtocolError as exc:
         raise ManagerError(f"the config for {edge} is not valid: {exc}") from None
     return config
-
-
-def record_event(
-    conn: sqlite3.Connection, rollout_id: str, at: float, kind: str, edge: str, detail: str
-) -> None:
-    conn.execute(
-        "INSERT INTO rollout_events (rollout_id, at, kind, edge, detail) VALUES (?,?,?,?,?)",
-        (rollout_id, at, kind, edge, detail),
-    )

@@ -19,6 +19,9 @@ One rollout cannot stop the others: the driver steps each in its own transaction
 step that raises is rolled back, logged, recorded as an ``error`` event and the rollout
 paused with that reason (an operator resumes or aborts it).
 
+The statements are rollout_store.py's (the rollouts tables) and rollout_health_store.py's
+(what the edges reported).
+
 Not handled: the store's rollouts are driven by one serve process; two serves on one
 store would both step them (the write lock keeps each step whole, not single).
 """
@@ -31,20 +34,15 @@ from collections.abc import Callable
 
 from fedge.edge_manager import rollout as machine
 from fedge.edge_manager import rollout_health as health
+from fedge.edge_manager import rollout_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.registry import parse_ref
 from fedge.edge_manager.rollout import EventKind, RolloutState
 from fedge.edge_manager.rollout_guard import active_rollouts_of
 from fedge.edge_manager.rollout_plan import RolloutError, RolloutPlan
-from fedge.edge_manager.rollout_writes import (
-    Loaded,
-    halt,
-    load,
-    previous_model,
-    record_event,
-    write_step,
-)
+from fedge.edge_manager.rollout_store import record_event
+from fedge.edge_manager.rollout_writes import Loaded, halt, load, previous_model, write_step
 
 log = logging.getLogger(__name__)
 
@@ -54,11 +52,7 @@ CREATED = "created"
 
 def blessed(conn: sqlite3.Connection, name: str, version: int) -> bool | None:
     """The gate's verdict: its newest row for the model (None: never gated)."""
-    row = conn.execute(
-        "SELECT blessed FROM gate_results WHERE name=? AND version=? ORDER BY at DESC LIMIT 1",
-        (name, version),
-    ).fetchone()
-    return None if row is None else bool(row[0])
+    return rollout_store.gate_blessed(conn, name, version)
 
 
 def default_edges(fleet: Fleet, name: str) -> list[str]:
@@ -115,25 +109,18 @@ class Rollouts:
                     f"edges already in an unfinished rollout: {listed}; wait for it to end or "
                     "`fedge rollout abort` it; nothing was started"
                 )
-            conn.execute(
-                "INSERT INTO rollouts (rollout_id, model_name, model_version, plan, state, wave, "
-                "forced_unblessed, reason, created_at, updated_at) VALUES (?,?,?,?,?,?,?,?,?,?)",
-                (
-                    rollout_id,
-                    name,
-                    version,
-                    json.dumps(plan.to_json_dict()),
-                    (RolloutState.PAUSED if paused else RolloutState.PENDING).value,
-                    -1,
-                    int(force_unblessed and verdict is not True),
-                    "",
-                    now,
-                    now,
-                ),
-            )
-            conn.executemany(
-                "INSERT INTO rollout_edges (rollout_id, edge, wave, state) VALUES (?,?,?,?)",
-                [(rollout_id, e.edge, e.wave, e.state.value) for e in edges],
+            rollout_store.insert_rollout(
+                conn,
+                rollout_id=rollout_id,
+                name=name,
+                version=version,
+                plan=json.dumps(plan.to_json_dict()),
+                state=(RolloutState.PAUSED if paused else RolloutState.PENDING).value,
+                wave=-1,
+                forced_unblessed=force_unblessed and verdict is not True,
+                reason="",
+                now=now,
+                edges=edges,
             )
             waves = ", ".join(f"{w * 100:g}%" for w in plan.waves)
             record_event(
@@ -203,12 +190,7 @@ class RolloutDriver:
         """Step every unfinished rollout (one transaction each); how many changed. A
         rollout whose step raises is stopped on its own (:meth:`_failed`); the others
         are still stepped."""
-        ids = [
-            str(r["rollout_id"])
-            for r in self.fleet.store.query(
-                "SELECT rollout_id FROM rollouts WHERE finished_at IS NULL ORDER BY created_at"
-            )
-        ]
+        ids = rollout_store.unfinished_ids(self.fleet.store.conn)
         changed = 0
         for rollout_id in ids:
             try:
