@@ -151,6 +151,16 @@ def newest_id(conn: sqlite3.Connection) -> str | None:
     return None if row is None else str(row[0])
 
 
+def newest_of_model(conn: sqlite3.Connection, name: str, version: int) -> str | None:
+    """The newest rollout of ``name:version`` (None: it was never rolled out)."""
+    row = conn.execute(
+        "SELECT rollout_id FROM rollouts WHERE model_name=? AND model_version=? "
+        "ORDER BY created_at DESC LIMIT 1",
+        (name, version),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
 def summaries(conn: sqlite3.Connection) -> list[RolloutSummary]:
     """Every rollout, newest first, with its edge counts."""
     rows = conn.execute(

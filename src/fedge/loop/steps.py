@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 
-from fedge.edge_manager import gating, rollout_views
+from fedge.edge_manager import gating, rollout_store, rollout_views
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import opened
 from fedge.edge_manager.gate import GatePolicy
@@ -69,14 +69,9 @@ class ManagerRollout:
         name, version = parse_ref(candidate)
         store = Store(self.home.db_path)
         try:
-            found = store.scalar(
-                "SELECT rollout_id FROM rollouts WHERE model_name=? AND model_version=? "
-                "ORDER BY created_at DESC LIMIT 1",
-                (name, version),
-            )
+            return rollout_store.newest_of_model(store.conn, name, version)
         finally:
             store.close()
-        return None if found is None else str(found)
 
     def outcome(self, rollout_id: str) -> tuple[bool | None, str]:
         store = Store(self.home.db_path)
