@@ -5,18 +5,18 @@ and what was revoked is here, so `fedge edge revoke` (the CLI) and the enrollmen
 endpoint (in `manager serve`) meet in one SQLite transaction. A token is kept only as its
 SHA-256: the store leaks no credential. Redeeming a token checks and consumes it in one
 ``BEGIN IMMEDIATE`` transaction, so two devices presenting it at once cannot both enrol.
-No sqlite row leaves this module.
+The statements are in :mod:`fedge.edge_manager.credential_store`.
 """
 
 import datetime as dt
 import hashlib
 import hmac
 import secrets
-import sqlite3
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
+from fedge.edge_manager import credential_store
+from fedge.edge_manager.credential_store import IssuedCert as IssuedCert
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.store import Store
 from fedge.protocols.fleet_ca import Revoked
@@ -34,39 +34,8 @@ class EnrollmentError(ManagerError):
         self.reason = reason
 
 
-@dataclass(frozen=True)
-class IssuedCert:
-    serial: int
-    identity: str
-    role: str
-    fingerprint: str
-    not_after: float
-    issued_at: float
-    revoked_at: float | None
-
-    @property
-    def revoked(self) -> bool:
-        return self.revoked_at is not None
-
-
 def _hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
-
-
-def _insert(conn: sqlite3.Connection, info: CertInfo, pem: bytes, at: float) -> None:
-    conn.execute(
-        "INSERT OR IGNORE INTO certificates (serial, identity, role, fingerprint, "
-        "not_after, issued_at, pem) VALUES (?, ?, ?, ?, ?, ?, ?)",
-        (
-            str(info.serial),
-            info.identity,
-            info.role.value if info.role else "",
-            info.fingerprint,
-            info.not_after.timestamp(),
-            at,
-            pem.decode(),
-        ),
-    )
 
 
 def record_certificate(
@@ -75,64 +44,37 @@ def record_certificate(
     """Record an issued certificate (``pem``: the certificate itself, public; the
     SuperLink's node keys are read from it)."""
     with store.transaction() as conn:
-        _insert(conn, info, pem, time.time() if at is None else at)
+        credential_store.insert_certificate(conn, info, pem, time.time() if at is None else at)
 
 
 def station_certificates(store: Store) -> dict[str, bytes]:
     """Every station's newest valid certificate (PEM): edge -> certificate."""
-    rows = store.conn.execute(
-        "SELECT identity, pem FROM certificates WHERE role = 'edge' AND revoked_at IS NULL "
-        "AND not_after > ? AND pem != '' ORDER BY issued_at, serial",
-        (time.time(),),
-    ).fetchall()
-    return {str(identity): str(pem).encode() for identity, pem in rows}
+    return credential_store.station_certificates(store, time.time())
 
 
 def certificates(store: Store, identity: str | None = None) -> list[IssuedCert]:
-    sql = (
-        "SELECT serial, identity, role, fingerprint, not_after, issued_at, revoked_at "
-        "FROM certificates"
-    )
-    params: tuple[str, ...] = ()
-    if identity is not None:
-        sql, params = sql + " WHERE identity = ?", (identity,)
-    rows = store.conn.execute(sql + " ORDER BY issued_at, serial", params).fetchall()
-    return [
-        IssuedCert(int(r[0]), str(r[1]), str(r[2]), str(r[3]), float(r[4]), float(r[5]), r[6])
-        for r in rows
-    ]
+    return credential_store.certificates(store, identity)
 
 
 def revoke(store: Store, identity: str, *, at: float | None = None) -> list[IssuedCert]:
     """Revoke every unrevoked certificate of ``identity``; return them (empty: none)."""
     now = time.time() if at is None else at
     with store.transaction() as conn:
-        serials = [
-            str(row[0])
-            for row in conn.execute(
-                "SELECT serial FROM certificates WHERE identity = ? AND revoked_at IS NULL",
-                (identity,),
-            )
-        ]
-        conn.executemany(
-            "UPDATE certificates SET revoked_at = ? WHERE serial = ?",
-            [(now, serial) for serial in serials],
-        )
+        serials = credential_store.unrevoked_serials(conn, identity)
+        credential_store.mark_revoked(conn, serials, now)
         # A revoked station can no longer say it went away (the broker refuses its will
         # and goodbye): its state says what happened instead of "online" forever.
-        conn.execute("UPDATE edges SET state = 'revoked' WHERE edge = ?", (identity,))
+        credential_store.mark_edge_revoked(conn, identity)
     return [c for c in certificates(store, identity) if str(c.serial) in serials]
 
 
 def revoked(store: Store) -> list[Revoked]:
     """Every revoked certificate still within its validity (an expired one is refused by
     its dates; the CRL need not grow forever)."""
-    rows = store.conn.execute(
-        "SELECT serial, revoked_at FROM certificates WHERE revoked_at IS NOT NULL "
-        "AND not_after > ?",
-        (time.time(),),
-    ).fetchall()
-    return [Revoked(int(r[0]), dt.datetime.fromtimestamp(float(r[1]), dt.UTC)) for r in rows]
+    return [
+        Revoked(serial, dt.datetime.fromtimestamp(at, dt.UTC))
+        for serial, at in credential_store.revoked_since(store, time.time())
+    ]
 
 
 def create_token(store: Store, edge: str, *, ttl_s: float = TOKEN_TTL_S) -> str:
@@ -143,11 +85,7 @@ def create_token(store: Store, edge: str, *, ttl_s: float = TOKEN_TTL_S) -> str:
     token = secrets.token_urlsafe(24)
     now = time.time()
     with store.transaction() as conn:
-        conn.execute(
-            "INSERT INTO enrollment_tokens (token_hash, edge, created_at, expires_at) "
-            "VALUES (?, ?, ?, ?)",
-            (_hash(token), edge, now, now + ttl_s),
-        )
+        credential_store.insert_token(conn, _hash(token), edge, now, now + ttl_s)
     return token
 
 
@@ -159,28 +97,22 @@ def redeem_token(
     transaction. A refusal raises :class:`EnrollmentError` and changes nothing."""
     digest = _hash(token)
     with store.transaction() as conn:
-        row = conn.execute(
-            "SELECT token_hash, edge, expires_at, used_at FROM enrollment_tokens "
-            "WHERE token_hash = ?",
-            (digest,),
-        ).fetchone()
+        stored = credential_store.token(conn, digest)
         # compare_digest: the lookup is by hash already; this keeps the check constant-time.
-        if row is None or not hmac.compare_digest(str(row[0]), digest):
+        if stored is None or not hmac.compare_digest(stored.token_hash, digest):
             raise EnrollmentError("unknown enrollment token", "unknown_token")
-        if row[3] is not None:
+        if stored.used_at is not None:
             raise EnrollmentError("this enrollment token was already used", "token_used")
-        if float(row[2]) < time.time():
+        if stored.expires_at < time.time():
             raise EnrollmentError(
                 "this enrollment token has expired; issue a new one with `fedge edge enroll`",
                 "token_expired",
             )
-        if str(row[1]) != edge:
+        if stored.edge != edge:
             raise EnrollmentError(
-                f"this token was issued for {row[1]!r}, not {edge!r}", "wrong_edge"
+                f"this token was issued for {stored.edge!r}, not {edge!r}", "wrong_edge"
             )
         info, pem = issue()  # raises (and rolls back) if the CSR is refused
-        conn.execute(
-            "UPDATE enrollment_tokens SET used_at = ? WHERE token_hash = ?", (time.time(), digest)
-        )
-        _insert(conn, info, pem, time.time())
+        credential_store.mark_token_used(conn, digest, time.time())
+        credential_store.insert_certificate(conn, info, pem, time.time())
     return info

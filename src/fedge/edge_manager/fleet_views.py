@@ -1,13 +1,16 @@
 """One edge as an operator sees it: its desired config beside what it reported.
 
 Split out of fleet.py (one concept per module); :meth:`Fleet.show` calls :func:`show`.
+What it reads of the store is in edge_view_store.py.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
+from fedge.edge_manager import edge_view_store
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.registry import parse_ref
 from fedge.party.privacy_status import SPENT_METRIC
@@ -19,37 +22,24 @@ if TYPE_CHECKING:
 
 
 def show(fleet: Fleet, edge: str) -> dict[str, Any]:
-    row = fleet.store.one("SELECT * FROM edges WHERE edge=?", (edge,))
+    row = edge_view_store.reported(fleet.store, edge)
     if row is None:
         raise UnknownEdgeError(f"unknown edge {edge!r}; see `fedge edge list`")
-    row.pop("token_sha256")
     desired = fleet.desired_config(edge)
     row["desired_config"] = None if desired is None else json.loads(codec.encode(desired))
     row["desired_config_version"] = 0 if desired is None else desired.version
     row["in_sync"] = row["desired_config_version"] == row["config_applied"]
     row["thresholds_for"] = None if desired is None else desired.model
     row["thresholds_source"] = thresholds_source(fleet, desired, str(row["serving"] or ""))
-    counts = fleet.store.one(
-        "SELECT count(*) AS predictions, "
-        "coalesce(sum(decision='reject'), 0) AS rejects, "
-        "coalesce(sum(decision='accept'), 0) AS accepts FROM predictions WHERE edge=?",
-        (edge,),
-    )
-    row.update(counts or {})
-    row["labels"] = fleet.store.scalar("SELECT count(*) FROM labels WHERE edge=?", (edge,))
-    row["telemetry"] = fleet.store.scalar("SELECT count(*) FROM telemetry WHERE edge=?", (edge,))
-    row["gaps"] = fleet.store.query(
-        "SELECT stream, from_seq, to_seq FROM gaps WHERE edge=? ORDER BY stream, from_seq",
-        (edge,),
-    )
-    row["rejections"] = fleet.store.scalar("SELECT count(*) FROM rejections WHERE edge=?", (edge,))
+    row.update(asdict(edge_view_store.prediction_counts(fleet.store, edge)))
+    row["labels"] = edge_view_store.count(fleet.store, "labels", edge)
+    row["telemetry"] = edge_view_store.count(fleet.store, "telemetry", edge)
+    row["gaps"] = [asdict(gap) for gap in edge_view_store.gaps(fleet.store, edge)]
+    row["rejections"] = edge_view_store.count(fleet.store, "rejections", edge)
     row["label_agreement"] = fleet.label_agreement(edge)
     # The epsilon the station spent over all jobs, as its agent last reported it (its
     # ClientApp's report, fedge.party.privacy_status). None: never reported.
-    row["privacy_epsilon_spent"] = fleet.store.scalar(
-        "SELECT value FROM telemetry WHERE edge=? AND name=? ORDER BY at DESC LIMIT 1",
-        (edge, SPENT_METRIC),
-    )
+    row["privacy_epsilon_spent"] = edge_view_store.latest_metric(fleet.store, edge, SPENT_METRIC)
     return row
 
 

@@ -16,7 +16,8 @@ A rotation, in order (each step safe to be cut short by a crash):
 old one, and drops a ``keys/next/`` key that no stored link names (a rotation cut short
 before its transaction). ``manager serve`` notices the new key file and signs with it
 (service.py); a document it wrote with the old key in between is re-signed before it is
-published (:func:`resign_desired`).
+published (:func:`resign_desired`). The statements are in trust_store.py (links, edge
+trust, desired documents) and model_store.py (manifests).
 """
 
 import dataclasses
@@ -26,9 +27,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedge.edge_manager import desired_store, edge_store, model_store, trust_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
+from fedge.edge_manager.trust_store import EdgeTrust as EdgeTrust
 from fedge.protocols import codec
 from fedge.protocols.deployment import DeploymentDesired
 from fedge.protocols.evaluation import EvaluationRequest
@@ -57,7 +60,7 @@ def settle(home: ManagerHome) -> str:
     new = SigningKey.load(pending)
     store = Store(home.db_path)
     try:
-        newest = _newest_link_key(store)
+        newest = trust_store.newest_key(store)
     finally:
         store.close()
     if newest == new.public.to_text():
@@ -87,30 +90,22 @@ def rotate(home: ManagerHome, *, now: float | None = None) -> Rotation:
     store = Store(home.db_path)
     try:
         with store.transaction() as conn:
-            sequence = int(store.scalar("SELECT coalesce(max(sequence), 0) FROM trust_links")) + 1
-            newest = _newest_link_key(store)
+            sequence = trust_store.last_sequence(store) + 1
+            newest = trust_store.newest_key(store)
             if newest is not None and newest != old.public.to_text():
                 raise ManagerError(
                     "keys/manager.key is not the key the last rotation introduced; restore "
                     "that key before rotating again"
                 )
             link = rotation_link(old, new.public, fleet=fleet, sequence=sequence, issued_at=at)
-            conn.execute(
-                "INSERT INTO trust_links (sequence, signer, new_key, envelope, created_at) "
-                "VALUES (?,?,?,?,?)",
-                (sequence, old.public.key_id, new.public.to_text(), link, at),
-            )
-            edges = [str(r["edge"]) for r in store.query("SELECT edge FROM edges ORDER BY edge")]
+            trust_store.add_link(conn, sequence, old.public.key_id, new.public.to_text(), link, at)
+            edges = edge_store.names(store)
             for edge in edges:
                 give_chain(store, fleet, edge, at)
             manifests = resign_manifests(store, new)
-            latest = store.query(
-                "SELECT edge, kind, version FROM desired d WHERE kind != ? AND version = "
-                "(SELECT max(version) FROM desired WHERE edge=d.edge AND kind=d.kind)",
-                (TRUST,),
-            )
-            for row in latest:
-                resign_desired(store, new, str(row["edge"]), str(row["kind"]), int(row["version"]))
+            latest = trust_store.newest_documents(store, TRUST)
+            for doc in latest:
+                resign_desired(store, new, doc.edge, doc.kind, doc.version)
     except BaseException:
         shutil.rmtree(pending.parent, ignore_errors=True)
         raise
@@ -122,11 +117,6 @@ def rotate(home: ManagerHome, *, now: float | None = None) -> Rotation:
     )
 
 
-def _newest_link_key(store: Store) -> str | None:
-    value = store.scalar("SELECT new_key FROM trust_links ORDER BY sequence DESC LIMIT 1")
-    return None if value is None else str(value)
-
-
 def give_chain(store: Store, fleet: str, edge: str, now: float) -> None:
     """Make the fleet's chain ``edge``'s newest ``trust`` document (none before the first
     rotation). Also for an edge enrolled after a rotation: it reports the key it trusts."""
@@ -135,56 +125,39 @@ def give_chain(store: Store, fleet: str, edge: str, now: float) -> None:
         return
     document = codec.encode(chain).decode()
     version = len(chain.links)
-    if store.one(
-        "SELECT 1 AS x FROM desired WHERE edge=? AND kind=? AND version=?", (edge, TRUST, version)
-    ):
+    if trust_store.has_document(store, edge, TRUST, version):
         return
-    store.conn.execute(
-        "UPDATE desired SET superseded=1 WHERE edge=? AND kind=? AND published_at IS NULL",
-        (edge, TRUST),
-    )
-    # Not signed as a whole: each link carries the signature of the key before it.
-    store.conn.execute(
-        "INSERT INTO desired (edge, kind, version, document, envelope, created_at) "
-        "VALUES (?,?,?,?,?,?)",
-        (edge, TRUST, version, document, document, now),
-    )
+    # Not signed as a whole: each link carries the signature of the key before it. Older
+    # unpublished chains are superseded (desired_store.write).
+    desired_store.write(store.conn, edge, TRUST, version, document, document, now)
 
 
 def retired_ids(store: Store) -> set[str]:
     """The ids of the keys this manager signed with before its rotations."""
-    return {str(r["signer"]) for r in store.query("SELECT signer FROM trust_links")}
+    return trust_store.signers(store)
 
 
 def chain_of(store: Store, fleet: str) -> TrustChain | None:
     """The fleet's rotations so far (None before the first)."""
-    links = [
-        str(r["envelope"])
-        for r in store.query("SELECT envelope FROM trust_links ORDER BY sequence")
-    ]
+    links = trust_store.link_envelopes(store)
     return TrustChain(fleet, tuple(links)) if links else None
 
 
 def resign_manifests(store: Store, key: SigningKey) -> int:
-    rows = store.query("SELECT name, version, manifest FROM models")
-    for row in rows:
-        envelope = key.sign_payload(str(row["manifest"]).encode()).decode()
-        store.conn.execute(
-            "UPDATE models SET envelope=? WHERE name=? AND version=?",
-            (envelope, row["name"], row["version"]),
-        )
-    return len(rows)
+    manifests = model_store.manifests(store)
+    for model in manifests:
+        envelope = key.sign_payload(model.manifest.encode()).decode()
+        model_store.set_envelope(store, model.name, model.version, envelope)
+    return len(manifests)
 
 
 def resign_desired(store: Store, key: SigningKey, edge: str, kind: str, version: int) -> str:
     """Sign ``edge``'s desired ``kind`` document ``version`` with ``key`` (the manifests it
     carries too) and mark it to be published again."""
-    row = store.one(
-        "SELECT document FROM desired WHERE edge=? AND kind=? AND version=?", (edge, kind, version)
-    )
-    if row is None:
+    stored = trust_store.document(store, edge, kind, version)
+    if stored is None:
         raise ManagerError(f"no desired {kind} v{version} for {edge}")
-    document = str(row["document"]).encode()
+    document = stored.encode()
     # Ed25519 is deterministic: a manifest re-signed here is byte for byte the registry's.
     if kind == "deploy":
         desired = codec.decode(document, DeploymentDesired)
@@ -195,25 +168,11 @@ def resign_desired(store: Store, key: SigningKey, edge: str, kind: str, version:
         manifests = tuple(key.resign(e.encode()).decode() for e in request.manifest_envelopes)
         document = codec.encode(dataclasses.replace(request, manifest_envelopes=manifests))
     envelope = key.sign_payload(document).decode()
-    store.conn.execute(
-        "UPDATE desired SET document=?, envelope=?, published_at=NULL "
-        "WHERE edge=? AND kind=? AND version=?",
-        (document.decode(), envelope, edge, kind, version),
-    )
+    trust_store.replace_signed(store, edge, kind, version, document.decode(), envelope)
     return envelope
 
 
 # -- how far a rotation has reached
-
-
-@dataclass(frozen=True)
-class EdgeTrust:
-    edge: str
-    key_id: str  # "" until the edge has reported on a chain
-    sequence: int
-    status: str  # current / adopted / rejected, or "" (never reported)
-    reason: str
-    reported_at: float | None
 
 
 @dataclass(frozen=True)
@@ -241,33 +200,17 @@ def trust_view(home: ManagerHome) -> TrustView:
     try:
         links = tuple(
             (
-                int(r["sequence"]),
-                str(r["signer"]),
-                PublicKey.from_text(str(r["new_key"])).key_id,
-                float(r["created_at"]),
+                link.sequence,
+                link.signer,
+                PublicKey.from_text(link.new_key).key_id,
+                link.created_at,
             )
-            for r in store.query("SELECT * FROM trust_links ORDER BY sequence")
+            for link in trust_store.links(store)
         )
         # A revoked station (every certificate of it revoked) can no longer say what it
         # trusts: it is not waited for.
-        rows = store.query(
-            "SELECT e.edge, t.key_id, t.sequence, t.status, t.reason, t.reported_at "
-            "FROM edges e LEFT JOIN edge_trust t ON t.edge = e.edge WHERE e.edge NOT IN "
-            "(SELECT identity FROM certificates WHERE role = 'edge' GROUP BY identity "
-            "HAVING sum(revoked_at IS NULL) = 0) ORDER BY e.edge"
-        )
+        edges = tuple(trust_store.edge_trust(store))
     finally:
         store.close()
-    edges = tuple(
-        EdgeTrust(
-            str(r["edge"]),
-            str(r["key_id"] or ""),
-            int(r["sequence"] or 0),
-            str(r["status"] or ""),
-            str(r["reason"] or ""),
-            r["reported_at"],
-        )
-        for r in rows
-    )
     sequence = links[-1][0] if links else 0
     return TrustView(key.key_id, sequence, links, edges)

@@ -9,9 +9,10 @@ import hashlib
 import json
 import shutil
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from fedge.edge_manager import model_store
 from fedge.edge_manager.class_names import class_count_problem, unknown_class
 from fedge.edge_manager.errors import RegistryError, UnknownModelError
 from fedge.edge_manager.onnx_spec import read_spec
@@ -151,7 +152,7 @@ class Registry:
             raise RegistryError(str(exc)) from None
         if not source.is_file():
             raise RegistryError(f"{source} does not exist or is not a file")
-        if self.store.one("SELECT 1 AS x FROM models WHERE name=? AND version=?", (name, version)):
+        if model_store.exists(self.store, name, version):
             raise RegistryError(
                 f"{name}:{version} is already published; versions are immutable, use a new one"
             )
@@ -218,47 +219,41 @@ class Registry:
         except ProtocolError as exc:
             raise RegistryError(f"cannot publish {name}:{version}: {exc}") from None
         envelope = self.key.sign(manifest)
-        self.store.db.table("models").insert(
-            {
-                "name": name,
-                "version": version,
-                "sha256": manifest.sha256,
-                "size": manifest.size,
-                "manifest": codec.encode(manifest).decode(),
-                "envelope": envelope.decode(),
-                "path": str(dest),
-                "parent_version": lineage.parent_version,
-                "run_id": lineage.run_id,
-                "created_at": manifest.created_at,
-            }
+        model_store.add(
+            self.store,
+            name=name,
+            version=version,
+            sha256=manifest.sha256,
+            size=manifest.size,
+            manifest=codec.encode(manifest).decode(),
+            envelope=envelope.decode(),
+            path=str(dest),
+            parent_version=lineage.parent_version,
+            run_id=lineage.run_id,
+            created_at=manifest.created_at,
         )
         return PublishedModel(manifest, envelope, dest)
 
     def latest_version(self, name: str) -> int | None:
-        value = self.store.scalar("SELECT max(version) FROM models WHERE name=?", (name,))
-        return None if value is None else int(value)
+        return model_store.latest_version(self.store, name)
 
     def get(self, name: str, version: int) -> PublishedModel:
-        row = self.store.one(
-            "SELECT manifest, envelope, path FROM models WHERE name=? AND version=?",
-            (name, version),
-        )
+        row = model_store.get(self.store, name, version)
         if row is None:
             raise UnknownModelError(
                 f"model {name}:{version} is not in the registry; see `fedge model list`"
             )
-        manifest = codec.decode(row["manifest"].encode(), ModelManifest)
-        return PublishedModel(manifest, row["envelope"].encode(), Path(row["path"]))
+        manifest = codec.decode(row.manifest.encode(), ModelManifest)
+        return PublishedModel(manifest, row.envelope.encode(), Path(row.path))
 
     def list(self) -> list[dict[str, object]]:
-        rows = self.store.query(
-            "SELECT name, version, sha256, size, parent_version, run_id, created_at, manifest "
-            "FROM models ORDER BY name, version"
-        )
-        for row in rows:
-            manifest = json.loads(row.pop("manifest"))
+        listed: list[dict[str, object]] = []
+        for model in model_store.rows(self.store):
+            row: dict[str, object] = asdict(model)
+            manifest = json.loads(str(row.pop("manifest")))
             row["classes"] = ",".join(manifest["classes"])
-        return rows
+            listed.append(row)
+        return listed
 
     # -- the gRPC ArtifactSource protocol
 
