@@ -17,6 +17,7 @@ from fedge.cli.common import (
     print_json,
     when,
 )
+from fedge.edge_manager import model_store
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 
@@ -81,7 +82,7 @@ def enable(
     job_for(policy.job, f"{model}:1")  # the loop can set where the job starts
     store = Store(manager_home.db_path)
     try:
-        if store.scalar("SELECT count(*) FROM models WHERE name=?", (model,)) == 0:
+        if model_store.latest_version(store, model) is None:
             raise ManagerError(f"no version of model {model!r} is published (`fedge model list`)")
         run_store.save_policy(store, policy)
     finally:
