@@ -324,3 +324,12 @@ class RunStore:
                 (run_id,),
             )
         )
+
+    def last_evaluation_at(self, run_id: str, server_round: int) -> float | None:
+        """When the last party's evaluation of ``server_round``'s model was recorded
+        (None: none was)."""
+        row = self.conn.execute(
+            "SELECT max(recorded_at) FROM evaluations WHERE run_id=? AND round=?",
+            (run_id, server_round),
+        ).fetchone()
+        return None if row[0] is None else float(row[0])

@@ -31,6 +31,7 @@ from fedge.bench import Progress, no_progress
 from fedge.bench.config_push_worker import WorkerSpec
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, HelperProcess, Testbed, wait_until
+from fedge.edge_manager import report_store
 
 TARGET_P99_S = 2.0
 WORKER_MODULE = "fedge.bench.config_push_worker"
@@ -148,12 +149,12 @@ def _measure(
                 helper.wait_event("applied", timeout_s, version=1)
             progress("waiting for the manager to store every edge's v1 report")
             wait_until(
-                lambda: bed.scalar("SELECT count(*) FROM edges WHERE config_applied >= 1") == edges,
+                lambda: report_store.edges_applied(bed.reader(), 1) == edges,
                 timeout_s,
                 "the v1 reports",
             )
             wait_until(
-                lambda: bed.scalar("SELECT count(*) FROM desired WHERE published_at IS NULL") == 0,
+                lambda: report_store.unpublished_desired(bed.reader()) == 0,
                 timeout_s,
                 "the v1 publish acknowledgements",
             )
@@ -205,9 +206,7 @@ def _one_push(bed: Testbed, value: float, timeout_s: float) -> dict[str, Any]:
         raise BenchError(f"edges are at different desired versions: {sorted(set(versions))}")
     try:
         wait_until(
-            lambda: (
-                bed.scalar("SELECT count(*) FROM edges WHERE config_applied >= ?", (version,)) == n
-            ),
+            lambda: report_store.edges_applied(bed.reader(), version) == n,
             timeout_s,
             f"all edges to report v{version}",
             POLL_S,
@@ -215,23 +214,9 @@ def _one_push(bed: Testbed, value: float, timeout_s: float) -> dict[str, Any]:
         all_visible_s: float | None = time.time() - t0
     except BenchError:
         all_visible_s = None  # reported below as converged < edges
-    rows = (
-        bed.reader()
-        .execute("SELECT edge, config_applied, config_reported_at FROM edges")
-        .fetchall()
-    )
-    converged = [r for r in rows if int(r[1]) == version]
-    stored = [float(r[2]) - t0 for r in converged]
-    published = [
-        float(r[0]) - t0
-        for r in bed.reader()
-        .execute(
-            "SELECT published_at FROM desired WHERE kind='config' AND version=? "
-            "AND published_at IS NOT NULL",
-            (version,),
-        )
-        .fetchall()
-    ]
+    converged = [r for r in report_store.edge_states(bed.reader()) if r.config_applied == version]
+    stored = [_reported_at(r) - t0 for r in converged]
+    published = [at - t0 for at in report_store.config_published_at(bed.reader(), version)]
     return {
         "version": version,
         "threshold": value,
@@ -241,6 +226,13 @@ def _one_push(bed: Testbed, value: float, timeout_s: float) -> dict[str, Any]:
         "all_visible_s": None if all_visible_s is None else round(all_visible_s, 4),
         "breakdown": {"manager_publish_acked": _stats(published)},
     }
+
+
+def _reported_at(row: report_store.EdgeState) -> float:
+    """When the manager stored ``row``'s config report (an edge at a version reported it)."""
+    if row.config_reported_at is None:
+        raise BenchError(f"{row.edge} is at config v{row.config_applied} but sent no report")
+    return row.config_reported_at
 
 
 def _add_edge_breakdown(runs: list[dict[str, Any]], timings: list[list[Any]]) -> None:

@@ -41,6 +41,7 @@ from fedge.console.app import create_app
 from fedge.console.fleet_table import fleet_table
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.settings import load_settings
+from fedge.edge_manager import report_store
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -82,13 +83,7 @@ def _deploy_live(home: ManagerHome) -> None:
     with opened(home) as fleet:
         deployment = fleet.deploy(MODEL, VERSIONS[-1], [LIVE_EDGE])
         deadline = time.monotonic() + 60
-        while (
-            fleet.store.scalar(
-                "SELECT count(*) FROM edges WHERE edge=? AND deploy_id=? AND deploy_stage='active'",
-                (LIVE_EDGE, deployment),
-            )
-            != 1
-        ):
+        while report_store.active_edges(fleet.store, deployment, edge=LIVE_EDGE) != 1:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"{LIVE_EDGE} did not activate {MODEL}:{VERSIONS[-1]}")
             time.sleep(0.05)
@@ -182,7 +177,7 @@ def run_console_bench(
         toml = Path(_setup(home, root, edges))
         with opened(home) as fleet:
             token = accounts.add_token(fleet.store, "bench", Role.OPERATOR)
-            predictions = int(fleet.store.scalar("SELECT count(*) FROM predictions"))
+            predictions = report_store.prediction_count(fleet.store)
         broker = managed_broker(home)
         broker.start()
         service = ManagerService(home)
@@ -291,13 +286,13 @@ def _time_live(
                 if time.perf_counter() > deadline:
                     raise TimeoutError(f"the page never showed {LIVE_EDGE} at {shown}")
                 time.sleep(0.005)
-            row = fleet.store.conn.execute(
-                "SELECT config_status, config_reported_at FROM edges WHERE edge=?", (LIVE_EDGE,)
-            ).fetchone()
-            if row[0] != f"applied:{version}":
-                raise RuntimeError(f"{LIVE_EDGE} reported {row[0]}, not applied:{version}")
+            row = report_store.edge_state(fleet.store, LIVE_EDGE)
+            status = None if row is None else row.config_status
+            # A report stores its status and time together: applied:N has a time.
+            if row is None or row.config_reported_at is None or status != f"applied:{version}":
+                raise RuntimeError(f"{LIVE_EDGE} reported {status}, not applied:{version}")
             live.append(seen[0] - started)
-            store.append(float(row[1]) - started_wall)
-            store_to_page.append(seen[1] - float(row[1]))
+            store.append(row.config_reported_at - started_wall)
+            store_to_page.append(seen[1] - row.config_reported_at)
             progress(f"live update {index + 1}/{changes}: {live[-1] * 1000:.0f} ms")
     return _stats(live), _stats(store), _stats(store_to_page)

@@ -37,6 +37,7 @@ from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until
 from fedge.demo.learning import score_at_station
+from fedge.edge_manager import report_store
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -203,10 +204,13 @@ def _publish_start_model(root: Path, fleet: Fleet) -> None:
 
 
 def _all(store: Store, edges: list[str], column: str, value: object) -> bool:
-    return all(
-        (store.one(f"SELECT {column} FROM edges WHERE edge=?", (e,)) or {}).get(column) == value
-        for e in edges
-    )
+    """Whether every edge's ``column`` (a field of report_store.EdgeState) is ``value``."""
+
+    def field(edge: str) -> object:
+        state = report_store.edge_state(store, edge)
+        return None if state is None else getattr(state, column)
+
+    return all(field(e) == value for e in edges)
 
 
 def _set_training(fleet: Fleet, store: Store, edges: list[str], *, enabled: bool) -> None:
@@ -214,8 +218,8 @@ def _set_training(fleet: Fleet, store: Store, edges: list[str], *, enabled: bool
     for p in pushed:
 
         def applied(edge: str = p.edge, version: int = p.version) -> bool:
-            row = store.one("SELECT config_applied FROM edges WHERE edge=?", (edge,)) or {}
-            return bool(row.get("config_applied") == version)
+            state = report_store.edge_state(store, edge)
+            return state is not None and state.config_applied == version
 
         wait_until(applied, 60, f"config v{p.version} on {p.edge}")
 
@@ -230,13 +234,11 @@ def _fedge_figures(job_dir: Path, rounds: int) -> dict[str, Any]:
         run_id = str(store.runs()[-1]["run_id"])
         recorded = store.rounds(run_id)
         evaluations = store.evaluations(run_id)
-        started = float(
-            store.conn.execute(
-                "SELECT max(recorded_at) FROM evaluations WHERE run_id=? AND round=0", (run_id,)
-            ).fetchone()[0]
-        )
+        started = store.last_evaluation_at(run_id, 0)
     finally:
         store.close()
+    if started is None:
+        raise BenchError(f"run {run_id} recorded no evaluation of the initial model")
     seconds = (float(recorded[-1]["recorded_at"]) - started) / rounds
     per_station: dict[str, dict[str, float]] = {}
     for row in evaluations:

@@ -41,6 +41,7 @@ import fedge
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, Testbed, wait_until
+from fedge.edge_manager import report_store
 from fedge.edge_manager.enrollment import agent_toml
 from fedge.transport.broker import free_port
 
@@ -262,9 +263,7 @@ def run_footprint(
                 pixels = (rng.random((IMAGE_SIZE, IMAGE_SIZE)) * 255).astype(np.uint8)
                 agent.score(_png(pixels), source=f"bench-{i:05d}")
             wait_until(
-                lambda: (
-                    bed.scalar("SELECT count(*) FROM predictions WHERE edge=?", (edge,)) == images
-                ),
+                lambda: report_store.prediction_count(bed.reader(), edge=edge) == images,
                 timeout_s,
                 f"the manager to store the {images} predictions",
                 interval_s=0.05,

@@ -28,6 +28,7 @@ from fedge.bench.config_push import ratio
 from fedge.bench.ingest_publisher import PublisherSpec
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, HelperProcess, Testbed, wait_until
+from fedge.edge_manager import report_store
 
 TARGET_RECORDS_PER_S = 50_000
 PUBLISHER_MODULE = "fedge.bench.ingest_publisher"
@@ -182,15 +183,11 @@ def _one_run(
         finally:
             for helper in helpers:
                 helper.stop()
-        total = int(bed.scalar("SELECT count(*) FROM telemetry"))
-        distinct = int(
-            bed.scalar("SELECT count(*) FROM (SELECT DISTINCT edge, seq, idx FROM telemetry)")
-        )
-        rejected = int(bed.scalar("SELECT count(*) FROM rejections"))
-        duplicates_dropped = int(
-            bed.scalar("SELECT coalesce(sum(duplicates), 0) FROM streams WHERE stream='telemetry'")
-        )
-        gaps = int(bed.scalar("SELECT count(*) FROM gaps"))
+        total = report_store.telemetry_count(bed.reader())
+        distinct = report_store.distinct_telemetry_count(bed.reader())
+        rejected = report_store.rejection_count(bed.reader())
+        duplicates_dropped = report_store.duplicates_dropped(bed.reader(), "telemetry")
+        gaps = report_store.gap_count(bed.reader())
     seconds = None if end is None else end - start
     rate = None if seconds is None else records / seconds
     return {
@@ -215,13 +212,17 @@ def _wait_for_records(bed: Testbed, records: int, timeout_s: float) -> float | N
     # polling them is cheap. Not too often, though: every wake-up of this thread competes
     # for the GIL with the manager's writer we are measuring. The end time is the first
     # poll that sees everything, so it errs on the slow side by at most POLL_S.
-    sql = "SELECT coalesce(sum(n_records), 0) FROM batches WHERE stream='telemetry'"
     try:
-        wait_until(lambda: int(bed.scalar(sql)) >= records, timeout_s, "all records", POLL_S)
+        wait_until(
+            lambda: report_store.batched_records(bed.reader(), ("telemetry",)) >= records,
+            timeout_s,
+            "all records",
+            POLL_S,
+        )
     except BenchError:
         return None
     end = time.time()
-    if int(bed.scalar("SELECT count(*) FROM telemetry")) < records:
+    if report_store.telemetry_count(bed.reader()) < records:
         raise BenchError("batches say every record is stored but the telemetry table disagrees")
     return end
 

@@ -29,6 +29,7 @@ from fedge.bench import Progress, no_progress
 from fedge.bench.footprint import fedge_command
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until
+from fedge.edge_manager import report_store
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -146,10 +147,13 @@ def _publish(home: ManagerHome, root: Path) -> None:
                 positive_classes=("scratch",),
             )
             if version != PREVIOUS:
-                fleet.store.conn.execute(
-                    "INSERT INTO gate_results (name, version, blessed, evidence, eval_id, at) "
-                    "VALUES ('inspect', ?, 1, ?, 'bench', ?)",
-                    (version, json.dumps({"note": "written by fedge bench rollout"}), time.time()),
+                report_store.record_blessing(
+                    fleet.store,
+                    "inspect",
+                    version,
+                    evidence=json.dumps({"note": "written by fedge bench rollout"}),
+                    eval_id="bench",
+                    at=time.time(),
                 )
 
 
@@ -184,11 +188,7 @@ def _deploy_everywhere(
             dead = [a.args for a in agents if a.poll() is not None]
             if dead:
                 raise BenchError(f"an agent exited during set-up: {dead[0]!r}")
-            n = fleet.store.scalar(
-                "SELECT count(*) FROM edges WHERE deploy_id=? AND deploy_stage='active'",
-                (deployment,),
-            )
-            return int(n) == len(edges)
+            return report_store.active_edges(fleet.store, deployment) == len(edges)
 
         wait_until(active, timeout_s, f"every edge to serve inspect:{PREVIOUS}", 0.2)
 
@@ -208,24 +208,17 @@ def _rollout(
         rollout_id = Rollouts(fleet).start(f"inspect:{version}", plan, now=time.time())
 
         def finished() -> bool:
-            return (
-                fleet.store.scalar(
-                    "SELECT finished_at FROM rollouts WHERE rollout_id=?", (rollout_id,)
-                )
-                is not None
-            )
+            outcome = report_store.rollout_outcome(fleet.store, rollout_id)
+            return outcome is not None and outcome.finished_at is not None
 
         wait_until(finished, timeout_s, f"the rollout of inspect:{version} to end", 0.05)
-        row = fleet.store.one("SELECT * FROM rollouts WHERE rollout_id=?", (rollout_id,)) or {}
-        exposed = fleet.store.scalar(
-            "SELECT count(*) FROM rollout_edges WHERE rollout_id=? AND state != 'waiting'",
-            (rollout_id,),
-        )
-    if not row:
-        raise BenchError(f"rollout {rollout_id} left no record")
+        row = report_store.rollout_outcome(fleet.store, rollout_id)
+        exposed = report_store.rollout_exposed(fleet.store, rollout_id)
+    if row is None or row.finished_at is None:
+        raise BenchError(f"rollout {rollout_id} left no record of its end")
     return {
-        "state": str(row["state"]),
-        "reason": str(row["reason"]),
-        "exposed": int(exposed),
-        "elapsed_s": float(row["finished_at"]) - float(row["created_at"]),
+        "state": str(row.state),
+        "reason": str(row.reason),
+        "exposed": exposed,
+        "elapsed_s": float(row.finished_at) - float(row.created_at),
     }

@@ -26,6 +26,7 @@ from fedge.demo.privacy import run_privacy
 from fedge.demo.report import write_report
 from fedge.demo.security import run_security
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTeacher
+from fedge.edge_manager import report_store
 from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
@@ -238,8 +239,15 @@ def _federated_rounds(out: Path) -> int:
     return 0
 
 
-def _edge_state(store: Store, edge: str) -> dict[str, object]:
-    return store.one("SELECT * FROM edges WHERE edge=?", (edge,)) or {}
+def _online(store: Store, edge: str) -> bool:
+    state = report_store.edge_state(store, edge)
+    return state is not None and state.state == "online"
+
+
+def _applied(store: Store, edge: str, version: int) -> bool:
+    """Whether ``edge`` reported config ``version`` applied."""
+    state = report_store.edge_state(store, edge)
+    return state is not None and state.config_applied == version
 
 
 def _deploy(fleet: Fleet, store: Store, version: int) -> tuple[str, float]:
@@ -248,8 +256,8 @@ def _deploy(fleet: Fleet, store: Store, version: int) -> tuple[str, float]:
     ref = f"{MODEL}:{version}"
 
     def serving(edge: str) -> bool:
-        state = _edge_state(store, edge)
-        return (state.get("deploy_id"), state.get("deploy_stage"), state.get("serving")) == (
+        state = report_store.edge_state(store, edge)
+        return state is not None and (state.deploy_id, state.deploy_stage, state.serving) == (
             deployment,
             "active",
             ref,
@@ -259,7 +267,7 @@ def _deploy(fleet: Fleet, store: Store, version: int) -> tuple[str, float]:
 
 
 def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
-    _wait(lambda: all(_edge_state(store, e).get("state") == "online" for e in EDGES), 30, "births")
+    _wait(lambda: all(_online(store, e) for e in EDGES), 30, "births")
     console.print(f"{len(EDGES)} agents online (birth after subscribe, last will registered)")
 
     deployment, run.deploy_s[f"{MODEL}:1"] = _deploy(fleet, store, 1)
@@ -270,7 +278,7 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
 
     pushed = fleet.set_threshold(["st-01"], 0.72)[0]
     run.push_s = _wait(
-        lambda: _edge_state(store, "st-01").get("config_applied") == pushed.version,
+        lambda: _applied(store, "st-01", pushed.version),
         10,
         "threshold report",
     )
@@ -278,7 +286,7 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
     # st-01 shares thumbnails of what it rejects (for the console); the others do not.
     shares = fleet.set_thumbnails(["st-01"], ThumbnailPolicy())[0]
     _wait(
-        lambda: _edge_state(store, "st-01").get("config_applied") == shares.version,
+        lambda: _applied(store, "st-01", shares.version),
         10,
         "the config sharing st-01's thumbnails",
     )
@@ -298,17 +306,11 @@ def _fleet_flow(out: Path, fleet: Fleet, store: Store, run: FleetRun) -> int:
 
 def _shared_thumbnails(store: Store) -> dict[str, int]:
     """Wait for st-01's thumbnails of its rejects (at most the policy's per minute)."""
-    rejects = int(
-        store.scalar("SELECT count(*) FROM predictions WHERE edge='st-01' AND decision='reject'")
-    )
+    rejects = report_store.prediction_count(store, edge="st-01", decision="reject")
     expected = min(rejects, ThumbnailPolicy().per_minute)
-
-    def kept() -> dict[str, int]:
-        rows = store.query("SELECT edge, count(*) AS n FROM thumbnails GROUP BY edge")
-        return {str(r["edge"]): int(r["n"]) for r in rows}
-
-    _wait(lambda: kept().get("st-01", 0) >= expected, 20, "st-01's thumbnails")
-    shared = {edge: kept().get(edge, 0) for edge in EDGES}
+    kept = report_store.thumbnail_counts
+    _wait(lambda: kept(store).get("st-01", 0) >= expected, 20, "st-01's thumbnails")
+    shared = {edge: kept(store).get(edge, 0) for edge in EDGES}
     console.print(
         f"thumbnails at the manager: {shared} (st-01 shares those of its {rejects} rejects, "
         f"at most {ThumbnailPolicy().per_minute} a minute; the others' images stay on "
@@ -364,7 +366,7 @@ def _score_and_label(out: Path, fleet: Fleet, store: Store, *, version: int) -> 
     """
     truth: dict[str, str] = {}
     images, labels = make_defect_images(IMAGES_PER_EDGE * len(EDGES), seed=SCORE_SEEDS[version])
-    before = int(store.scalar("SELECT count(*) FROM predictions"))
+    before = report_store.prediction_count(store)
     deadline = time.monotonic() + SCORING_TIMEOUT_S
     with Progress(console=console) as progress:
         task = progress.add_task(f"stations scoring images ({MODEL}:{version})", total=len(images))
@@ -377,9 +379,7 @@ def _score_and_label(out: Path, fleet: Fleet, store: Store, *, version: int) -> 
             for path, label in zip(paths, labels[chunk], strict=True):
                 truth[f"file:{path.name}"] = CLASSES[int(label)]
                 path.replace(inbox / path.name)
-        while (stored := int(store.scalar("SELECT count(*) FROM predictions")) - before) < len(
-            truth
-        ):
+        while (stored := report_store.prediction_count(store) - before) < len(truth):
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"demo: only {stored} of {len(truth)} predictions arrived within "
@@ -391,6 +391,6 @@ def _score_and_label(out: Path, fleet: Fleet, store: Store, *, version: int) -> 
 
     # Operators label every prediction with the ground truth (the CruX labeler loop).
     for source, label in truth.items():
-        for row in store.query("SELECT prediction_id FROM predictions WHERE source=?", (source,)):
-            fleet.add_label(row["prediction_id"], label, "demo-operator")
+        for prediction_id in report_store.prediction_ids(store, source):
+            fleet.add_label(prediction_id, label, "demo-operator")
     return truth

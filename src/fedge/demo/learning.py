@@ -27,6 +27,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from fedge.aggregator.run_store import RunStore
+from fedge.edge_manager import report_store
 from fedge.edge_manager.fleet import Fleet, Pushed
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
@@ -92,8 +93,14 @@ def post_json(url: str, body: bytes, content_type: str) -> dict[str, Any]:
 
 def config_applied(store: Store, pushed: Pushed) -> bool:
     """Whether the agent reported the pushed config version applied."""
-    row = store.one("SELECT config_applied FROM edges WHERE edge=?", (pushed.edge,)) or {}
-    return bool(row.get("config_applied") == pushed.version)
+    row = report_store.edge_state(store, pushed.edge)
+    return row is not None and row.config_applied == pushed.version
+
+
+def _serving(store: Store, edge: str) -> str | None:
+    """The model ``edge`` serves, as the manager records it (None: not enrolled)."""
+    row = report_store.edge_state(store, edge)
+    return None if row is None else row.serving
 
 
 def score_at_station(
@@ -188,11 +195,7 @@ def run_learning(
 
     deployment = fleet.deploy(MODEL, int(result.published.split(":")[1]), edges)
     wait(
-        lambda: all(
-            (store.one("SELECT serving FROM edges WHERE edge=?", (e,)) or {}).get("serving")
-            == result.published
-            for e in edges
-        ),
+        lambda: all(_serving(store, e) == result.published for e in edges),
         60,
         f"deployment {deployment} of {result.published}",
     )

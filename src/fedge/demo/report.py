@@ -13,6 +13,7 @@ from rich.table import Table
 from fedge.demo import closed_loop, privacy, security
 from fedge.demo.learning import plot, report_lines
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun
+from fedge.edge_manager import report_store
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.store import Store
 
@@ -32,16 +33,10 @@ def _model_rows(fleet: Fleet, store: Store, run: FleetRun) -> list[dict[str, Any
     rows = []
     for version in (1, 2):
         manifest = fleet.registry.get(MODEL, version).manifest
-        served = int(
-            store.scalar("SELECT count(*) FROM predictions WHERE model=?", (manifest.ref,))
-        )
-        labelled = store.query(
-            "SELECT p.decision, l.label FROM labels l "
-            "JOIN predictions p ON p.prediction_id = l.prediction_id WHERE p.model=?",
-            (manifest.ref,),
-        )
+        served = report_store.prediction_count(store, model=manifest.ref)
+        labelled = report_store.labelled_decisions(store, manifest.ref)
         positives = set(manifest.positive_classes)
-        agree = sum((r["decision"] == "reject") == (r["label"] in positives) for r in labelled)
+        agree = sum((r.decision == "reject") == (r.label in positives) for r in labelled)
         is_teacher = version == 1
         rows.append(
             {
@@ -200,26 +195,20 @@ def _plot(path: Path, store: Store, truth: dict[str, str]) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = store.query("SELECT edge, model, scores, threshold, source FROM predictions")
-    models = sorted({r["model"] for r in rows if r["source"] in truth})
+    rows = report_store.scored_predictions(store)
+    models = sorted({r.model for r in rows if r.source in truth})
     fig, axes = plt.subplots(
         len(models), len(EDGES), figsize=(4 * len(EDGES), 3.2 * len(models)), sharey=True,
         squeeze=False,
     )  # fmt: skip
     for model, model_axes in zip(models, axes, strict=True):
         for ax, edge in zip(model_axes, EDGES, strict=True):
-            mine = [
-                r
-                for r in rows
-                if r["edge"] == edge and r["model"] == model and r["source"] in truth
-            ]
+            mine = [r for r in rows if r.edge == edge and r.model == model and r.source in truth]
             for cls, colour in (("clean", "tab:green"), ("scratch", "tab:red")):
-                scores = [
-                    json.loads(r["scores"])["scratch"] for r in mine if truth[r["source"]] == cls
-                ]
+                scores = [json.loads(r.scores)["scratch"] for r in mine if truth[r.source] == cls]
                 ax.hist(scores, bins=20, range=(0, 1), alpha=0.6, color=colour, label=cls)
             if mine:
-                ax.axvline(mine[0]["threshold"], color="black", linestyle="--", label="threshold")
+                ax.axvline(mine[0].threshold, color="black", linestyle="--", label="threshold")
             ax.set_title(f"{edge}, {model}")
             ax.set_xlabel("scratch score")
         model_axes[0].set_ylabel("images")

@@ -20,7 +20,7 @@ from typing import Any
 from rich.console import Console
 
 from fedge.edge_agent.enroll import EnrollmentRefused, enroll_device
-from fedge.edge_manager import credentials, key_rotation
+from fedge.edge_manager import credentials, key_rotation, report_store
 from fedge.edge_manager.enrollment import invite, revoke
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
@@ -46,6 +46,18 @@ class SecurityChapter:
     rotation_to_all_s: float = 0.0  # until every online station said it trusts the new key
     stations_on_new_key: int = 0
     push_after_rotation_s: float = 0.0
+
+
+def _state(store: Store, edge: str) -> str | None:
+    """``edge``'s state in the manager's store (None: not enrolled)."""
+    row = report_store.edge_state(store, edge)
+    return None if row is None else row.state
+
+
+def _config_applied(store: Store, edge: str) -> int | None:
+    """The config version ``edge`` last reported applied (None: not enrolled)."""
+    row = report_store.edge_state(store, edge)
+    return None if row is None else row.config_applied
 
 
 def _broker_accepts(host: str, port: int, edge: str, tls: TlsFiles) -> bool:
@@ -83,10 +95,7 @@ def run_security(
     ).start()
     try:
         wait(
-            lambda: (
-                (store.one("SELECT state FROM edges WHERE edge=?", (NEW_EDGE,)) or {}).get("state")
-                == "online"
-            ),
+            lambda: _state(store, NEW_EDGE) == "online",
             30,
             f"{NEW_EDGE} online",
         )
@@ -123,12 +132,7 @@ def run_security(
 
     pushed = fleet.set_threshold(["st-01"], 0.7)[0]
     result.push_after_revoke_s = wait(
-        lambda: (
-            (store.one("SELECT config_applied FROM edges WHERE edge='st-01'") or {}).get(
-                "config_applied"
-            )
-            == pushed.version
-        ),
+        lambda: _config_applied(store, "st-01") == pushed.version,
         20,
         "a threshold on st-01 after the revocation",
     )
@@ -156,11 +160,7 @@ def _rotate(
     signed and from then on apply only what the new key signs."""
     # The stations up now; a revoked one (st-09 above) can no longer report anything.
     stations = {e.edge for e in key_rotation.trust_view(home).edges}
-    online = [
-        str(r["edge"])
-        for r in store.query("SELECT edge FROM edges WHERE state='online'")
-        if str(r["edge"]) in stations
-    ]
+    online = [edge for edge in report_store.online_edges(store) if edge in stations]
     started = time.monotonic()
     rotated = key_rotation.rotate(home)
     fleet.use_key(home.signing_key())
@@ -175,12 +175,7 @@ def _rotate(
     result.stations_on_new_key = len(key_rotation.trust_view(home).on_current_key())
     pushed = fleet.set_threshold(["st-01"], 0.68)[0]
     result.push_after_rotation_s = wait(
-        lambda: (
-            (store.one("SELECT config_applied FROM edges WHERE edge='st-01'") or {}).get(
-                "config_applied"
-            )
-            == pushed.version
-        ),
+        lambda: _config_applied(store, "st-01") == pushed.version,
         20,
         "a threshold signed by the new key on st-01",
     )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedge.edge_manager import timeline_store
 from fedge.edge_manager.store import Store
 
 
@@ -21,43 +22,29 @@ class Mark:
     kind: str  # colour group: alert, gate_ok, gate_no, rollout, abort, loop, deploy, back
 
 
+# The rollout events that mark the timeline: a rollout's start, waves and end.
+_ROLLOUT_KINDS = ("started", "wave", "completed", "aborted", "rolled_back")
+
+
 def marks(store: Store, since: float) -> list[Mark]:
     found: list[Mark] = []
-    for row in store.query(
-        "SELECT edge, model, kind, raised_at, cleared_at FROM alerts WHERE raised_at >= ?",
-        (since,),
-    ):
-        found.append(
-            Mark(row["raised_at"], row["edge"], f"{row['kind']} ({row['model']})", "alert")
-        )
-    for row in store.query(
-        "SELECT name, version, blessed, at FROM gate_results WHERE at >= ? ORDER BY at", (since,)
-    ):
-        verdict = "blessed" if row["blessed"] else "not blessed"
-        kind = "gate_ok" if row["blessed"] else "gate_no"
-        found.append(Mark(row["at"], "gate", f"{row['name']}:{row['version']} {verdict}", kind))
-    for row in store.query(
-        "SELECT e.at, e.kind, e.edge, r.model_name, r.model_version FROM rollout_events e "
-        "JOIN rollouts r USING (rollout_id) WHERE e.at >= ? AND e.kind IN "
-        "('started', 'wave', 'completed', 'aborted', 'rolled_back') ORDER BY e.at",
-        (since,),
-    ):
-        if row["edge"]:
+    for alert in timeline_store.alerts_raised(store, since):
+        found.append(Mark(alert.raised_at, alert.edge, f"{alert.kind} ({alert.model})", "alert"))
+    for gate in timeline_store.gate_verdicts(store, since):
+        verdict = "blessed" if gate.blessed else "not blessed"
+        kind = "gate_ok" if gate.blessed else "gate_no"
+        found.append(Mark(gate.at, "gate", f"{gate.name}:{gate.version} {verdict}", kind))
+    for event in timeline_store.rollout_events(store, since, _ROLLOUT_KINDS):
+        if event.edge:
             continue  # per-edge moves show in the edges' own lanes (deploy statuses)
-        kind = "abort" if row["kind"] in ("aborted", "rolled_back") else "rollout"
-        ref = f"{row['model_name']}:{row['model_version']}"
-        found.append(Mark(row["at"], "rollout", f"{ref} {row['kind']}", kind))
-    for row in store.query(
-        "SELECT at, step, detail FROM loop_events WHERE at >= ? ORDER BY at", (since,)
-    ):
-        found.append(Mark(row["at"], "loop", str(row["step"]).replace("_", " "), "loop"))
-    for row in store.query(
-        "SELECT edge, stage, serving, at FROM deploy_events WHERE at >= ? "
-        "AND stage IN ('active', 'rolled_back') ORDER BY at",
-        (since,),
-    ):
-        kind = "back" if row["stage"] == "rolled_back" else "deploy"
-        found.append(Mark(row["at"], row["edge"], f"serves {row['serving']}", kind))
+        kind = "abort" if event.kind in ("aborted", "rolled_back") else "rollout"
+        ref = f"{event.model_name}:{event.model_version}"
+        found.append(Mark(event.at, "rollout", f"{ref} {event.kind}", kind))
+    for step in timeline_store.loop_steps(store, since):
+        found.append(Mark(step.at, "loop", str(step.step).replace("_", " "), "loop"))
+    for deploy in timeline_store.deploy_events(store, since, ("active", "rolled_back")):
+        kind = "back" if deploy.stage == "rolled_back" else "deploy"
+        found.append(Mark(deploy.at, deploy.edge, f"serves {deploy.serving}", kind))
     return sorted(found, key=lambda m: m.at)
 
 

@@ -344,3 +344,47 @@ class LocalStore:
             pending = self._conn.execute("SELECT count(*) FROM pending").fetchone()[0]
             outbox = self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         return {"pending_records": int(pending), "outbox_batches": int(outbox)}
+
+
+# -- the file read from outside the agent (a benchmark checking what a station holds)
+
+
+@contextmanager
+def _read_only(path: Path) -> Iterator[sqlite3.Connection]:
+    # Read-only, so a reader never writes the running agent's file (WAL lets it read).
+    conn = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=30.0)
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def read_value(path: Path, key: str) -> str | None:
+    """The state value ``key`` in the agent file at ``path`` (None: not set)."""
+    with _read_only(path) as conn:
+        row = conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+    return None if row is None else str(row[0])
+
+
+def read_prediction_count(path: Path) -> int:
+    """How many predictions the agent file at ``path`` indexes."""
+    with _read_only(path) as conn:
+        return int(conn.execute("SELECT count(*) FROM predictions").fetchone()[0])
+
+
+@dataclass(frozen=True)
+class LocalRecords:
+    """What an agent file holds: its predictions (id -> source) and its labels' ids."""
+
+    sources: Mapping[str, str]
+    label_ids: frozenset[str]
+
+
+def read_records(path: Path) -> LocalRecords:
+    """The predictions and labels in the agent file at ``path``."""
+    with _read_only(path) as conn:
+        predictions = conn.execute("SELECT prediction_id, source FROM predictions").fetchall()
+        labels = conn.execute("SELECT label_id FROM labels").fetchall()
+    return LocalRecords(
+        {str(p): str(s) for p, s in predictions}, frozenset(str(r[0]) for r in labels)
+    )

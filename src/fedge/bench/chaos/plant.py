@@ -11,25 +11,22 @@ stopped, SIGKILLed and started on the same port; the manager and the agents are
 ``fedge`` subprocesses in sessions of their own.
 """
 
-import contextlib
 import os
 import signal
-import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from fedge.bench import Progress, no_progress
 from fedge.bench.chaos.clock import clock_env, install_shim, set_offset
 from fedge.bench.chaos.proxy import FaultyProxy
 from fedge.bench.footprint import AgentProcess, fedge_command
 from fedge.bench.testbed import BenchError
-from fedge.edge_agent import restore
-from fedge.edge_manager import enrollment
+from fedge.edge_agent import local_store, restore
+from fedge.edge_manager import enrollment, report_store
 from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.transport.broker import MosquittoBroker, free_port
@@ -155,15 +152,13 @@ class Station:
             proc.wait()
             return False
 
-    def db(self) -> sqlite3.Connection:
-        """A read-only connection to the agent's own store (readable while it runs: WAL)."""
-        uri = f"file:{self.data_dir / 'agent.db'}?mode=ro"
-        return sqlite3.connect(uri, uri=True, timeout=30.0)
+    @property
+    def agent_db(self) -> Path:
+        """The agent's own store (local_store's ``read_*`` read it while it runs)."""
+        return self.data_dir / "agent.db"
 
     def kv(self, key: str) -> str | None:
-        with contextlib.closing(self.db()) as conn:
-            row = conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
-        return None if row is None else str(row[0])
+        return local_store.read_value(self.agent_db, key)
 
     def active_model_path(self) -> Path | None:
         raw = self.kv("active_model")
@@ -265,11 +260,11 @@ class ChaosPlant:
         with opened(self.home) as fleet:
             yield fleet
 
-    def query(self, sql: str, params: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-        """Rows from the manager's store (a fresh read-only connection)."""
-        uri = f"file:{self.home.db_path}?mode=ro"
-        with contextlib.closing(sqlite3.connect(uri, uri=True, timeout=30.0)) as conn:
-            return list(conn.execute(sql, params).fetchall())
+    @contextmanager
+    def reader(self) -> Iterator[report_store.Reader]:
+        """The manager's store, read-only (report_store reads it while ``serve`` runs)."""
+        with report_store.read_only(self.home.db_path) as conn:
+            yield conn
 
     def wait_manager_ready(self, timeout_s: float = 30.0) -> None:
         deadline = time.monotonic() + timeout_s

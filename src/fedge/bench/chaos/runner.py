@@ -32,8 +32,12 @@ from fedge.bench.chaos.report import build_report
 from fedge.bench.chaos.schedule import Fault, FaultKind, PlantShape, build_schedule
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until
+from fedge.edge_agent import local_store
+from fedge.edge_manager import report_store
 
 MODEL_VERSIONS = (1, 2, 3)
+# The streams whose records the end check counts (a batch announces how many it holds).
+RECORD_STREAMS = ("predictions", "labels")
 STATUS_TIMEOUT_S = 10.0
 
 
@@ -137,9 +141,10 @@ def _desired(plant: ChaosPlant) -> dict[str, tuple[int, str]]:
 def _settled(plant: ChaosPlant, desired: dict[str, tuple[int, str]]) -> list[str]:
     """What still keeps the plant from its end state ([] once settled)."""
     waiting = []
-    stored = dict(plant.query("SELECT edge, count(*) FROM predictions GROUP BY edge"))
-    edges = {r[0]: r for r in plant.query("SELECT edge, config_applied, serving FROM edges")}
-    gaps = plant.query("SELECT count(*) FROM gaps")[0][0]
+    with plant.reader() as db:
+        stored = report_store.predictions_per_edge(db)
+        edges = {e.edge: e for e in report_store.edge_states(db)}
+        gaps = report_store.gap_count(db)
     if gaps:
         waiting.append(f"{gaps} open gap(s)")
     for edge, station in plant.stations.items():
@@ -155,10 +160,12 @@ def _settled(plant: ChaosPlant, desired: dict[str, tuple[int, str]]) -> list[str
             waiting.append(f"{edge} inbox not empty")
         if (status["config_version"], status["serving"]) != (config, model):
             waiting.append(f"{edge} at v{status['config_version']}/{status['serving']}")
-        if (edges[edge][1], edges[edge][2]) != (config, model):
-            waiting.append(f"manager records {edge} at v{edges[edge][1]}/{edges[edge][2]}")
-        with contextlib.closing(station.db()) as conn:
-            produced = conn.execute("SELECT count(*) FROM predictions").fetchone()[0]
+        recorded = edges[edge]
+        if (recorded.config_applied, recorded.serving) != (config, model):
+            waiting.append(
+                f"manager records {edge} at v{recorded.config_applied}/{recorded.serving}"
+            )
+        produced = local_store.read_prediction_count(station.agent_db)
         if stored.get(edge, 0) < produced:
             waiting.append(f"{edge}: {stored.get(edge, 0)}/{produced} predictions stored")
     return waiting
@@ -183,6 +190,11 @@ def _heal(plant: ChaosPlant, timeout_s: float, progress: Progress) -> tuple[floa
     return time.monotonic() - began, waiting
 
 
+def _rejections(plant: ChaosPlant) -> int:
+    with plant.reader() as db:
+        return report_store.rejection_count(db)
+
+
 def _manager_responsive(plant: ChaosPlant) -> bool:
     if not plant.manager.ready:
         return False
@@ -204,60 +216,42 @@ def _observe(
     desired = _desired(plant)
     observations = []
     for edge, station in plant.stations.items():
-        with contextlib.closing(station.db()) as conn:
-            predictions = conn.execute("SELECT prediction_id, source FROM predictions").fetchall()
-            labels = {r[0] for r in conn.execute("SELECT label_id FROM labels")}
-        sources = Counter(str(source) for _, source in predictions)
-        stored = dict(
-            plant.query(
-                "SELECT prediction_id, count(*) FROM predictions WHERE edge=? GROUP BY 1", (edge,)
-            )
-        )
-        stored_labels = {
-            r[0]
-            for r in plant.query(
-                # A label replaced by a newer one moved to the history (issue 15).
-                "SELECT label_id FROM labels WHERE edge=? AND origin='edge' UNION ALL "
-                "SELECT label_id FROM label_history WHERE edge=? AND origin='edge'",
-                (edge, edge),
-            )
-        }
-        row = plant.query("SELECT config_applied, serving FROM edges WHERE edge=?", (edge,))[0]
-        batch_records = plant.query(
-            "SELECT coalesce(sum(n_records), 0) FROM batches WHERE edge=? "
-            "AND stream IN ('predictions', 'labels')",
-            (edge,),
-        )[0][0]
-        restore_failures = plant.query(
-            "SELECT count(*) FROM deploy_events WHERE edge=? AND reason LIKE 'restore_failed%'",
-            (edge,),
-        )[0][0]
-        gaps = plant.query("SELECT count(*) FROM gaps WHERE edge=?", (edge,))[0][0]
+        local = local_store.read_records(station.agent_db)
+        sources = Counter(local.sources.values())
+        with plant.reader() as db:
+            stored = report_store.prediction_copies(db, edge)
+            stored_labels = report_store.edge_label_ids(db, edge)
+            row = report_store.edge_state(db, edge)
+            batch_records = report_store.batched_records(db, RECORD_STREAMS, edge=edge)
+            restore_failures = report_store.restore_failures(db, edge)
+            gaps = report_store.gap_count(db, edge=edge)
+        if row is None:
+            raise BenchError(f"{edge} is not in the manager's store")
         status = statuses[edge]
         load = loads[edge]
         observations.append(
             EdgeObservation(
                 edge=edge,
-                produced_predictions=frozenset(str(p) for p, _ in predictions),
-                produced_labels=frozenset(labels),
+                produced_predictions=frozenset(local.sources),
+                produced_labels=local.label_ids,
                 acked_predictions=frozenset(load.acked_predictions.values()),
                 acked_labels=frozenset(load.acked_labels),
                 dropped_files=frozenset(load.dropped_files),
                 scored_sources=sources,
                 stored_predictions=stored,
                 stored_labels=frozenset(stored_labels),
-                open_gaps=int(gaps),
+                open_gaps=gaps,
                 desired_config=desired[edge][0],
                 agent_config=None if status is None else int(status["config_version"]),
-                manager_config=int(row[0]),
+                manager_config=int(row.config_applied),
                 desired_model=desired[edge][1],
                 agent_serving=None if status is None else str(status["serving"]),
-                manager_serving=str(row[1]),
+                manager_serving=str(row.serving),
                 responsive=status is not None,
                 backlog=None if status is None else status["backlog"],
-                batch_records=int(batch_records),
+                batch_records=batch_records,
                 stored_rows=sum(stored.values()) + len(stored_labels),
-                restore_failures=int(restore_failures),
+                restore_failures=restore_failures,
                 corruptions=corruptions[edge],
             )
         )
@@ -322,7 +316,7 @@ def run_chaos(
         control = ControlObservation(
             manager_responsive=_manager_responsive(plant),
             broker_running=plant.broker.running,
-            rejections=int(plant.query("SELECT count(*) FROM rejections")[0][0]),
+            rejections=_rejections(plant),
         )
         progress("stopping every process")
         exited = plant.stop_processes()
