@@ -29,7 +29,7 @@ from rich.table import Table
 from fedge.demo.candidates import Candidate, train_central, train_flipped
 from fedge.demo.learning import JOB, decided_right_lines, score_at_station
 from fedge.demo.timeline import Mark, marks, plot
-from fedge.edge_manager import gating, rollout_views
+from fedge.edge_manager import alert_store, gating, report_store, rollout_views
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.gate import GatePolicy, Verdict
 from fedge.edge_manager.home import ManagerHome
@@ -119,7 +119,7 @@ def run_closed_loop(
         "scored and labelled there"
     )
     took = wait(
-        lambda: {r["edge"] for r in _open_alerts(store, "input_drift")} >= set(DRIFT_STATIONS),
+        lambda: _alerted(store, "input_drift") >= set(DRIFT_STATIONS),
         120,
         f"input drift alerts at {', '.join(DRIFT_STATIONS)}",
     )
@@ -244,12 +244,14 @@ def _check(
         result.decided_right.setdefault(edge, {})[ref] = right
 
 
-def _open_alerts(store: Store, kind: str) -> list[dict[str, Any]]:
-    return store.query("SELECT edge FROM alerts WHERE kind=? AND cleared_at IS NULL", (kind,))
+def _alerted(store: Store, kind: str) -> set[str]:
+    """The edges with an open alert of ``kind``."""
+    return {edge for edge, _, alert in alert_store.open_pairs(store) if alert.kind.value == kind}
 
 
 def _serves(store: Store, edge: str) -> str:
-    return str((store.one("SELECT serving FROM edges WHERE edge=?", (edge,)) or {}).get("serving"))
+    state = report_store.edge_state(store, edge)
+    return str(None if state is None else state.serving)
 
 
 def _serving(store: Store, edges: list[str]) -> str:
