@@ -16,27 +16,26 @@ and explained in the station's evidence (``ReportRow.foreign_items``/``rejected_
 ``dropped_reason``): an image of another station's prediction (a station evaluates its
 own images only; one such item must not discard the station's answer) and scores whose
 classes are not the model's.
+
+This module checks and decides; the statements are
+:mod:`fedge.edge_manager.evaluation_store`'s.
 """
 
 import json
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
 
-from fedge.edge_manager.gate import Scored, StationReport
+from fedge.edge_manager import desired_store, evaluation_store, label_store, prediction_store
+from fedge.edge_manager.evaluation_store import ReportRow as ReportRow
+from fedge.edge_manager.gate import StationReport
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec
 from fedge.protocols.errors import ValidationError
-from fedge.protocols.evaluation import (
-    EvaluationItem,
-    EvaluationReport,
-    EvaluationRequest,
-    EvaluationStatus,
-)
+from fedge.protocols.evaluation import EvaluationItem, EvaluationReport, EvaluationRequest
 from fedge.protocols.manifest import ModelManifest
 
-EVALUATE = "evaluate"  # the desired-document kind (Fleet's `desired` table)
+EVALUATE = evaluation_store.EVALUATE
 
 
 def manifest_of(envelope: str) -> ModelManifest:
@@ -49,11 +48,7 @@ def manifest_of(envelope: str) -> ModelManifest:
 
 
 def request_for(conn: sqlite3.Connection, edge: str, version: int) -> EvaluationRequest | None:
-    row = conn.execute(
-        "SELECT document FROM desired WHERE edge=? AND kind=? AND version=?",
-        (edge, EVALUATE, version),
-    ).fetchone()
-    return None if row is None else codec.decode(str(row[0]).encode(), EvaluationRequest)
+    return evaluation_store.request_for(conn, edge, version)
 
 
 def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, now: float) -> bool:
@@ -77,48 +72,27 @@ def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, 
             f"{edge} reports scores of {sorted(named - classes.keys())}, not of the models "
             f"asked for ({', '.join(sorted(classes))})"
         )
-    foreign = set(_foreign_predictions(conn, edge, {i.prediction_id for i in report.items}))
+    foreign = set(prediction_store.other_edges(conn, edge, {i.prediction_id for i in report.items}))
     kept = [i for i in report.items if i.prediction_id not in foreign]
     rejected = [i for i in kept if set(i.scores) != classes[i.model]]
     kept = [i for i in kept if set(i.scores) == classes[i.model]]
-    added = conn.execute(
-        "INSERT OR IGNORE INTO evaluation_reports (eval_id, edge, version, status, reason, "
-        "holdout, items, reported_at, received_at, foreign_items, rejected_items, "
-        "dropped_reason) VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
-        (
-            report.eval_id,
-            edge,
-            report.version,
-            report.status.value,
-            report.reason,
-            report.holdout,
-            len(report.items),
-            report.reported_at,
-            now,
-            sum(item.prediction_id in foreign for item in report.items),
-            len(rejected),
-            _dropped_reason(report, foreign, rejected, classes),
-        ),
+    added = evaluation_store.add_report(
+        conn,
+        edge,
+        report,
+        now,
+        foreign_items=sum(item.prediction_id in foreign for item in report.items),
+        rejected_items=len(rejected),
+        dropped_reason=_dropped_reason(report, foreign, rejected, classes),
     )
-    if added.rowcount == 0:
+    if not added:
         return False
-    conn.executemany(
-        "INSERT OR IGNORE INTO evaluations (eval_id, edge, prediction_id, model, label, scores, "
-        "stats, at, augmented) VALUES (?,?,?,?,?,?,?,?,?)",
-        [
-            (
-                report.eval_id,
-                edge,
-                stored_id(item.prediction_id, item.augmented),
-                item.model,
-                item.label,
-                json.dumps(item.scores, sort_keys=True),
-                json.dumps(item.stats, sort_keys=True),
-                now,
-                item.augmented or 0,
-            )
-            for item in kept
-        ],
+    evaluation_store.add_items(
+        conn,
+        report.eval_id,
+        edge,
+        [(stored_id(item.prediction_id, item.augmented), item) for item in kept],
+        now,
     )
     return True
 
@@ -158,22 +132,6 @@ def stored_id(prediction_id: str, augmented: int | None) -> str:
 AUGMENTED_SEP = "~"
 
 
-def _foreign_predictions(conn: sqlite3.Connection, edge: str, ids: set[str]) -> list[str]:
-    """The prediction ids among ``ids`` that another edge reported (unknown ones are not:
-    the station may have scored them before retention pruned them here)."""
-    ordered, foreign = sorted(ids), []
-    for start in range(0, len(ordered), 500):  # SQLite's variable limit
-        chunk = ordered[start : start + 500]
-        marks = ",".join("?" * len(chunk))
-        rows = conn.execute(
-            f"SELECT DISTINCT prediction_id FROM predictions WHERE prediction_id IN ({marks}) "
-            "AND edge != ?",
-            (*chunk, edge),
-        ).fetchall()
-        foreign += [str(row[0]) for row in rows]
-    return sorted(foreign)
-
-
 # -- the gate's reads
 
 
@@ -190,61 +148,23 @@ def pending(store: Store, edges: Iterable[str]) -> list[PendingEvaluation]:
     decided (no ``gate_results`` row): a gate is, or was, waiting for it."""
     found = []
     for edge in sorted(edges):
-        version = store.scalar(
-            "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, EVALUATE)
-        )
+        version = desired_store.latest_version(store, edge, EVALUATE)
         if version is None:
             continue
-        request = request_for(store.conn, edge, int(version))
+        request = request_for(store.conn, edge, version)
         if request is None:
             continue
-        answered = store.scalar(
-            "SELECT count(*) FROM evaluation_reports WHERE eval_id=? AND edge=?",
-            (request.eval_id, edge),
-        )
-        decided = store.scalar(
-            "SELECT count(*) FROM gate_results WHERE eval_id=?", (request.eval_id,)
-        )
-        if answered or decided:
+        answered = evaluation_store.answered(store, request.eval_id, edge)
+        if answered or evaluation_store.decided(store, request.eval_id):
             continue
         candidate = manifest_of(request.manifest_envelopes[0]).ref  # the candidate first
         found.append(PendingEvaluation(edge, request.eval_id, candidate, request.issued_at))
     return found
 
 
-@dataclass(frozen=True)
-class ReportRow:
-    edge: str
-    status: EvaluationStatus
-    reason: str  # the station's
-    holdout: int
-    items: int  # as the station sent them
-    foreign_items: int = 0  # dropped here: on other stations' predictions
-    rejected_items: int = 0  # dropped here: scores not of the model's classes
-    dropped_reason: str = ""
-
-
-def _report_row(r: dict[str, Any]) -> ReportRow:
-    return ReportRow(
-        str(r["edge"]),
-        EvaluationStatus(str(r["status"])),
-        str(r["reason"]),
-        int(r["holdout"]),
-        int(r["items"]),
-        int(r["foreign_items"]),
-        int(r["rejected_items"]),
-        str(r["dropped_reason"]),
-    )
-
-
 def reports(store: Store, eval_id: str) -> dict[str, ReportRow]:
     """The stations that answered ``eval_id`` so far, by edge."""
-    rows = store.query(
-        "SELECT edge, status, reason, holdout, items, foreign_items, rejected_items, "
-        "dropped_reason FROM evaluation_reports WHERE eval_id=?",
-        (eval_id,),
-    )
-    return {str(r["edge"]): _report_row(r) for r in rows}
+    return evaluation_store.reports(store, eval_id)
 
 
 def station_report(
@@ -253,41 +173,14 @@ def station_report(
     """What the gate judges for ``edge``: its items, or why there are none."""
     if row is None:
         return StationReport(edge, serving, "missing", "did not answer in time")
-    items = tuple(
-        Scored(str(r["prediction_id"]), str(r["model"]), str(r["label"]), _scores(r))
-        for r in store.query(
-            # The images as they are: re-lit copies train MPP, they do not judge models.
-            "SELECT prediction_id, model, label, scores FROM evaluations "
-            "WHERE eval_id=? AND edge=? AND augmented = 0 ORDER BY prediction_id, model",
-            (eval_id, edge),
-        )
-    )
+    items = evaluation_store.scored_items(store, eval_id, edge)
     return StationReport(
         edge, serving, row.status.value, row.reason, row.holdout, items,
         row.foreign_items, row.rejected_items, row.dropped_reason,
     )  # fmt: skip
 
 
-def _scores(row: dict[str, Any]) -> dict[str, float]:
-    try:
-        data = json.loads(str(row["scores"]))
-    except ValueError:
-        return {}
-    return {str(k): float(v) for k, v in data.items()} if isinstance(data, dict) else {}
-
-
 def manager_labels(store: Store, edge: str, prediction_ids: set[str]) -> dict[str, str]:
     """The manager's current label of each of ``edge``'s predictions that has one (a
     label of another edge's prediction never judges this station's report)."""
-    labels: dict[str, str] = {}
-    ids = sorted(prediction_ids)
-    for start in range(0, len(ids), 500):  # SQLite's variable limit
-        chunk = ids[start : start + 500]
-        marks = ",".join("?" * len(chunk))
-        for row in store.query(
-            f"SELECT prediction_id, label FROM labels WHERE prediction_id IN ({marks}) "
-            "AND edge = ?",
-            (*chunk, edge),
-        ):
-            labels[str(row["prediction_id"])] = str(row["label"])
-    return labels
+    return label_store.current_labels(store, edge, prediction_ids)

@@ -11,12 +11,11 @@ import time
 import uuid
 from typing import TYPE_CHECKING
 
-from fedge.edge_manager import labels
+from fedge.edge_manager import desired_store, label_store, labels, prediction_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.labels import MAX_LABELS, StationLabels
-from fedge.protocols.records import LabelRecord
 from fedge.protocols.signing import MAX_ENVELOPE_BYTES
 
 if TYPE_CHECKING:
@@ -28,17 +27,15 @@ LABELS = "labels"
 def add_label(fleet: Fleet, prediction_id: str, label: str, who: str) -> tuple[str, labels.Outcome]:
     """Label a prediction, or relabel it: the new label replaces the current one, which
     goes to the label history (labels.py). The same label again changes nothing."""
-    row = fleet.store.one(
-        "SELECT edge, model FROM predictions WHERE prediction_id=? LIMIT 1", (prediction_id,)
-    )
-    if row is None:
+    scored = prediction_store.scored_by(fleet.store, prediction_id)
+    if scored is None:
         raise ManagerError(f"no prediction {prediction_id!r} has reached the manager")
     try:
         validate.identifier(label, "label")
         validate.bounded_text(who, "who", 128)
     except ProtocolError as exc:
         raise ManagerError(str(exc)) from None
-    labels.check_label(fleet.store.conn, str(row["model"]), label)
+    labels.check_label(fleet.store.conn, scored.model, label)
     now = time.time()
     with fleet.store.transaction() as conn:
         current = labels.current_label(conn, prediction_id)
@@ -50,14 +47,14 @@ def add_label(fleet: Fleet, prediction_id: str, label: str, who: str) -> tuple[s
         new = labels.Label(
             f"l-{uuid.uuid4().hex}",
             prediction_id,
-            str(row["edge"]),
+            scored.edge,
             label,
             who,
             at,
             labels.Origin.OPERATOR,
         )
         outcome = labels.apply(conn, new, now)
-        push_labels(fleet, str(row["edge"]), now)
+        push_labels(fleet, scored.edge, now)
     return new.label_id, outcome
 
 
@@ -67,17 +64,8 @@ def push_labels(fleet: Fleet, edge: str, now: float) -> None:
     As many of the newest labels as fit a signed envelope the edge accepts (at most
     MAX_LABELS); older label documents of the edge are deleted, not kept forever.
     """
-    rows = fleet.store.query(
-        "SELECT label_id, prediction_id, label, who, at FROM labels "
-        "WHERE edge=? AND origin='operator' ORDER BY at DESC, label_id LIMIT ?",
-        (edge, MAX_LABELS),
-    )
-    current = fleet.store.scalar(
-        "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, LABELS)
-    )
-    records = [
-        LabelRecord(r["label_id"], r["prediction_id"], r["label"], r["who"], r["at"]) for r in rows
-    ]
+    records = label_store.newest_operator_labels(fleet.store, edge, MAX_LABELS)
+    current = desired_store.latest_version(fleet.store, edge, LABELS)
     while True:
         document = StationLabels(
             fleet=fleet.fleet,
@@ -93,7 +81,4 @@ def push_labels(fleet: Fleet, edge: str, now: float) -> None:
         records = records[: max(1, len(records) * 3 // 4)]
     fleet.write_desired(edge, LABELS, document.version, encoded, now)
     # Each document holds the newest labels in full: older ones are never needed.
-    fleet.store.conn.execute(
-        "DELETE FROM desired WHERE edge=? AND kind=? AND version < ?",
-        (edge, LABELS, document.version),
-    )
+    label_store.delete_older_documents(fleet.store, edge, LABELS, document.version)

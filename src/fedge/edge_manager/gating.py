@@ -27,16 +27,15 @@ gain and would un-bless the model it serves), and :func:`decide` raises
 :class:`NoVerdictError`, writing nothing, when no station answered.
 """
 
-import json
 import time
 import uuid
 from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
-from typing import Any
 
-from fedge.edge_manager import evaluations
+from fedge.edge_manager import desired_store, evaluation_store, evaluations, label_store
 from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.evaluation_store import StoredVerdict as StoredVerdict
 from fedge.edge_manager.evaluations import EVALUATE, ReportRow, pending
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.gate import GatePolicy, StationReport, Verdict, judge
@@ -95,26 +94,6 @@ SERVES_CANDIDATE = "serves the candidate already"
 DEFAULT_TIMEOUT_S = 300.0
 
 
-@dataclass(frozen=True)
-class StoredVerdict:
-    name: str
-    version: int
-    blessed: bool
-    evidence: dict[str, Any]
-    eval_id: str
-    at: float
-
-
-def _edges_with_labels(fleet: Fleet) -> set[str]:
-    return {str(r["edge"]) for r in fleet.store.query("SELECT DISTINCT edge FROM labels")}
-
-
-def _serving(fleet: Fleet, edge: str) -> str | None:
-    row = fleet.store.one("SELECT serving FROM edges WHERE edge=?", (edge,))
-    serving = "" if row is None else str(row["serving"] or "")
-    return serving or None
-
-
 def plan(
     fleet: Fleet,
     candidate: str,
@@ -131,7 +110,7 @@ def plan(
     name, version = parse_ref(candidate)
     model = fleet.registry.get(name, version)  # UnknownModelError names the ref
     model.verify()
-    labelled = _edges_with_labels(fleet)
+    labelled = label_store.labelled_edges(fleet.store)
     if edges is None:
         chosen = [edge for edge in fleet.edges() if edge in labelled]
         if not chosen:
@@ -152,7 +131,7 @@ def plan(
     serving: dict[str, PublishedModel | None] = {}
     left_out: dict[str, str] = {}
     for edge in chosen:
-        ref = _serving(fleet, edge)
+        ref = evaluation_store.serving(fleet.store, edge)
         if ref is None:
             serving[edge] = None
             continue
@@ -235,9 +214,7 @@ def start(
             envelopes = [model.envelope.decode()]
             if theirs is not None:
                 envelopes.append(theirs.envelope.decode())
-            current = fleet.store.scalar(
-                "SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, EVALUATE)
-            )
+            current = desired_store.latest_version(fleet.store, edge, EVALUATE)
             request = EvaluationRequest(
                 fleet=fleet.fleet,
                 edge=edge,
@@ -271,13 +248,9 @@ def progress(store: Store, request: GateRequest) -> Progress:
     for edge in sorted(request.serving):
         if edge in answered:
             continue
-        latest = store.scalar(
-            "SELECT json_extract(document, '$.eval_id') FROM desired WHERE edge=? AND kind=? "
-            "ORDER BY version DESC LIMIT 1",
-            (edge, EVALUATE),
-        )
+        latest = evaluation_store.latest_eval_id(store, edge)
         if latest is not None and latest != request.eval_id:
-            superseded[edge] = str(latest)
+            superseded[edge] = latest
         else:
             waiting.append(edge)
     return Progress(answered, tuple(waiting), superseded)
@@ -334,17 +307,9 @@ def decide(
     }
     writing = nullcontext() if store.conn.in_transaction else store.transaction()
     with writing:
-        store.conn.execute(
-            "INSERT INTO gate_results (name, version, blessed, evidence, eval_id, at) "
-            "VALUES (?,?,?,?,?,?)",
-            (
-                name,
-                version,
-                int(verdict.blessed),
-                json.dumps(evidence, sort_keys=True),
-                request.eval_id,
-                decided_at,
-            ),
+        evaluation_store.add_verdict(
+            store.conn,
+            StoredVerdict(name, version, verdict.blessed, evidence, request.eval_id, decided_at),
         )
     return verdict
 
@@ -381,18 +346,4 @@ def stored(
 ) -> StoredVerdict | None:
     """The newest verdict on ``name:version`` (a model is blessed iff it says so), or
     the verdict of evaluation ``eval_id`` when given."""
-    row = store.one(
-        "SELECT blessed, evidence, eval_id, at FROM gate_results WHERE name=? AND version=? "
-        "AND (? IS NULL OR eval_id = ?) ORDER BY at DESC LIMIT 1",
-        (name, version, eval_id, eval_id),
-    )
-    if row is None:
-        return None
-    return StoredVerdict(
-        name,
-        version,
-        bool(row["blessed"]),
-        json.loads(str(row["evidence"])),
-        str(row["eval_id"]),
-        float(row["at"]),
-    )
+    return evaluation_store.verdict(store, name, version, eval_id)

@@ -11,42 +11,20 @@ going to the later arrival. The manager and the station apply it to the same rec
 they agree on the current label. A label arriving older than the current one (a station
 reporting late) is kept, straight into the history. A label id seen before (in either
 table) is a redelivery and changes nothing.
+
+This module decides; :mod:`fedge.edge_manager.label_store` holds the statements (and the
+:class:`Label` dataclass). A connection passed in is the caller's open transaction.
 """
 
-import json
 import sqlite3
 from dataclasses import dataclass
 from enum import StrEnum
 
+from fedge.edge_manager import label_store
 from fedge.edge_manager.class_names import unknown_class
 from fedge.edge_manager.errors import ManagerError
-from fedge.protocols.records import LabelRecord
-
-_COLUMNS = "label_id, prediction_id, edge, label, who, at, origin"
-
-
-class Origin(StrEnum):
-    OPERATOR = "operator"  # given at the manager (`fedge labels add`)
-    EDGE = "edge"  # given on the station and reported up
-
-
-@dataclass(frozen=True)
-class Label:
-    label_id: str
-    prediction_id: str
-    edge: str
-    label: str
-    who: str
-    at: float
-    origin: Origin
-
-    @classmethod
-    def reported(cls, record: LabelRecord, edge: str) -> "Label":
-        """A label a station reported up."""
-        return cls(
-            record.label_id, record.prediction_id, edge, record.label, record.who, record.at,
-            Origin.EDGE,
-        )  # fmt: skip
+from fedge.edge_manager.label_store import Label as Label
+from fedge.edge_manager.label_store import Origin as Origin
 
 
 class Applied(StrEnum):
@@ -70,54 +48,39 @@ def replaces(new: Label, current: Label) -> bool:
 
 
 def current_label(conn: sqlite3.Connection, prediction_id: str) -> Label | None:
-    row = conn.execute(
-        f"SELECT {_COLUMNS} FROM labels WHERE prediction_id=?", (prediction_id,)
-    ).fetchone()
-    return None if row is None else _label(row)
+    return label_store.current(conn, prediction_id)
 
 
 def apply(conn: sqlite3.Connection, new: Label, now: float) -> Outcome:
     """Store ``new`` inside the caller's transaction under the one-current-label rule."""
-    seen = conn.execute(
-        "SELECT 1 FROM labels WHERE label_id=? UNION ALL "
-        "SELECT 1 FROM label_history WHERE label_id=?",
-        (new.label_id, new.label_id),
-    ).fetchone()
-    if seen is not None:
+    if label_store.seen(conn, new.label_id):
         return Outcome(Applied.DUPLICATE)
     current = current_label(conn, new.prediction_id)
     if current is None:
-        _insert(conn, "labels", new)
+        label_store.insert_current(conn, new)
         return Outcome(Applied.LABELLED)
     if not replaces(new, current):
-        _to_history(conn, new, replaced_by=current.label_id, at=now)
+        label_store.insert_history(conn, new, replaced_by=current.label_id, at=now)
         return Outcome(Applied.HISTORY, current)
-    conn.execute("DELETE FROM labels WHERE label_id=?", (current.label_id,))
-    _to_history(conn, current, replaced_by=new.label_id, at=now)
-    _insert(conn, "labels", new)
+    label_store.delete_current(conn, current.label_id)
+    label_store.insert_history(conn, current, replaced_by=new.label_id, at=now)
+    label_store.insert_current(conn, new)
     return Outcome(Applied.RELABELLED, current)
 
 
 def history(conn: sqlite3.Connection, prediction_id: str) -> list[tuple[Label, str, float]]:
     """The labels ``prediction_id`` had before, oldest first: (label, replaced by, when)."""
-    rows = conn.execute(
-        f"SELECT {_COLUMNS}, replaced_by, replaced_at FROM label_history "
-        "WHERE prediction_id=? ORDER BY at, label_id",
-        (prediction_id,),
-    ).fetchall()
-    return [(_label(row[:7]), str(row[7]), float(row[8])) for row in rows]
+    return [
+        (old.label, old.replaced_by, old.replaced_at)
+        for old in label_store.history(conn, prediction_id)
+    ]
 
 
 def check_label(conn: sqlite3.Connection, model_ref: str, label: str) -> None:
     """A label must be a class of the model that made the prediction (case and all)."""
-    name, _, version = model_ref.rpartition(":")
-    row = conn.execute(
-        "SELECT manifest FROM models WHERE name=? AND version=?",
-        (name, int(version) if version.isdigit() else -1),
-    ).fetchone()
-    if row is None:
+    classes = label_store.model_classes(conn, model_ref)
+    if classes is None:
         return  # a model this registry never held (pruned, foreign): nothing to check
-    classes = json.loads(row[0])["classes"]
     refusal = unknown_class(label, classes, f"a class of {model_ref}, which scored it")
     if refusal is not None:
         raise ManagerError(f"{refusal}; nothing was stored")
@@ -130,74 +93,13 @@ def agreement(conn: sqlite3.Connection, edge: str) -> float | None:
     A label agrees with "reject" when it names one of the model's positive (defect)
     classes, and with "accept" otherwise.
     """
-    # A prediction id is not a key of `predictions`: GROUP BY counts one should it repeat.
-    rows = conn.execute(
-        "SELECT p.model, p.decision, l.label FROM labels l JOIN (SELECT prediction_id, model, "
-        "decision FROM predictions WHERE edge=? GROUP BY prediction_id) p "
-        "ON p.prediction_id = l.prediction_id",
-        (edge,),
-    ).fetchall()
+    rows = label_store.labelled_decisions(conn, edge)
     if not rows:
         return None
     positives: dict[str, set[str]] = {}
     agree = 0
-    for model, decision, label in rows:
-        if model not in positives:
-            positives[model] = _positive_classes(conn, str(model))
-        agree += (decision == "reject") == (label in positives[model])
+    for row in rows:
+        if row.model not in positives:
+            positives[row.model] = label_store.positive_classes(conn, row.model)
+        agree += (row.decision == "reject") == (row.label in positives[row.model])
     return agree / len(rows)
-
-
-def _positive_classes(conn: sqlite3.Connection, ref: str) -> set[str]:
-    name, _, version = ref.rpartition(":")
-    row = conn.execute(
-        "SELECT manifest FROM models WHERE name=? AND version=?",
-        (name, int(version) if version.isdigit() else -1),
-    ).fetchone()
-    return set() if row is None else set(json.loads(row[0])["positive_classes"])
-
-
-def _insert(conn: sqlite3.Connection, table: str, label: Label) -> None:
-    conn.execute(
-        f"INSERT INTO {table} ({_COLUMNS}) VALUES (?,?,?,?,?,?,?)",
-        (
-            label.label_id,
-            label.prediction_id,
-            label.edge,
-            label.label,
-            label.who,
-            label.at,
-            label.origin.value,
-        ),
-    )
-
-
-def _to_history(conn: sqlite3.Connection, label: Label, replaced_by: str, at: float) -> None:
-    conn.execute(
-        f"INSERT OR IGNORE INTO label_history ({_COLUMNS}, replaced_by, replaced_at) "
-        "VALUES (?,?,?,?,?,?,?,?,?)",
-        (
-            label.label_id,
-            label.prediction_id,
-            label.edge,
-            label.label,
-            label.who,
-            label.at,
-            label.origin.value,
-            replaced_by,
-            at,
-        ),
-    )
-
-
-def _label(row: tuple[object, ...]) -> Label:
-    label_id, prediction_id, edge, label, who, at, origin = row
-    return Label(
-        str(label_id),
-        str(prediction_id),
-        str(edge),
-        str(label),
-        str(who),
-        float(str(at)),
-        Origin(str(origin)),
-    )

@@ -34,7 +34,8 @@ pair back rather than leaving a stored alert nobody hears of; an operator's clea
 marked announced only once ``publish`` accepted it.
 
 What is read, and how (the MPP fit's labels, the persisted references, what a gate
-reference is not), is :mod:`fedge.edge_manager.monitor_windows`'s.
+reference is not), is :mod:`fedge.edge_manager.monitor_windows`'s; the statements are
+:mod:`fedge.edge_manager.monitor_store`'s and :mod:`fedge.edge_manager.alert_store`'s.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from fedge.edge_manager import alert_store
+from fedge.edge_manager import alert_store, monitor_store
 from fedge.edge_manager.alert_rules import (
     Clear,
     Estimate,
@@ -108,12 +109,9 @@ class Monitor:
         tick). Without, the caller is trusted to publish what is returned.
         """
         alerts: list[Alert] = []
-        serving = [
-            (str(r["edge"]), str(r["serving"]))
-            for r in self.store.query("SELECT edge, serving FROM edges WHERE serving != ''")
-        ]
+        serving = monitor_store.serving(self.store)
         counts = self.windows.evaluation_counts({model for _, model in serving})
-        relabels = int(self.store.scalar("SELECT coalesce(max(rowid), 0) FROM label_history"))
+        relabels = monitor_store.newest_relabel(self.store)
         for edge, model in serving:
             try:
                 alerts += self._judge(edge, model, counts, relabels, now)
@@ -173,11 +171,7 @@ class Monitor:
                 # `min_window` predictions); alerts follow the sliding window.
                 alert_store.write_estimate(conn, edge, model, judgement.result)
             if judgement.new_reference is not None:
-                conn.execute(
-                    "INSERT OR REPLACE INTO drift_references (edge, model, first_rowid, "
-                    "last_rowid, rows, created_at) VALUES (?,?,?,?,?,?)",
-                    (edge, model, *judgement.new_reference, now),
-                )
+                monitor_store.save_drift_reference(conn, edge, model, judgement.new_reference, now)
             views = self._apply(conn, edge, model, judgement.findings, now)
             # Built before the commit: an alert that cannot be announced is not stored.
             alerts = [view.message(self.fleet) for view in views]
@@ -196,10 +190,8 @@ class Monitor:
         window = self.policy.min_window
         model_evals = sum(n for (m, _), (n, _) in counts.items() if m == model)
         edge_evals = counts.get((model, edge), (0, 0))[1]
-        newest_rid = self.store.scalar(
-            "SELECT coalesce(max(rowid), 0) FROM predictions WHERE edge=?", (edge,)
-        )
-        key = (int(newest_rid), model_evals, edge_evals, relabels)
+        newest_rid = monitor_store.newest_prediction(self.store, edge)
+        key = (newest_rid, model_evals, edge_evals, relabels)
         if self._seen.get((edge, model)) == key:
             return None
         newest = self.windows.newest(edge, model)
@@ -216,7 +208,7 @@ class Monitor:
         drift_current = [
             row
             for row, record_ in zip(current, oldest_first, strict=True)
-            if int(record_["rid"]) > reference.last_rowid
+            if record_.rid > reference.last_rowid
         ]
         findings = [
             *self._off_delayed(
@@ -228,7 +220,7 @@ class Monitor:
                     self.policy.drift,
                     reference_source=reference.source,
                 ),
-                [int(r["rid"]) for r in newest],
+                [r.rid for r in newest],
             ),
             accuracy_finding(
                 result, self.policy.min_estimated_accuracy, self.policy.accuracy_clear_margin

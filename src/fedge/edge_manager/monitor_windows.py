@@ -19,6 +19,8 @@ defects and low-confidence images. Input statistics are the least affected; *sco
 drift is the most (a reference rich in uncertain scores makes ordinary confident traffic
 look drifted, or hides real score drift), so read a score-drift alert against a gate
 reference with that in mind.
+
+The statements are :mod:`fedge.edge_manager.monitor_store`'s.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
+from fedge.edge_manager import monitor_store
 from fedge.edge_manager.alert_rules import (
     Columns,
     MonitorPolicy,
@@ -36,6 +39,7 @@ from fedge.edge_manager.alert_rules import (
     columns,
     mpp_training_set,
 )
+from fedge.edge_manager.monitor_store import WindowRecord
 from fedge.edge_manager.store import Store
 from fedge.monitoring.mpp import MppPredictor
 
@@ -43,28 +47,6 @@ log = logging.getLogger(__name__)
 
 SCAN_WINDOWS = 10
 """How many windows of an edge's newest predictions the current window is looked for in."""
-
-_COLUMNS = "p.rowid AS rid, p.at, p.scores, p.stats, l.label"
-# The edge's newest rows through predictions_edge (edge, rowid), a bounded walk: no
-# predictions index on (edge, model), which every ingested row would have to update.
-NEWEST_SQL = (
-    f"SELECT {_COLUMNS} FROM (SELECT rowid AS r FROM predictions WHERE edge=? "
-    "ORDER BY rowid DESC LIMIT ?) AS n CROSS JOIN predictions p ON p.rowid = n.r "
-    "LEFT JOIN labels l ON l.prediction_id = p.prediction_id "
-    "WHERE p.model=? ORDER BY p.rowid DESC LIMIT ?"
-)
-_FIRST_SQL = (
-    f"SELECT {_COLUMNS} FROM predictions p LEFT JOIN labels l "
-    "ON l.prediction_id = p.prediction_id "
-    "WHERE p.edge=? AND p.model=? ORDER BY p.rowid LIMIT ?"
-)
-# A held-out image's manager label; a re-lit copy ("<id>~k") takes its image's.
-_FIT_SQL = (
-    "SELECT e.scores, e.stats, e.at, l.label FROM evaluations e JOIN labels l "
-    "ON l.prediction_id = (CASE WHEN instr(e.prediction_id, '~') > 0 "
-    "THEN substr(e.prediction_id, 1, instr(e.prediction_id, '~') - 1) "
-    "ELSE e.prediction_id END) WHERE e.model=?"
-)
 
 
 @dataclass(frozen=True)
@@ -96,13 +78,23 @@ def _json_map(text: object) -> dict[str, float] | None:
     return value if isinstance(value, dict) else None
 
 
-def row(record: dict[str, Any]) -> WindowRow:
-    label = record.get("label")
+def row(record: WindowRecord) -> WindowRow:
     return WindowRow(
-        scores=_json_map(record["scores"]) or {},
-        stats=_json_map(record["stats"]),
-        at=float(record["at"]),
-        label=None if label is None else str(label),
+        scores=_json_map(record.scores) or {},
+        stats=_json_map(record.stats),
+        at=record.at,
+        label=record.label,
+    )
+
+
+def _kept(stored: Any) -> WindowRecord:
+    """A row of a persisted reference (:meth:`Windows.reference` writes them)."""
+    label = stored.get("label")
+    return WindowRecord(
+        stored["scores"],
+        stored["stats"],
+        float(stored["at"]),
+        None if label is None else str(label),
     )
 
 
@@ -114,29 +106,20 @@ class Windows:
         self.policy = policy
         self._references: dict[tuple[str, str], Reference] = {}
         self._fitted: dict[str, _Fitted] = {}
-        # Here, not in store.SCHEMA: `augmented` is added after SCHEMA runs on old stores.
-        store.conn.execute(
-            "CREATE INDEX IF NOT EXISTS evaluations_counts ON evaluations (model, edge, augmented)"
-        )
+        monitor_store.create_evaluation_counts_index(store)
 
-    def newest(self, edge: str, model: str) -> list[dict[str, Any]]:
+    def newest(self, edge: str, model: str) -> list[WindowRecord]:
         """The current window, newest first (fewer rows: not a full window yet)."""
         window = self.policy.min_window
-        return self.store.query(NEWEST_SQL, (edge, SCAN_WINDOWS * window, model, window))
+        return monitor_store.newest_predictions(
+            self.store, edge, model, SCAN_WINDOWS * window, window
+        )
 
     def evaluation_counts(self, models: set[str]) -> dict[tuple[str, str], tuple[int, int]]:
         """Per (model, edge) of the served models: all evaluation rows (the MPP fit's) and
         those of images as they are (the reference's). One grouped count per tick, read
         from the ``evaluations_counts`` index alone."""
-        if not models:
-            return {}
-        marks = ",".join("?" * len(models))
-        rows = self.store.query(
-            "SELECT model, edge, count(*) AS n, coalesce(sum(augmented = 0), 0) AS here "
-            f"FROM evaluations WHERE model IN ({marks}) GROUP BY model, edge",
-            tuple(sorted(models)),
-        )
-        return {(str(r["model"]), str(r["edge"])): (int(r["n"]), int(r["here"])) for r in rows}
+        return monitor_store.evaluation_counts(self.store, models)
 
     def reference(
         self, edge: str, model: str, edge_evals: int
@@ -152,45 +135,36 @@ class Windows:
                 and (cached.n_evaluations == edge_evals)
             ):
                 return cached, None
-            # One row per held-out image (the gate may have evaluated the model twice),
-            # as it is: a re-lit copy would widen the reference and hide lighting drift.
-            rows = self.store.query(
-                "SELECT scores, stats, max(at) AS at, NULL AS label FROM evaluations "
-                "WHERE edge=? AND model=? AND augmented = 0 GROUP BY prediction_id",
-                (edge, model),
-            )
+            rows = monitor_store.evaluation_reference(self.store, edge, model)
             if len(rows) >= window:
                 cached = Reference(tuple(row(r) for r in rows), "evaluations", 0, edge_evals)
                 self._references[(edge, model)] = cached
                 return cached, None
         if cached is not None and cached.source == "predictions":
             return cached, None
-        stored = self.store.one(
-            "SELECT last_rowid, rows FROM drift_references WHERE edge=? AND model=?",
-            (edge, model),
-        )
+        stored = monitor_store.drift_reference(self.store, edge, model)
         if stored is not None:
             try:
-                kept_rows = tuple(row(r) for r in json.loads(str(stored["rows"])))
+                kept_rows = tuple(row(_kept(r)) for r in json.loads(stored.rows))
             except (ValueError, TypeError, KeyError, AttributeError):
                 kept_rows = ()
             if len(kept_rows) < window:
                 log.warning("the stored drift reference of %s on %s is unusable", model, edge)
             else:
-                reference = Reference(kept_rows, "predictions", int(stored["last_rowid"]))
+                reference = Reference(kept_rows, "predictions", stored.last_rowid)
                 self._references[(edge, model)] = reference
                 return reference, None
-        records = self.store.query(_FIRST_SQL, (edge, model, window))
+        records = monitor_store.first_predictions(self.store, edge, model, window)
         reference = Reference(
             tuple(row(r) for r in records),
             "predictions",
-            int(records[-1]["rid"]) if records else 0,
+            records[-1].rid if records else 0,
         )
         if len(records) < window:
             return reference, None
         self._references[(edge, model)] = reference  # the first window never changes
-        kept = [{"scores": r["scores"], "stats": r["stats"], "at": r["at"]} for r in records]
-        return reference, (int(records[0]["rid"]), reference.last_rowid, json.dumps(kept))
+        kept = [{"scores": r.scores, "stats": r.stats, "at": r.at} for r in records]
+        return reference, (records[0].rid, reference.last_rowid, json.dumps(kept))
 
     def predictor(self, model: str, key: tuple[int, int], now: float) -> MppPredictor | None:
         """The model's MPP predictor, fitted once per set of evaluation rows and relabels,
@@ -200,10 +174,10 @@ class Windows:
         if fitted is not None and fitted.key == key:
             return fitted.predictor
         predictor: MppPredictor | None = None
-        stored = self.store.one("SELECT predictor, n_rows FROM mpp_models WHERE model=?", (model,))
-        if fitted is None and stored is not None and int(stored["n_rows"]) == n_rows:
+        stored = monitor_store.stored_predictor(self.store, model)
+        if fitted is None and stored is not None and stored.n_rows == n_rows:
             try:
-                predictor = MppPredictor.from_json(str(stored["predictor"]))
+                predictor = MppPredictor.from_json(stored.predictor)
             except Exception as exc:  # any stored text: refit rather than stop watching
                 log.warning("stored MPP predictor of %s is unusable (%s); refitting", model, exc)
         if predictor is None and n_rows > 0:
@@ -215,7 +189,7 @@ class Windows:
         # Every row, re-lit copies included (same label as their image): outside the
         # held-out lighting a predictor fitted on in-distribution rows only extrapolates
         # (Guillory et al., ICCV'21; `fedge bench mpp`, mpp vs mpp_plain).
-        rows = self.store.query(_FIT_SQL, (model,))
+        rows = monitor_store.fit_rows(self.store, model)
         features, correct = mpp_training_set([row(r) for r in rows])
         try:
             predictor = MppPredictor.fit(features, correct)
@@ -223,10 +197,8 @@ class Windows:
             log.info("no MPP predictor for %s yet: %s", model, exc)
             return None
         with self.store.transaction() as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO mpp_models (model, predictor, n_rows, accuracy, "
-                "fitted_at) VALUES (?,?,?,?,?)",
-                (model, predictor.to_json(), n_rows, predictor.fit_accuracy, now),
+            monitor_store.save_predictor(
+                conn, model, predictor.to_json(), n_rows, predictor.fit_accuracy, now
             )
         log.info(
             "fitted the MPP predictor of %s on %d labelled evaluation rows (accuracy %.3f)",
