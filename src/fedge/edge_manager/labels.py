@@ -6,7 +6,7 @@ figure wrong, so ``labels`` holds one row per prediction -- the current label --
 label that is no longer current moves to ``label_history`` with the label that replaced
 it (``replaced_by``) and when (``replaced_at``).
 
-The rule is the station dataset's (``party/dataset.py``): the newest ``at`` wins, a tie
+The rule is the station dataset's (``party/station_store.py``): the newest ``at`` wins, a tie
 going to the later arrival. The manager and the station apply it to the same records, so
 they agree on the current label. A label arriving older than the current one (a station
 reporting late) is kept, straight into the history. A label id seen before (in either
