@@ -30,6 +30,7 @@ from conftest import (
 
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_manager import key_rotation
+from fedge.edge_manager.fleet_views import EdgeView
 from fedge.edge_manager.service import ManagerService
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
@@ -79,7 +80,7 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
         fh.close()
 
 
-def _show(fh: FleetHome, edge: str) -> dict[str, Any]:
+def _show(fh: FleetHome, edge: str) -> EdgeView:
     with fh.fleet() as fleet:
         return fleet.show(edge)
 
@@ -105,9 +106,9 @@ def test_a_threshold_and_a_deployment_reach_a_station_without_mqtt(plant: Plant)
     assert agent.serving == "inspect:1"
     assert agent.config is not None and agent.config.default_threshold == 0.72
     shown = _show(fh, BLOCKED)
-    assert shown["in_sync"] is True and shown["config_applied"] == version
-    assert (shown["deploy_id"], shown["deploy_stage"]) == (deployment, "active")
-    assert (shown["state"], shown["serving"]) == ("online", "inspect:1")
+    assert shown.in_sync is True and shown.config_applied == version
+    assert (shown.deploy_id, shown.deploy_stage) == (deployment, "active")
+    assert (shown.state, shown.serving) == ("online", "inspect:1")
 
     # A later push arrives the same way: the station keeps polling.
     again = set_threshold(fh, BLOCKED, 0.6)

@@ -100,6 +100,6 @@ def test_the_manager_shows_a_reported_deployment_rejection(
             )
         assert outcome.verdict is Verdict.STORED
         view = fleet.show(EDGE)
-    assert view["deploy_stage"] == "failed"
-    assert "bad_signature" in view["deploy_reason"]
-    assert (view["deploy_id"], view["serving"]) == ("unknown", "")
+    assert view.deploy_stage == "failed"
+    assert "bad_signature" in view.deploy_reason
+    assert (view.deploy_id, view.serving) == ("unknown", "")

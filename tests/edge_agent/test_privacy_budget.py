@@ -32,6 +32,7 @@ from fedge.cli.main import app
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.privacy_budget import apply_budget, lifetime_change
 from fedge.edge_manager.desired import next_config
+from fedge.edge_manager.fleet_views import EdgeView
 from fedge.edge_manager.ingest import Ingestor
 from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.party.budget import BudgetLedger
@@ -122,7 +123,7 @@ def test_the_agent_writes_the_bound_before_it_applies_the_config(
     data_dir = fh.data_dir(EDGE)
     manager = fh.home.signing_key()
 
-    def report() -> dict[str, Any]:
+    def report() -> EdgeView:
         with fh.fleet() as fleet:
             ingestor = Ingestor(fleet.store, FLEET)
             for payload in sent:
@@ -149,8 +150,8 @@ def test_the_agent_writes_the_bound_before_it_applies_the_config(
         agent.handle_config(manager.sign(EdgeConfig(FLEET, EDGE, 4, privacy=budget)))
         assert agent.applied_version == 3
         view = report()
-        assert (view["config_status"], view["config_applied"]) == ("rejected:4", 3)
-        assert "privacy budget could not be written" in view["config_reason"]
+        assert (view.config_status, view.config_applied) == ("rejected:4", 3)
+        assert "privacy budget could not be written" in view.config_reason
         assert json.loads(agent.store.get("applied_config") or "{}")["version"] == 3
     finally:
         agent.store.close()

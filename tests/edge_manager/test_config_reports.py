@@ -8,6 +8,7 @@ import pytest
 from conftest import FLEET, FleetHome, make_fleet_home
 
 from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_manager.fleet_views import EdgeView
 from fedge.edge_manager.ingest import Ingestor, Verdict
 from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols import topics
@@ -37,7 +38,7 @@ def test_an_applied_report_clears_the_previous_rejection(
     topic = topics.up(FLEET, EDGE, topics.Up.CONFIG)
     manager = fh.home.signing_key()
 
-    def ingest_reports() -> dict[str, Any]:
+    def ingest_reports() -> EdgeView:
         with fh.fleet() as fleet:
             ingestor = Ingestor(fleet.store, FLEET)
             for report_topic, payload in sent:
@@ -52,18 +53,18 @@ def test_an_applied_report_clears_the_previous_rejection(
         first = manager.sign(EdgeConfig(FLEET, EDGE, 1, default_threshold=0.4))
         second = manager.sign(EdgeConfig(FLEET, EDGE, 2, default_threshold=0.6))
         agent.handle_config(first)
-        assert ingest_reports()["config_reason"] == ""
+        assert ingest_reports().config_reason == ""
 
         forged = SigningKey.generate().sign(EdgeConfig(FLEET, EDGE, 9, default_threshold=0.01))
         agent.handle_config(forged)
         view = ingest_reports()
-        assert view["config_status"] == "rejected:0"
-        assert "bad_signature" in view["config_reason"]
+        assert view.config_status == "rejected:0"
+        assert "bad_signature" in view.config_reason
 
         agent.handle_config(second)  # a newer genuine document, applied
         view = ingest_reports()
-        assert (view["config_applied"], view["config_status"]) == (2, "applied:2")
-        assert view["config_reason"] == ""
+        assert (view.config_applied, view.config_status) == (2, "applied:2")
+        assert view.config_reason == ""
     finally:
         agent.store.close()
         agent.station.close()

@@ -143,7 +143,7 @@ def test_relabel_says_from_what_and_agreement_counts_each_prediction_once(
     assert fh.db.scalar("SELECT count(*) FROM label_history") == 1
     with fh.fleet() as fleet:
         assert fleet.label_agreement(EDGE) == 1.0  # one prediction, its current label
-        assert fleet.show(EDGE)["labels"] == 1
+        assert fleet.show(EDGE).labels == 1
     code, output = _fedge(fh, "labels", "stats")
     assert code == 0 and f"{EDGE} 2 1 1 100%" in output, output
     code, output = _fedge(fh, "predictions", "show", "p-0")

@@ -143,7 +143,7 @@ def test_show_names_the_tie_and_where_the_thresholds_come_from(fh: FleetHome) ->
     assert "set for another model (the serving one recommends none)" in output
     with fh.fleet() as fleet:
         view = fleet.show("st-01")
-    assert (view["thresholds_for"], view["thresholds_source"]) == ("inspect:1", "untied")
+    assert (view.thresholds_for, view.thresholds_source) == ("inspect:1", "untied")
 
 
 # ---------------------------------------------------------------- publish

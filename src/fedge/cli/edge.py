@@ -21,6 +21,7 @@ from fedge.cli.common import (
 from fedge.edge_manager.enrollment import enroll as enroll_edge
 from fedge.edge_manager.enrollment import invite
 from fedge.edge_manager.enrollment import revoke as revoke_identity
+from fedge.edge_manager.fleet_views import ThresholdsSource
 from fedge.edge_manager.home import ManagerHome
 
 app = typer.Typer(help="Edges: enrolment, configuration, state.", no_args_is_help=True)
@@ -31,7 +32,7 @@ def _when(ts: Any) -> str:
 
 
 # Where the serving model's thresholds come from (Fleet.show's thresholds_source).
-_SOURCES = {
+_SOURCES: dict[ThresholdsSource, str] = {
     "config": "the desired config's",
     "model": "the serving model's recommended ones (the config is for another model)",
     "untied": "the desired config's, set for another model (the serving one recommends none)",
@@ -296,36 +297,34 @@ def show(
     # On stderr: --json output stays clean. A state is only as fresh as serve's ingest.
     warn_if_not_serving(home, "the state shown is the last one reported")
     if as_json:
-        print_json(view)
+        print_json(view.to_json())
         return
-    desired = view["desired_config"] or {}
-    sync = "[green]in sync[/green]" if view["in_sync"] else "[yellow]converging[/yellow]"
-    console.print(f"[bold]{edge}[/bold]  {view['state']} (session {view['session']})")
-    console.print(f"  last seen      {_when(view['last_seen'])}")
+    desired = view.desired_config or {}
+    sync = "[green]in sync[/green]" if view.in_sync else "[yellow]converging[/yellow]"
+    console.print(f"[bold]{edge}[/bold]  {view.state} (session {view.session})")
+    console.print(f"  last seen      {_when(view.last_seen)}")
     console.print(
-        f"  config         desired v{view['desired_config_version']} "
+        f"  config         desired v{view.desired_config_version} "
         f"(threshold {desired.get('default_threshold', '-')}, "
         f"per class {escape(_per_class(desired.get('class_thresholds', {})))}) "
-        f"for {escape(view['thresholds_for'] or 'any model')} / reported "
-        f"v{view['config_applied']} {sync} {escape(str(view['config_reason']))}"
+        f"for {escape(view.thresholds_for or 'any model')} / reported "
+        f"v{view.config_applied} {sync} {escape(view.config_reason)}"
     )
-    console.print(f"  thresholds     {escape(_SOURCES[view['thresholds_source']])}")
-    spent = view.get("privacy_epsilon_spent")
+    console.print(f"  thresholds     {escape(_SOURCES[view.thresholds_source])}")
+    spent = view.privacy_epsilon_spent
     console.print(f"  privacy        {_privacy(desired.get('privacy'), spent)}")
     console.print(f"  images         {_images(desired.get('thumbnails'))}")
-    console.print(f"  serving        {escape(view['serving'] or '-')}")
-    deployment = f"{view['deploy_id'] or '-'} {view['deploy_stage']} {view['deploy_reason']}"
+    console.print(f"  serving        {escape(view.serving or '-')}")
+    deployment = f"{view.deploy_id or '-'} {view.deploy_stage} {view.deploy_reason}"
     console.print(f"  deployment     {escape(deployment)}")
-    agreement = view["label_agreement"]
+    agreement = view.label_agreement
     console.print(
-        f"  predictions    {view['predictions']} (accept {view['accepts']}, "
-        f"reject {view['rejects']}); labels {view['labels']}; agreement "
+        f"  predictions    {view.predictions} (accept {view.accepts}, "
+        f"reject {view.rejects}); labels {view.labels}; agreement "
         f"{'-' if agreement is None else f'{agreement:.0%}'}"
     )
-    console.print(
-        f"  telemetry      {view['telemetry']} records; rejected msgs {view['rejections']}"
-    )
-    gaps = ", ".join(f"{g['stream']} {g['from_seq']}..{g['to_seq']}" for g in view["gaps"])
+    console.print(f"  telemetry      {view.telemetry} records; rejected msgs {view.rejections}")
+    gaps = ", ".join(f"{g.stream} {g.from_seq}..{g.to_seq}" for g in view.gaps)
     console.print(f"  gaps           {gaps or 'none'}")
 
 

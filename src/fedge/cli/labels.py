@@ -71,17 +71,28 @@ def stats(
     _, fleet = open_fleet(home)
     views = [fleet.show(row["edge"]) for row in fleet.list()]
     if as_json:
-        keys = ("edge", "predictions", "accepts", "rejects", "labels", "label_agreement")
-        print_json([{key: view[key] for key in keys} for view in views])
+        print_json(
+            [
+                {
+                    "edge": view.edge,
+                    "predictions": view.predictions,
+                    "accepts": view.accepts,
+                    "rejects": view.rejects,
+                    "labels": view.labels,
+                    "label_agreement": view.label_agreement,
+                }
+                for view in views
+            ]
+        )
         return
     table = fitted_table("edge", "predictions", "rejects", "labels", "agreement")
     for view in views:
-        agreement = view["label_agreement"]
+        agreement = view.label_agreement
         table.add_row(
-            view["edge"],
-            str(view["predictions"]),
-            str(view["rejects"]),
-            str(view["labels"]),
+            view.edge,
+            str(view.predictions),
+            str(view.rejects),
+            str(view.labels),
             "-" if agreement is None else f"{agreement:.0%}",
         )
     console.print(table)

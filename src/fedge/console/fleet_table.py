@@ -2,8 +2,9 @@
 
 ``views.fleet_row`` builds one row from ``Fleet.show`` (about ten queries an edge); for
 the fleet page that is ten thousand queries at 1,000 edges. Here every figure comes from
-one grouped query over all edges (fleet_table_store.py), and the same cells are produced
-(``views.cells``), so the page, its live updates and an edge's own page always agree.
+one grouped query over all edges (fleet_table_store.py) into the same ``EdgeFigures``,
+formatted by the same ``views.cells``, so the page, its live updates and an edge's own
+page always agree.
 
 Sorting and filtering happen on the server from the query string (``?sort=last_seen&
 desc=1&state=online&model=inspect:3&q=st-0``), so they work without JavaScript and on
@@ -13,10 +14,10 @@ any size of fleet.
 import functools
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any
 
 from fedge.console import fleet_table_store, views_store
-from fedge.console.views import FleetRow, cells
+from fedge.console.views import EdgeFigures, FleetRow, table_row
+from fedge.edge_manager.edge_view_store import Gap
 from fedge.edge_manager.fleet import Fleet
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
@@ -107,13 +108,15 @@ def fleet_table(fleet: Fleet, query: TableQuery = TableQuery()) -> Table:
     edges = fleet_table_store.edge_rows(fleet.store)
     in_force, newest = _configs(fleet)
     counts = fleet_table_store.prediction_counts(fleet.store)
-    gaps: dict[str, list[dict[str, Any]]] = defaultdict(list)
-    for gap in fleet_table_store.gaps(fleet.store):
-        gaps[str(gap["edge"])].append(gap)
+    gaps: dict[str, list[Gap]] = defaultdict(list)
+    for edge, gap in fleet_table_store.gaps(fleet.store):
+        gaps[edge].append(gap)
     agreement = _agreement(fleet)
     models = sorted({e.serving for e in edges if e.serving})
     text = query.text.lower()
-    keyed: list[tuple[Any, FleetRow]] = []
+    # Rows without a value (never seen, nothing labelled) go last either way.
+    present: list[tuple[str | float, FleetRow]] = []
+    absent: list[FleetRow] = []
     for edge_row in edges:
         edge = edge_row.edge
         if query.state and edge_row.state != query.state:
@@ -125,43 +128,46 @@ def fleet_table(fleet: Fleet, query: TableQuery = TableQuery()) -> Table:
         predictions, rejects = counts.get(edge, (0, 0))
         applied = edge_row.config_applied
         desired = newest.get(edge, 0)
-        view = {
-            "edge": edge,
-            "state": edge_row.state,
-            "serving": edge_row.serving,
-            "last_seen": edge_row.last_seen,
-            "config_applied": applied,
-            "desired_config_version": desired,
-            "in_sync": desired == applied,
-            "predictions": predictions,
-            "rejects": rejects,
-            "gaps": gaps.get(edge, []),
-            "label_agreement": agreement.get(edge),
-        }
-        default = EdgeConfig(fleet.fleet, edge, version=1) if applied == 0 else None
-        row = FleetRow(
-            edge,
-            str(view["state"]),
-            bool(view["in_sync"]),
-            cells(view, in_force.get(edge, default)),
+        figures = EdgeFigures(
+            edge=edge,
+            state=edge_row.state,
+            serving=edge_row.serving,
+            last_seen=edge_row.last_seen,
+            config_applied=applied,
+            desired_config_version=desired,
+            in_sync=desired == applied,
+            predictions=predictions,
+            rejects=rejects,
+            gaps=tuple(gaps.get(edge, ())),
+            label_agreement=agreement.get(edge),
         )
-        keyed.append((_sort_value(query.sort, view), row))
-    # Rows without a value (never seen, nothing labelled) go last either way.
-    present = [k for k in keyed if k[0] is not None]
-    absent = [k for k in keyed if k[0] is None]
+        default = EdgeConfig(fleet.fleet, edge, version=1) if applied == 0 else None
+        row = table_row(figures, in_force.get(edge, default))
+        value = _sort_value(query.sort, figures)
+        if value is None:
+            absent.append(row)
+        else:
+            present.append((value, row))
     present.sort(key=lambda k: k[0], reverse=query.desc)
-    return Table([r for _, r in present + absent], len(edges), models, query)
+    return Table([r for _, r in present] + absent, len(edges), models, query)
 
 
-def _sort_value(sort: str, view: dict[str, Any]) -> Any:
+def _sort_value(sort: str, edge: EdgeFigures) -> str | float | None:
+    """What ``edge``'s row sorts by in column ``sort`` (one type a column); None: no value."""
     if sort == "reject_rate":
-        n = int(view["predictions"])
-        return None if n == 0 else int(view["rejects"]) / n
+        return None if edge.predictions == 0 else edge.rejects / edge.predictions
     if sort == "agreement":
-        return view["label_agreement"]
+        return edge.label_agreement
     if sort == "sync":
-        return bool(view["in_sync"])
+        return edge.in_sync
     if sort == "gaps":
-        return len(view["gaps"])
-    value = view[sort]
-    return None if value is None else (value if sort != "serving" else str(value or ""))
+        return len(edge.gaps)
+    if sort == "state":
+        return edge.state
+    if sort == "serving":
+        return edge.serving
+    if sort == "last_seen":
+        return edge.last_seen
+    if sort == "predictions":
+        return edge.predictions
+    return edge.edge

@@ -6,9 +6,9 @@ does the joining, filtering and sorting itself.
 """
 
 from dataclasses import dataclass
-from typing import Any
 
 from fedge.edge_manager.desired_store import CONFIG
+from fedge.edge_manager.edge_view_store import Gap
 from fedge.edge_manager.store import Store
 
 
@@ -76,10 +76,15 @@ def prediction_counts(store: Store) -> dict[str, tuple[int, int]]:
     }
 
 
-def gaps(store: Store) -> list[dict[str, Any]]:
-    """Every open gap (edge, stream, from_seq, to_seq), as ``Fleet.show`` lists them: the
-    cells of a fleet row read them by key (views.cells)."""
-    return store.query("SELECT edge, stream, from_seq, to_seq FROM gaps")
+def gaps(store: Store) -> list[tuple[str, Gap]]:
+    """Every open gap with its edge, each edge's by stream and start as ``Fleet.show``
+    lists them."""
+    return [
+        (str(edge), Gap(str(stream), int(from_seq), int(to_seq)))
+        for edge, stream, from_seq, to_seq in store.conn.execute(
+            "SELECT edge, stream, from_seq, to_seq FROM gaps ORDER BY edge, stream, from_seq"
+        )
+    ]
 
 
 def labelled_predictions(store: Store) -> list[LabelledPrediction]:

@@ -7,12 +7,13 @@ same value after a reload.
 
 import datetime
 from dataclasses import dataclass
-from typing import Any
 
 from fedge.console.queries import ConfigVersion, config_at, config_history
 from fedge.edge_manager import thumbnail_store
+from fedge.edge_manager.edge_view_store import Gap
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet_views import EdgeView
 from fedge.edge_manager.predictions import PredictionFilter, PredictionView, list_predictions
 from fedge.protocols.config import EdgeConfig
 
@@ -39,6 +40,41 @@ def thresholds(config: EdgeConfig | None) -> str:
 
 
 @dataclass(frozen=True)
+class EdgeFigures:
+    """What a fleet row shows of an edge: taken from its ``EdgeView`` (``Fleet.show``) on
+    its own page, built from grouped queries over all edges for the fleet table
+    (fleet_table.py); either way :func:`cells` formats it."""
+
+    edge: str
+    state: str
+    serving: str  # a model reference, '' when it serves none
+    last_seen: float | None
+    config_applied: int
+    desired_config_version: int
+    in_sync: bool
+    predictions: int
+    rejects: int
+    gaps: tuple[Gap, ...]
+    label_agreement: float | None
+
+    @classmethod
+    def of(cls, view: EdgeView) -> "EdgeFigures":
+        return cls(
+            edge=view.edge,
+            state=view.state,
+            serving=view.serving,
+            last_seen=view.last_seen,
+            config_applied=view.config_applied,
+            desired_config_version=view.desired_config_version,
+            in_sync=view.in_sync,
+            predictions=view.predictions,
+            rejects=view.rejects,
+            gaps=view.gaps,
+            label_agreement=view.label_agreement,
+        )
+
+
+@dataclass(frozen=True)
 class FleetRow:
     edge: str
     state: str
@@ -49,7 +85,7 @@ class FleetRow:
 @dataclass(frozen=True)
 class EdgeDetail:
     row: FleetRow
-    view: dict[str, Any]  # Fleet.show's view
+    view: EdgeView  # Fleet.show's
     desired: EdgeConfig | None
     history: list[ConfigVersion]
     predictions: list[PredictionView]
@@ -72,33 +108,34 @@ class QueueItem:
     thumbnail: bool = False  # its station shared the image's thumbnail
 
 
-def cells(view: dict[str, Any], in_force: EdgeConfig | None) -> dict[str, str]:
-    """One edge's display cells from its view (``Fleet.show`` or fleet_table's) and the
-    config it applied (None: unknown)."""
-    applied = int(view["config_applied"])
-    desired = int(view["desired_config_version"])
-    predictions = int(view["predictions"])
-    rejects = int(view["rejects"] or 0)
-    gaps = view["gaps"]
-    missing = sum(int(g["to_seq"]) - int(g["from_seq"]) + 1 for g in gaps)
+def cells(edge: EdgeFigures, in_force: EdgeConfig | None) -> dict[str, str]:
+    """One edge's display cells from its figures and the config it applied (None:
+    unknown)."""
+    predictions = edge.predictions
+    gaps = edge.gaps
+    missing = sum(g.to_seq - g.from_seq + 1 for g in gaps)
     return {
-        "state": str(view["state"]),
-        "serving": str(view["serving"] or "-"),
-        "config": f"v{desired} / v{applied}",
-        "sync": "in sync" if view["in_sync"] else "converging",
+        "state": edge.state,
+        "serving": edge.serving or "-",
+        "config": f"v{edge.desired_config_version} / v{edge.config_applied}",
+        "sync": "in sync" if edge.in_sync else "converging",
         "threshold": thresholds(in_force),
-        "last_seen": when(view["last_seen"]),
+        "last_seen": when(edge.last_seen),
         "predictions": str(predictions),
-        "reject_rate": percent(rejects / predictions if predictions else None),
-        "agreement": percent(view["label_agreement"]),
+        "reject_rate": percent(edge.rejects / predictions if predictions else None),
+        "agreement": percent(edge.label_agreement),
         "gaps": f"{len(gaps)} ({missing} batch{'' if missing == 1 else 'es'})" if gaps else "none",
     }
 
 
-def fleet_row(fleet: Fleet, view: dict[str, Any]) -> FleetRow:
-    edge = str(view["edge"])
-    in_force = config_at(fleet, edge, int(view["config_applied"]))
-    return FleetRow(edge, str(view["state"]), bool(view["in_sync"]), cells(view, in_force))
+def table_row(edge: EdgeFigures, in_force: EdgeConfig | None) -> FleetRow:
+    """The fleet table's row of ``edge``, and the head of its own page."""
+    return FleetRow(edge.edge, edge.state, edge.in_sync, cells(edge, in_force))
+
+
+def fleet_row(fleet: Fleet, view: EdgeView) -> FleetRow:
+    """One edge's row from its own view (fleet_table.py builds a whole fleet's at once)."""
+    return table_row(EdgeFigures.of(view), config_at(fleet, view.edge, view.config_applied))
 
 
 def edge_detail(fleet: Fleet, edge: str) -> EdgeDetail:

@@ -129,11 +129,11 @@ def run_privacy(
     result.job_s = time.monotonic() - started
     _read_run_store(result)
     wait(
-        lambda: all(fleet.show(e).get("privacy_epsilon_spent") is not None for e in result.spent),
+        lambda: all(fleet.show(e).privacy_epsilon_spent is not None for e in result.spent),
         60,
         "the stations' reports of the epsilon they spent",
     )
-    result.reported = {e: fleet.show(e).get("privacy_epsilon_spent") for e in edges}
+    result.reported = {e: fleet.show(e).privacy_epsilon_spent for e in edges}
     _print(result, console)
     return result
 

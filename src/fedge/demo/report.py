@@ -61,16 +61,16 @@ def _edge_rows(fleet: Fleet) -> list[dict[str, Any]]:
     rows = []
     for edge in EDGES:
         view = fleet.show(edge)
-        desired = view["desired_config"] or {}
+        desired = view.desired_config or {}
         rows.append(
             {
                 "edge": edge,
-                "serving": view["serving"],
-                "config": f"v{view['desired_config_version']}/v{view['config_applied']}",
+                "serving": view.serving,
+                "config": f"v{view.desired_config_version}/v{view.config_applied}",
                 "threshold": desired.get("default_threshold", 0.5),
-                "predictions": view["predictions"],
-                "rejects": view["rejects"],
-                "agreement": view["label_agreement"],
+                "predictions": view.predictions,
+                "rejects": view.rejects,
+                "agreement": view.label_agreement,
             }
         )
     return rows

@@ -322,8 +322,9 @@ class Fleet:
 
     # -- views
 
-    def show(self, edge: str) -> dict[str, Any]:
-        """One edge, desired beside reported (fleet_views.show)."""
+    def show(self, edge: str) -> fleet_views.EdgeView:
+        """One edge, desired beside reported (fleet_views.show); UnknownEdgeError if it is
+        not enrolled."""
         return fleet_views.show(self, edge)
 
     def list(self) -> list[dict[str, Any]]:
