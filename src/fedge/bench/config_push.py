@@ -32,6 +32,7 @@ from fedge.bench.config_push_worker import WorkerSpec
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, HelperProcess, Testbed, wait_until
 from fedge.edge_manager import report_store
+from fedge.edge_manager.edge_view_store import ReportedEdge
 
 TARGET_P99_S = 2.0
 WORKER_MODULE = "fedge.bench.config_push_worker"
@@ -228,7 +229,7 @@ def _one_push(bed: Testbed, value: float, timeout_s: float) -> dict[str, Any]:
     }
 
 
-def _reported_at(row: report_store.EdgeState) -> float:
+def _reported_at(row: ReportedEdge) -> float:
     """When the manager stored ``row``'s config report (an edge at a version reported it)."""
     if row.config_reported_at is None:
         raise BenchError(f"{row.edge} is at config v{row.config_applied} but sent no report")

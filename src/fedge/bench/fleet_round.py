@@ -204,7 +204,7 @@ def _publish_start_model(root: Path, fleet: Fleet) -> None:
 
 
 def _all(store: Store, edges: list[str], column: str, value: object) -> bool:
-    """Whether every edge's ``column`` (a field of report_store.EdgeState) is ``value``."""
+    """Whether every edge's ``column`` (a field of edge_view_store.ReportedEdge) is ``value``."""
 
     def field(edge: str) -> object:
         state = report_store.edge_state(store, edge)

@@ -33,7 +33,7 @@ class ReportedEdge:
 
 
 # In the table's order: ``fedge edge show --json`` lists them so.
-_REPORTED = ", ".join(f.name for f in fields(ReportedEdge))
+REPORTED_COLUMNS = ", ".join(f.name for f in fields(ReportedEdge))
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,7 @@ class Gap:
 
 def reported(store: Store, edge: str) -> ReportedEdge | None:
     """``edge``'s row as it last reported (None: not enrolled)."""
-    row = store.one(f"SELECT {_REPORTED} FROM edges WHERE edge=?", (edge,))
+    row = store.one(f"SELECT {REPORTED_COLUMNS} FROM edges WHERE edge=?", (edge,))
     if row is None:
         return None
     last_seen, reported_at = row["last_seen"], row["config_reported_at"]

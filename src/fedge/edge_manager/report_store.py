@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedge.edge_manager.edge_view_store import REPORTED_COLUMNS, ReportedEdge
 from fedge.edge_manager.store import Store
 
 Reader = Store | sqlite3.Connection
@@ -187,40 +188,15 @@ def rejection_count(db: Reader) -> int:
 # -- edges, desired configs, deployments
 
 
-@dataclass(frozen=True)
-class EdgeState:
-    """What the manager records of an enrolled edge (its token's hash aside)."""
-
-    edge: str
-    state: str
-    session: int
-    last_seen: float | None
-    agent_version: str
-    serving: str
-    config_applied: int
-    config_status: str
-    config_reason: str
-    config_reported_at: float | None
-    deploy_id: str
-    deploy_stage: str
-    deploy_reason: str
-
-
-_EDGE_COLUMNS = (
-    "edge, state, session, last_seen, agent_version, serving, config_applied, config_status, "
-    "config_reason, config_reported_at, deploy_id, deploy_stage, deploy_reason"
-)
-
-
-def edge_state(db: Reader, edge: str) -> EdgeState | None:
+def edge_state(db: Reader, edge: str) -> ReportedEdge | None:
     """``edge``'s row (None: not enrolled)."""
-    rows = _rows(db, f"SELECT {_EDGE_COLUMNS} FROM edges WHERE edge=?", (edge,))
-    return EdgeState(*rows[0]) if rows else None
+    rows = _rows(db, f"SELECT {REPORTED_COLUMNS} FROM edges WHERE edge=?", (edge,))
+    return ReportedEdge(*rows[0]) if rows else None
 
 
-def edge_states(db: Reader) -> list[EdgeState]:
+def edge_states(db: Reader) -> list[ReportedEdge]:
     """Every enrolled edge's row."""
-    return [EdgeState(*row) for row in _rows(db, f"SELECT {_EDGE_COLUMNS} FROM edges")]
+    return [ReportedEdge(*row) for row in _rows(db, f"SELECT {REPORTED_COLUMNS} FROM edges")]
 
 
 def online_edges(db: Reader) -> list[str]:
