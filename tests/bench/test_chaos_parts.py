@@ -200,7 +200,13 @@ def test_proxy_passes_drops_and_truncates(echo_server: int) -> None:
         proxy.set_mode(ProxyMode.TRUNCATE)
         with _connect(proxy) as sock:
             sock.sendall(b"0123456789")
-            assert sock.recv(100) == b""  # half went up, the echo came back truncated
+            # Half ("01234") went up and the link was cut. The echo may still have come
+            # back through the down pump before the cut, then truncated too (e.g. "01"):
+            # what arrives is a strict prefix of the half, never the whole message.
+            received = b""
+            while chunk := sock.recv(100):
+                received += chunk
+            assert b"01234".startswith(received) and len(received) < 5, received
         proxy.set_mode(ProxyMode.PASS)
         with _connect(proxy) as sock:
             sock.sendall(b"again")
