@@ -16,7 +16,6 @@ within the health window plus 5 s), ``good_model_completed_s`` (start to complet
 ``false_aborts`` (good rollouts aborted; target 0).
 """
 
-import json
 import os
 import signal
 import subprocess
@@ -29,8 +28,9 @@ from fedge.bench import Progress, no_progress
 from fedge.bench.footprint import fedge_command
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until
-from fedge.edge_manager import report_store
+from fedge.edge_manager import evaluation_store, report_store
 from fedge.edge_manager.enrollment import enroll, managed_broker
+from fedge.edge_manager.evaluation_store import StoredVerdict
 from fedge.edge_manager.fleet import opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.rollout_plan import make_plan
@@ -147,14 +147,9 @@ def _publish(home: ManagerHome, root: Path) -> None:
                 positive_classes=("scratch",),
             )
             if version != PREVIOUS:
-                report_store.record_blessing(
-                    fleet.store,
-                    "inspect",
-                    version,
-                    evidence=json.dumps({"note": "written by fedge bench rollout"}),
-                    eval_id="bench",
-                    at=time.time(),
-                )
+                note = {"note": "written by fedge bench rollout"}
+                verdict = StoredVerdict("inspect", version, True, note, "bench", time.time())
+                evaluation_store.add_verdict(fleet.store.conn, verdict)
 
 
 def _start_agent(config: Path, log_path: Path) -> subprocess.Popen[bytes]:

@@ -4,6 +4,7 @@
 through these; only a token's SHA-256 is ever stored.
 """
 
+import sqlite3
 from dataclasses import dataclass
 
 from fedge.edge_manager.store import Store
@@ -71,3 +72,9 @@ def deployment_progress(store: Store, deployment_id: str) -> list[DeployProgress
         (deployment_id,),
     ).fetchall()
     return [DeployProgress(str(e), str(stage), str(reason)) for e, stage, reason in rows]
+
+
+def serving(conn: sqlite3.Connection, edge: str) -> str | None:
+    """The model ref ``edge`` last reported serving ('': none; None: not enrolled)."""
+    row = conn.execute("SELECT serving FROM edges WHERE edge=?", (edge,)).fetchone()
+    return None if row is None else str(row[0])

@@ -177,13 +177,6 @@ def _scores(row: dict[str, Any]) -> dict[str, float]:
 # ---------------------------------------------------------------- the gate's reads and verdicts
 
 
-def serving(store: Store, edge: str) -> str | None:
-    """The model ``edge`` last reported serving (None: nothing, or not enrolled)."""
-    row = store.one("SELECT serving FROM edges WHERE edge=?", (edge,))
-    found = "" if row is None else str(row["serving"] or "")
-    return found or None
-
-
 def latest_eval_id(store: Store, edge: str) -> str | None:
     """The evaluation id of ``edge``'s newest evaluation request (None: none sent)."""
     found = store.scalar(

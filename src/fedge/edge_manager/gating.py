@@ -33,7 +33,7 @@ from collections.abc import Callable
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from fedge.edge_manager import desired_store, evaluation_store, evaluations, label_store
+from fedge.edge_manager import desired_store, edge_store, evaluation_store, evaluations, label_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.evaluation_store import StoredVerdict as StoredVerdict
 from fedge.edge_manager.evaluations import EVALUATE, ReportRow, pending
@@ -131,7 +131,7 @@ def plan(
     serving: dict[str, PublishedModel | None] = {}
     left_out: dict[str, str] = {}
     for edge in chosen:
-        ref = evaluation_store.serving(fleet.store, edge)
+        ref = edge_store.serving(fleet.store.conn, edge) or None
         if ref is None:
             serving[edge] = None
             continue

@@ -276,14 +276,3 @@ def rollout_exposed(db: Reader, rollout_id: str) -> int:
             (rollout_id,),
         )
     )
-
-
-def record_blessing(
-    store: Store, name: str, version: int, *, evidence: str, eval_id: str, at: float
-) -> None:
-    """Store a blessing of ``name:version`` as the gate's verdict (``evidence``: JSON)."""
-    store.conn.execute(
-        "INSERT INTO gate_results (name, version, blessed, evidence, eval_id, at) "
-        "VALUES (?, ?, 1, ?, ?, ?)",
-        (name, version, evidence, eval_id, at),
-    )

@@ -86,12 +86,6 @@ def gate_evidence(conn: sqlite3.Connection, name: str, version: int) -> str | No
     return None if row is None else str(row[0])
 
 
-def serving(conn: sqlite3.Connection, edge: str) -> str | None:
-    """The model ref ``edge`` last reported serving ('' none; None: not enrolled)."""
-    row = conn.execute("SELECT serving FROM edges WHERE edge=?", (edge,)).fetchone()
-    return None if row is None else str(row[0])
-
-
 def is_published(conn: sqlite3.Connection, name: str, version: int) -> bool:
     """Whether the registry holds ``name:version``."""
     row = conn.execute(

@@ -7,8 +7,8 @@ import sqlite3
 from dataclasses import asdict
 from typing import Any
 
+from fedge.edge_manager import edge_store, rollout_store
 from fedge.edge_manager import rollout_health as health
-from fedge.edge_manager import rollout_store
 from fedge.edge_manager.rollout import EdgeState, RolloutState
 from fedge.edge_manager.rollout_writes import load
 from fedge.edge_manager.store import Store
@@ -47,7 +47,7 @@ def status(store: Store, rollout_id: str) -> dict[str, Any]:
                 "moved_at": row["moved_at"],
                 "settled_at": settled,
                 "deployment_id": row["deployment_id"],
-                "serving": rollout_store.serving(store.conn, edge.edge),
+                "serving": edge_store.serving(store.conn, edge.edge),
                 "restored_at": row["restored_at"],
             }
         )

@@ -15,8 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from fedge.edge_manager import edge_store, rollout_configs, rollout_store
 from fedge.edge_manager import rollout as machine
-from fedge.edge_manager import rollout_configs, rollout_store
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.registry import parse_ref
@@ -61,7 +61,7 @@ def recommended_thresholds(conn: sqlite3.Connection, manifest: ModelManifest) ->
 def previous_model(fleet: Fleet, edge: str) -> str | None:
     """What ``edge`` runs now, to go back to: the model it reports serving if the registry
     has it, else the model of its latest desired deployment."""
-    serving = rollout_store.serving(fleet.store.conn, edge)
+    serving = edge_store.serving(fleet.store.conn, edge)
     if serving:
         name, _, version = serving.rpartition(":")
         if version.isdigit() and rollout_store.is_published(fleet.store.conn, name, int(version)):
