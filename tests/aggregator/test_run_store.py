@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import sqlite3
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,3 +195,20 @@ def test_flower_node_ids_past_two_to_the_63_are_stored_and_read_back(store: RunS
     assert store.party_metrics("job") == [
         {"round": 1, "party": big, "metrics": {"num-examples": 3.0}}
     ]
+
+
+def test_opening_waits_out_another_opener_holding_the_file(tmp_path: Path) -> None:
+    """The switch to WAL is refused at once while another connection holds a lock: the
+    aggregator died preparing a job while a reader had the new file open (CI, 2026-11-26)."""
+    path = tmp_path / "runs.db"
+    holder = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+    holder.execute("BEGIN EXCLUSIVE")
+    release = threading.Timer(0.5, lambda: holder.execute("COMMIT"))
+    release.start()
+    try:
+        store = RunStore(path)  # would raise "database is locked" without waiting
+        assert store.conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+        store.close()
+    finally:
+        release.join()
+        holder.close()

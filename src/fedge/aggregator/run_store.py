@@ -99,11 +99,29 @@ class RunState(StrEnum):
     FAILED = "failed"
 
 
+def _use_wal(conn: sqlite3.Connection, wait_s: float = 30.0) -> None:
+    """Switch a run store to WAL, waiting out another opener.
+
+    The switch needs the file to itself, and SQLite answers "database is locked" at once
+    rather than through the busy timeout: a ``fedge aggregator run`` preparing its job
+    died that way while a reader (``fedge job status``, a test) opened the same file.
+    """
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.05)
+
+
 class RunStore:
     def __init__(self, path: Path | str) -> None:
         conn = sqlite3.connect(str(path), isolation_level=None, timeout=30.0)
         self.db = sqlite_utils.Database(conn)
-        self.db.execute("PRAGMA journal_mode=WAL")
+        _use_wal(conn)
         self.db.execute("PRAGMA synchronous=NORMAL")
         conn.executescript(SCHEMA)
 
