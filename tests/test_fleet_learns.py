@@ -46,6 +46,8 @@ pytestmark = pytest.mark.integration
 EDGES = ("st-01", "st-02", "st-03")
 TRAINING = ("st-01", "st-02")  # st-03 keeps training disabled
 IMAGES = 20
+HOLDOUT_PERCENT = 20  # the agent's default share
+MIN_HELD_OUT = 2
 WIDTH = 4
 
 
@@ -76,10 +78,18 @@ def post(url: str, data: bytes, content_type: str) -> dict[str, Any]:
 
 
 def score_and_label(port: int, seed: int) -> list[str]:
-    """Score IMAGES generated parts through the station's API and label them truthfully."""
-    images, labels = make_defect_images(IMAGES, seed=seed)
-    ids = []
+    """Score at least IMAGES generated parts through the station's API and label them
+    truthfully, going on (up to 3 * IMAGES) until the station holds out MIN_HELD_OUT.
+
+    Which image is held out hangs on its random prediction id: with 20 % held out, 20
+    images leave none out about once in 90 stations, and then that station rightly
+    cannot evaluate (CI saw it once). The test is about training, not that draw."""
+    images, labels = make_defect_images(3 * IMAGES, seed=seed)
+    ids: list[str] = []
     for image, label in zip(images, labels, strict=True):
+        held_out = sum(is_holdout(pid, HOLDOUT_PERCENT) for pid in ids)
+        if len(ids) >= IMAGES and held_out >= MIN_HELD_OUT:
+            break
         buffer = io.BytesIO()
         Image.fromarray(image).save(buffer, format="PNG")
         record = post(f"http://127.0.0.1:{port}/v1/score", buffer.getvalue(), "image/png")
@@ -175,8 +185,11 @@ def test_stations_train_as_federated_parties_and_the_job_publishes(
         for edge in EDGES:
             status = json.loads(urllib.request.urlopen(
                 f"http://127.0.0.1:{ports[edge]}/v1/status", timeout=5).read())  # fmt: skip
-            assert status["station"]["labelled"] == IMAGES, status
-        trains = {edge: sum(not is_holdout(pid, 20) for pid in labelled[edge]) for edge in TRAINING}
+            assert status["station"]["labelled"] == len(labelled[edge]), status
+        trains = {
+            edge: sum(not is_holdout(pid, HOLDOUT_PERCENT) for pid in labelled[edge])
+            for edge in TRAINING
+        }
 
         job_dir = tmp_path / "job"
         result = processes.cli(
