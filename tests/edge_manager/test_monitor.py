@@ -194,10 +194,10 @@ def test_in_distribution_raises_nothing_and_records_an_estimate(
     assert monitor.tick(2001.0) == []
     assert _open(store) == []
     (row,) = alert_store.list_estimates(store)
-    assert (row["edge"], row["model"], row["n"], row["labelled"]) == (EDGE, MODEL, WINDOW, 0)
-    assert row["mpp"] is None and row["true_accuracy"] is None  # no gate evaluation yet
-    assert 0.85 <= row["calibration"] <= 0.99
-    assert (row["window_start"], row["window_end"]) == (1101.0, 1200.0)
+    assert (row.edge, row.model, row.n, row.labelled) == (EDGE, MODEL, WINDOW, 0)
+    assert row.mpp is None and row.true_accuracy is None  # no gate evaluation yet
+    assert row.calibration is not None and 0.85 <= row.calibration <= 0.99
+    assert (row.window_start, row.window_end) == (1101.0, 1200.0)
 
 
 def test_brighter_images_raise_one_input_drift_alert_until_they_stop(
@@ -239,7 +239,7 @@ def test_brighter_images_raise_one_input_drift_alert_until_they_stop(
     (view,) = alert_store.list_alerts(store, include_cleared=True)
     assert (view.cleared_at, view.cleared_by) == (2030.0, "monitor")
     # Judged on a sliding window, estimates recorded for windows that do not overlap.
-    windows = [(r["window_start"], r["window_end"]) for r in alert_store.list_estimates(store)]
+    windows = [(r.window_start, r.window_end) for r in alert_store.list_estimates(store)]
     assert windows == [(1211.0, 1310.0), (1101.0, 1200.0)]
 
 
@@ -255,7 +255,7 @@ def test_the_gates_evaluation_is_the_reference_and_trains_the_mpp_predictor(
     stored = store.one("SELECT n_rows, accuracy FROM mpp_models WHERE model=?", (MODEL,))
     assert stored == {"n_rows": WINDOW, "accuracy": 0.9}
     (row,) = alert_store.list_estimates(store)
-    assert row["mpp"] is not None and 0.8 < row["mpp"] <= 1.0
+    assert row.mpp is not None and 0.8 < row.mpp <= 1.0
 
 
 def test_re_lit_copies_train_the_mpp_predictor_but_stay_out_of_the_reference(
@@ -281,8 +281,8 @@ def test_re_lit_copies_train_the_mpp_predictor_but_stay_out_of_the_reference(
     stored = store.one("SELECT n_rows, accuracy FROM mpp_models WHERE model=?", (MODEL,))
     assert stored == {"n_rows": 2 * WINDOW, "accuracy": (90 + 50) / (2 * WINDOW)}
     bright, normal = alert_store.list_estimates(store)  # newest first
-    assert normal["mpp"] > 0.8
-    assert bright["mpp"] < 0.65  # the copies' 50%, not the held-out 90%
+    assert normal.mpp is not None and normal.mpp > 0.8
+    assert bright.mpp is not None and bright.mpp < 0.65  # the copies' 50%, not the held-out 90%
 
     # Without the copies the same window is estimated as accurate as the gate set.
     store.conn.execute("DELETE FROM evaluations WHERE augmented > 0")
@@ -291,7 +291,8 @@ def test_re_lit_copies_train_the_mpp_predictor_but_stay_out_of_the_reference(
     plain = Monitor(store, FLEET, policy_from(WINDOW, 0.8))
     plain.tick(2001.0)
     (row,) = alert_store.list_estimates(store)
-    assert row["window_start"] == bright["window_start"] and row["mpp"] > 0.8
+    assert row.window_start == bright.window_start
+    assert row.mpp is not None and row.mpp > 0.8
 
 
 def test_low_estimated_accuracy_raises_an_alert_and_labels_give_the_true_accuracy(
@@ -308,7 +309,7 @@ def test_low_estimated_accuracy_raises_an_alert_and_labels_give_the_true_accurac
     events = monitor.tick(2000.0)
     assert AlertKind.ACCURACY_ESTIMATE in [e.condition for e in events]
     (row,) = alert_store.list_estimates(store)
-    assert row["mpp"] < 0.8 and row["labelled"] == 20
+    assert row.mpp is not None and row.mpp < 0.8 and row.labelled == 20
     scores = [
         json.loads(s)
         for (s,) in store.conn.execute(
@@ -317,7 +318,7 @@ def test_low_estimated_accuracy_raises_an_alert_and_labels_give_the_true_accurac
         )
     ]
     right = sum(max(s, key=lambda k: s[k]) == "clean" for s in scores)
-    assert row["true_accuracy"] == pytest.approx(right / 20)
+    assert row.true_accuracy == pytest.approx(right / 20)
 
 
 def test_predictions_without_stats_are_not_judged_for_input_drift(
@@ -326,7 +327,7 @@ def test_predictions_without_stats_are_not_judged_for_input_drift(
     camera = Camera(store, seed=4)
     camera.shoot(2 * WINDOW, with_stats=False)  # an agent from before image statistics
     assert monitor.tick(2000.0) == []
-    assert alert_store.list_estimates(store)[0]["n"] == WINDOW
+    assert alert_store.list_estimates(store)[0].n == WINDOW
 
 
 def test_an_acknowledged_condition_is_not_raised_again_until_it_stopped(
@@ -443,4 +444,4 @@ def test_one_edges_bad_rows_do_not_stop_the_others_being_watched(
     camera.shoot(WINDOW, brightness=0.75)
     events = monitor.tick(2000.0)
     assert [(e.edge, e.condition) for e in events] == [(EDGE, AlertKind.INPUT_DRIFT)]
-    assert [r["edge"] for r in alert_store.list_estimates(store)] == [EDGE]
+    assert [r.edge for r in alert_store.list_estimates(store)] == [EDGE]

@@ -240,7 +240,7 @@ def test_a_corrupt_stored_predictor_is_refitted(store: Store, text: str) -> None
     )
     _monitor(store).tick(2000.0)
     (row,) = alert_store.list_estimates(store)
-    assert row["mpp"] is not None and row["mpp"] > 0.8
+    assert row.mpp is not None and row.mpp > 0.8
     stored = store.one("SELECT predictor, accuracy FROM mpp_models WHERE model=?", (MODEL,))
     assert stored is not None and stored["accuracy"] == 0.9 and stored["predictor"] != text
 

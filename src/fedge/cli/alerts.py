@@ -138,13 +138,13 @@ def estimates(
     )
     for row in rows:
         table.add_row(
-            row["edge"],
-            row["model"],
-            when(row["window_end"]),
-            str(row["n"]),
-            _fmt(row["mpp"]),
-            _fmt(row["calibration"]),
-            str(row["labelled"]),
-            _fmt(row["true_accuracy"]),
+            row.edge,
+            row.model,
+            when(row.window_end),
+            str(row.n),
+            _fmt(row.mpp),
+            _fmt(row.calibration),
+            str(row.labelled),
+            _fmt(row.true_accuracy),
         )
     console.print(table)

@@ -1,5 +1,6 @@
 """Shared CLI plumbing: the manager home option, error rendering, JSON output."""
 
+import dataclasses
 import datetime
 import functools
 import json
@@ -113,8 +114,15 @@ def open_fleet(home_path: Path) -> tuple[ManagerHome, Fleet]:
 
 
 def print_json(data: Any) -> None:
-    """JSON on stdout for scripts: plain text (no colour codes, never wrapped)."""
-    typer.echo(json.dumps(data, indent=2, default=str))
+    """JSON on stdout for scripts: plain text (no colour codes, never wrapped). A
+    dataclass is printed as its fields; anything else JSON lacks, as its ``str``."""
+    typer.echo(json.dumps(data, indent=2, default=_plain))
+
+
+def _plain(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    return str(value)
 
 
 def when(ts: float | None) -> str:

@@ -1,5 +1,6 @@
 """``fedge edge``: enrol edges, push thresholds, see desired vs reported."""
 
+from dataclasses import asdict
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -341,19 +342,19 @@ def list_edges(
     _, fleet = open_fleet(home)
     warn_if_not_serving(home, "the states shown are the last ones reported")
     if as_json:
-        print_json(fleet.list())
+        print_json([asdict(summary) for summary in fleet.list()])
         return
     table = fitted_table(
         "edge", "state", "session", "last seen", "serving", "config (desired/applied)", "deploy"
     )
     for row in fleet.list():
         table.add_row(
-            row["edge"],
-            row["state"],
-            str(row["session"]),
-            _when(row["last_seen"]),
-            row["serving"] or "-",
-            f"v{row['config_desired']}/v{row['config_applied']}",
-            escape(row["deploy_stage"] or "-"),
+            row.edge,
+            row.state,
+            str(row.session),
+            _when(row.last_seen),
+            row.serving or "-",
+            f"v{row.config_desired}/v{row.config_applied}",
+            escape(row.deploy_stage or "-"),
         )
     console.print(table)

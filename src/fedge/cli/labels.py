@@ -69,7 +69,7 @@ def stats(
     Example: fedge labels stats
     """
     _, fleet = open_fleet(home)
-    views = [fleet.show(row["edge"]) for row in fleet.list()]
+    views = [fleet.show(row.edge) for row in fleet.list()]
     if as_json:
         print_json(
             [

@@ -40,29 +40,20 @@ def list_models(
     _, fleet = open_fleet(home)
     rows = fleet.registry.list()
     if as_json:
-        print_json(
-            [
-                {
-                    **row,
-                    "ref": f"{row['name']}:{row['version']}",
-                    "classes": str(row["classes"]).split(","),
-                }
-                for row in rows
-            ]
-        )
+        print_json([row.to_json() for row in rows])
         return
     table = fitted_table(
         "model", "sha256", "size", "classes", "parent", "run", "published", whole=("sha256",)
     )
     for row in rows:
         table.add_row(
-            f"{row['name']}:{row['version']}",
-            str(row["sha256"])[:12],
-            str(row["size"]),
-            ", ".join(str(row["classes"]).split(",")),  # wraps at spaces, not inside a name
-            "-" if row["parent_version"] is None else f"{row['name']}:{row['parent_version']}",
-            str(row["run_id"] or "-"),
-            when(row["created_at"]),  # type: ignore[arg-type]
+            row.ref,
+            row.sha256[:12],
+            str(row.size),
+            ", ".join(row.classes),  # wraps at spaces, not inside a name
+            "-" if row.parent_version is None else f"{row.name}:{row.parent_version}",
+            row.run_id or "-",
+            when(row.created_at),
         )
     console.print(table)
 

@@ -1,6 +1,7 @@
 """``fedge rollout``: staged rollouts with abort criteria and automatic rollback."""
 
 import time
+from dataclasses import asdict
 from typing import Annotated, Any
 
 import typer
@@ -178,17 +179,17 @@ def list_rollouts(
     _, fleet = open_fleet(home)
     rows = rollout_views.list_rollouts(fleet.store)
     if as_json:
-        print_json(rows)
+        print_json([asdict(row) for row in rows])
         return
     table = fitted_table("rollout", "model", "state", "moved", "started", whole=("rollout",))
     for row in rows:
-        colour = _COLOURS.get(str(row["state"]), "cyan")
+        colour = _COLOURS.get(row.state, "cyan")
         table.add_row(
-            row["rollout_id"],
-            row["model"],
-            f"[{colour}]{escape(row['label'])}[/{colour}]",
-            f"{row['moved']}/{row['edges']}",
-            _when(row["created_at"]),
+            row.rollout_id,
+            row.model,
+            f"[{colour}]{escape(row.label)}[/{colour}]",
+            f"{row.moved}/{row.edges}",
+            _when(row.created_at),
         )
     console.print(table)
 

@@ -46,21 +46,20 @@ def models_page(fleet: Fleet) -> ModelsPage:
     serving: dict[str, int] = defaultdict(int)
     for ref in views_store.serving_refs(fleet.store):
         serving[ref] += 1
-    registered: list[dict[str, Any]] = list(fleet.registry.list())
     rows = [
         ModelRow(
-            name=str(r["name"]),
-            version=int(r["version"]),
-            parent=None if r["parent_version"] is None else int(r["parent_version"]),
-            run_id=str(r["run_id"] or ""),
-            created_at=float(r["created_at"]),
-            sha256=str(r["sha256"]),
-            size=int(r["size"]),
-            classes=str(r["classes"]),
-            verdict=gating.stored(fleet.store, str(r["name"]), int(r["version"])),
-            serving=serving.get(f"{r['name']}:{r['version']}", 0),
+            name=r.name,
+            version=r.version,
+            parent=r.parent_version,
+            run_id=r.run_id or "",
+            created_at=r.created_at,
+            sha256=r.sha256,
+            size=r.size,
+            classes=",".join(r.classes),
+            verdict=gating.stored(fleet.store, r.name, r.version),
+            serving=serving.get(r.ref, 0),
         )
-        for r in registered
+        for r in fleet.registry.list()
     ]
     return ModelsPage(sorted(rows, key=lambda m: (m.name, -m.version)), _lineage(rows))
 
@@ -87,7 +86,7 @@ def _lineage(rows: list[ModelRow]) -> dict[str, list[LineageNode]]:
     }
 
 
-def rollouts_page(fleet: Fleet) -> list[dict[str, Any]]:
+def rollouts_page(fleet: Fleet) -> list[rollout_views.RolloutListing]:
     return rollout_views.list_rollouts(fleet.store)
 
 

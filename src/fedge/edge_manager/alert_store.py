@@ -28,6 +28,22 @@ class UnknownAlertError(ManagerError):
 
 
 @dataclass(frozen=True)
+class StoredEstimate:
+    """One edge's label-free estimate for one model and window, as ``fedge alerts
+    estimates`` shows it (the fields of :class:`alert_rules.Estimate`, flat)."""
+
+    edge: str
+    model: str
+    window_start: float
+    window_end: float
+    n: int
+    mpp: float | None
+    calibration: float | None
+    labelled: int
+    true_accuracy: float | None
+
+
+@dataclass(frozen=True)
 class AlertView:
     alert_id: str
     edge: str
@@ -169,16 +185,19 @@ def unpublished_acks(store: Store) -> list[AlertView]:
 
 def list_estimates(
     store: Store, *, edge: str | None = None, model: str | None = None, limit: int = 50
-) -> list[dict[str, Any]]:
+) -> list[StoredEstimate]:
     """Label-free accuracy per window, newest first (rows of the ``estimates`` table)."""
     where, params = [], []
     for column, value in (("edge", edge), ("model", model)):
         if value is not None:
             where.append(f"{column} = ?")
             params.append(value)
-    sql = "SELECT * FROM estimates" + (" WHERE " + " AND ".join(where) if where else "")
+    sql = (
+        "SELECT edge, model, window_start, window_end, n, mpp, calibration, labelled, "
+        "true_accuracy FROM estimates" + (" WHERE " + " AND ".join(where) if where else "")
+    )
     sql += " ORDER BY window_end DESC LIMIT ?"
-    return store.query(sql, (*params, max(1, limit)))
+    return [StoredEstimate(**row) for row in store.query(sql, (*params, max(1, limit)))]
 
 
 # ---------------------------------------------------------------- writing

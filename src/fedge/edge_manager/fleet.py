@@ -15,8 +15,8 @@ import time
 import uuid
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
-from dataclasses import asdict, dataclass
-from typing import Any, Unpack
+from dataclasses import dataclass
+from typing import Unpack
 
 from fedge.edge_manager import (
     deployment_store,
@@ -29,6 +29,7 @@ from fedge.edge_manager import (
 )
 from fedge.edge_manager.class_names import suggestion, unknown_class
 from fedge.edge_manager.desired import ConfigChange, next_config, next_deployment
+from fedge.edge_manager.edge_store import EdgeSummary
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.home import ManagerHome, is_wildcard
 from fedge.edge_manager.registry import Registry, parse_ref
@@ -179,8 +180,7 @@ class Fleet:
             known = set(self.registry.get(*deployed).manifest.classes)
             where = f"a class of {deployed[0]}:{deployed[1]}, the model deployed to {edge}"
         else:
-            known = {c for row in self.registry.list() for c in str(row["classes"]).split(",")}
-            known.discard("")
+            known = {c for row in self.registry.list() for c in row.classes}
             where = f"a class of any published model (nothing is deployed to {edge} yet)"
         refusal = unknown_class(class_name, known, where)
         if refusal is not None:
@@ -327,8 +327,9 @@ class Fleet:
         not enrolled."""
         return fleet_views.show(self, edge)
 
-    def list(self) -> list[dict[str, Any]]:
-        return [asdict(summary) for summary in edge_store.summaries(self.store)]
+    def list(self) -> list[EdgeSummary]:
+        """Every enrolled edge as it last reported, by name."""
+        return edge_store.summaries(self.store)
 
     def label_agreement(self, edge: str) -> float | None:
         return labels.agreement(self.store.conn, edge)

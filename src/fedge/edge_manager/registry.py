@@ -24,6 +24,27 @@ from fedge.protocols.signing import SigningKey
 
 
 @dataclass(frozen=True)
+class ListedModel:
+    """One published version as ``fedge model list`` and the console show it."""
+
+    name: str
+    version: int
+    sha256: str
+    size: int
+    classes: tuple[str, ...]
+    parent_version: int | None
+    run_id: str | None
+    created_at: float
+
+    @property
+    def ref(self) -> str:
+        return f"{self.name}:{self.version}"
+
+    def to_json(self) -> dict[str, object]:
+        return {**asdict(self), "ref": self.ref, "classes": list(self.classes)}
+
+
+@dataclass(frozen=True)
 class PublishedModel:
     manifest: ModelManifest
     envelope: bytes
@@ -246,14 +267,21 @@ class Registry:
         manifest = codec.decode(row.manifest.encode(), ModelManifest)
         return PublishedModel(manifest, row.envelope.encode(), Path(row.path))
 
-    def list(self) -> list[dict[str, object]]:
-        listed: list[dict[str, object]] = []
-        for model in model_store.rows(self.store):
-            row: dict[str, object] = asdict(model)
-            manifest = json.loads(str(row.pop("manifest")))
-            row["classes"] = ",".join(manifest["classes"])
-            listed.append(row)
-        return listed
+    def list(self) -> list[ListedModel]:
+        """Every published version, by name then version."""
+        return [
+            ListedModel(
+                name=row.name,
+                version=row.version,
+                sha256=row.sha256,
+                size=row.size,
+                classes=tuple(json.loads(row.manifest)["classes"]),
+                parent_version=row.parent_version,
+                run_id=row.run_id,
+                created_at=row.created_at,
+            )
+            for row in model_store.rows(self.store)
+        ]
 
     # -- the gRPC ArtifactSource protocol
 

@@ -1,10 +1,10 @@
-"""Staged rollouts as operators see them: plain dicts for the CLI, JSON and the console.
+"""Staged rollouts as operators see them, for the CLI, JSON and the console.
 
 The rows come from rollout_store.py; this module shapes them (labels, per-edge status).
 """
 
 import sqlite3
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from fedge.edge_manager import edge_store, rollout_store
@@ -14,13 +14,45 @@ from fedge.edge_manager.rollout_writes import load
 from fedge.edge_manager.store import Store
 
 
-def list_rollouts(store: Store) -> list[dict[str, Any]]:
-    """Every rollout, newest first: id, model, state (``wave 2``...), edge counts."""
-    rows = [asdict(summary) for summary in rollout_store.summaries(store.conn)]
-    for row in rows:
-        row["label"] = _label(str(row["state"]), int(row["wave"]))
-        row["forced_unblessed"] = bool(row["forced_unblessed"])
-    return rows
+@dataclass(frozen=True)
+class RolloutListing:
+    """One line of ``fedge rollout list`` and the console's rollouts page: ``edges`` in
+    the rollout, ``moved`` of them no longer waiting, ``label`` the state as shown
+    (``wave 2``, ``paused (canary)``)."""
+
+    rollout_id: str
+    model: str
+    state: str
+    label: str
+    wave: int
+    created_at: float
+    updated_at: float
+    finished_at: float | None
+    reason: str
+    forced_unblessed: bool
+    edges: int
+    moved: int
+
+
+def list_rollouts(store: Store) -> list[RolloutListing]:
+    """Every rollout, newest first."""
+    return [
+        RolloutListing(
+            rollout_id=s.rollout_id,
+            model=s.model,
+            state=s.state,
+            label=_label(s.state, s.wave),
+            wave=s.wave,
+            created_at=s.created_at,
+            updated_at=s.updated_at,
+            finished_at=s.finished_at,
+            reason=s.reason,
+            forced_unblessed=bool(s.forced_unblessed),
+            edges=s.edges,
+            moved=s.moved,
+        )
+        for s in rollout_store.summaries(store.conn)
+    ]
 
 
 def status(store: Store, rollout_id: str) -> dict[str, Any]:

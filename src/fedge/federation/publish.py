@@ -77,11 +77,12 @@ def _publish_once(job_dir: Path, home: ManagerHome) -> str:
     weights_path.write_bytes(families.weights_bytes(final))
     parent_name, parent_version = parse_ref(manifest.task.model)
     with ManagerView(home) as (_, registry):
-        for row in registry.list():
-            if row["name"] == manifest.publish_name and row["run_id"] == run_id:
-                ref = f"{row['name']}:{row['version']}"
-                atomic_write_text(job_dir / PUBLISHED, json.dumps({"ref": ref, "at": time.time()}))
-                return ref
+        for listed in registry.list():
+            if listed.name == manifest.publish_name and listed.run_id == run_id:
+                atomic_write_text(
+                    job_dir / PUBLISHED, json.dumps({"ref": listed.ref, "at": time.time()})
+                )
+                return listed.ref
         parent = registry.get(parent_name, parent_version)
         version = (registry.latest_version(manifest.publish_name) or 0) + 1
         counts = ",".join(f"{edge}={n}" for edge, n in sorted(examples.items()))
