@@ -63,6 +63,27 @@ def test_ingest_holds_no_sql_and_no_connection_and_fleet_no_sql() -> None:
     assert not runs_sql(ROOT / "edge_manager" / "fleet.py")
 
 
+def test_the_managers_domain_code_holds_a_transaction_not_a_driver() -> None:
+    """Outside the storage modules the manager and the console pass a
+    ``store.Transaction`` along and catch ``store.StoreError``: none imports sqlite3."""
+    importing = []
+    for package in ("edge_manager", "console"):
+        for path in (ROOT / package).rglob("*.py"):
+            if is_storage(path.relative_to(ROOT)):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                names = (
+                    [a.name for a in node.names]
+                    if isinstance(node, ast.Import)
+                    else [node.module or ""]
+                    if isinstance(node, ast.ImportFrom)
+                    else []
+                )
+                if any(n == "sqlite3" or n.startswith("sqlite3.") for n in names):
+                    importing.append(path.relative_to(ROOT).as_posix())
+    assert importing == [], "use fedge.edge_manager.store.Transaction / StoreError"
+
+
 def test_the_scan_finds_a_statement_in_a_literal_and_an_f_string(tmp_path: Path) -> None:
     sample = tmp_path / "sample.py"
     sample.write_text('table = "x"\nq = f"DELETE FROM {table} WHERE at < ?"\n')

@@ -22,14 +22,13 @@ This module checks and decides; the statements are
 """
 
 import json
-import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from fedge.edge_manager import desired_store, evaluation_store, label_store, prediction_store
 from fedge.edge_manager.evaluation_store import ReportRow as ReportRow
 from fedge.edge_manager.gate import StationReport
-from fedge.edge_manager.store import Store
+from fedge.edge_manager.store import Store, Transaction
 from fedge.protocols import codec
 from fedge.protocols.errors import ValidationError
 from fedge.protocols.evaluation import EvaluationItem, EvaluationReport, EvaluationRequest
@@ -47,11 +46,11 @@ def manifest_of(envelope: str) -> ModelManifest:
         raise ValidationError(f"unreadable manifest envelope: {exc}") from None
 
 
-def request_for(conn: sqlite3.Connection, edge: str, version: int) -> EvaluationRequest | None:
+def request_for(conn: Transaction, edge: str, version: int) -> EvaluationRequest | None:
     return evaluation_store.request_for(conn, edge, version)
 
 
-def store_report(conn: sqlite3.Connection, edge: str, report: EvaluationReport, now: float) -> bool:
+def store_report(conn: Transaction, edge: str, report: EvaluationReport, now: float) -> bool:
     """Store ``report`` of ``edge`` inside the caller's transaction; False if it was
     stored before (a retained copy again). Raises ValidationError, writing nothing, for a
     report that answers no request of this manager's or names models it did not ask for;

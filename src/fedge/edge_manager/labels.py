@@ -16,7 +16,6 @@ This module decides; :mod:`fedge.edge_manager.label_store` holds the statements 
 :class:`Label` dataclass). A connection passed in is the caller's open transaction.
 """
 
-import sqlite3
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -25,6 +24,7 @@ from fedge.edge_manager.class_names import unknown_class
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.label_store import Label as Label
 from fedge.edge_manager.label_store import Origin as Origin
+from fedge.edge_manager.store import Transaction
 
 
 class Applied(StrEnum):
@@ -47,11 +47,11 @@ def replaces(new: Label, current: Label) -> bool:
     return new.at >= current.at
 
 
-def current_label(conn: sqlite3.Connection, prediction_id: str) -> Label | None:
+def current_label(conn: Transaction, prediction_id: str) -> Label | None:
     return label_store.current(conn, prediction_id)
 
 
-def apply(conn: sqlite3.Connection, new: Label, now: float) -> Outcome:
+def apply(conn: Transaction, new: Label, now: float) -> Outcome:
     """Store ``new`` inside the caller's transaction under the one-current-label rule."""
     if label_store.seen(conn, new.label_id):
         return Outcome(Applied.DUPLICATE)
@@ -68,7 +68,7 @@ def apply(conn: sqlite3.Connection, new: Label, now: float) -> Outcome:
     return Outcome(Applied.RELABELLED, current)
 
 
-def history(conn: sqlite3.Connection, prediction_id: str) -> list[tuple[Label, str, float]]:
+def history(conn: Transaction, prediction_id: str) -> list[tuple[Label, str, float]]:
     """The labels ``prediction_id`` had before, oldest first: (label, replaced by, when)."""
     return [
         (old.label, old.replaced_by, old.replaced_at)
@@ -76,7 +76,7 @@ def history(conn: sqlite3.Connection, prediction_id: str) -> list[tuple[Label, s
     ]
 
 
-def check_label(conn: sqlite3.Connection, model_ref: str, label: str) -> None:
+def check_label(conn: Transaction, model_ref: str, label: str) -> None:
     """A label must be a class of the model that made the prediction (case and all)."""
     classes = label_store.model_classes(conn, model_ref)
     if classes is None:
@@ -86,7 +86,7 @@ def check_label(conn: sqlite3.Connection, model_ref: str, label: str) -> None:
         raise ManagerError(f"{refusal}; nothing was stored")
 
 
-def agreement(conn: sqlite3.Connection, edge: str) -> float | None:
+def agreement(conn: Transaction, edge: str) -> float | None:
     """Share of ``edge``'s labelled predictions whose decision their current label agrees
     with, each prediction counted once (``None``: nothing labelled).
 

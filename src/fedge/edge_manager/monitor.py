@@ -41,7 +41,6 @@ reference is not), is :mod:`fedge.edge_manager.monitor_windows`'s; the statement
 from __future__ import annotations
 
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -62,7 +61,7 @@ from fedge.edge_manager.alert_rules import (
 )
 from fedge.edge_manager.alert_store import AlertView
 from fedge.edge_manager.monitor_windows import Windows, row
-from fedge.edge_manager.store import Store
+from fedge.edge_manager.store import Store, Transaction
 from fedge.monitoring.drift import DriftPolicy
 from fedge.protocols.alerts import Alert, AlertKind
 
@@ -246,7 +245,7 @@ class Monitor:
 
     def _apply(
         self,
-        conn: sqlite3.Connection,
+        conn: Transaction,
         edge: str,
         model: str,
         findings: list[Finding],
@@ -290,7 +289,7 @@ class Monitor:
                 alert_store.rearm(conn, edge, model, action.kind, now)
         return events
 
-    def _clear(self, conn: sqlite3.Connection, action: Clear, now: float) -> list[AlertView]:
+    def _clear(self, conn: Transaction, action: Clear, now: float) -> list[AlertView]:
         if not alert_store.clear_alert(conn, action.alert_id, now):
             return []
         view = alert_store.get_alert(self.store, action.alert_id)
@@ -300,7 +299,7 @@ class Monitor:
         return [view]
 
     def _clear_unserved(
-        self, conn: sqlite3.Connection, unserved: list[OpenAlert], now: float
+        self, conn: Transaction, unserved: list[OpenAlert], now: float
     ) -> list[AlertView]:
         """Alerts of a model an edge no longer serves: nothing watches them, so they close."""
         events: list[AlertView] = []

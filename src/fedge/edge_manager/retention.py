@@ -22,14 +22,13 @@ What is past its limit is decided here; the statements are in retention_store.py
 """
 
 import math
-import sqlite3
 from collections import Counter
 from dataclasses import dataclass
 
 from fedge.edge_manager import retention_store
 from fedge.edge_manager.home import ManagerSettings
 from fedge.edge_manager.retention_store import MONITOR_HISTORY_TABLES
-from fedge.edge_manager.store import Store
+from fedge.edge_manager.store import Store, Transaction
 
 DAY_S = 86400.0
 # Thumbnails go with the predictions they show (thumbnail_store.py).
@@ -73,7 +72,7 @@ def _cutoff(now: float, keep_s: float) -> float | None:
 
 
 def prune_step(
-    conn: sqlite3.Connection, policy: RetentionPolicy, now: float, chunk: int
+    conn: Transaction, policy: RetentionPolicy, now: float, chunk: int
 ) -> tuple[Counter[str], bool]:
     """One bounded pass inside the caller's transaction: (rows deleted by kind, more due)."""
     pruned: Counter[str] = Counter()

@@ -8,19 +8,18 @@ id (``within``) and go through. Which rollouts hold which edges is read in
 rollout_store.py.
 """
 
-import sqlite3
-
 from fedge.edge_manager import rollout_store
 from fedge.edge_manager.rollout_plan import RolloutError
+from fedge.edge_manager.store import Transaction
 
 
-def active_rollouts_of(conn: sqlite3.Connection, edges: list[str]) -> dict[str, str]:
+def active_rollouts_of(conn: Transaction, edges: list[str]) -> dict[str, str]:
     """edge -> id of the unfinished rollout it belongs to, for ``edges``."""
     return rollout_store.unfinished_rollouts_of(conn, edges)
 
 
 def refuse_if_in_rollout(
-    conn: sqlite3.Connection,
+    conn: Transaction,
     edges: list[str],
     what: str,
     *,

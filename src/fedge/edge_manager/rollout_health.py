@@ -35,13 +35,13 @@ count as received before the move; moves are recent, retention keeps days.
 
 import json
 import math
-import sqlite3
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from fedge.edge_manager import rollout_health_store as reports
 from fedge.edge_manager.rollout import EdgeHealth, EdgeState, Rollout
 from fedge.edge_manager.rollout_plan import Metric
+from fedge.edge_manager.store import Transaction
 
 # The agent's telemetry counters (cumulative since it started) behind error_rate.
 ERRORS_METRIC = "inference.errors"
@@ -52,13 +52,13 @@ MIN_AGREEMENT_LABELS = 20
 MIN_ERROR_RATE_IMAGES = 20
 
 
-def settled_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
+def settled_at(conn: Transaction, edge: str, deployment_id: str) -> float | None:
     """When ``edge`` first reported ``deployment_id`` active, failed or rolled back."""
     return reports.first_settled_at(conn, edge, deployment_id)
 
 
 def rollout_health(
-    conn: sqlite3.Connection, rollout: Rollout, rows: Mapping[str, Mapping[str, Any]]
+    conn: Transaction, rollout: Rollout, rows: Mapping[str, Mapping[str, Any]]
 ) -> dict[str, EdgeHealth]:
     """The health of every moved or rolling-back edge of ``rollout`` (``rows``: its
     ``rollout_edges`` rows by edge)."""
@@ -84,7 +84,7 @@ def rollout_health(
 
 
 def moved_health(
-    conn: sqlite3.Connection,
+    conn: Transaction,
     *,
     edge: str,
     model: str,
@@ -116,19 +116,17 @@ def moved_health(
     )
 
 
-def is_back(
-    conn: sqlite3.Connection, edge: str, previous_model: str, restore_config_version: int
-) -> bool:
+def is_back(conn: Transaction, edge: str, previous_model: str, restore_config_version: int) -> bool:
     """Whether ``edge`` serves its previous model and applied its restored thresholds."""
     row = reports.serving_and_applied(conn, edge)
     return row is not None and row[0] == previous_model and row[1] >= restore_config_version
 
 
-def failed_activation(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float:
+def failed_activation(conn: Transaction, edge: str, deployment_id: str) -> float:
     return 1.0 if reports.activation_failed(conn, edge, deployment_id) else 0.0
 
 
-def error_rate(conn: sqlite3.Connection, edge: str, since: float) -> float | None:
+def error_rate(conn: Transaction, edge: str, since: float) -> float | None:
     """Errors over attempts since ``since`` (manager time), once there are enough."""
     errors = _counter_increase(conn, edge, ERRORS_METRIC, since)
     scored = _counter_increase(conn, edge, SCORED_METRIC, since)
@@ -138,7 +136,7 @@ def error_rate(conn: sqlite3.Connection, edge: str, since: float) -> float | Non
     return errors / attempts
 
 
-def _counter_increase(conn: sqlite3.Connection, edge: str, name: str, since: float) -> float | None:
+def _counter_increase(conn: Transaction, edge: str, name: str, since: float) -> float | None:
     """How much a cumulative counter grew since ``since`` (None: never reported since),
     by the manager's receive time (batches are received in the agent's order)."""
     before = reports.counter_before(conn, edge, name, since)
@@ -153,7 +151,7 @@ def _counter_increase(conn: sqlite3.Connection, edge: str, name: str, since: flo
     return grown
 
 
-def latency_p95_ms(conn: sqlite3.Connection, edge: str, model: str, since: float) -> float | None:
+def latency_p95_ms(conn: Transaction, edge: str, model: str, since: float) -> float | None:
     latencies = sorted(reports.latencies_since(conn, edge, model, since))
     if not latencies:
         return None
@@ -161,7 +159,7 @@ def latency_p95_ms(conn: sqlite3.Connection, edge: str, model: str, since: float
 
 
 def agreement(
-    conn: sqlite3.Connection,
+    conn: Transaction,
     edge: str,
     model: str,
     *,
@@ -184,7 +182,7 @@ def agreement(
 
 
 def agreement_drop(
-    conn: sqlite3.Connection, edge: str, model: str, previous_model: str, since: float
+    conn: Transaction, edge: str, model: str, previous_model: str, since: float
 ) -> float | None:
     # Judged once both sides rest on MIN_AGREEMENT_LABELS labels: one disagreeing label
     # on a canary would otherwise be an agreement of 0 and abort a good model.
@@ -193,13 +191,13 @@ def agreement_drop(
     return None if new is None or old is None else old - new
 
 
-def open_alerts(conn: sqlite3.Connection, edge: str, model: str, since: float) -> float:
+def open_alerts(conn: Transaction, edge: str, model: str, since: float) -> float:
     """Open alerts about ``model`` raised on ``edge`` since ``since`` (both manager time)."""
     return float(reports.open_alert_count(conn, edge, model, since))
 
 
 def estimate_drop(
-    conn: sqlite3.Connection, edge: str, model: str, previous_model: str, since: float
+    conn: Transaction, edge: str, model: str, previous_model: str, since: float
 ) -> float | None:
     new = reports.mean_estimate_ending_after(conn, edge, model, since)
     old = reports.mean_estimate_starting_from(conn, edge, previous_model, 0.0)

@@ -3,7 +3,6 @@
 The rows come from rollout_store.py; this module shapes them (labels, per-edge status).
 """
 
-import sqlite3
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -11,7 +10,7 @@ from fedge.edge_manager import edge_store, rollout_store
 from fedge.edge_manager import rollout_health as health
 from fedge.edge_manager.rollout import EdgeState, RolloutState
 from fedge.edge_manager.rollout_writes import load
-from fedge.edge_manager.store import Store
+from fedge.edge_manager.store import Store, Transaction
 
 
 @dataclass(frozen=True)
@@ -100,7 +99,7 @@ def status(store: Store, rollout_id: str) -> dict[str, Any]:
     }
 
 
-def events(conn: sqlite3.Connection, rollout_id: str) -> list[dict[str, Any]]:
+def events(conn: Transaction, rollout_id: str) -> list[dict[str, Any]]:
     return [asdict(event) for event in rollout_store.events(conn, rollout_id)]
 
 

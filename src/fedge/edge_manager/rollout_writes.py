@@ -10,7 +10,6 @@ are rollout_store.py's.
 
 import json
 import logging
-import sqlite3
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -23,7 +22,7 @@ from fedge.edge_manager.registry import parse_ref
 from fedge.edge_manager.rollout import EdgeState, EventKind, RolloutState
 from fedge.edge_manager.rollout_plan import RolloutError, RolloutPlan
 from fedge.edge_manager.rollout_store import record_event
-from fedge.edge_manager.store import Store
+from fedge.edge_manager.store import Store, Transaction
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError
@@ -38,7 +37,7 @@ class Loaded:
     rows: dict[str, dict[str, Any]]  # rollout_edges rows by edge
 
 
-def recommended_thresholds(conn: sqlite3.Connection, manifest: ModelManifest) -> Thresholds | None:
+def recommended_thresholds(conn: Transaction, manifest: ModelManifest) -> Thresholds | None:
     """The gate evidence's ``recommended_thresholds``, else the manifest's (else None)."""
     evidence = rollout_store.gate_evidence(conn, manifest.name, manifest.version)
     if evidence is not None:
@@ -85,7 +84,7 @@ def halt(store: Store, rollout_id: str, reason: str, now: float) -> int:
     return 1
 
 
-def load(conn: sqlite3.Connection, rollout_id: str) -> Loaded:
+def load(conn: Transaction, rollout_id: str) -> Loaded:
     head = rollout_store.rollout_row(conn, rollout_id)
     if head is None:
         raise RolloutError(f"no rollout {rollout_id!r}; see `fedge rollout list`")

@@ -28,7 +28,6 @@ store would both step them (the write lock keeps each step whole, not single).
 
 import json
 import logging
-import sqlite3
 import uuid
 from collections.abc import Callable
 
@@ -43,6 +42,7 @@ from fedge.edge_manager.rollout_guard import active_rollouts_of
 from fedge.edge_manager.rollout_plan import RolloutError, RolloutPlan
 from fedge.edge_manager.rollout_store import record_event
 from fedge.edge_manager.rollout_writes import Loaded, halt, load, previous_model, write_step
+from fedge.edge_manager.store import Transaction
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ log = logging.getLogger(__name__)
 CREATED = "created"
 
 
-def blessed(conn: sqlite3.Connection, name: str, version: int) -> bool | None:
+def blessed(conn: Transaction, name: str, version: int) -> bool | None:
     """The gate's verdict: its newest row for the model (None: never gated)."""
     return rollout_store.gate_blessed(conn, name, version)
 

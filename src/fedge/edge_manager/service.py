@@ -10,7 +10,6 @@ operators wrote to the store, signed and retained (desired_publisher.py).
 
 import logging
 import queue
-import sqlite3
 import threading
 import time
 from collections import Counter
@@ -32,7 +31,7 @@ from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.edge_manager.monitor import Monitor, policy_from
 from fedge.edge_manager.retention import Pruner, RetentionPolicy
 from fedge.edge_manager.rollouts import RolloutDriver
-from fedge.edge_manager.store import Store
+from fedge.edge_manager.store import Store, StoreError
 from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert
 from fedge.protocols.pki import TlsFiles
@@ -342,7 +341,7 @@ class ManagerService:
             return
         try:
             pruned = self.pruner.run(store, now)
-        except sqlite3.Error:
+        except StoreError:
             log.exception("pruning failed; it is tried again at the next interval")
             return
         self.counters.update({f"pruned.{what}": n for what, n in pruned.items() if n})

@@ -3,11 +3,15 @@
 One writer per process (the serve loop's worker thread, or a CLI command); WAL lets the
 CLI and ``serve`` share the file. No sqlite row leaves this module: readers get dicts of
 plain values or dataclasses.
+
+Code outside the storage modules (``store.py``, ``*_store.py``) holds an open
+transaction as a :data:`Transaction` and hands it to a store function; it never runs a
+statement on it and does not import ``sqlite3`` (tests/test_storage_boundary.py).
 """
 
 import sqlite3
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import sqlite_utils
 
@@ -244,6 +248,15 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("evaluation_reports", "rejected_items", "INTEGER NOT NULL DEFAULT 0"),
     ("evaluation_reports", "dropped_reason", "TEXT NOT NULL DEFAULT ''"),
 )
+
+
+Transaction: TypeAlias = sqlite3.Connection
+"""An open transaction on the store, passed through to the ``*_store`` functions (a
+rollout tick, a label, an evaluation report) so several of them commit or roll back
+together."""
+
+StoreError = sqlite3.Error
+"""What a failed statement raises (the driver's base error)."""
 
 
 class Store:
