@@ -10,6 +10,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from fedge.edge_manager import model_store
 from fedge.edge_manager.desired_store import CONFIG
 from fedge.edge_manager.store import Store
 
@@ -49,8 +50,8 @@ class ScoredPrediction:
 def positive_classes(store: Store) -> dict[str, set[str]]:
     """Each registered model version ('name:version') -> its positive (defect) classes."""
     return {
-        f"{r['name']}:{r['version']}": set(json.loads(r["manifest"])["positive_classes"])
-        for r in store.query("SELECT name, version, manifest FROM models")
+        f"{m.name}:{m.version}": set(json.loads(m.manifest)["positive_classes"])
+        for m in model_store.manifests(store)
     }
 
 
