@@ -28,13 +28,11 @@ def test_manager_labels_join_the_station_training_set_once(tmp_path: Path) -> No
         first = desired_store.unpublished(fleet.store, skip=set())
         fleet.add_label("p-1", "clean", "operator-3")  # a relabel: a new document version
         docs = [
-            row
-            for row in desired_store.unpublished(fleet.store, skip=set())
-            if row["kind"] == LABELS
+            row for row in desired_store.unpublished(fleet.store, skip=set()) if row.kind == LABELS
         ]
-    assert [row["version"] for row in first if row["kind"] == LABELS] == [1]
-    assert [row["version"] for row in docs] == [2]  # the older one is superseded
-    envelope = docs[0]["envelope"].encode()
+    assert [row.version for row in first if row.kind == LABELS] == [1]
+    assert [row.version for row in docs] == [2]  # the older one is superseded
+    envelope = docs[0].envelope.encode()
 
     agent = EdgeAgent(fh.agent_settings("st-01"))
     try:
@@ -83,16 +81,14 @@ def test_a_labels_document_always_fits_what_the_station_accepts(tmp_path: Path) 
             )
             fleet.add_label(f"p-{index}", "scratch", "é" * 128)
         docs = [
-            row
-            for row in desired_store.unpublished(fleet.store, skip=set())
-            if row["kind"] == LABELS
+            row for row in desired_store.unpublished(fleet.store, skip=set()) if row.kind == LABELS
         ]
         kept = fleet.store.scalar("SELECT count(*) FROM desired WHERE kind='labels'")
-    assert [row["version"] for row in docs] == [150]
+    assert [row.version for row in docs] == [150]
     assert kept == 1
     agent = EdgeAgent(fh.agent_settings("st-01"))
     try:
-        agent.handle_labels(docs[0]["envelope"].encode())
+        agent.handle_labels(docs[0].envelope.encode())
         applied = agent.counters["labels.from_manager"]
         assert 10 < applied < 150, applied  # trimmed to fit, newest first
         assert agent.store.get("labels_version") == "150"
@@ -133,9 +129,9 @@ def test_a_relabel_at_the_manager_replaces_the_label_on_the_station(tmp_path: Pa
         for label in ("scratch", "clean"):
             fleet.add_label("p-1", label, "alice")
             (row,) = [
-                r for r in desired_store.unpublished(fleet.store, skip=set()) if r["kind"] == LABELS
+                r for r in desired_store.unpublished(fleet.store, skip=set()) if r.kind == LABELS
             ]
-            envelopes.append(row["envelope"].encode())
+            envelopes.append(row.envelope.encode())
     agent = EdgeAgent(fh.agent_settings("st-01"))
     try:
         agent.station.keep("p-1", b"png bytes", ".png")

@@ -80,17 +80,17 @@ class DesiredPublisher:
         if not self.mqtt.connected.is_set():
             return
         retired = self._retired or set()
-        for row in desired_store.unpublished(fleet.store, skip=set(self._inflight.values())):
-            envelope = row["envelope"].encode()
-            if row["kind"] != key_rotation.TRUST and _signer(envelope) in retired:
+        for doc in desired_store.unpublished(fleet.store, skip=set(self._inflight.values())):
+            envelope = doc.envelope.encode()
+            if doc.kind != key_rotation.TRUST and _signer(envelope) in retired:
                 # Written with a key a rotation retired (between its commit and this
                 # loop's reload): edges would refuse it, so it goes out re-signed. A
                 # document signed by any other key goes out as it is, and is refused.
                 envelope = key_rotation.resign_desired(
-                    fleet.store, fleet.key, row["edge"], row["kind"], row["version"]
+                    fleet.store, fleet.key, doc.edge, doc.kind, doc.version
                 ).encode()
                 self.counters["resigned"] += 1
-            self._publish((row["edge"], row["kind"], row["version"]), envelope)
+            self._publish((doc.edge, doc.kind, doc.version), envelope)
 
     def _publish(self, key: DocumentKey, envelope: bytes) -> None:
         edge, kind, _ = key
@@ -111,5 +111,5 @@ class DesiredPublisher:
     def republish_latest(self, fleet: Fleet) -> None:
         """The newest published version of every document again (a broker that may have
         lost its retained messages); edges ignore versions they already applied."""
-        for row in desired_store.latest_published(fleet.store):
-            self._publish((row["edge"], row["kind"], int(row["version"])), row["envelope"].encode())
+        for doc in desired_store.latest_published(fleet.store):
+            self._publish((doc.edge, doc.kind, doc.version), doc.envelope.encode())

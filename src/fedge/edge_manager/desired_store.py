@@ -8,6 +8,7 @@ documents with :func:`write`.
 """
 
 import sqlite3
+from dataclasses import dataclass
 from typing import Any
 
 from fedge.edge_manager.store import Store
@@ -25,7 +26,17 @@ _DEPLOYED = (
 )
 
 
-def unpublished(store: Store, skip: set[tuple[str, str, int]]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class DesiredEnvelope:
+    """One version of one of an edge's desired documents, as signed (JSON text)."""
+
+    edge: str
+    kind: str
+    version: int
+    envelope: str
+
+
+def unpublished(store: Store, skip: set[tuple[str, str, int]]) -> list[DesiredEnvelope]:
     """Desired documents still to publish, minus ``skip`` (already in flight)."""
     keys = store.conn.execute(
         # A key rotation goes out before the documents its new key signed.
@@ -35,10 +46,7 @@ def unpublished(store: Store, skip: set[tuple[str, str, int]]) -> list[dict[str,
     todo = [(e, k, int(v)) for e, k, v in keys if (e, k, int(v)) not in skip]
     if not todo:
         return []
-    return [
-        {"edge": e, "kind": k, "version": v, "envelope": _envelope(store, e, k, v)}
-        for e, k, v in todo
-    ]
+    return [DesiredEnvelope(e, k, v, _envelope(store, e, k, v)) for e, k, v in todo]
 
 
 def _envelope(store: Store, edge: str, kind: str, version: int) -> str:
@@ -50,15 +58,16 @@ def _envelope(store: Store, edge: str, kind: str, version: int) -> str:
     )
 
 
-def latest_desired(store: Store, edge: str) -> list[dict[str, Any]]:
+def latest_desired(store: Store, edge: str) -> list[DesiredEnvelope]:
     """``edge``'s newest desired document of each kind (kind, version, envelope),
     published or not: what the edge gets when it asks over gRPC (issue 9), the same
     signed envelope MQTT retains or is about to."""
-    return store.query(
-        "SELECT kind, version, envelope FROM desired d WHERE edge=? AND version="
+    rows = store.query(
+        "SELECT edge, kind, version, envelope FROM desired d WHERE edge=? AND version="
         "(SELECT max(version) FROM desired WHERE edge=d.edge AND kind=d.kind) ORDER BY kind",
         (edge,),
     )
+    return [_envelope_of(row) for row in rows]
 
 
 def mark_published(store: Store, edge: str, kind: str, version: int, at: float) -> None:
@@ -68,14 +77,21 @@ def mark_published(store: Store, edge: str, kind: str, version: int, at: float) 
     )
 
 
-def latest_published(store: Store) -> list[dict[str, Any]]:
+def latest_published(store: Store) -> list[DesiredEnvelope]:
     """The newest published version of every edge's documents (what a broker that lost
     its retained messages is given again)."""
-    return store.query(
+    rows = store.query(
         "SELECT d.edge, d.kind, d.version, d.envelope FROM desired d "
         "JOIN (SELECT edge, kind, max(version) AS v FROM desired "
         "WHERE published_at IS NOT NULL GROUP BY edge, kind) m "
         "ON d.edge=m.edge AND d.kind=m.kind AND d.version=m.v"
+    )
+    return [_envelope_of(row) for row in rows]
+
+
+def _envelope_of(row: dict[str, Any]) -> DesiredEnvelope:
+    return DesiredEnvelope(
+        str(row["edge"]), str(row["kind"]), int(row["version"]), str(row["envelope"])
     )
 
 

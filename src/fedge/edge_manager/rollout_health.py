@@ -36,11 +36,11 @@ count as received before the move; moves are recent, retention keeps days.
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
 
 from fedge.edge_manager import rollout_health_store as reports
 from fedge.edge_manager.rollout import EdgeHealth, EdgeState, Rollout
-from fedge.edge_manager.rollout_plan import Metric
+from fedge.edge_manager.rollout_plan import Metric, RolloutError
+from fedge.edge_manager.rollout_store import RolloutEdgeRow
 from fedge.edge_manager.store import Transaction
 
 # The agent's telemetry counters (cumulative since it started) behind error_rate.
@@ -58,27 +58,31 @@ def settled_at(conn: Transaction, edge: str, deployment_id: str) -> float | None
 
 
 def rollout_health(
-    conn: Transaction, rollout: Rollout, rows: Mapping[str, Mapping[str, Any]]
+    conn: Transaction, rollout: Rollout, rows: Mapping[str, RolloutEdgeRow]
 ) -> dict[str, EdgeHealth]:
     """The health of every moved or rolling-back edge of ``rollout`` (``rows``: its
-    ``rollout_edges`` rows by edge)."""
+    stored edges by edge)."""
     metrics = [c.metric for c in rollout.plan.abort_if]
     found: dict[str, EdgeHealth] = {}
     for edge in rollout.edges:
         row = rows[edge.edge]
-        previous = str(row["previous_model"] or "")
+        previous = row.previous_model or ""
         if edge.state is EdgeState.MOVED:
+            if row.moved_at is None:  # a damaged row: its window is not guessed at
+                raise RolloutError(
+                    f"rollout {rollout.rollout_id}: {edge.edge} is moved but not when"
+                )
             found[edge.edge] = moved_health(
                 conn,
                 edge=edge.edge,
                 model=rollout.model,
                 previous_model=previous,
-                deployment_id=str(row["deployment_id"]),
-                moved_at=float(row["moved_at"]),
+                deployment_id=str(row.deployment_id),
+                moved_at=row.moved_at,
                 metrics=metrics,
             )
         elif edge.state is EdgeState.ROLLING_BACK:
-            restored = int(row["restore_config_version"] or 0)
+            restored = row.restore_config_version or 0
             found[edge.edge] = EdgeHealth(back=is_back(conn, edge.edge, previous, restored))
     return found
 

@@ -12,7 +12,6 @@ figures of moved edges are read in rollout_health_store.py.
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from fedge.edge_manager.rollout import RolloutEdge
 
@@ -198,15 +197,35 @@ def set_stepped(
 # -- a rollout's edges
 
 
-def edge_rows(conn: sqlite3.Connection, rollout_id: str) -> dict[str, dict[str, Any]]:
-    """The ``rollout_edges`` rows of ``rollout_id`` by edge, by wave then edge: column ->
-    value, as the state machine's adapter passes them on (rollout_writes.Loaded.rows)."""
-    cursor = conn.execute(
-        "SELECT * FROM rollout_edges WHERE rollout_id=? ORDER BY wave, edge", (rollout_id,)
-    )
-    columns = [d[0] for d in cursor.description]
-    rows = [dict(zip(columns, r, strict=True)) for r in cursor.fetchall()]
-    return {str(row["edge"]): row for row in rows}
+@dataclass(frozen=True)
+class RolloutEdgeRow:
+    """One edge of a rollout as stored: its wave and state, what it ran before the
+    rollout moved it (model, config document), the deployment and config version that
+    moved it, and those that sent it back."""
+
+    rollout_id: str
+    edge: str
+    wave: int
+    state: str
+    previous_model: str | None
+    previous_config: str | None
+    moved_at: float | None
+    deployment_id: str | None
+    config_version: int | None
+    restore_deployment_id: str | None
+    restore_config_version: int | None
+    restored_at: float | None
+
+
+def edge_rows(conn: sqlite3.Connection, rollout_id: str) -> dict[str, RolloutEdgeRow]:
+    """The edges of ``rollout_id`` by edge, by wave then edge (rollout_writes.Loaded.rows)."""
+    rows = conn.execute(
+        "SELECT rollout_id, edge, wave, state, previous_model, previous_config, moved_at, "
+        "deployment_id, config_version, restore_deployment_id, restore_config_version, "
+        "restored_at FROM rollout_edges WHERE rollout_id=? ORDER BY wave, edge",
+        (rollout_id,),
+    ).fetchall()
+    return {str(row[1]): RolloutEdgeRow(*row) for row in rows}
 
 
 def unfinished_rollouts_of(conn: sqlite3.Connection, edges: list[str]) -> dict[str, str]:

@@ -66,20 +66,20 @@ def status(store: Store, rollout_id: str) -> dict[str, Any]:
         row = loaded.rows[edge.edge]
         settled = (
             None
-            if row["deployment_id"] is None
-            else health.settled_at(store.conn, edge.edge, str(row["deployment_id"]))
+            if row.deployment_id is None
+            else health.settled_at(store.conn, edge.edge, row.deployment_id)
         )
         edges.append(
             {
                 "edge": edge.edge,
                 "wave": edge.wave,
                 "state": edge.state.value,
-                "previous_model": row["previous_model"],
-                "moved_at": row["moved_at"],
+                "previous_model": row.previous_model,
+                "moved_at": row.moved_at,
                 "settled_at": settled,
-                "deployment_id": row["deployment_id"],
+                "deployment_id": row.deployment_id,
                 "serving": edge_store.serving(store.conn, edge.edge),
-                "restored_at": row["restored_at"],
+                "restored_at": row.restored_at,
             }
         )
     return {

@@ -12,7 +12,6 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from fedge.edge_manager import edge_store, rollout_configs, rollout_store
 from fedge.edge_manager import rollout as machine
@@ -34,7 +33,7 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class Loaded:
     rollout: machine.Rollout
-    rows: dict[str, dict[str, Any]]  # rollout_edges rows by edge
+    rows: dict[str, rollout_store.RolloutEdgeRow]  # by edge
 
 
 def recommended_thresholds(conn: Transaction, manifest: ModelManifest) -> Thresholds | None:
@@ -92,7 +91,7 @@ def load(conn: Transaction, rollout_id: str) -> Loaded:
     aborted_at = rollout_store.last_event_at(conn, rollout_id, EventKind.ABORTED.value)
     rows = rollout_store.edge_rows(conn, rollout_id)
     edges = tuple(
-        machine.RolloutEdge(edge, int(r["wave"]), EdgeState(r["state"]), r["moved_at"])
+        machine.RolloutEdge(edge, r.wave, EdgeState(r.state), r.moved_at)
         for edge, r in rows.items()
     )
     try:
@@ -172,16 +171,16 @@ def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None
     )
 
 
-def _send_back(fleet: Fleet, row: dict[str, Any], now: float) -> None:
-    edge, before, rollout_id = str(row["edge"]), row["previous_model"], str(row["rollout_id"])
+def _send_back(fleet: Fleet, row: rollout_store.RolloutEdgeRow, now: float) -> None:
+    edge, before, rollout_id = row.edge, row.previous_model, row.rollout_id
     deployment_id = None
     if before:
-        name, version = parse_ref(str(before))
+        name, version = parse_ref(before)
         deployment_id = fleet.deploy(name, version, [edge], within_rollout=rollout_id)
     previous = (
         None
-        if row["previous_config"] is None
-        else codec.decode(str(row["previous_config"]).encode(), EdgeConfig)
+        if row.previous_config is None
+        else codec.decode(row.previous_config.encode(), EdgeConfig)
     )
     config = _config(
         lambda: rollout_configs.restored_config(
@@ -189,7 +188,7 @@ def _send_back(fleet: Fleet, row: dict[str, Any], now: float) -> None:
             previous,
             fleet=fleet.fleet,
             edge=edge,
-            previous_model=None if before is None else str(before),
+            previous_model=before,
             now=now,
         ),
         edge,

@@ -105,8 +105,8 @@ class _ReadSide:
 
     def latest_desired(self, edge: str) -> list[DesiredDocument]:
         return [
-            DesiredDocument(str(row["kind"]), int(row["version"]), str(row["envelope"]).encode())
-            for row in desired_store.latest_desired(self._fleet().store, edge)
+            DesiredDocument(doc.kind, doc.version, doc.envelope.encode())
+            for doc in desired_store.latest_desired(self._fleet().store, edge)
         ]
 
 
