@@ -11,6 +11,7 @@ import dataclasses
 import json
 import os
 import time
+import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -162,8 +163,6 @@ def the_run(store: RunStore, job_dir: Path) -> dict[str, Any]:
 
 def manifest_summary(text: str) -> tuple[str, int]:
     """Name and rounds of a stored manifest, without validating it again."""
-    import tomllib
-
     try:
         job = tomllib.loads(text).get("job", {})
     except tomllib.TOMLDecodeError:

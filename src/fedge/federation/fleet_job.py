@@ -28,11 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from fedge.aggregator.checkpoint import atomic_write_text
-from fedge.aggregator.fleet_manifest import load_fleet_manifest
+from fedge.aggregator.fleet_manifest import is_fleet_manifest, load_fleet_manifest
 from fedge.aggregator.job_dir import (
     JOB_MANIFEST,
     RUNS_DB,
     JobError,
+    clear_halt,
     is_live,
 )
 from fedge.aggregator.run_store import RunState, RunStore
@@ -219,8 +220,6 @@ def needs_submission(job_dir: Path) -> bool:
 
 
 def is_fleet_job(job_dir: Path) -> bool:
-    from fedge.aggregator.fleet_manifest import is_fleet_manifest
-
     path = job_dir / JOB_MANIFEST
     return path.is_file() and is_fleet_manifest(path.read_text(encoding="utf-8"))
 
@@ -252,16 +251,10 @@ def resume_fleet_job(
 ) -> FleetJobResult:
     """Continue a fleet job: submit it again if no aggregator runs it, follow, publish."""
     if needs_submission(job_dir):
-        _clear_halt(job_dir)  # resuming is the newer request
+        clear_halt(job_dir)  # resuming is the newer request
         roots = root_certificates or superlink_root_certificates(home)
         submit(job_dir, home.settings().superlink_address, root_certificates=roots)
     return _finish(job_dir, home, progress, timeout_s)
-
-
-def _clear_halt(job_dir: Path) -> None:
-    from fedge.aggregator.job_dir import clear_halt
-
-    clear_halt(job_dir)
 
 
 def _finish(
