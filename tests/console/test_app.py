@@ -96,7 +96,7 @@ def test_the_fleet_page_shows_every_edge(plant: Plant) -> None:
     page = client.get("/").text
     assert 'data-edge="st-01"' in page and 'data-edge="st-02"' in page
     assert "never-seen" in page
-    assert ">0.5<" in page  # the default threshold in force before any push
+    assert ">0.5 (default)<" in page  # the agent's default, marked as no report of it
     assert "viewers cannot act" in page  # the form is there, disabled
     edge = client.get("/edges/st-01")
     assert edge.status_code == 200

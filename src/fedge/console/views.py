@@ -119,7 +119,9 @@ def cells(edge: EdgeFigures, in_force: EdgeConfig | None) -> dict[str, str]:
         "serving": edge.serving or "-",
         "config": f"v{edge.desired_config_version} / v{edge.config_applied}",
         "sync": "in sync" if edge.in_sync else "converging",
-        "threshold": thresholds(in_force),
+        # Before its first report an edge decides with the agent's defaults: shown, but
+        # marked, so it does not read as a threshold the edge reported applying.
+        "threshold": thresholds(in_force) + (" (default)" if edge.config_applied == 0 else ""),
         "last_seen": when(edge.last_seen),
         "predictions": str(predictions),
         "reject_rate": percent(edge.rejects / predictions if predictions else None),
