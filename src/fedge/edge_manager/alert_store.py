@@ -28,19 +28,12 @@ class UnknownAlertError(ManagerError):
 
 
 @dataclass(frozen=True)
-class StoredEstimate:
-    """One edge's label-free estimate for one model and window, as ``fedge alerts
-    estimates`` shows it (the fields of :class:`alert_rules.Estimate`, flat)."""
+class StoredEstimate(Estimate):
+    """One edge's label-free estimate of one model over one window, as ``fedge alerts
+    estimates`` shows it."""
 
     edge: str
     model: str
-    window_start: float
-    window_end: float
-    n: int
-    mpp: float | None
-    calibration: float | None
-    labelled: int
-    true_accuracy: float | None
 
 
 @dataclass(frozen=True)
