@@ -17,6 +17,7 @@ from fedge.console.accounts import Role
 from fedge.console.app import create_app
 from fedge.console.audit import Outcome
 from fedge.console.sessions import COOKIE
+from fedge.protocols.thumbnails import ThumbnailPolicy
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 
@@ -235,3 +236,76 @@ def test_token_commands_print_a_token_once_and_list_names_only(plant: Plant) -> 
     assert runner.invoke(app, ["console", "token", "remove", "bob", "--home", home]).exit_code == 0
     gone = runner.invoke(app, ["console", "token", "remove", "bob", "--home", home])
     assert gone.exit_code == 1 and "no console account 'bob'" in gone.stderr
+
+
+def test_an_admin_lets_a_station_share_thumbnails_and_stops_it(plant: Plant) -> None:
+    client = plant.client()
+    csrf = login(client, plant.tokens[Role.ADMIN])
+    page = client.get("/edges/st-01").text
+    assert 'value="stay" selected' in page  # off by default: the images stay on the station
+    form = {"csrf": csrf, "images": "rejects", "size": "48", "per_minute": "12"}
+    done = client.post("/edges/st-01/thumbnails", data=form)
+    assert done.status_code == 303 and done.headers["location"] == "/edges/st-01"
+    with plant.fh.fleet() as fleet:
+        desired = fleet.desired_config("st-01")
+    assert desired is not None and desired.thumbnails == ThumbnailPolicy(48, True, 12)
+    page = client.get("/edges/st-01").text
+    assert "shares thumbnails of rejected images, 48 px, 12/min" in page  # the flash message
+    assert 'value="rejects" selected' in page and 'value="48"' in page
+    stop = client.post("/edges/st-01/thumbnails", data={"csrf": csrf, "images": "stay"})
+    assert stop.status_code == 303
+    with plant.fh.fleet() as fleet:
+        stopped = fleet.desired_config("st-01")
+    assert stopped is not None and stopped.thumbnails is None
+    assert plant.desired_versions("st-01") == [1, 2]
+    entries = [(e.who, e.action, e.target, e.outcome) for e in plant.audit()[:2]]
+    assert entries == [("admin", "set-thumbnails", "st-01", Outcome.DONE)] * 2
+
+
+@pytest.mark.parametrize(
+    ("form", "message"),
+    [
+        ({"images": "everything"}, "images must be one of stay, rejects, all"),
+        ({"images": "all", "size": "200", "per_minute": "5"}, "thumbnails.size must be in"),
+        ({"images": "all", "size": "64", "per_minute": "0"}, "per_minute must be in"),
+        ({"images": "all", "size": "-3", "per_minute": "5"}, "size must be a whole number"),
+        ({"images": "all", "size": "64", "per_minute": "1e9"}, "per minute must be a whole"),
+        ({"images": "stay", "edge": "st-02"}, "fields it does not have (edge)"),
+    ],
+)
+def test_bad_thumbnail_input_says_why_and_changes_nothing(
+    plant: Plant, form: dict[str, str], message: str
+) -> None:
+    client = plant.client()
+    csrf = login(client, plant.tokens[Role.ADMIN])
+    response = client.post("/edges/st-01/thumbnails", data={"csrf": csrf, **form})
+    assert response.status_code == 400
+    assert 'id="error"' in response.text and message in response.text, response.text
+    assert plant.desired_versions("st-01") == []
+    assert plant.audit()[0].outcome is Outcome.INVALID
+
+
+def test_only_an_admin_decides_what_images_leave_a_station(plant: Plant) -> None:
+    form = {"images": "all", "size": "64", "per_minute": "30"}
+    for role, text in (
+        (Role.OPERATOR, "only an admin can set thumbnails"),
+        (Role.VIEWER, "viewers"),
+    ):
+        client = plant.client()
+        csrf = login(client, plant.tokens[role])
+        assert (
+            "only an admin decides what images leave a station" in client.get("/edges/st-01").text
+        )
+        refused = client.post("/edges/st-01/thumbnails", data={"csrf": csrf, **form})
+        assert refused.status_code == 403 and text in refused.text
+    unknown = plant.client()
+    csrf = login(unknown, plant.tokens[Role.ADMIN])
+    missing = unknown.post("/edges/st-99/thumbnails", data={"csrf": csrf, **form})
+    assert missing.status_code == 404 and "unknown edge" in missing.text
+    assert plant.desired_versions("st-01") == plant.desired_versions("st-99") == []
+    outcomes = [(e.who, e.outcome) for e in plant.audit() if e.action == "set-thumbnails"]
+    assert outcomes == [
+        ("admin", Outcome.INVALID),
+        ("viewer", Outcome.REFUSED),
+        ("operator", Outcome.REFUSED),
+    ]

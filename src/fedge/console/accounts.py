@@ -25,11 +25,16 @@ TOKEN_PREFIX = "fct_"  # "fedge console token": recognisable if pasted in the wr
 class Role(StrEnum):
     VIEWER = "viewer"  # sees every page, changes nothing
     OPERATOR = "operator"  # also sets thresholds and labels predictions
-    ADMIN = "admin"  # also reads the audit log
+    ADMIN = "admin"  # also reads the audit log and decides what images leave a station
 
     @property
     def can_act(self) -> bool:
         return self is not Role.VIEWER
+
+    @property
+    def can_share_images(self) -> bool:
+        """Whether a station's images may be shared (a privacy decision, not a tuning one)."""
+        return self is Role.ADMIN
 
 
 @dataclass(frozen=True)

@@ -1,12 +1,14 @@
 """What operators change from the console, through the same library calls as the CLI.
 
 A threshold is ``Fleet.set_threshold`` (a new signed config version, as ``fedge edge
-set-threshold``); a label is ``Fleet.add_label`` (stored, then sent down to the station,
-as ``fedge labels add``); a rollout is paused, resumed or aborted through ``Rollouts``
-(as ``fedge rollout pause|resume|abort``). Form fields are parsed here into typed
-values first: a field that is malformed or not one the form can send raises
-:class:`BadInput`, and the library's own checks (range, unknown edge or class, a rollout
-state that does not allow it) raise ManagerError. Either way nothing is written.
+set-threshold``); sharing thumbnails is ``Fleet.set_thumbnails`` (as ``fedge edge
+set-thumbnails``, an admin's decision); a label is ``Fleet.add_label`` (stored, then
+sent down to the station, as ``fedge labels add``); a rollout is paused, resumed or
+aborted through ``Rollouts`` (as ``fedge rollout pause|resume|abort``). Form fields are
+parsed here into typed values first: a field that is malformed or not one the form can
+send raises :class:`BadInput`, and the library's own checks (range, unknown edge or
+class, a rollout state that does not allow it) raise ManagerError. Either way nothing is
+written.
 """
 
 import math
@@ -19,6 +21,8 @@ from fedge.edge_manager import alert_store
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.labels import Applied
 from fedge.edge_manager.rollouts import Rollouts
+from fedge.protocols.errors import ValidationError
+from fedge.protocols.thumbnails import ThumbnailPolicy
 
 THRESHOLD_FIELDS = frozenset({"csrf", "threshold", "class_name", "back"})
 LABEL_FIELDS = frozenset({"csrf", "prediction_id", "label"})
@@ -78,6 +82,49 @@ def set_threshold(fleet: Fleet, change: ThresholdChange) -> str:
         f"{p.edge}: desired config v{p.version} (threshold {change.threshold:g}{scope})"
         for p in pushed
     )
+
+
+THUMBNAIL_FIELDS = frozenset({"csrf", "images", "size", "per_minute"})
+IMAGES = {"stay": None, "rejects": True, "all": False}  # form value -> rejects_only
+
+
+@dataclass(frozen=True)
+class ThumbnailChange:
+    edge: str
+    policy: ThumbnailPolicy | None  # None: the station's images stay on it
+
+
+def parse_thumbnails(edge: str, form: Mapping[str, str]) -> ThumbnailChange:
+    _only(form, THUMBNAIL_FIELDS)
+    choice = form.get("images", "")
+    if choice not in IMAGES:
+        raise BadInput(f"images must be one of {', '.join(IMAGES)}, not {choice!r}")
+    rejects_only = IMAGES[choice]
+    if rejects_only is None:
+        return ThumbnailChange(edge, None)
+    numbers = {}
+    for name in ("size", "per_minute"):
+        raw = form.get(name, "").strip()
+        if not raw.isdigit() or len(raw) > 4:
+            raise BadInput(f"{name.replace('_', ' ')} must be a whole number, not {raw!r}")
+        numbers[name] = int(raw)
+    try:
+        policy = ThumbnailPolicy(numbers["size"], rejects_only, numbers["per_minute"])
+    except ValidationError as exc:
+        raise BadInput(str(exc)) from None
+    return ThumbnailChange(edge, policy)
+
+
+def set_thumbnails(fleet: Fleet, change: ThumbnailChange) -> str:
+    """Share the station's thumbnails, or stop; returns what was done."""
+    (pushed,) = fleet.set_thumbnails([change.edge], change.policy)
+    policy = change.policy
+    if policy is None:
+        what = "its images stay on the station"
+    else:
+        which = "rejected" if policy.rejects_only else "all scored"
+        what = f"shares thumbnails of {which} images, {policy.size} px, {policy.per_minute}/min"
+    return f"{pushed.edge}: desired config v{pushed.version} ({what})"
 
 
 def add_label(fleet: Fleet, change: LabelChange, who: str) -> str:

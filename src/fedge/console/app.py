@@ -217,6 +217,8 @@ class Console:
         do: Callable[[Fleet, Account, dict[str, str]], str],
         error_page: Callable[[dict[str, str]], str],
         done_url: Callable[[dict[str, str]], str],
+        *,
+        admin_only: bool = False,
     ) -> Response:
         who = await self.user(request)
         if who is None:
@@ -231,6 +233,9 @@ class Console:
         if not account.role.can_act:
             await self._audit(account.name, account.role, action, target, "role", Outcome.REFUSED)
             return self.refuse(request, who, f"{account.name} is a viewer: viewers cannot act")
+        if admin_only and not account.role.can_share_images:
+            await self._audit(account.name, account.role, action, target, "role", Outcome.REFUSED)
+            return self.refuse(request, who, f"only an admin can {action.replace('-', ' ')}")
         if len(form) != len(raw):
             await self._audit(account.name, account.role, action, target, "file", Outcome.INVALID)
             return self.refuse(request, who, "the form sent a file it does not have", 400)
@@ -264,6 +269,22 @@ class Console:
             return f"/edges/{edge}" if form.get("back") == "edge" else "/"
 
         return await self.act(request, "set-threshold", edge, do, back, done)
+
+    async def thumbnails(self, request: Request) -> Response:
+        edge = str(request.path_params["edge"])
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return actions.set_thumbnails(fleet, actions.parse_thumbnails(edge, form))
+
+        return await self.act(
+            request,
+            "set-thumbnails",
+            edge,
+            do,
+            lambda _: f"edge:{edge}",
+            lambda _: f"/edges/{edge}",
+            admin_only=True,
+        )
 
     async def label(self, request: Request) -> Response:
         def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
@@ -369,6 +390,7 @@ def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
         Route("/logout", console.logout, methods=["POST"]),
         Route("/edges/{edge}", console.edge_page),
         Route("/edges/{edge}/threshold", console.threshold, methods=["POST"]),
+        Route("/edges/{edge}/thumbnails", console.thumbnails, methods=["POST"]),
         Route("/edges/{edge}/thumbnails/{name}", console.thumbnail),
         Route("/labels", console.labels_page, methods=["GET"]),
         Route("/labels", console.label, methods=["POST"]),
