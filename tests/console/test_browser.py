@@ -155,6 +155,9 @@ def test_an_operator_runs_the_fleet_from_the_browser(
             "console", "token", "add", "alice", "--role", "operator", "--home", home
         ).stdout.strip()
         viewer = processes.cli("console", "token", "add", "victor", "--home", home).stdout.strip()
+        admin = processes.cli(
+            "console", "token", "add", "ada", "--role", "admin", "--home", home
+        ).stdout.strip()
         port = free_port()
         console = processes.start("console", "console", "--home", home, "--port", str(port))
         wait_until(lambda: port_open(port), 15, "the console to listen")
@@ -251,10 +254,20 @@ def test_an_operator_runs_the_fleet_from_the_browser(
         shots.take("viewer-refused")
         assert fh.row("SELECT max(version) AS v FROM desired WHERE kind='config'") == {"v": 2}
 
-        # -- thumbnails: none until st-01's config shares them; then the edge page and the
-        # label queue show the images it scored (a viewer may look), and nobody else can
+        # -- thumbnails: none until an admin lets st-01 share them on its page (the viewer
+        # sees that form disabled); then the edge page and the label queue show the images
+        # it scored, and nobody else can
         assert fh.db.scalar("SELECT count(*) FROM thumbnails") == 0
-        processes.cli("edge", "set-thumbnails", EDGE, "--share", "--all", "--home", home)
+        browser.get(f"{base}/edges/{EDGE}")
+        images = browser.find_element(By.CSS_SELECTOR, "form.thumbnails")
+        assert images.find_element(By.NAME, "images").get_attribute("disabled") is not None
+        browser.find_element(By.ID, "logout").click()
+        log_in(browser, base, admin)
+        browser.get(f"{base}/edges/{EDGE}")
+        images = browser.find_element(By.CSS_SELECTOR, "form.thumbnails")
+        Select(images.find_element(By.NAME, "images")).select_by_value("all")
+        images.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
+        expect_text(browser, "message", "shares thumbnails of all scored images, 64 px, 30/min")
         wait_until(
             lambda: fh.row("SELECT config_applied FROM edges WHERE edge=?", (EDGE,)),
             15,
