@@ -86,6 +86,7 @@ def test_pages_need_a_session_and_a_valid_token(plant: Plant) -> None:
     ok = client.post("/login", data={"csrf": csrf, "token": plant.tokens[Role.OPERATOR]})
     cookie = ok.headers["set-cookie"].lower()
     assert "httponly" in cookie and "samesite=strict" in cookie
+    assert "secure" not in cookie and "strict-transport-security" not in ok.headers  # plain
     entries = [(e.who, e.action, e.outcome) for e in plant.audit()]
     assert entries[:2] == [("operator", "login", Outcome.DONE), ("-", "login", Outcome.REFUSED)]
     assert all(plant.tokens[Role.OPERATOR] not in e.detail for e in plant.audit())

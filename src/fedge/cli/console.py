@@ -34,6 +34,14 @@ def run(
     host: Annotated[str, typer.Option(help="Address to bind (127.0.0.1: this machine only).")] = (
         DEFAULT_HOST
     ),
+    tls: Annotated[
+        bool | None,
+        typer.Option(
+            "--tls/--no-tls",
+            help="HTTPS with a certificate from the fleet CA (default: on when the address "
+            "is reachable from other machines and the home has a fleet CA).",
+        ),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Serve the console over the manager's store (Ctrl-C stops it).
@@ -42,20 +50,25 @@ def run(
     """
     if ctx.invoked_subcommand is not None:
         return
-    if not is_loopback(host):
+    manager_home = ManagerHome(home)
+    if tls is None:
+        tls = not is_loopback(host) and manager_home.pki().exists()
+    if not tls and not is_loopback(host):
         err_console.print(
             f"[yellow]warning:[/yellow] {host} is reachable from other machines and the "
-            "console speaks plain HTTP: put it behind TLS before operators log in from afar",
+            "console speaks plain HTTP: serve it with --tls (a fleet CA certificate) or "
+            "behind a TLS proxy before operators log in from afar",
             highlight=False,
         )
     # Imported here: every other command (an agent's too) starts without the web stack.
     from fedge.console.server import serve
 
     serve(
-        ManagerHome(home),
+        manager_home,
         host,
         port,
         announce=lambda url: console.print(f"fedge console at {url} (log in with a token)"),
+        tls=tls,
     )
 
 

@@ -22,13 +22,13 @@ from starlette.responses import RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from fedge.console import accounts, actions, audit, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
 from fedge.console.fleet_table import fleet_table
+from fedge.console.headers import SecurityHeaders
 from fedge.console.sessions import COOKIE, Session, Sessions, csrf_ok
 from fedge.edge_manager import thumbnail_store
 from fedge.edge_manager.errors import ManagerError
@@ -39,36 +39,12 @@ HERE = Path(__file__).parent
 LOGIN_CSRF_COOKIE = "fedge_console_login"
 T = TypeVar("T")
 
-# Pages load nothing from elsewhere (plants are offline) and run no inline script.
-SECURITY_HEADERS = [
-    (
-        b"content-security-policy",
-        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-        b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
-    ),
-    (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"same-origin"),
-    (b"cache-control", b"no-store"),
-]
-
-
-class SecurityHeaders:
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async def with_headers(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
-            await send(message)
-
-        await self.app(scope, receive, with_headers)
-
 
 class Console:
-    def __init__(self, home: ManagerHome, poll_s: float = 0.5) -> None:
+    def __init__(self, home: ManagerHome, poll_s: float = 0.5, *, https: bool = False) -> None:
         self.home = home
         self.poll_s = poll_s
+        self.https = https  # served over TLS: cookies are Secure (never sent over plain HTTP)
         self.sessions = Sessions()
         # The newest fleet snapshot the live streams share (monotonic time, JSON).
         self._snapshot: tuple[float, str] | None = None
@@ -125,7 +101,9 @@ class Console:
     async def login_page(self, request: Request) -> Response:
         token = secrets.token_urlsafe(32)
         response = self.render(request, "login.html", None, login_csrf=token)
-        response.set_cookie(LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict")
+        response.set_cookie(
+            LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", secure=self.https
+        )
         return response
 
     async def login(self, request: Request) -> Response:
@@ -145,7 +123,9 @@ class Console:
         await self._audit(account.name, account.role.value, "login", "", "", Outcome.DONE)
         session = self.sessions.create(account.name)
         response = RedirectResponse("/", status_code=303)
-        response.set_cookie(COOKIE, session.session_id, httponly=True, samesite="strict")
+        response.set_cookie(
+            COOKIE, session.session_id, httponly=True, samesite="strict", secure=self.https
+        )
         response.delete_cookie(LOGIN_CSRF_COOKIE)
         return response
 
@@ -378,11 +358,12 @@ class Console:
         )
 
 
-def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
-    """The console over ``home``'s store; its own tables are created here if missing."""
+def create_app(home: ManagerHome, poll_s: float = 0.5, *, https: bool = False) -> Starlette:
+    """The console over ``home``'s store; its own tables are created here if missing.
+    ``https``: it is served over TLS (its cookies are marked Secure)."""
     with opened(home) as fleet:
         accounts.ensure_tables(fleet.store)
-    console = Console(home, poll_s)
+    console = Console(home, poll_s, https=https)
     routes = [
         Route("/", console.fleet_page),
         Route("/login", console.login_page, methods=["GET"]),
@@ -407,6 +388,6 @@ def create_app(home: ManagerHome, poll_s: float = 0.5) -> Starlette:
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(routes=routes)
-    app.add_middleware(SecurityHeaders)
+    app.add_middleware(SecurityHeaders, https=https)
     app.state.console = console
     return app

@@ -1,4 +1,5 @@
-"""Serving the console with uvicorn: one process, bound to 127.0.0.1 unless told otherwise."""
+"""Serving the console with uvicorn: one process, bound to 127.0.0.1 unless told otherwise,
+over HTTPS with a certificate from the fleet CA when asked (``tls``)."""
 
 from collections.abc import Callable
 
@@ -14,14 +15,20 @@ def serve(
     host: str = DEFAULT_HOST,
     port: int = DEFAULT_PORT,
     announce: Callable[[str], None] = lambda url: None,
+    *,
+    tls: bool = False,
 ) -> None:
     """Serve until interrupted; ``announce`` gets the URL once the home has been opened.
 
-    Raises ManagerError for a directory that is no manager home.
+    ``tls``: HTTPS with the fleet CA's ``console`` server certificate (issued on first
+    use, naming the manager's hosts and ``host``); browsers must trust the fleet CA
+    (``<home>/pki/ca.crt``). Raises ManagerError for a directory that is no manager home,
+    or, with ``tls``, one without a fleet CA.
     """
-    home.settings()  # a missing or broken home fails here, with its own message
-    app = create_app(home)
-    announce(f"http://{host}:{port}/")
+    settings = home.settings()  # a missing or broken home fails here, with its own message
+    files = home.pki().served_files("console", [*settings.server_hosts(), host]) if tls else None
+    app = create_app(home, https=tls)
+    announce(f"{'https' if tls else 'http'}://{host}:{port}/")
     # No access log: URLs carry no secrets, but a console log is not the audit log, and
     # keeping one would only invite that mistake. Open live-update streams are cut after
     # a second on shutdown instead of holding Ctrl-C up.
@@ -32,4 +39,6 @@ def serve(
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=1,
+        ssl_certfile=None if files is None else str(files.cert),
+        ssl_keyfile=None if files is None else str(files.key),
     )

@@ -3,7 +3,8 @@
 <home>/pki/ca.crt                 the fleet CA certificate (what every party pins)
 <home>/pki/ca.key                 its key, 0600; encrypted when FEDGE_CA_PASSPHRASE is set
 <home>/pki/crl.pem                revoked certificates, rewritten atomically on revocation
-<home>/pki/servers/<name>.crt|key the broker's, gRPC's, the SuperLink's and enrollment's
+<home>/pki/servers/<name>.crt|key the broker's, gRPC's, the SuperLink's, enrollment's and
+                                  the console's (issued when first served over TLS)
 <home>/pki/clients/manager.crt|key the manager's own client certificate (broker user)
 
 Which certificates were issued and revoked is in the manager's store
@@ -15,6 +16,8 @@ import socket
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
+from cryptography import x509
+
 from fedge.edge_manager.errors import ManagerError
 from fedge.protocols import pki
 from fedge.protocols.fleet_ca import FleetCA, Revoked
@@ -22,6 +25,7 @@ from fedge.protocols.pki import Role, TlsFiles
 
 PASSPHRASE_ENV = "FEDGE_CA_PASSPHRASE"
 SERVERS = ("broker", "grpc", "superlink", "enroll")
+ON_DEMAND = ("console",)  # issued when first served over TLS (served_files)
 
 
 def passphrase() -> bytes | None:
@@ -39,6 +43,20 @@ def server_hosts(*hosts: str) -> list[str]:
         if bare and bare not in ("0.0.0.0", "::", "*") and bare not in names:
             names.append(bare)
     return names
+
+
+def covers(cert_path: Path, hosts: Sequence[str]) -> bool:
+    """Whether the certificate at ``cert_path`` names every one of ``hosts`` (wildcard
+    bind addresses excepted), as DNS names or IP addresses."""
+    cert = pki.load_certificate(cert_path.read_bytes())
+    try:
+        names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    except x509.ExtensionNotFound:
+        return False
+    named = {str(n) for n in names.get_values_for_type(x509.DNSName)}
+    named |= {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
+    wanted = set(server_hosts(*hosts)) - {socket.gethostname()}  # always issued with it
+    return wanted <= named
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -117,9 +135,20 @@ class FleetPki:
         )
 
     def server_files(self, name: str) -> TlsFiles:
-        if name not in SERVERS:
-            raise ManagerError(f"no server certificate {name!r} (known: {', '.join(SERVERS)})")
+        if name not in SERVERS + ON_DEMAND:
+            known = ", ".join(SERVERS + ON_DEMAND)
+            raise ManagerError(f"no server certificate {name!r} (known: {known})")
         return self._files(self.root / "servers" / name, crl=True)
+
+    def served_files(self, name: str, hosts: Sequence[str]) -> TlsFiles:
+        """``name``'s server files, issued first when missing or when they do not name
+        every one of ``hosts`` (a home made before the console had a certificate, or
+        a console bound to an address the others are not reached at)."""
+        files = self.server_files(name)
+        if not files.cert.exists() or not files.key.exists() or not covers(files.cert, hosts):
+            cert, key = self.ca().issue_server(name, server_hosts(*hosts))
+            self._write_pair(self.root / "servers" / name, cert, key)
+        return files
 
     def manager_files(self) -> TlsFiles:
         return self._files(self.root / "clients" / "manager", crl=False)
