@@ -271,6 +271,7 @@ def test_an_admin_lets_a_station_share_thumbnails_and_stops_it(plant: Plant) -> 
         ({"images": "all", "size": "64", "per_minute": "0"}, "per_minute must be in"),
         ({"images": "all", "size": "-3", "per_minute": "5"}, "size must be a whole number"),
         ({"images": "all", "size": "64", "per_minute": "1e9"}, "per minute must be a whole"),
+        ({"images": "all", "size": "6\u00b2", "per_minute": "5"}, "size must be a whole number"),
         ({"images": "stay", "edge": "st-02"}, "fields it does not have (edge)"),
     ],
 )

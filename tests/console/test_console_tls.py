@@ -4,6 +4,7 @@ A real `fedge console` process; clients are httpx over real TLS. A client that t
 fleet CA logs in; one that does not is refused by the handshake; plain HTTP gets no page.
 """
 
+import datetime as dt
 import re
 import ssl
 from pathlib import Path
@@ -11,9 +12,15 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import Processes, free_port, make_fleet_home, port_open, wait_until
+from starlette.testclient import TestClient
 
+from fedge.console.address import wants_tls
+from fedge.console.app import create_app
 from fedge.edge_manager import fleet_pki
+from fedge.protocols import pki
 from fedge.protocols.fleet_ca import FleetCA
+from fedge.protocols.pki import key_pem, new_key
+from fedge.protocols.pki import utcnow as pki_now
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +46,8 @@ def test_the_console_over_tls_is_trusted_through_the_fleet_ca(
         page = client.get("/login")
         assert page.status_code == 200
         assert "secure" in page.headers["set-cookie"].lower()  # the login form's cookie
-        assert page.headers["strict-transport-security"] == "max-age=31536000"
+        # No HSTS on loopback: it would bind localhost on every port, the plain console too.
+        assert "strict-transport-security" not in page.headers
         login = {"csrf": CSRF.findall(page.text)[0], "token": token}
         done = client.post("/login", data=login, follow_redirects=False)
         assert done.status_code == 303
@@ -53,21 +61,41 @@ def test_the_console_over_tls_is_trusted_through_the_fleet_ca(
     assert served.running(), served.output()
 
 
-def test_the_console_certificate_is_issued_again_for_a_host_it_does_not_name(
-    tmp_path: Path,
-) -> None:
+def test_the_console_certificate_is_issued_again_only_when_it_must_be(tmp_path: Path) -> None:
     fh = make_fleet_home(tmp_path)
-    pki = fh.home.pki()
-    first = pki.served_files("console", ["127.0.0.1"])
+    home_pki = fh.home.pki()
+    first = home_pki.served_files("console", ["127.0.0.1"])
     issued = first.cert.read_bytes()
-    assert pki.served_files("console", ["127.0.0.1", "localhost"]).cert.read_bytes() == issued
-    again = pki.served_files("console", ["10.20.30.40"])
+    assert home_pki.served_files(
+        "console", ["127.0.0.1", "localhost", "0.0.0.0"]
+    ).cert.read_bytes() == (issued)
+    # An address it does not name: issued again, naming it.
+    again = home_pki.served_files("console", ["FD00::1"])
     assert again.cert.read_bytes() != issued
-    assert fleet_pki.covers(again.cert, ["10.20.30.40", "127.0.0.1"])
+    reissued = again.cert.read_bytes()
+    # The same address spelt otherwise is the same address: no new certificate.
+    assert home_pki.served_files("console", ["fd00:0:0::1", "[fd00::1]"]).cert.read_bytes() == (
+        reissued
+    )
+    assert fleet_pki.covers(again.cert, ["fd00::1", "LOCALHOST", "0:0:0:0:0:0:0:0"])
     assert not fleet_pki.covers(again.cert, ["plant-b.example"])
-    # Issued by the fleet's CA, as a server certificate.
-    ca = FleetCA.load(pki.ca_path, pki.ca_key_path)
-    assert ca.verify(again.cert.read_bytes()).identity == "console"
+    # Within RENEW_BEFORE_DAYS of its end (825 days): issued again.
+    soon = pki_now() + dt.timedelta(days=pki.SERVER_DAYS - fleet_pki.RENEW_BEFORE_DAYS + 1)
+    renewed = home_pki.served_files("console", ["fd00::1"], now=soon)
+    assert renewed.cert.read_bytes() != reissued
+    # A key that is not the certificate's (a write cut short): issued again.
+    other = home_pki.served_files("console", ["fd00::1"])
+    other.key.write_bytes(key_pem(new_key()))
+    assert not fleet_pki.usable(other, pki_now())
+    fixed = home_pki.served_files("console", ["fd00::1"])
+    assert fleet_pki.usable(fixed, pki_now())
+    # Issued by the fleet's CA, as a server certificate; `manager advertise` renews it.
+    ca = FleetCA.load(home_pki.ca_path, home_pki.ca_key_path)
+    assert ca.verify(fixed.cert.read_bytes()).identity == "console"
+    before = fixed.cert.read_bytes()
+    fh.home.advertise("plant-a.example")
+    assert fixed.cert.read_bytes() != before
+    assert fleet_pki.covers(fixed.cert, ["plant-a.example"])
 
 
 def test_a_home_without_a_fleet_ca_cannot_serve_tls(tmp_path: Path, processes: Processes) -> None:
@@ -76,3 +104,28 @@ def test_a_home_without_a_fleet_ca_cannot_serve_tls(tmp_path: Path, processes: P
         "console", "--tls", "--home", str(fh.home.root), "--port", str(free_port()), expect=1
     )
     assert "holds no fleet CA" in result.stderr + result.stdout
+
+
+@pytest.mark.parametrize(
+    ("host", "flag", "has_ca", "expected"),
+    [
+        ("127.0.0.1", None, True, False),  # this machine only: plain, as `make console`
+        ("0.0.0.0", None, True, True),  # reachable from others: HTTPS by default
+        ("10.1.2.3", None, False, False),  # an --insecure home has no CA to issue from
+        ("0.0.0.0", False, True, False),  # behind a TLS proxy
+        ("127.0.0.1", True, True, True),
+    ],
+)
+def test_when_the_console_serves_https(
+    host: str, flag: bool | None, has_ca: bool, expected: bool
+) -> None:
+    assert wants_tls(host, flag, has_ca) is expected
+
+
+def test_hsts_only_where_asked(tmp_path: Path) -> None:
+    fh = make_fleet_home(tmp_path)
+    for hsts in (False, True):
+        client = TestClient(create_app(fh.home, https=True, hsts=hsts), follow_redirects=False)
+        headers = client.get("/login").headers
+        assert ("strict-transport-security" in headers) is hsts
+        assert "secure" in headers["set-cookie"].lower()

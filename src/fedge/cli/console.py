@@ -14,7 +14,7 @@ from fedge.cli.common import (
     when,
 )
 from fedge.console import accounts
-from fedge.console.address import DEFAULT_HOST, DEFAULT_PORT, is_loopback
+from fedge.console.address import DEFAULT_HOST, DEFAULT_PORT, is_loopback, wants_tls
 from fedge.edge_manager.fleet import opened
 from fedge.edge_manager.home import ManagerHome
 
@@ -39,7 +39,8 @@ def run(
         typer.Option(
             "--tls/--no-tls",
             help="HTTPS with a certificate from the fleet CA (default: on when the address "
-            "is reachable from other machines and the home has a fleet CA).",
+            "is reachable from other machines and the home has a fleet CA; --no-tls behind "
+            "a TLS proxy).",
         ),
     ] = None,
     home: HomeOption = DEFAULT_HOME,
@@ -51,8 +52,7 @@ def run(
     if ctx.invoked_subcommand is not None:
         return
     manager_home = ManagerHome(home)
-    if tls is None:
-        tls = not is_loopback(host) and manager_home.pki().exists()
+    tls = wants_tls(host, tls, manager_home.pki().exists())
     if not tls and not is_loopback(host):
         err_console.print(
             f"[yellow]warning:[/yellow] {host} is reachable from other machines and the "

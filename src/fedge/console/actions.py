@@ -105,7 +105,7 @@ def parse_thumbnails(edge: str, form: Mapping[str, str]) -> ThumbnailChange:
     numbers = {}
     for name in ("size", "per_minute"):
         raw = form.get(name, "").strip()
-        if not raw.isdigit() or len(raw) > 4:
+        if not (raw.isascii() and raw.isdigit()) or len(raw) > 4:  # not '²', not 1e9
             raise BadInput(f"{name.replace('_', ' ')} must be a whole number, not {raw!r}")
         numbers[name] = int(raw)
     try:

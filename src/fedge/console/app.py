@@ -358,9 +358,12 @@ class Console:
         )
 
 
-def create_app(home: ManagerHome, poll_s: float = 0.5, *, https: bool = False) -> Starlette:
+def create_app(
+    home: ManagerHome, poll_s: float = 0.5, *, https: bool = False, hsts: bool = False
+) -> Starlette:
     """The console over ``home``'s store; its own tables are created here if missing.
-    ``https``: it is served over TLS (its cookies are marked Secure)."""
+    ``https``: it is served over TLS (its cookies are marked Secure); ``hsts``: tell
+    browsers to use nothing but HTTPS for this host."""
     with opened(home) as fleet:
         accounts.ensure_tables(fleet.store)
     console = Console(home, poll_s, https=https)
@@ -388,6 +391,6 @@ def create_app(home: ManagerHome, poll_s: float = 0.5, *, https: bool = False) -
         Mount("/static", StaticFiles(directory=HERE / "static"), name="static"),
     ]
     app = Starlette(routes=routes)
-    app.add_middleware(SecurityHeaders, https=https)
+    app.add_middleware(SecurityHeaders, hsts=hsts)
     app.state.console = console
     return app

@@ -19,9 +19,9 @@ HSTS = (b"strict-transport-security", b"max-age=31536000")
 
 
 class SecurityHeaders:
-    def __init__(self, app: ASGIApp, *, https: bool = False) -> None:
+    def __init__(self, app: ASGIApp, *, hsts: bool = False) -> None:
         self.app = app
-        self.headers = [*SECURITY_HEADERS, *([HSTS] if https else [])]
+        self.headers = [*SECURITY_HEADERS, *([HSTS] if hsts else [])]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async def with_headers(message: Message) -> None:

@@ -5,7 +5,7 @@ from collections.abc import Callable
 
 import uvicorn
 
-from fedge.console.address import DEFAULT_HOST, DEFAULT_PORT
+from fedge.console.address import DEFAULT_HOST, DEFAULT_PORT, is_loopback
 from fedge.console.app import create_app
 from fedge.edge_manager.home import ManagerHome
 
@@ -27,7 +27,9 @@ def serve(
     """
     settings = home.settings()  # a missing or broken home fails here, with its own message
     files = home.pki().served_files("console", [*settings.server_hosts(), host]) if tls else None
-    app = create_app(home, https=tls)
+    # HSTS binds a host name on every port: not sent for loopback, where the plain-HTTP
+    # console of `make console` also runs.
+    app = create_app(home, https=tls, hsts=tls and not is_loopback(host))
     announce(f"{'https' if tls else 'http'}://{host}:{port}/")
     # No access log: URLs carry no secrets, but a console log is not the audit log, and
     # keeping one would only invite that mistake. Open live-update streams are cut after

@@ -11,12 +11,15 @@ Which certificates were issued and revoked is in the manager's store
 (:mod:`fedge.edge_manager.credentials`); this module only reads and writes files.
 """
 
+import datetime as dt
+import ipaddress
 import os
 import socket
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.hazmat.primitives import serialization
 
 from fedge.edge_manager.errors import ManagerError
 from fedge.protocols import pki
@@ -26,6 +29,7 @@ from fedge.protocols.pki import Role, TlsFiles
 PASSPHRASE_ENV = "FEDGE_CA_PASSPHRASE"
 SERVERS = ("broker", "grpc", "superlink", "enroll")
 ON_DEMAND = ("console",)  # issued when first served over TLS (served_files)
+RENEW_BEFORE_DAYS = 30  # an on-demand certificate this close to its end is issued again
 
 
 def passphrase() -> bytes | None:
@@ -40,23 +44,54 @@ def server_hosts(*hosts: str) -> list[str]:
     names = ["127.0.0.1", "localhost", socket.gethostname()]
     for host in hosts:
         bare = host.strip().strip("[]")
-        if bare and bare not in ("0.0.0.0", "::", "*") and bare not in names:
+        if bare and bare != "*" and not _unspecified(bare) and bare not in names:
             names.append(bare)
     return names
 
 
+def _unspecified(host: str) -> bool:
+    """A wildcard bind address (0.0.0.0, ::, or any spelling of them)."""
+    try:
+        return ipaddress.ip_address(host).is_unspecified
+    except ValueError:
+        return False
+
+
+def _normal(host: str) -> str:
+    """One spelling per host: IP addresses as Python writes them, DNS names lower-case."""
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return host.lower()
+
+
 def covers(cert_path: Path, hosts: Sequence[str]) -> bool:
     """Whether the certificate at ``cert_path`` names every one of ``hosts`` (wildcard
-    bind addresses excepted), as DNS names or IP addresses."""
+    bind addresses excepted) and this machine's name, as DNS names or IP addresses."""
     cert = pki.load_certificate(cert_path.read_bytes())
     try:
         names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
         return False
-    named = {str(n) for n in names.get_values_for_type(x509.DNSName)}
-    named |= {str(ip) for ip in names.get_values_for_type(x509.IPAddress)}
-    wanted = set(server_hosts(*hosts)) - {socket.gethostname()}  # always issued with it
-    return wanted <= named
+    named = {_normal(str(n)) for n in names.get_values_for_type(x509.DNSName)}
+    named |= {_normal(str(ip)) for ip in names.get_values_for_type(x509.IPAddress)}
+    return {_normal(h) for h in server_hosts(*hosts)} <= named
+
+
+def usable(files: TlsFiles, now: dt.datetime) -> bool:
+    """Whether ``files`` hold a certificate and the key to it, valid for more than
+    RENEW_BEFORE_DAYS yet (an expiring one is issued again before it lapses)."""
+    if not files.cert.exists() or not files.key.exists():
+        return False
+    try:
+        cert = pki.load_certificate(files.cert.read_bytes())
+        key = pki.load_key(files.key.read_bytes())
+    except (pki.CertificateError, OSError):
+        return False
+    if cert.not_valid_after_utc - now < dt.timedelta(days=RENEW_BEFORE_DAYS):
+        return False
+    der, spki = serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo
+    return cert.public_key().public_bytes(der, spki) == key.public_key().public_bytes(der, spki)
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
@@ -113,8 +148,10 @@ class FleetPki:
         return pki.fingerprint(pki.load_certificate(self.ca_path.read_bytes()))
 
     def issue_servers(self, ca: FleetCA, hosts: Sequence[str]) -> None:
-        """(Re)issue every server certificate for ``hosts`` (after `manager advertise`)."""
-        for name in SERVERS:
+        """(Re)issue every server certificate for ``hosts`` (after `manager advertise`),
+        the on-demand ones too where they were issued."""
+        issued = [n for n in ON_DEMAND if self.server_files(n).cert.exists()]
+        for name in (*SERVERS, *issued):
             cert, key = ca.issue_server(name, server_hosts(*hosts))
             self._write_pair(self.root / "servers" / name, cert, key)
 
@@ -140,12 +177,15 @@ class FleetPki:
             raise ManagerError(f"no server certificate {name!r} (known: {known})")
         return self._files(self.root / "servers" / name, crl=True)
 
-    def served_files(self, name: str, hosts: Sequence[str]) -> TlsFiles:
-        """``name``'s server files, issued first when missing or when they do not name
-        every one of ``hosts`` (a home made before the console had a certificate, or
-        a console bound to an address the others are not reached at)."""
+    def served_files(
+        self, name: str, hosts: Sequence[str], *, now: dt.datetime | None = None
+    ) -> TlsFiles:
+        """``name``'s server files, issued first when missing, expiring, not matching
+        their key (a write cut short) or not naming every one of ``hosts`` (a home made
+        before the console had a certificate, or a console bound to an address the
+        others are not reached at)."""
         files = self.server_files(name)
-        if not files.cert.exists() or not files.key.exists() or not covers(files.cert, hosts):
+        if not usable(files, now or pki.utcnow()) or not covers(files.cert, hosts):
             cert, key = self.ca().issue_server(name, server_hosts(*hosts))
             self._write_pair(self.root / "servers" / name, cert, key)
         return files
