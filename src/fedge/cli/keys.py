@@ -2,6 +2,7 @@
 
 import dataclasses
 import datetime
+import time
 from typing import Annotated
 
 import typer
@@ -16,13 +17,22 @@ from fedge.cli.common import (
     print_json,
 )
 from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.key_rotation import rotate, trust_view
+from fedge.edge_manager.key_rotation import key_since, rotate, rotation_due, trust_view
 
 
 @friendly_errors
 def rotate_key(
     home: HomeOption = DEFAULT_HOME,
     yes: Annotated[bool, typer.Option("--yes", help="Do not ask for confirmation.")] = False,
+    if_older_than: Annotated[
+        float | None,
+        typer.Option(
+            "--if-older-than",
+            min=1.0,
+            help="Rotate only when the key in use is at least this many days old (for a "
+            "schedule: cron or a systemd timer running this with --yes).",
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """Replace the manager's signing key; every edge follows a rotation the old key signs.
@@ -32,17 +42,30 @@ def rotate_key(
     `manager serve` signs with the new key within a moment.
 
     Example: fedge manager rotate-key --home ./fedge-home --yes
+    Scheduled: fedge manager rotate-key --yes --if-older-than 90
     """
     manager = ManagerHome(home)
+    now = time.time()
+    if if_older_than is not None:
+        since = key_since(manager)
+        if not rotation_due(since, now, if_older_than):
+            age = (now - since) / 86400.0
+            if as_json:
+                print_json({"rotated": False, "age_days": round(age, 3)})
+            else:
+                console.print(
+                    f"signing key in use for {age:.1f} days (< {if_older_than:g}): not rotated"
+                )
+            return
     if not yes:
         typer.confirm(
             "Rotate the fleet's signing key? Edges follow when they next connect (the "
             "rotation is retained for them); the old private key is deleted",
             abort=True,
         )
-    done = rotate(manager)
+    done = rotate(manager, now=now)
     if as_json:
-        print_json(dataclasses.asdict(done))
+        print_json({"rotated": True, **dataclasses.asdict(done)})
         return
     console.print(
         f"signing key {done.old_key_id} -> [bold]{done.new_key_id}[/bold] (rotation "
@@ -71,7 +94,11 @@ def keys(
             }
         )
         return
-    console.print(f"signing key [bold]{view.key_id}[/bold] (rotation {view.sequence})")
+    age = (time.time() - view.since) / 86400.0
+    console.print(
+        f"signing key [bold]{view.key_id}[/bold] (rotation {view.sequence}; "
+        f"in use for {age:.1f} days)"
+    )
     for sequence, signer, new, at in view.links:
         when = datetime.datetime.fromtimestamp(at).isoformat(timespec="seconds")
         console.print(f"  rotation {sequence}: {signer} -> {new} at {when}")

@@ -117,6 +117,34 @@ def rotate(home: ManagerHome, *, now: float | None = None) -> Rotation:
     )
 
 
+def key_since(home: ManagerHome) -> float:
+    """When the signing key in use took over: the newest rotation's time, else (never
+    rotated) when the home's key file was written."""
+    store = Store(home.db_path)
+    try:
+        links = trust_store.links(store)
+    finally:
+        store.close()
+    return links[-1].created_at if links else home.key_path.stat().st_mtime
+
+
+def rotation_due(since: float, now: float, max_age_days: float) -> bool:
+    """Whether a key in use since ``since`` is past ``max_age_days`` at ``now`` (a
+    rotation schedule run from cron or a systemd timer; NIST SP 800-57 calls the span a
+    key may sign its cryptoperiod)."""
+    return now - since >= max_age_days * 86400.0
+
+
+def rotate_if_due(
+    home: ManagerHome, max_age_days: float, *, now: float | None = None
+) -> Rotation | None:
+    """:func:`rotate` when the key in use is at least ``max_age_days`` old, else None."""
+    at = time.time() if now is None else now
+    if not rotation_due(key_since(home), at, max_age_days):
+        return None
+    return rotate(home, now=at)
+
+
 def give_chain(store: Store, fleet: str, edge: str, now: float) -> None:
     """Make the fleet's chain ``edge``'s newest ``trust`` document (none before the first
     rotation). Also for an edge enrolled after a rotation: it reports the key it trusts."""
@@ -179,6 +207,7 @@ def resign_desired(store: Store, key: SigningKey, edge: str, kind: str, version:
 class TrustView:
     key_id: str  # the key the manager signs with
     sequence: int  # its place in the chain (0: never rotated)
+    since: float  # when it took over (key_since)
     links: tuple[tuple[int, str, str, float], ...]  # (sequence, signer id, new key id, at)
     edges: tuple[EdgeTrust, ...]  # every station but the revoked
 
@@ -213,4 +242,5 @@ def trust_view(home: ManagerHome) -> TrustView:
     finally:
         store.close()
     sequence = links[-1][0] if links else 0
-    return TrustView(key.key_id, sequence, links, edges)
+    since = links[-1][3] if links else home.key_path.stat().st_mtime
+    return TrustView(key.key_id, sequence, since, links, edges)
