@@ -12,6 +12,7 @@ every online station follows the rotation the old key signed.
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.protocols.pki import TlsFiles
 from fedge.sim.processes import FedgeProcess
+from fedge.transport import mqtt
 from fedge.transport.mqtt import MqttSession, MqttSettings
 
 NEW_EDGE = "st-09"
@@ -63,6 +65,11 @@ def _config_applied(store: Store, edge: str) -> int | None:
 def _broker_accepts(host: str, port: int, edge: str, tls: TlsFiles) -> bool:
     """One connection attempt: True if the broker accepted it, False as soon as it
     refused (a TLS alert, a dropped connection)."""
+    # The refusal is what this probe waits for: the session's ERROR line about it would
+    # read as a fault on the demo's terminal, so the transport's log is quiet meanwhile.
+    transport_log = logging.getLogger(mqtt.__name__)
+    level = transport_log.level
+    transport_log.setLevel(logging.CRITICAL)
     session = MqttSession(MqttSettings(host, port, edge, tls=tls, clean_start=True))
     session.start()
     try:
@@ -76,6 +83,7 @@ def _broker_accepts(host: str, port: int, edge: str, tls: TlsFiles) -> bool:
         return False
     finally:
         session.stop()
+        transport_log.setLevel(level)
 
 
 def run_security(
