@@ -6,11 +6,8 @@ reads the latest commit of ``fedge manager serve``. Routes hold no SQL: pages co
 ``views``, changes from ``actions``, access from ``accounts`` and ``sessions``.
 """
 
-import asyncio
-import json
 import secrets
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -27,8 +24,9 @@ from fedge.console import accounts, actions, audit, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.errors import BadInput
-from fedge.console.fleet_table import fleet_table
 from fedge.console.headers import SecurityHeaders
+from fedge.console.live import LiveFeed
+from fedge.console.security import security_page
 from fedge.console.sessions import COOKIE, Session, Sessions, csrf_ok
 from fedge.edge_manager import thumbnail_store
 from fedge.edge_manager.errors import ManagerError
@@ -37,6 +35,7 @@ from fedge.edge_manager.home import ManagerHome
 
 HERE = Path(__file__).parent
 LOGIN_CSRF_COOKIE = "fedge_console_login"
+ADMIN_PAGES = {"audit": "audit log", "security": "security page"}  # kind -> what it is
 T = TypeVar("T")
 
 
@@ -46,9 +45,7 @@ class Console:
         self.poll_s = poll_s
         self.https = https  # served over TLS: cookies are Secure (never sent over plain HTTP)
         self.sessions = Sessions()
-        # The newest fleet snapshot the live streams share (monotonic time, JSON).
-        self._snapshot: tuple[float, str] | None = None
-        self._snapshot_lock = asyncio.Lock()
+        self.live = LiveFeed(self.run, self.sessions, poll_s)
         env = Environment(
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
         )
@@ -148,11 +145,14 @@ class Console:
         if who is None:
             return RedirectResponse("/login", status_code=303)
         kind, _, edge = name.partition(":")
-        if kind == "audit" and who[1].role is not Role.ADMIN:
-            return self.refuse(request, who, "only an admin can read the audit log")
+        if kind in ADMIN_PAGES and who[1].role is not Role.ADMIN:
+            return self.refuse(request, who, f"only an admin can read the {ADMIN_PAGES[kind]}")
         try:
             params = dict(request.query_params)
-            context = await self.run(lambda fleet: pages.context(fleet, kind, edge, params))
+            if kind == "security":  # the home's files and keys, not the store alone
+                context = {"security": await run_in_threadpool(security_page, self.home)}
+            else:
+                context = await self.run(lambda fleet: pages.context(fleet, kind, edge, params))
         except ManagerError as exc:  # an edge that is not enrolled, an unknown rollout
             return self.render(request, "message.html", who, 404, title="Not found", error=str(exc))
         return self.render(request, f"{kind}.html", who, status, **context, **extra)
@@ -168,6 +168,9 @@ class Console:
 
     async def audit_page(self, request: Request) -> Response:
         return await self.page(request, "audit")
+
+    async def security_view(self, request: Request) -> Response:
+        return await self.page(request, "security")
 
     async def models_page(self, request: Request) -> Response:
         return await self.page(request, "models")
@@ -312,49 +315,16 @@ class Console:
         # The store holds only PNGs checked at ingest (protocols.thumbnails.check_png).
         return Response(found.png, media_type="image/png")
 
-    # -- live updates
-
-    async def fleet_snapshot(self) -> str:
-        """Every edge's cells as JSON, shared by all open streams: built at most four
-        times a poll (so a stream sees it at most a quarter poll late) however many
-        operators watch."""
-        async with self._snapshot_lock:
-            now = time.monotonic()
-            if self._snapshot is None or now - self._snapshot[0] >= self.poll_s / 4:
-
-                def build(fleet: Fleet) -> str:
-                    rows = fleet_table(fleet).rows
-                    return json.dumps({row.edge: row.cells for row in rows}, sort_keys=True)
-
-                self._snapshot = (now, await self.run(build))
-            return self._snapshot[1]
+    # -- live updates (live.py)
 
     async def events(self, request: Request) -> Response:
         who = await self.user(request)
         if who is None:
             return Response("log in first", status_code=403)
-        session_id, name = who[0].session_id, who[1].name
-
-        def still_allowed(fleet: Fleet) -> bool:
-            # The token was removed: the stream ends with the session.
-            return accounts.account(fleet.store, name) is not None
-
-        async def stream() -> AsyncIterator[str]:
-            last = None
-            # Polling the store is what makes a change made anywhere (CLI, another
-            # console, an edge's report ingested by serve) show up within poll_s.
-            while self.sessions.get(session_id) is not None:
-                if not await self.run(still_allowed):
-                    self.sessions.end(session_id)
-                    return
-                payload = await self.fleet_snapshot()
-                if payload != last:
-                    yield f"data: {payload}\n\n"
-                    last = payload
-                await asyncio.sleep(self.poll_s)
-
         return StreamingResponse(
-            stream(), media_type="text/event-stream", headers={"x-accel-buffering": "no"}
+            self.live.stream(who[0].session_id, who[1].name),
+            media_type="text/event-stream",
+            headers={"x-accel-buffering": "no"},
         )
 
 
@@ -379,6 +349,7 @@ def create_app(
         Route("/labels", console.labels_page, methods=["GET"]),
         Route("/labels", console.label, methods=["POST"]),
         Route("/audit", console.audit_page),
+        Route("/security", console.security_view),
         Route("/models", console.models_page),
         Route("/alerts", console.alerts_page),
         Route("/jobs", console.jobs_page),

@@ -1,0 +1,66 @@
+"""Live updates of the fleet page: server-sent events from one shared snapshot.
+
+Polling the store is what makes a change made anywhere (CLI, another console, an edge's
+report ingested by ``manager serve``) show up within a poll, whatever process made it.
+"""
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Protocol, TypeVar
+
+from fedge.console import accounts
+from fedge.console.fleet_table import fleet_table
+from fedge.console.sessions import Sessions
+from fedge.edge_manager.fleet import Fleet
+
+T = TypeVar("T")
+
+
+class Run(Protocol):
+    """Runs work on the fleet in a worker thread (``Console.run``)."""
+
+    def __call__(self, work: Callable[[Fleet], T]) -> Awaitable[T]: ...
+
+
+class LiveFeed:
+    """The fleet's cells as JSON, shared by every open stream."""
+
+    def __init__(self, run: Run, sessions: Sessions, poll_s: float) -> None:
+        self._run = run
+        self.sessions = sessions
+        self.poll_s = poll_s
+        self._snapshot: tuple[float, str] | None = None  # (monotonic time, JSON)
+        self._lock = asyncio.Lock()
+
+    async def snapshot(self) -> str:
+        """Built at most four times a poll (so a stream sees it at most a quarter poll
+        late) however many operators watch."""
+        async with self._lock:
+            now = time.monotonic()
+            if self._snapshot is None or now - self._snapshot[0] >= self.poll_s / 4:
+
+                def build(fleet: Fleet) -> str:
+                    rows = fleet_table(fleet).rows
+                    return json.dumps({row.edge: row.cells for row in rows}, sort_keys=True)
+
+                self._snapshot = (now, await self._run(build))
+            return self._snapshot[1]
+
+    async def stream(self, session_id: str, name: str) -> AsyncIterator[str]:
+        """Events for one session until it ends (logged out, or its token removed)."""
+
+        def still_allowed(fleet: Fleet) -> bool:
+            return accounts.account(fleet.store, name) is not None
+
+        last = None
+        while self.sessions.get(session_id) is not None:
+            if not await self._run(still_allowed):
+                self.sessions.end(session_id)
+                return
+            payload = await self.snapshot()
+            if payload != last:
+                yield f"data: {payload}\n\n"
+                last = payload
+            await asyncio.sleep(self.poll_s)

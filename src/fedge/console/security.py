@@ -1,0 +1,36 @@
+"""The console's security page (admins): the fleet's signing key and how far its
+rotations have reached, and what ``fedge manager doctor`` finds in the manager home."""
+
+import time
+from dataclasses import dataclass
+
+from fedge.edge_manager.doctor import Finding, counts, diagnose
+from fedge.edge_manager.doctor_facts import gather
+from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.key_rotation import TrustView, trust_view
+
+
+@dataclass(frozen=True)
+class SecurityPage:
+    trust: TrustView
+    key_age_days: float
+    behind: tuple[str, ...]  # stations not (yet) known to trust the key in use
+    findings: tuple[Finding, ...]  # errors first, as the doctor orders them
+    errors: int
+    warnings: int
+
+
+def security_page(home: ManagerHome, now: float | None = None) -> SecurityPage:
+    """Read-only: the same views as ``fedge manager keys`` and ``fedge manager doctor``."""
+    view = trust_view(home)
+    findings = diagnose(gather(home))
+    tally = counts(findings)
+    at = time.time() if now is None else now
+    return SecurityPage(
+        trust=view,
+        key_age_days=(at - view.since) / 86400.0,
+        behind=tuple(view.behind()),
+        findings=tuple(findings),
+        errors=tally["error"],
+        warnings=tally["warning"],
+    )
