@@ -14,9 +14,11 @@ import pytest
 from conftest import Processes, free_port, make_fleet_home, port_open, wait_until
 from starlette.testclient import TestClient
 
+from fedge.console import audit
 from fedge.console.address import wants_tls
 from fedge.console.app import create_app
 from fedge.edge_manager import fleet_pki
+from fedge.edge_manager.operators import add_operator, remove_operator
 from fedge.protocols import pki
 from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import key_pem, new_key
@@ -129,3 +131,56 @@ def test_hsts_only_where_asked(tmp_path: Path) -> None:
         headers = client.get("/login").headers
         assert ("strict-transport-security" in headers) is hsts
         assert "secure" in headers["set-cookie"].lower()
+
+
+def test_an_operator_logs_in_with_the_certificate_the_fleet_ca_issued_them(
+    tmp_path: Path, processes: Processes
+) -> None:
+    fh = make_fleet_home(tmp_path)
+    home = str(fh.home.root)
+    add_operator(fh.home, "alice")  # her certificate, kept in the home here
+    add_operator(fh.home, "bob")
+    processes.cli("console", "token", "add", "alice", "--role", "operator", "--home", home)
+    processes.cli("console", "token", "add", "bob", "--role", "admin", "--home", home)
+    port = free_port()
+    served = processes.start("console", "console", "--tls", "--home", home, "--port", str(port))
+    wait_until(lambda: port_open(port), 15, "the console to listen")
+    base = f"https://127.0.0.1:{port}"
+
+    def client(identity: str | None) -> httpx.Client:
+        # A context of its own: the certificate is loaded into it.
+        context = ssl.create_default_context(cafile=str(fh.home.pki().ca_path))
+        if identity is not None:
+            files = fh.tls_files(identity)
+            context.load_cert_chain(str(files.cert), str(files.key))
+        return httpx.Client(verify=context, base_url=base, follow_redirects=False)
+
+    with client("alice") as alice:
+        page = alice.get("/login")
+        assert "Log in as alice (operator certificate)" in page.text
+        done = alice.post("/login", data={"csrf": CSRF.findall(page.text)[0], "certificate": "1"})
+        assert done.status_code == 303, done.text
+        assert "alice (operator)" in alice.get("/").text  # her account's role
+    # Without a certificate, or with a station's: no certificate login, and a forced one
+    # is refused.
+    for identity in (None, "st-01"):
+        with client(identity) as other:
+            page = other.get("/login")
+            assert "operator certificate)" not in page.text
+            forced = other.post(
+                "/login", data={"csrf": CSRF.findall(page.text)[0], "certificate": "1"}
+            )
+            assert forced.status_code == 403 and "no console account" in forced.text
+    # A revoked operator certificate: the handshake still passes (the console checks the
+    # CRL itself), the login does not.
+    remove_operator(fh.home, "bob")
+    with client("bob") as bob:
+        page = bob.get("/login")
+        assert "operator certificate)" not in page.text
+        forced = bob.post("/login", data={"csrf": CSRF.findall(page.text)[0], "certificate": "1"})
+        assert forced.status_code == 403
+    with fh.fleet() as fleet:
+        logins = [(e.who, e.detail, e.outcome.value) for e in audit.recent(fleet.store)]
+    assert ("alice", "certificate", "done") in logins
+    assert logins.count(("-", "unknown certificate", "refused")) == 3
+    assert served.running(), served.output()

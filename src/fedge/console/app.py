@@ -23,6 +23,7 @@ from starlette.templating import Jinja2Templates
 from fedge.console import accounts, actions, audit, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
+from fedge.console.cert_login import operator_identity, presented_chain
 from fedge.console.errors import BadInput
 from fedge.console.headers import SecurityHeaders
 from fedge.console.live import LiveFeed
@@ -95,9 +96,15 @@ class Console:
 
     # -- login
 
+    async def certificate_of(self, request: Request) -> str | None:
+        """The operator whose certificate this connection presented (cert_login.py)."""
+        chain, crl = presented_chain(request.scope), self.home.pki().crl_path
+        return None if not chain else await run_in_threadpool(operator_identity, chain, crl)
+
     async def login_page(self, request: Request) -> Response:
         token = secrets.token_urlsafe(32)
-        response = self.render(request, "login.html", None, login_csrf=token)
+        operator = await self.certificate_of(request)
+        response = self.render(request, "login.html", None, login_csrf=token, operator=operator)
         response.set_cookie(
             LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", secure=self.https
         )
@@ -109,15 +116,22 @@ class Console:
         fresh = isinstance(submitted, str) and cookie and secrets.compare_digest(submitted, cookie)
         if not fresh:
             return self.refuse(request, None, "the login form is stale or forged; reload it")
-        token = form.get("token")
-        account = None
-        if isinstance(token, str):
+        token, account, how = form.get("token"), None, "token"
+        if form.get("certificate") == "1":
+            how, operator = "certificate", await self.certificate_of(request)
+            if operator is not None:
+                account = await self.run(lambda fleet: accounts.account(fleet.store, operator))
+        elif isinstance(token, str):
             account = await self.run(lambda fleet: accounts.authenticate(fleet.store, token))
         if account is None:
-            await self._audit("-", "-", "login", "", "unknown token", Outcome.REFUSED)
-            error = "unknown token; ask an admin for one (`fedge console token add`)"
+            await self._audit("-", "-", "login", "", f"unknown {how}", Outcome.REFUSED)
+            error = (
+                "no console account for this connection's operator certificate"
+                if how == "certificate"
+                else "unknown token; ask an admin for one (`fedge console token add`)"
+            )
             return self.render(request, "login.html", None, 403, login_csrf=cookie, error=error)
-        await self._audit(account.name, account.role.value, "login", "", "", Outcome.DONE)
+        await self._audit(account.name, account.role.value, "login", "", how, Outcome.DONE)
         session = self.sessions.create(account.name)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
