@@ -17,11 +17,12 @@ from starlette.testclient import TestClient
 from fedge.console import audit
 from fedge.console.address import wants_tls
 from fedge.console.app import create_app
+from fedge.console.cert_login import operator_of, presented_chain
 from fedge.edge_manager import fleet_pki
 from fedge.edge_manager.operators import add_operator, remove_operator
 from fedge.protocols import pki
 from fedge.protocols.fleet_ca import FleetCA
-from fedge.protocols.pki import key_pem, new_key
+from fedge.protocols.pki import Role, key_pem, new_key
 from fedge.protocols.pki import utcnow as pki_now
 
 pytestmark = pytest.mark.integration
@@ -171,9 +172,15 @@ def test_an_operator_logs_in_with_the_certificate_the_fleet_ca_issued_them(
                 "/login", data={"csrf": CSRF.findall(page.text)[0], "certificate": "1"}
             )
             assert forced.status_code == 403 and "no console account" in forced.text
-    # A revoked operator certificate: the handshake still passes (the console checks the
-    # CRL itself), the login does not.
-    remove_operator(fh.home, "bob")
+    # bob logs in with his; once his certificate is revoked his session ends, and the
+    # handshake still passes (the console checks the CRL itself) but a login does not.
+    with client("bob") as bob:
+        page = bob.get("/login")
+        done = bob.post("/login", data={"csrf": CSRF.findall(page.text)[0], "certificate": "1"})
+        assert done.status_code == 303 and "bob (admin)" in bob.get("/").text
+        remove_operator(fh.home, "bob")
+        ended = bob.get("/")
+        assert ended.status_code == 303 and ended.headers["location"] == "/login"
     with client("bob") as bob:
         page = bob.get("/login")
         assert "operator certificate)" not in page.text
@@ -184,3 +191,30 @@ def test_an_operator_logs_in_with_the_certificate_the_fleet_ca_issued_them(
     assert ("alice", "certificate", "done") in logins
     assert logins.count(("-", "unknown certificate", "refused")) == 3
     assert served.running(), served.output()
+
+
+def test_only_a_verified_unrevoked_operator_certificate_of_the_fleet_ca_names_anyone(
+    tmp_path: Path,
+) -> None:
+    fh = make_fleet_home(tmp_path)
+    files = fh.home.pki()
+    ca = FleetCA.load(files.ca_path, files.ca_key_path)
+    alice, _ = ca.issue_client("alice", Role.OPERATOR)
+    station, _ = ca.issue_client("st-01", Role.EDGE)
+    other_ca = FleetCA.create("plant-b")
+    forged, _ = other_ca.issue_client("admin", Role.OPERATOR)
+
+    def name(pem: bytes, **tls: object) -> str | None:
+        scope = {"extensions": {"tls": {"client_cert_chain": [pem.decode()], **tls}}}
+        found = operator_of(presented_chain(scope), files.ca_path, files.crl_path)
+        return None if found is None else found.name
+
+    assert name(alice) == "alice"
+    assert name(alice, client_cert_error="certificate verify failed") is None
+    assert name(station) is None  # a station is not a person
+    assert name(forged) is None  # another CA's, whatever it says it is
+    assert operator_of([], files.ca_path, files.crl_path) is None
+    later = pki_now() + dt.timedelta(days=pki.CLIENT_DAYS + 1)
+    chain = presented_chain({"extensions": {"tls": {"client_cert_chain": [alice.decode()]}}})
+    assert operator_of(chain, files.ca_path, files.crl_path, now=later) is None  # expired
+    assert operator_of(chain, files.ca_path, tmp_path / "no-crl.pem") is None  # can't tell

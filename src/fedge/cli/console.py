@@ -67,7 +67,10 @@ def run(
         manager_home,
         host,
         port,
-        announce=lambda url: console.print(f"fedge console at {url} (log in with a token)"),
+        announce=lambda url: console.print(
+            f"fedge console at {url} (log in with a token"
+            + (", or an operator certificate)" if tls else ")")
+        ),
         tls=tls,
     )
 

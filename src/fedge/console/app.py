@@ -23,7 +23,7 @@ from starlette.templating import Jinja2Templates
 from fedge.console import accounts, actions, audit, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
-from fedge.console.cert_login import operator_identity, presented_chain
+from fedge.console.cert_login import PresentedOperator, operator_of, presented_chain, revoked
 from fedge.console.errors import BadInput
 from fedge.console.headers import SecurityHeaders
 from fedge.console.live import LiveFeed
@@ -43,7 +43,6 @@ T = TypeVar("T")
 class Console:
     def __init__(self, home: ManagerHome, poll_s: float = 0.5, *, https: bool = False) -> None:
         self.home = home
-        self.poll_s = poll_s
         self.https = https  # served over TLS: cookies are Secure (never sent over plain HTTP)
         self.sessions = Sessions()
         self.live = LiveFeed(self.run, self.sessions, poll_s)
@@ -71,11 +70,19 @@ class Console:
         session = self.sessions.get(request.cookies.get(COOKIE))
         if session is None:
             return None
-        account = await self.run(lambda fleet: accounts.account(fleet.store, session.name))
-        if account is None:  # the token was removed: its sessions end now
+        account = await self.run(lambda fleet: self.allowed(fleet, session))
+        if account is None:
             self.sessions.end(session.session_id)
             return None
         return session, account
+
+    def allowed(self, fleet: Fleet, session: Session) -> Account | None:
+        """The session's account, or None when its token was removed or the operator
+        certificate it logged in with was revoked: its sessions end now."""
+        serial = session.certificate_serial
+        if serial is not None and revoked(serial, self.home.pki().crl_path):
+            return None
+        return accounts.account(fleet.store, session.name)
 
     def render(
         self,
@@ -96,15 +103,18 @@ class Console:
 
     # -- login
 
-    async def certificate_of(self, request: Request) -> str | None:
+    async def certificate_of(self, request: Request) -> PresentedOperator | None:
         """The operator whose certificate this connection presented (cert_login.py)."""
-        chain, crl = presented_chain(request.scope), self.home.pki().crl_path
-        return None if not chain else await run_in_threadpool(operator_identity, chain, crl)
+        chain, files = presented_chain(request.scope), self.home.pki()
+        if not chain:
+            return None
+        return await run_in_threadpool(operator_of, chain, files.ca_path, files.crl_path)
 
     async def login_page(self, request: Request) -> Response:
         token = secrets.token_urlsafe(32)
         operator = await self.certificate_of(request)
-        response = self.render(request, "login.html", None, login_csrf=token, operator=operator)
+        name = None if operator is None else operator.name
+        response = self.render(request, "login.html", None, login_csrf=token, operator=name)
         response.set_cookie(
             LOGIN_CSRF_COOKIE, token, httponly=True, samesite="strict", secure=self.https
         )
@@ -116,11 +126,12 @@ class Console:
         fresh = isinstance(submitted, str) and cookie and secrets.compare_digest(submitted, cookie)
         if not fresh:
             return self.refuse(request, None, "the login form is stale or forged; reload it")
-        token, account, how = form.get("token"), None, "token"
+        token, account, how, serial = form.get("token"), None, "token", None
         if form.get("certificate") == "1":
             how, operator = "certificate", await self.certificate_of(request)
             if operator is not None:
-                account = await self.run(lambda fleet: accounts.account(fleet.store, operator))
+                serial = operator.serial
+                account = await self.run(lambda fleet: accounts.account(fleet.store, operator.name))
         elif isinstance(token, str):
             account = await self.run(lambda fleet: accounts.authenticate(fleet.store, token))
         if account is None:
@@ -132,7 +143,7 @@ class Console:
             )
             return self.render(request, "login.html", None, 403, login_csrf=cookie, error=error)
         await self._audit(account.name, account.role.value, "login", "", how, Outcome.DONE)
-        session = self.sessions.create(account.name)
+        session = self.sessions.create(account.name, certificate_serial=serial)
         response = RedirectResponse("/", status_code=303)
         response.set_cookie(
             COOKIE, session.session_id, httponly=True, samesite="strict", secure=self.https
@@ -335,8 +346,9 @@ class Console:
         who = await self.user(request)
         if who is None:
             return Response("log in first", status_code=403)
+        session = who[0]
         return StreamingResponse(
-            self.live.stream(who[0].session_id, who[1].name),
+            self.live.stream(session.session_id, lambda fleet: self.allowed(fleet, session)),
             media_type="text/event-stream",
             headers={"x-accel-buffering": "no"},
         )

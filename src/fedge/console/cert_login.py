@@ -1,40 +1,68 @@
 """Logging in with an operator certificate: the operator identities of the fleet CA
 (``fedge manager operator add``), presented by the browser over ``fedge console --tls``.
 
-The TLS layer has verified the certificate against the fleet CA and its dates (the
-console asks for a client certificate, optionally, and trusts the fleet CA only); here it
-must also be an *operator's* (a station's or the manager's is not a person) and not
-revoked (the home's CRL; unreadable: nobody logs in by certificate). Its common name is
-the console account it logs in as: the account, with its role, is still made by an admin
-(``fedge console token add NAME --role ...``).
+The TLS layer verifies the certificate against the fleet CA and its dates (the console
+asks for a client certificate, optionally, trusting the fleet CA only). This module does
+not rely on that alone: whatever fills the ASGI TLS extension, the certificate must have
+passed verification there, be issued by the fleet CA, be in its dates, be an
+*operator's* (a station's or the manager's is not a person) and not be revoked (the
+home's CRL; unreadable: nobody logs in by certificate). Its common name is the console
+account it logs in as: the account, with its role, is made by an admin (``fedge console
+token add NAME --role ...``). A session opened this way ends when the certificate is
+revoked (:func:`revoked`).
 """
 
+import datetime as dt
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from cryptography.exceptions import InvalidSignature
 
 from fedge.protocols import pki
 from fedge.protocols.pki import CertificateError, Role
 
 
+@dataclass(frozen=True)
+class PresentedOperator:
+    name: str
+    serial: int
+
+
 def presented_chain(scope: Mapping[str, Any]) -> list[str]:
-    """The client certificate chain (PEM, leaf first) the connection presented, from
-    the ASGI TLS extension (empty: none, or not served over TLS)."""
+    """The verified client certificate chain (PEM, leaf first) of the connection, from
+    the ASGI TLS extension (empty: none, not over TLS, or it failed verification)."""
     tls = scope.get("extensions", {}).get("tls") or {}
-    chain = tls.get("client_cert_chain") or []
-    return [str(pem) for pem in chain]
+    if tls.get("client_cert_error") is not None:
+        return []
+    return [str(pem) for pem in tls.get("client_cert_chain") or []]
 
 
-def operator_identity(chain: list[str], crl_path: Path) -> str | None:
-    """The operator a verified client certificate names, or None: no certificate, not
-    an operator's, revoked, or no readable CRL to tell."""
+def operator_of(
+    chain: list[str], ca_path: Path, crl_path: Path, now: dt.datetime | None = None
+) -> PresentedOperator | None:
+    """The operator a client certificate names, or None: no certificate, not the fleet
+    CA's, out of its dates, not an operator's, revoked, or no readable CRL to tell."""
     if not chain:
         return None
+    at = now or pki.utcnow()
     try:
-        info = pki.cert_info(pki.load_certificate(chain[0].encode()))
-        revoked = pki.revoked_serials(crl_path.read_bytes())
-    except (CertificateError, OSError, ValueError):
+        leaf = pki.load_certificate(chain[0].encode())
+        leaf.verify_directly_issued_by(pki.load_certificate(ca_path.read_bytes()))
+        info = pki.cert_info(leaf)
+        if not info.not_before <= at <= info.not_after or info.role is not Role.OPERATOR:
+            return None
+        if revoked(info.serial, crl_path):
+            return None
+    except (CertificateError, OSError, ValueError, TypeError, InvalidSignature):
         return None
-    if info.role is not Role.OPERATOR or info.serial in revoked:
-        return None
-    return info.identity
+    return PresentedOperator(info.identity, info.serial)
+
+
+def revoked(serial: int, crl_path: Path) -> bool:
+    """Whether the fleet's CRL lists ``serial`` (an unreadable CRL counts as revoked)."""
+    try:
+        return serial in pki.revoked_serials(crl_path.read_bytes())
+    except (CertificateError, OSError):
+        return True

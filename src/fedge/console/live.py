@@ -10,7 +10,6 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from fedge.console import accounts
 from fedge.console.fleet_table import fleet_table
 from fedge.console.sessions import Sessions
 from fedge.edge_manager.fleet import Fleet
@@ -48,15 +47,15 @@ class LiveFeed:
                 self._snapshot = (now, await self._run(build))
             return self._snapshot[1]
 
-    async def stream(self, session_id: str, name: str) -> AsyncIterator[str]:
-        """Events for one session until it ends (logged out, or its token removed)."""
-
-        def still_allowed(fleet: Fleet) -> bool:
-            return accounts.account(fleet.store, name) is not None
+    async def stream(
+        self, session_id: str, allowed: Callable[[Fleet], object | None]
+    ) -> AsyncIterator[str]:
+        """Events for one session until it ends: logged out, or ``allowed`` says None
+        (its token removed, its operator certificate revoked)."""
 
         last = None
         while self.sessions.get(session_id) is not None:
-            if not await self._run(still_allowed):
+            if await self._run(allowed) is None:
                 self.sessions.end(session_id)
                 return
             payload = await self.snapshot()

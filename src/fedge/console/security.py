@@ -6,8 +6,10 @@ from dataclasses import dataclass
 
 from fedge.edge_manager.doctor import Finding, counts, diagnose
 from fedge.edge_manager.doctor_facts import gather
+from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.key_rotation import TrustView, trust_view
+from fedge.protocols.pki import CertificateError
 
 
 @dataclass(frozen=True)
@@ -21,9 +23,14 @@ class SecurityPage:
 
 
 def security_page(home: ManagerHome, now: float | None = None) -> SecurityPage:
-    """Read-only: the same views as ``fedge manager keys`` and ``fedge manager doctor``."""
+    """Read-only: the same views as ``fedge manager keys`` and ``fedge manager doctor``.
+    Raises ManagerError when the home cannot be read (an unreadable file, a damaged
+    certificate), with what could not be."""
     view = trust_view(home)
-    findings = diagnose(gather(home))
+    try:
+        findings = diagnose(gather(home))
+    except (OSError, CertificateError) as exc:
+        raise ManagerError(f"the doctor could not read the manager home: {exc}") from None
     tally = counts(findings)
     at = time.time() if now is None else now
     return SecurityPage(

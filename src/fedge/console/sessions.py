@@ -23,6 +23,7 @@ class Session:
     csrf: str = field(repr=False)
     last_used: float
     flash: list[str] = field(default_factory=list)  # messages for the next page shown
+    certificate_serial: int | None = None  # logged in with this operator certificate
 
 
 class Sessions:
@@ -31,8 +32,14 @@ class Sessions:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
 
-    def create(self, name: str) -> Session:
-        session = Session(secrets.token_urlsafe(32), name, secrets.token_urlsafe(32), time.time())
+    def create(self, name: str, certificate_serial: int | None = None) -> Session:
+        session = Session(
+            secrets.token_urlsafe(32),
+            name,
+            secrets.token_urlsafe(32),
+            time.time(),
+            certificate_serial=certificate_serial,
+        )
         with self._lock:
             self._sessions[session.session_id] = session
         return session
