@@ -17,7 +17,7 @@ from starlette.testclient import TestClient
 from fedge.console import audit
 from fedge.console.address import wants_tls
 from fedge.console.app import create_app
-from fedge.console.cert_login import operator_of, presented_chain
+from fedge.console.cert_login import Revocations, operator_of, presented_chain
 from fedge.edge_manager import fleet_pki
 from fedge.edge_manager.operators import add_operator, remove_operator
 from fedge.protocols import pki
@@ -206,15 +206,17 @@ def test_only_a_verified_unrevoked_operator_certificate_of_the_fleet_ca_names_an
 
     def name(pem: bytes, **tls: object) -> str | None:
         scope = {"extensions": {"tls": {"client_cert_chain": [pem.decode()], **tls}}}
-        found = operator_of(presented_chain(scope), files.ca_path, files.crl_path)
+        found = operator_of(presented_chain(scope), files.ca_path, Revocations(files.crl_path))
         return None if found is None else found.name
 
     assert name(alice) == "alice"
     assert name(alice, client_cert_error="certificate verify failed") is None
     assert name(station) is None  # a station is not a person
     assert name(forged) is None  # another CA's, whatever it says it is
-    assert operator_of([], files.ca_path, files.crl_path) is None
+    assert operator_of([], files.ca_path, Revocations(files.crl_path)) is None
     later = pki_now() + dt.timedelta(days=pki.CLIENT_DAYS + 1)
     chain = presented_chain({"extensions": {"tls": {"client_cert_chain": [alice.decode()]}}})
-    assert operator_of(chain, files.ca_path, files.crl_path, now=later) is None  # expired
-    assert operator_of(chain, files.ca_path, tmp_path / "no-crl.pem") is None  # can't tell
+    crl = Revocations(files.crl_path)
+    assert operator_of(chain, files.ca_path, crl, now=later) is None  # expired
+    missing = Revocations(tmp_path / "no-crl.pem")
+    assert operator_of(chain, files.ca_path, missing) is None  # can't tell

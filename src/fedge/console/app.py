@@ -23,7 +23,12 @@ from starlette.templating import Jinja2Templates
 from fedge.console import accounts, actions, audit, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
-from fedge.console.cert_login import PresentedOperator, operator_of, presented_chain, revoked
+from fedge.console.cert_login import (
+    PresentedOperator,
+    Revocations,
+    operator_of,
+    presented_chain,
+)
 from fedge.console.errors import BadInput
 from fedge.console.headers import SecurityHeaders
 from fedge.console.live import LiveFeed
@@ -45,6 +50,7 @@ class Console:
         self.home = home
         self.https = https  # served over TLS: cookies are Secure (never sent over plain HTTP)
         self.sessions = Sessions()
+        self.crl = Revocations(home.pki().crl_path)  # certificate logins (cert_login.py)
         self.live = LiveFeed(self.run, self.sessions, poll_s)
         env = Environment(
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
@@ -80,7 +86,7 @@ class Console:
         """The session's account, or None when its token was removed or the operator
         certificate it logged in with was revoked: its sessions end now."""
         serial = session.certificate_serial
-        if serial is not None and revoked(serial, self.home.pki().crl_path):
+        if serial is not None and self.crl.revoked(serial):
             return None
         return accounts.account(fleet.store, session.name)
 
@@ -105,10 +111,10 @@ class Console:
 
     async def certificate_of(self, request: Request) -> PresentedOperator | None:
         """The operator whose certificate this connection presented (cert_login.py)."""
-        chain, files = presented_chain(request.scope), self.home.pki()
+        chain = presented_chain(request.scope)
         if not chain:
             return None
-        return await run_in_threadpool(operator_of, chain, files.ca_path, files.crl_path)
+        return await run_in_threadpool(operator_of, chain, self.home.pki().ca_path, self.crl)
 
     async def login_page(self, request: Request) -> Response:
         token = secrets.token_urlsafe(32)

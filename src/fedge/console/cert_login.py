@@ -6,10 +6,11 @@ asks for a client certificate, optionally, trusting the fleet CA only). This mod
 not rely on that alone: whatever fills the ASGI TLS extension, the certificate must have
 passed verification there, be issued by the fleet CA, be in its dates, be an
 *operator's* (a station's or the manager's is not a person) and not be revoked (the
-home's CRL; unreadable: nobody logs in by certificate). Its common name is the console
+home's CRL, read through gRPC's :class:`RevocationList`: parsed again only when the file
+changes; unreadable, nobody logs in by certificate). Its common name is the console
 account it logs in as: the account, with its role, is made by an admin (``fedge console
 token add NAME --role ...``). A session opened this way ends when the certificate is
-revoked (:func:`revoked`).
+revoked (:meth:`Revocations.revoked`).
 """
 
 import datetime as dt
@@ -22,6 +23,7 @@ from cryptography.exceptions import InvalidSignature
 
 from fedge.protocols import pki
 from fedge.protocols.pki import CertificateError, Role
+from fedge.transport.grpc.identity import RevocationList
 
 
 @dataclass(frozen=True)
@@ -39,8 +41,26 @@ def presented_chain(scope: Mapping[str, Any]) -> list[str]:
     return [str(pem) for pem in tls.get("client_cert_chain") or []]
 
 
+class Revocations:
+    """The fleet's CRL as the console reads it: gRPC's cached :class:`RevocationList`,
+    made on first use (a home without a CRL yet is not an error until a login asks)."""
+
+    def __init__(self, crl_path: Path) -> None:
+        self.path = crl_path
+        self._list: RevocationList | None = None
+
+    def revoked(self, serial: int) -> bool:
+        """Whether the CRL lists ``serial`` (an unreadable CRL counts as revoked)."""
+        try:
+            if self._list is None:
+                self._list = RevocationList(self.path)
+            return serial in self._list.serials()
+        except CertificateError:
+            return True
+
+
 def operator_of(
-    chain: list[str], ca_path: Path, crl_path: Path, now: dt.datetime | None = None
+    chain: list[str], ca_path: Path, crl: Revocations, now: dt.datetime | None = None
 ) -> PresentedOperator | None:
     """The operator a client certificate names, or None: no certificate, not the fleet
     CA's, out of its dates, not an operator's, revoked, or no readable CRL to tell."""
@@ -53,16 +73,8 @@ def operator_of(
         info = pki.cert_info(leaf)
         if not info.not_before <= at <= info.not_after or info.role is not Role.OPERATOR:
             return None
-        if revoked(info.serial, crl_path):
+        if crl.revoked(info.serial):
             return None
     except (CertificateError, OSError, ValueError, TypeError, InvalidSignature):
         return None
     return PresentedOperator(info.identity, info.serial)
-
-
-def revoked(serial: int, crl_path: Path) -> bool:
-    """Whether the fleet's CRL lists ``serial`` (an unreadable CRL counts as revoked)."""
-    try:
-        return serial in pki.revoked_serials(crl_path.read_bytes())
-    except (CertificateError, OSError):
-        return True
