@@ -46,7 +46,7 @@ class RolloutSummary:
     updated_at: float
     finished_at: float | None
     reason: str
-    forced_unblessed: int
+    forced_unblessed: bool
     edges: int
     moved: int
 
@@ -164,7 +164,12 @@ def summaries(conn: sqlite3.Connection) -> list[RolloutSummary]:
         " AND e.state != 'waiting') AS moved "
         "FROM rollouts r ORDER BY r.created_at DESC, r.rollout_id"
     ).fetchall()
-    return [RolloutSummary(*row) for row in rows]
+    return [
+        RolloutSummary(
+            rid, model, state, wave, created, updated, finished, reason, bool(forced), n, moved
+        )
+        for rid, model, state, wave, created, updated, finished, reason, forced, n, moved in rows
+    ]
 
 
 def set_halted(

@@ -14,42 +14,17 @@ from fedge.edge_manager.store import Store, Transaction
 
 
 @dataclass(frozen=True)
-class RolloutListing:
-    """One line of ``fedge rollout list`` and the console's rollouts page: ``edges`` in
-    the rollout, ``moved`` of them no longer waiting, ``label`` the state as shown
-    (``wave 2``, ``paused (canary)``)."""
+class RolloutListing(rollout_store.RolloutSummary):
+    """One line of ``fedge rollout list`` and the console's rollouts page, with the
+    state as shown (``wave 2``, ``paused (canary)``)."""
 
-    rollout_id: str
-    model: str
-    state: str
     label: str
-    wave: int
-    created_at: float
-    updated_at: float
-    finished_at: float | None
-    reason: str
-    forced_unblessed: bool
-    edges: int
-    moved: int
 
 
 def list_rollouts(store: Store) -> list[RolloutListing]:
     """Every rollout, newest first."""
     return [
-        RolloutListing(
-            rollout_id=s.rollout_id,
-            model=s.model,
-            state=s.state,
-            label=_label(s.state, s.wave),
-            wave=s.wave,
-            created_at=s.created_at,
-            updated_at=s.updated_at,
-            finished_at=s.finished_at,
-            reason=s.reason,
-            forced_unblessed=bool(s.forced_unblessed),
-            edges=s.edges,
-            moved=s.moved,
-        )
+        RolloutListing(**asdict(s), label=_label(s.state, s.wave))
         for s in rollout_store.summaries(store.conn)
     ]
 
