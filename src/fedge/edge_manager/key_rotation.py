@@ -125,7 +125,12 @@ def key_since(home: ManagerHome) -> float:
         links = trust_store.links(store)
     finally:
         store.close()
-    return links[-1].created_at if links else home.key_path.stat().st_mtime
+    return _since(home, links[-1].created_at if links else None)
+
+
+def _since(home: ManagerHome, newest_rotation_at: float | None) -> float:
+    # Never rotated: the key file's time, so a copy that drops file times looks younger.
+    return home.key_path.stat().st_mtime if newest_rotation_at is None else newest_rotation_at
 
 
 def rotation_due(since: float, now: float, max_age_days: float) -> bool:
@@ -242,5 +247,5 @@ def trust_view(home: ManagerHome) -> TrustView:
     finally:
         store.close()
     sequence = links[-1][0] if links else 0
-    since = links[-1][3] if links else home.key_path.stat().st_mtime
+    since = _since(home, links[-1][3] if links else None)
     return TrustView(key.key_id, sequence, since, links, edges)
