@@ -42,6 +42,7 @@ from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
 from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
 from fedge.transport.broker import MosquittoBroker
+from fedge.transport.ports import free_port as free_port  # tests import it from here
 
 # Test modules import the helpers below with ``from conftest import ...``. Under
 # ``--import-mode=importlib`` pytest loads this file under a package-style name and puts
@@ -80,13 +81,6 @@ PNG_2X2 = (
     "iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAAAAABX3VL4"
     "AAAADklEQVR4nGNsYGBiYAAAApIAhPd8o1gAAAAASUVORK5CYII="
 )
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def wait_until(

@@ -46,7 +46,7 @@ from fedge.edge_manager.enrollment import enroll, managed_broker
 from fedge.edge_manager.fleet import opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.edge_manager.service import ManagerService
-from fedge.transport.broker import free_port
+from fedge.transport.ports import free_port
 
 LIVE_EDGE = "st-live"
 PAGE_TARGET_MS = 300.0

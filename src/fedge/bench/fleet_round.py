@@ -49,7 +49,7 @@ from fedge.protocols.config import TrainingPolicy
 from fedge.protocols.manifest import Preprocess
 from fedge.sim.defects import CLASSES, make_defect_images
 from fedge.sim.processes import FedgeProcess
-from fedge.transport.broker import free_port
+from fedge.transport.ports import free_port
 
 FLEET = "bench"
 DENT_FRACTION = 0.8

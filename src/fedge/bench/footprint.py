@@ -43,7 +43,7 @@ from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, Testbed, wait_until
 from fedge.edge_manager import report_store
 from fedge.edge_manager.enrollment import agent_toml
-from fedge.transport.broker import free_port
+from fedge.transport.ports import free_port
 
 TARGET_RSS_MB = 150.0
 MODEL = ("inspect", 1)

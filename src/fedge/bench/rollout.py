@@ -37,7 +37,7 @@ from fedge.edge_manager.rollout_plan import make_plan
 from fedge.edge_manager.rollouts import Rollouts
 from fedge.edge_manager.service import ManagerService
 from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
-from fedge.transport.broker import free_port
+from fedge.transport.ports import free_port
 
 FLEET = "bench"
 PREVIOUS, GOOD, BAD = 1, 2, 3

@@ -37,7 +37,8 @@ from fedge.edge_manager.service import ManagerService
 from fedge.edge_manager.store import Store
 from fedge.protocols import pki
 from fedge.protocols.pki import Role, TlsFiles
-from fedge.transport.broker import MosquittoBroker, free_port
+from fedge.transport.broker import MosquittoBroker
+from fedge.transport.ports import free_port
 
 FLEET = "bench"
 

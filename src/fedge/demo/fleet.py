@@ -37,7 +37,7 @@ from fedge.protocols.manifest import Preprocess
 from fedge.protocols.thumbnails import ThumbnailPolicy
 from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.sim.processes import FedgeProcess
-from fedge.transport.broker import free_port
+from fedge.transport.ports import free_port
 
 # Seeds of the generated image sets; distinct, so no set overlaps another.
 TRAIN_SEED, HELD_OUT_SEED, PROXY_SEED = 1, 2, 3

@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -41,6 +40,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedge.protocols.pki import write_private
+from fedge.transport.ports import free_port
 
 log = logging.getLogger(__name__)
 
@@ -182,12 +182,6 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     os.setsid()
     if _PRCTL is not None:
         _PRCTL(_PR_SET_PDEATHSIG, signal.SIGKILL)  # type: ignore[operator]
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def process_tree(pid: int) -> list[int]:
@@ -339,7 +333,7 @@ class SupernodeSupervisor:
         if spec.auth_key is not None:
             auth_key_file = self.workdir / AUTH_KEY_FILE
             write_private(auth_key_file, openssh_private_key(spec.auth_key.read_bytes()))
-        command = supernode_command(spec, self.bin_dir, _free_port(), config_file, auth_key_file)
+        command = supernode_command(spec, self.bin_dir, free_port(), config_file, auth_key_file)
         env = {
             **os.environ,
             "FLWR_HOME": str(home),

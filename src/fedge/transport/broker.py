@@ -29,6 +29,7 @@ from pathlib import Path
 from fedge.protocols import topics
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import BrokerError
+from fedge.transport.ports import free_port
 
 
 @dataclass(frozen=True)
@@ -76,12 +77,6 @@ class FleetAccess:
             # (signed), and the manager trusts up/ topics to name their writer.
             lines += [f"user {operator}", f"topic read {fleet_root}/#", ""]
         return "\n".join(lines)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def mosquitto_binary() -> str:

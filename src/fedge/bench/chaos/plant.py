@@ -29,7 +29,8 @@ from fedge.edge_agent import local_store, restore
 from fedge.edge_manager import enrollment, report_store
 from fedge.edge_manager.fleet import Fleet, opened
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.transport.broker import MosquittoBroker, free_port
+from fedge.transport.broker import MosquittoBroker
+from fedge.transport.ports import free_port
 
 FLEET = "chaos"
 MODEL_NAME = "inspect"
