@@ -206,7 +206,7 @@ def test_managed_broker_exits_on_sigterm(fleet_home: FleetHome, processes: Proce
     wait_until(lambda: not port_open(port), 10, "mosquitto to stop listening")
     exited = wait_until(
         lambda: broker.popen.poll() is not None,
-        5,
+        15,
         "`fedge manager broker` to exit after SIGTERM",
     )
     assert exited

@@ -131,7 +131,7 @@ def wait_for(
         pytest.fail(f"timed out after {timeout_s}s waiting for {what}: {exc!r}")
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_an_operator_runs_the_fleet_from_the_browser(
     tmp_path: Path, processes: Processes, browser: WebDriver
 ) -> None:

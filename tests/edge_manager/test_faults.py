@@ -151,7 +151,7 @@ def test_agent_sigkill_mid_stream_scores_and_stores_each_image_once(plant: Plant
     plant.start_serve()
     plant.serve_v1([edge])
     inbox = plant.fh.inbox(edge)
-    feeder = Feeder(stage_images(inbox, "kill", 200, seed=3), inbox, chunk=4, every_s=0.02)
+    feeder = Feeder(stage_images(inbox, "kill", 200, seed=3), inbox, chunk=4, every_s=0.1)
     feeder.start()
     try:
         wait_until(
@@ -181,7 +181,7 @@ def test_manager_sigkill_mid_stream_stores_every_record_once(plant: Plant) -> No
     for seed, edge in enumerate(edges):
         inbox = plant.fh.inbox(edge)
         feeders.append(
-            Feeder(stage_images(inbox, f"mk-{edge}", 100, seed=seed), inbox, chunk=2, every_s=0.02)
+            Feeder(stage_images(inbox, f"mk-{edge}", 100, seed=seed), inbox, chunk=2, every_s=0.1)
         )
     for feeder in feeders:
         feeder.start()

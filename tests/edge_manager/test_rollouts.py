@@ -247,7 +247,7 @@ def test_a_model_failing_on_the_canary_never_leaves_it_and_is_rolled_back(plant:
     assert BROKEN in deployed_versions(fh, "st-02")
     assert BROKEN not in deployed_versions(fh, "st-01") + deployed_versions(fh, "st-03")
     assert_back_on_v1(fh, "st-02")
-    assert elapsed < 30, elapsed
+    assert elapsed < 60, elapsed
 
 
 def test_a_canary_whose_labels_disagree_is_rolled_back(plant: Plant) -> None:
