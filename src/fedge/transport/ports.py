@@ -1,4 +1,7 @@
-"""Pick a TCP port on 127.0.0.1 for a server that fedge starts itself (tests, demo, benchmarks).
+"""Pick a TCP port on 127.0.0.1 for a server fedge starts itself.
+
+The users: tests, the demo and benchmarks (brokers, gRPC, the SuperLink), and an agent
+starting its SuperNode, whose ClientApp port only the station itself connects to.
 
 The usual trick -- bind port 0, read the port, close, hand it on -- draws from the
 kernel's *ephemeral* range, the same range every outgoing connection takes its local port
