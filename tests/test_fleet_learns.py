@@ -165,7 +165,8 @@ def wait_serving(fh: FleetHome, edge: str, ref: str) -> None:
     wait_until(serving, 40, f"{edge} serving {ref}", expect=lambda s: s == ref)
 
 
-# Several real processes and rounds whose own waits add up past pytest's 300 s default.
+# Real processes and several rounds: the test's own waits, which say what they waited
+# for, should decide that it hung, not pytest's 300 s default.
 @pytest.mark.timeout(900)
 def test_stations_train_as_federated_parties_and_the_job_publishes(
     tmp_path: Path, processes: Processes
@@ -274,7 +275,8 @@ def pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-# Several real processes and rounds whose own waits add up past pytest's 300 s default.
+# Real processes and several rounds: the test's own waits, which say what they waited
+# for, should decide that it hung, not pytest's 300 s default.
 @pytest.mark.timeout(900)
 def test_a_killed_agent_and_a_killed_aggregator_lose_no_round(
     tmp_path: Path, processes: Processes

@@ -220,7 +220,8 @@ def exhaust_budget(data_dir: Path) -> None:
         ledger.close()
 
 
-# Several real processes and rounds whose own waits add up past pytest's 300 s default.
+# Real processes and several rounds: the test's own waits, which say what they waited
+# for, should decide that it hung, not pytest's 300 s default.
 @pytest.mark.timeout(900)
 def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_every_update(
     tmp_path: Path, supervisors: list[SupernodeSupervisor]

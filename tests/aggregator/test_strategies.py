@@ -70,7 +70,7 @@ def test_plain_flower_clientapp_takes_part_in_a_tiered_run() -> None:
 def test_round_ends_at_the_deadline_and_the_straggler_is_recorded_late() -> None:
     # The straggler answers only when the test lets it (after the round), so a round that
     # waited for it could not end at all before the 30 s fallback.
-    release = threading.Event()
+    release, answered = threading.Event(), threading.Event()
     straggler = ClientApp()
 
     @straggler.train()
@@ -78,6 +78,7 @@ def test_round_ends_at_the_deadline_and_the_straggler_is_recorded_late() -> None
         partition = int(context.node_config["partition-id"])
         if partition == 2:
             release.wait(30.0)
+            answered.set()
         else:
             time.sleep(0.01)
         arrays = msg.content.array_records["arrays"]
@@ -103,6 +104,7 @@ def test_round_ends_at_the_deadline_and_the_straggler_is_recorded_late() -> None
         started = time.monotonic()
         strategy.start(grid, _initial(), num_rounds=1, train_config=ConfigRecord())
         elapsed = time.monotonic() - started
+        straggler_had_answered = answered.is_set()
     finally:
         release.set()
         grid.close()
@@ -110,6 +112,7 @@ def test_round_ends_at_the_deadline_and_the_straggler_is_recorded_late() -> None
     assert record.late == (NODE_ID_BASE + 2,)
     assert set(record.on_time) == {NODE_ID_BASE, NODE_ID_BASE + 1}
     assert not record.quorum_met
+    assert not straggler_had_answered, "the round waited for the straggler's reply"
     assert elapsed < 20.0, "the round waited for the straggler past its deadline"
 
 
