@@ -44,6 +44,7 @@ from fedge.edge_agent.supervisor import (
 )
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
+from fedge.protocols.app_signing import trusted_entities_yaml
 from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import write_private
 
@@ -87,6 +88,7 @@ class Fleet:
         return SupernodeSpec(
             self.link.address, edge, self.fh.data_dir(edge), 20, 1, 60.0,
             root_certificates=files.ca, auth_key=files.key,
+            trusted_entities=trusted_entities_yaml(self.fh.home.signing_key().public),
         )  # fmt: skip
 
     def supervise(self, edge: str) -> SupernodeSupervisor:
@@ -137,7 +139,12 @@ def test_a_registered_station_trains_a_round_over_tls(fleet: Fleet, tmp_path: Pa
         prepare(manifest, job_dir, fh.home)
         ca = fleet_job.superlink_root_certificates(fh.home)
         assert ca == fh.home.pki().ca_path
-        fleet_job.submit(job_dir, link.address, root_certificates=ca)
+        fleet_job.submit(
+            job_dir,
+            link.local_address,
+            root_certificates=ca,
+            signing=(fh.home.signing_key(), link.signed_apps),
+        )
         assert "root-certificates" in (job_dir / "flwr-cli" / "config.toml").read_text()
         result = fleet_job.wait(job_dir, timeout_s=150)
         assert result.state.value == "completed", result.error

@@ -15,11 +15,16 @@ register is the one in the station's certificate. Unregistering a key (revocatio
 the SuperLink answer that node's next request with 401, on which the SuperNode exits; a
 key once unregistered can never be registered again on the same database.
 
-Not covered by Flower 1.41 (open-source edition): client certificates are not checked on
-this port, and the Control API shares it with the Fleet API with no authentication of its
-own, so anyone who can reach the port can submit runs and (un)register SuperNode keys;
-until a front that passes only ``/v1/fleet/`` to stations exists, keep the port on a
-network only stations and the manager reach. ``tls=None``: plain HTTP, development only.
+**Who reaches it** (issue 24). Flower 1.41 serves the Control API on the same port as
+the Fleet API with no authentication of its own (open-source edition): anyone reaching it
+could submit runs -- code every station would run -- and (un)register SuperNode keys. So
+the ``flower-superlink`` process listens on loopback only, on a port chosen at start and
+written to ``control-port`` in its work directory (:func:`control_address`), where the
+manager's own tools reach it; stations reach a front on ``host:port``
+(:mod:`fedge.aggregator.superlink_front`) that passes on only Fleet API calls and adds
+the fleet's signature to the apps it hands out, which stations verify before running any
+of an app (:mod:`fedge.protocols.app_signing`). ``tls=None``: plain HTTP, development
+only.
 """
 
 from __future__ import annotations
@@ -42,18 +47,23 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedge.aggregator.job_dir import JobError
+from fedge.aggregator.signed_apps import SignedApps
 from fedge.aggregator.superlink_address import (
     certificate_names_host,
     connection_toml,
     local_host,
     port_open,
 )
+from fedge.aggregator.superlink_front import FrontError, SuperLinkFront
 from fedge.protocols.pki import TlsFiles
+from fedge.transport.ports import free_port
 
 SUPERLINK = "flower-superlink"
 FLWR = "flwr"
 CLI_CONNECTION = "fedge-superlink"
 NODES_FILE = "supernodes.json"
+CONTROL_PORT_FILE = "control-port"
+CONTROL_HOST = "127.0.0.1"  # the SuperLink process itself: reachable from this host only
 _NIST_CURVES = ("secp256r1", "secp384r1", "secp521r1")  # what Flower's node auth accepts
 
 
@@ -107,8 +117,9 @@ def plan_sync(
 
 
 class SuperLink:
-    """One ``flower-superlink`` process, its database and log in ``workdir``; with
-    ``tls``, HTTPS and (``node_auth``) only registered SuperNode keys admitted."""
+    """One ``flower-superlink`` process on loopback, its database and log in ``workdir``,
+    behind a front on ``host:port`` that passes on only the Fleet API; with ``tls``, HTTPS
+    and (``node_auth``) only registered SuperNode keys admitted."""
 
     def __init__(
         self,
@@ -126,24 +137,40 @@ class SuperLink:
         # Flower refuses SuperNode authentication without TLS; plain is development only.
         self.node_auth = node_auth and tls is not None
         self.bin_dir = Path(sys.executable).parent
+        self.control_port = 0  # chosen at start
         self._proc: subprocess.Popen[bytes] | None = None
+        self._front: SuperLinkFront | None = None
 
     @property
     def address(self) -> str:
+        """Where stations connect (the front)."""
         return f"{self.host}:{self.port}"
 
     @property
     def local_address(self) -> str:
-        host = local_host(self.host)
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        """Where this host's tools reach the SuperLink itself (Control API included)."""
+        return f"{CONTROL_HOST}:{self.control_port}"
 
     @property
     def log_path(self) -> Path:
         return self.workdir / "superlink.log"
 
     @property
+    def signed_apps(self) -> SignedApps:
+        return SignedApps.of(self.workdir)
+
+    @property
+    def front(self) -> SuperLinkFront | None:
+        return self._front
+
+    @property
     def running(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return (
+            self._proc is not None
+            and self._proc.poll() is None
+            and self._front is not None
+            and self._front.running
+        )
 
     def command(self) -> list[str]:
         if self.tls is None:
@@ -163,9 +190,9 @@ class SuperLink:
             "--database",
             str(self.workdir / "superlink.db"),
             "--host",
-            self.host,
+            CONTROL_HOST,
             "--port",
-            str(self.port),
+            str(self.control_port),
         ]
 
     def _check_tls(self) -> None:
@@ -182,14 +209,14 @@ class SuperLink:
                     "makes it (or run the SuperLink --insecure for development)"
                 )
         try:
-            names_host = certificate_names_host(self.tls.cert.read_bytes(), local_host(self.host))
+            names_host = certificate_names_host(self.tls.cert.read_bytes(), CONTROL_HOST)
         except ValueError as exc:
             raise SuperLinkError(f"{self.tls.cert} is not a PEM certificate: {exc}") from None
         if not names_host:
-            # Flower's SuperExec and ServerApps connect to the bind host: a certificate that
-            # does not name it would start a SuperLink whose jobs never run.
+            # Flower's SuperExec and ServerApps, and the front, connect on loopback: a
+            # certificate that does not name it would start a SuperLink whose jobs never run.
             raise SuperLinkError(
-                f"{self.tls.cert} does not name {local_host(self.host)}; reissue the "
+                f"{self.tls.cert} does not name {CONTROL_HOST}; reissue the "
                 "server certificates for this host (`fedge manager advertise`)"
             )
 
@@ -202,6 +229,7 @@ class SuperLink:
         if port_open(local_host(self.host), self.port):
             raise SuperLinkError(f"{self.address} is already in use (another SuperLink?)")
         self.workdir.mkdir(parents=True, exist_ok=True)
+        self.control_port = free_port()
         home = self.workdir / "flwr-home"
         home.mkdir(exist_ok=True)
         env = {
@@ -221,15 +249,30 @@ class SuperLink:
                 start_new_session=True,
             )
         end = time.monotonic() + timeout_s
-        while not port_open(local_host(self.host), self.port):
+        while not port_open(CONTROL_HOST, self.control_port):
             if self._proc.poll() is not None:
                 raise SuperLinkError(f"{SUPERLINK} exited at start; see {self.log_path}")
             if time.monotonic() >= end:
                 self.stop()
                 raise SuperLinkError(f"{SUPERLINK} did not listen within {timeout_s:.0f}s")
             time.sleep(0.1)
+        self._front = SuperLinkFront(
+            self.host, self.port, self.control_port, self.signed_apps, tls=self.tls
+        )
+        try:
+            self._front.start()
+        except FrontError as exc:
+            self.stop()
+            raise SuperLinkError(str(exc)) from None
+        tmp = self.workdir / (CONTROL_PORT_FILE + ".tmp")
+        tmp.write_text(f"{self.control_port}\n", encoding="utf-8")
+        tmp.replace(self.workdir / CONTROL_PORT_FILE)
 
     def stop(self) -> None:
+        (self.workdir / CONTROL_PORT_FILE).unlink(missing_ok=True)
+        front, self._front = self._front, None
+        if front is not None:
+            front.stop()
         proc, self._proc = self._proc, None
         if proc is None:
             return
@@ -370,3 +413,16 @@ class SuperLink:
         tmp = self.workdir / (NODES_FILE + ".tmp")
         tmp.write_text(json.dumps(data, indent=2, sort_keys=True), encoding="utf-8")
         tmp.replace(self.workdir / NODES_FILE)
+
+
+def control_address(workdir: Path) -> str:
+    """Where this host reaches the running SuperLink of ``workdir`` itself (``flwr run``,
+    ``flwr supernode``): loopback, on the port its owner chose at start."""
+    try:
+        port = int((workdir / CONTROL_PORT_FILE).read_text(encoding="utf-8").strip())
+    except (OSError, ValueError):
+        raise SuperLinkError(
+            f"no SuperLink is running from {workdir} (no {CONTROL_PORT_FILE} file): start it "
+            "with `fedge manager superlink`, on this host"
+        ) from None
+    return f"{CONTROL_HOST}:{port}"

@@ -138,7 +138,10 @@ def _run(root: Path, agents: int, rounds: int, images: int, progress: Progress) 
             JOB.format(rounds=rounds, lr=LR, epochs=LOCAL_EPOCHS, batch=BATCH, fleet=FLEET)
         )
         prepare(manifest, job_dir, home)
-        fleet_job.submit(job_dir, home.settings().superlink_address)
+        # Signed as `fedge aggregator run` signs: the stations run only fleet-signed apps.
+        fleet_job.submit(
+            job_dir, superlink.local_address, signing=(home.signing_key(), superlink.signed_apps)
+        )
         ended = fleet_job.wait(job_dir, timeout_s=3600)
         if ended.state.value != "completed":
             raise BenchError(f"the fleet job ended {ended.state.value}: {ended.error}")
@@ -150,7 +153,8 @@ def _run(root: Path, agents: int, rounds: int, images: int, progress: Progress) 
             lambda: all(_supernode_stopped(root, e) for e in edges), 60, "the SuperNodes to stop"
         )
         peers = [_plain_supernode(root, edge, home.settings().superlink_address) for edge in edges]
-        flower_side = _run_plain(root, job_dir, rounds, agents, home.settings().superlink_address)
+        # Submitted on loopback like fedge's job; its SuperNodes reach the same front.
+        flower_side = _run_plain(root, job_dir, rounds, agents, superlink.local_address)
     finally:
         for peer in peers:
             peer.kill()

@@ -331,7 +331,9 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
         keys.start()
     security = "HTTPS, SuperNode keys from certificates" if link.tls else "plain HTTP"
     console.print(
-        f"SuperLink listening on port {settings.superlink_port}, {security} (log {link.log_path})"
+        f"SuperLink listening on port {settings.superlink_port} for stations (Fleet API only; "
+        f"apps reach them with the fleet's signature), {security}; jobs and keys on "
+        f"{link.local_address}, this host only (log {link.log_path})"
     )
     while not stop.wait(0.5):
         if not link.running:

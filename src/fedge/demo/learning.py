@@ -161,11 +161,7 @@ def run_learning(
     manifest.write_text(JOB.format(rounds=ROUNDS, fleet=fleet.fleet), encoding="utf-8")
     started = time.monotonic()
     prepare(manifest, result.job_dir, home)
-    fleet_job.submit(
-        result.job_dir,
-        home.settings().superlink_address,
-        root_certificates=fleet_job.superlink_root_certificates(home),
-    )
+    fleet_job.submit_to_fleet(result.job_dir, home)
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),

@@ -212,7 +212,10 @@ class EdgeAgent:
     def _apply_training(self) -> None:
         """Run the station's SuperNode while its config enables training; stop it otherwise."""
         if self.supervisor is not None:
-            self.supervisor.apply(supernode_spec(self.settings, self.config, self.counters))
+            app_keys = tuple(self.keys.values())
+            self.supervisor.apply(
+                supernode_spec(self.settings, self.config, self.counters, app_keys=app_keys)
+            )
 
     def _topic(self, kind: topics.Up) -> str:
         return topics.up(self.settings.fleet, self.settings.edge, kind)
@@ -271,12 +274,18 @@ class EdgeAgent:
 
     def _handlers(self) -> dict[str, Callable[[bytes], None]]:
         return {
-            topics.Down.TRUST.value: self.trust.handle,
+            topics.Down.TRUST.value: self._handle_trust,
             topics.Down.CONFIG.value: self.handle_config,
             topics.Down.DEPLOY.value: self.handle_deploy,
             topics.Down.LABELS.value: self.handle_labels,
             topics.Down.EVALUATE.value: self.handle_evaluate,
         }
+
+    def _handle_trust(self, payload: bytes) -> None:
+        """A rotation moves the key the SuperNode accepts apps from too (a changed spec
+        restarts it): apps the old key signed are not run any more."""
+        self.trust.handle(payload)
+        self._apply_training()
 
     def _route(self, kind: topics.Down, payload: bytes) -> None:
         """One desired document (MQTT or gRPC) to its handler. One signed by a key not

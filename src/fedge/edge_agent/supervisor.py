@@ -49,10 +49,12 @@ _PR_SET_PDEATHSIG = 1
 _BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 _STABLE_S = 60.0  # a SuperNode up this long resets the back-off
 AUTH_KEY_FILE = "node-auth.key"  # the station's key as Flower reads it (OpenSSH)
+TRUSTED_ENTITIES_FILE = "trusted-entities.yaml"  # whose signed apps the SuperNode runs
 # Flower's exit codes (flwr.supercore.exit.ExitCode) a station's operator must act on;
 # the process itself exits 1, Flower's code is in its last log lines ("Exit Code: 305").
 _EXIT_HINTS = {
     303: "SuperNode authentication needs TLS (a CA)",
+    304: "the trusted-entities file (the manager keys apps must be signed by) is invalid",
     305: "the SuperLink could not be reached or refused this station (TLS: a certificate "
     "not from the fleet CA; or this station's key is not registered, or was revoked)",
 }
@@ -73,6 +75,10 @@ class SupernodeSpec:
     root_certificates: Path | None = None
     # The station's private key (PEM, P-256: its TLS key) for SuperNode authentication.
     auth_key: Path | None = None
+    # Flower's --trusted-entities (YAML): the keys whose signature an app must carry before
+    # the SuperNode runs any of it (protocols/app_signing.py). None: any app runs, which
+    # only tests of the plain Flower peer ask for.
+    trusted_entities: str | None = None
 
     def __post_init__(self) -> None:
         if self.auth_key is not None and self.root_certificates is None:
@@ -117,17 +123,23 @@ def supernode_command(
     runtime_port: int,
     node_config_file: Path,
     auth_key_file: Path | None = None,
+    trusted_entities_file: Path | None = None,
 ) -> list[str]:
     """The ``flower-supernode`` command line for this station (pure); ``auth_key_file`` is
-    ``spec.auth_key`` in OpenSSH format (:func:`openssh_private_key`)."""
+    ``spec.auth_key`` in OpenSSH format (:func:`openssh_private_key`),
+    ``trusted_entities_file`` holds ``spec.trusted_entities``."""
     if (spec.auth_key is None) != (auth_key_file is None):
         raise ValueError("give auth_key_file exactly when the spec has an auth_key")
+    if (spec.trusted_entities is None) != (trusted_entities_file is None):
+        raise ValueError("give trusted_entities_file exactly when the spec has trusted entities")
     if spec.root_certificates is None:
         security = ["--insecure"]
     else:
         security = ["--root-certificates", str(spec.root_certificates)]
     if auth_key_file is not None:
         security += ["--auth-supernode-private-key", str(auth_key_file)]
+    if trusted_entities_file is not None:
+        security += ["--trusted-entities", str(trusted_entities_file)]
     return [
         str(bin_dir / SUPERNODE),
         *security,
@@ -333,7 +345,15 @@ class SupernodeSupervisor:
         if spec.auth_key is not None:
             auth_key_file = self.workdir / AUTH_KEY_FILE
             write_private(auth_key_file, openssh_private_key(spec.auth_key.read_bytes()))
-        command = supernode_command(spec, self.bin_dir, free_port(), config_file, auth_key_file)
+        entities_file = None
+        if spec.trusted_entities is not None:
+            entities_file = self.workdir / TRUSTED_ENTITIES_FILE
+            tmp = entities_file.with_suffix(".tmp")
+            tmp.write_text(spec.trusted_entities, encoding="utf-8")
+            tmp.replace(entities_file)
+        command = supernode_command(
+            spec, self.bin_dir, free_port(), config_file, auth_key_file, entities_file
+        )
         env = {
             **os.environ,
             "FLWR_HOME": str(home),

@@ -6,18 +6,28 @@ at start and after every config it applies; ``None`` stops any SuperNode running
 
 import logging
 from collections import Counter
+from collections.abc import Sequence
 
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.supervisor import SupernodeSpec
+from fedge.protocols.app_signing import trusted_entities_yaml
 from fedge.protocols.config import EdgeConfig
+from fedge.protocols.signing import PublicKey
 
 log = logging.getLogger(__name__)
 
 
 def supernode_spec(
-    settings: AgentSettings, config: EdgeConfig | None, counters: Counter[str]
+    settings: AgentSettings,
+    config: EdgeConfig | None,
+    counters: Counter[str],
+    *,
+    app_keys: Sequence[PublicKey],
 ) -> SupernodeSpec | None:
-    """The SuperNode to run while ``config`` enables training; ``None`` otherwise."""
+    """The SuperNode to run while ``config`` enables training; ``None`` otherwise.
+
+    It runs only apps signed by ``app_keys``, the manager keys this agent trusts
+    (issue 24): Flower's SuperNode verifies each app's signature before any of it runs."""
     policy = None if config is None else config.training
     if policy is None or not policy.enabled:
         return None
@@ -36,4 +46,5 @@ def supernode_spec(
         # TLS to the SuperLink, signing with the station's own key (node auth).
         root_certificates=None if tls is None else tls.ca,
         auth_key=None if tls is None else tls.key,
+        trusted_entities=trusted_entities_yaml(*app_keys),
     )

@@ -37,9 +37,9 @@ class ManagerSettings:
     grpc_host: str = "127.0.0.1"
     grpc_port: int = 50551
     manager_user: str = "fedge-manager"
-    # The fleet's Flower SuperLink (`fedge manager superlink`): stations' SuperNodes and
-    # federated jobs connect to it on this one port (Flower 1.41 serves its Fleet and
-    # Control APIs together).
+    # The fleet's Flower SuperLink (`fedge manager superlink`): stations' SuperNodes connect
+    # to its front on this port, which passes on only the Fleet API; the SuperLink itself
+    # (its Control API: jobs, SuperNode keys) listens on loopback only (issue 24).
     superlink_host: str = "127.0.0.1"
     superlink_port: int = 9092
     # Retention (issue 9, defect 8), in days of a record's own time; `inf` keeps forever.
@@ -114,8 +114,9 @@ class ManagerSettings:
 
     @property
     def superlink_address(self) -> str:
-        """Where tools on this machine (``flwr run``) reach the SuperLink (a wildcard bind
-        is reached on loopback, which its certificate names)."""
+        """Where SuperNodes on this machine reach the SuperLink's front (a wildcard bind is
+        reached on loopback, which its certificate names). Jobs are submitted elsewhere:
+        :func:`fedge.aggregator.superlink.control_address`."""
         host = "127.0.0.1" if is_wildcard(self.superlink_host) else self.superlink_host
         return _host_port(host, self.superlink_port)
 

@@ -37,10 +37,14 @@ from fedge.aggregator.job_dir import (
     is_live,
 )
 from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.signed_apps import SignedApps
+from fedge.aggregator.superlink import control_address
 from fedge.aggregator.superlink_address import connection_toml
 from fedge.edge_manager.home import ManagerHome
 from fedge.federation.prepare import APP_DIR, prepare
 from fedge.federation.publish import publish
+from fedge.protocols.app_signing import AppSignature, sign_fab
+from fedge.protocols.signing import SigningKey
 
 SUBMITTED = "submitted.json"
 CONNECTION = "fedge-fleet"
@@ -70,17 +74,40 @@ def superlink_root_certificates(home: ManagerHome) -> Path | None:
     return None if home.settings().insecure else home.pki().ca_path
 
 
+def sign_app(app_dir: Path, key: SigningKey, signed_apps: SignedApps) -> AppSignature:
+    """Sign the FAB ``flwr run`` will build from ``app_dir`` and store the signature where
+    the SuperLink's front hands it to stations (before submitting: a station may fetch the
+    FAB as soon as the ServerApp sends its first message). Flower builds a FAB with fixed
+    file dates, so the bytes signed here are the bytes ``flwr run`` sends."""
+    from flwr.cli.build import build_fab_from_disk  # the same builder `flwr run` uses
+
+    try:
+        fab = build_fab_from_disk(app_dir)
+    except Exception as exc:  # Flower raises click/typer errors for a bad app directory
+        raise JobError(f"cannot build the Flower app in {app_dir}: {exc}") from exc
+    signature = sign_fab(fab, key)
+    signed_apps.put(signature)
+    return signature
+
+
 def submit(
-    job_dir: Path, superlink: str, *, root_certificates: Path | None = None
+    job_dir: Path,
+    superlink: str,
+    *,
+    root_certificates: Path | None = None,
+    signing: tuple[SigningKey, SignedApps] | None = None,
 ) -> dict[str, Any]:
     """Send the job's app to the SuperLink with ``flwr run``; returns Flower's answer.
 
-    Over HTTPS trusting ``root_certificates`` (the fleet CA), or plain when None. The run
-    is marked queued first: until the new ServerApp takes the job, what the run store
-    says (halted, failed) is about the previous submission.
+    Over HTTPS trusting ``root_certificates`` (the fleet CA), or plain when None. With
+    ``signing`` (the manager's key and the SuperLink's signature store) the app is signed
+    first: stations run only apps the fleet signed. The run is marked queued first: until
+    the new ServerApp takes the job, what the run store says (halted, failed) is about the
+    previous submission.
     """
     if root_certificates is not None and not root_certificates.is_file():
         raise JobError(f"the SuperLink's CA certificate {root_certificates} does not exist")
+    signature = None if signing is None else sign_app(job_dir / APP_DIR, *signing)
     _mark_queued(job_dir)
     cli_home = job_dir / "flwr-cli"
     cli_home.mkdir(exist_ok=True)
@@ -115,6 +142,13 @@ def submit(
     if result.returncode != 0 or not answer.get("success"):
         detail = (answer.get("error-message") or result.stderr or text).strip()[-800:]
         raise JobError(f"the SuperLink at {superlink} refused the job: {detail}")
+    fab_hash = str(answer.get("fab-hash", ""))
+    if signature is not None and not signature.digest.startswith(fab_hash):
+        # Stations would refuse the run: say so now rather than after a round's wait.
+        raise JobError(
+            f"`flwr run` sent a FAB ({fab_hash}) other than the one signed "
+            f"({signature.digest[:12]}): is another Flower version on PATH?"
+        )
     answer["submitted_at"] = time.time()
     atomic_write_text(job_dir / SUBMITTED, json.dumps(answer))
     return answer
@@ -236,9 +270,22 @@ def run_fleet_job(
     """Prepare, submit, follow and publish a fleet job (``fedge aggregator run``);
     ``root_certificates``: see :func:`submit` and :func:`superlink_root_certificates`."""
     prepare(manifest_path, job_dir, home)
-    roots = root_certificates or superlink_root_certificates(home)
-    submit(job_dir, home.settings().superlink_address, root_certificates=roots)
+    submit_to_fleet(job_dir, home, root_certificates=root_certificates)
     return _finish(job_dir, home, progress, timeout_s)
+
+
+def submit_to_fleet(
+    job_dir: Path, home: ManagerHome, *, root_certificates: Path | None = None
+) -> dict[str, Any]:
+    """Sign the job's app with the manager's key and submit it to the home's running
+    SuperLink on this host (its Control API listens on loopback only)."""
+    link_dir = home.root / "superlink"
+    return submit(
+        job_dir,
+        control_address(link_dir),
+        root_certificates=root_certificates or superlink_root_certificates(home),
+        signing=(home.signing_key(), SignedApps.of(link_dir)),
+    )
 
 
 def resume_fleet_job(
@@ -252,8 +299,7 @@ def resume_fleet_job(
     """Continue a fleet job: submit it again if no aggregator runs it, follow, publish."""
     if needs_submission(job_dir):
         clear_halt(job_dir)  # resuming is the newer request
-        roots = root_certificates or superlink_root_certificates(home)
-        submit(job_dir, home.settings().superlink_address, root_certificates=roots)
+        submit_to_fleet(job_dir, home, root_certificates=root_certificates)
     return _finish(job_dir, home, progress, timeout_s)
 
 
