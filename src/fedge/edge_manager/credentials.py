@@ -13,7 +13,7 @@ import hashlib
 import hmac
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fedge.edge_manager import credential_store
 from fedge.edge_manager.credential_store import IssuedCert as IssuedCert
@@ -68,12 +68,21 @@ def revoke(store: Store, identity: str, *, at: float | None = None) -> list[Issu
     return [c for c in certificates(store, identity) if str(c.serial) in serials]
 
 
-def revoked(store: Store) -> list[Revoked]:
-    """Every revoked certificate still within its validity (an expired one is refused by
-    its dates; the CRL need not grow forever)."""
+def revoke_replaced(store: Store, serials: Sequence[int], *, at: float) -> None:
+    """Revoke certificates a renewal replaced (credential_renewal.py): unlike
+    :func:`revoke` the holder stays enrolled, with its newer certificate."""
+    with store.transaction() as conn:
+        credential_store.mark_revoked(conn, [str(serial) for serial in serials], at)
+
+
+def revoked(store: Store, *, now: float | None = None) -> list[Revoked]:
+    """Every revoked certificate still within its validity at ``now`` (an expired one is
+    refused by its dates; the CRL need not grow forever)."""
     return [
         Revoked(serial, dt.datetime.fromtimestamp(at, dt.UTC))
-        for serial, at in credential_store.revoked_since(store, time.time())
+        for serial, at in credential_store.revoked_since(
+            store, time.time() if now is None else now
+        )
     ]
 
 

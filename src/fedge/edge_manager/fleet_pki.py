@@ -119,19 +119,34 @@ class FleetPki:
     def exists(self) -> bool:
         return self.ca_path.exists() and self.ca_key_path.exists()
 
-    def create(self, fleet: str, hosts: Sequence[str], manager_user: str) -> FleetCA:
+    def create(
+        self,
+        fleet: str,
+        hosts: Sequence[str],
+        manager_user: str,
+        *,
+        now: dt.datetime | None = None,
+    ) -> FleetCA:
         """A new CA, its empty CRL, server certificates for ``hosts`` and the manager's
-        client certificate (``manager_user`` is its broker user name)."""
+        client certificate (``manager_user`` is its broker user name), all issued at
+        ``now`` (tests move it)."""
         if self.exists():
             raise ManagerError(f"{self.root} already holds a fleet CA")
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-        ca = FleetCA.create(fleet)
+        ca = FleetCA.create(fleet, now=now)
         ca.save(self.ca_path, self.ca_key_path, passphrase())
-        self.write_crl(ca, [])
-        self.issue_servers(ca, hosts)
-        cert, key = ca.issue_client(manager_user, Role.MANAGER, days=pki.SERVER_DAYS)
-        self._write_pair(self.root / "clients" / "manager", cert, key)
+        self.write_crl(ca, [], now=now)
+        self.issue_servers(ca, hosts, now=now)
+        self.issue_manager(ca, manager_user, now=now)
         return ca
+
+    def issue_manager(
+        self, ca: FleetCA, manager_user: str, *, now: dt.datetime | None = None
+    ) -> TlsFiles:
+        """(Re)issue the manager's own client certificate (its broker user)."""
+        cert, key = ca.issue_client(manager_user, Role.MANAGER, days=pki.SERVER_DAYS, now=now)
+        self._write_pair(self.root / "clients" / "manager", cert, key)
+        return self.manager_files()
 
     def ca(self) -> FleetCA:
         if not self.exists():
@@ -147,16 +162,33 @@ class FleetPki:
     def ca_fingerprint(self) -> str:
         return pki.fingerprint(pki.load_certificate(self.ca_path.read_bytes()))
 
-    def issue_servers(self, ca: FleetCA, hosts: Sequence[str]) -> None:
+    def server_names(self) -> tuple[str, ...]:
+        """Every server certificate this home has: SERVERS, and the on-demand ones
+        issued so far."""
+        issued = [n for n in ON_DEMAND if self.server_files(n).cert.exists()]
+        return (*SERVERS, *issued)
+
+    def issue_servers(
+        self, ca: FleetCA, hosts: Sequence[str], *, now: dt.datetime | None = None
+    ) -> None:
         """(Re)issue every server certificate for ``hosts`` (after `manager advertise`),
         the on-demand ones too where they were issued."""
-        issued = [n for n in ON_DEMAND if self.server_files(n).cert.exists()]
-        for name in (*SERVERS, *issued):
-            cert, key = ca.issue_server(name, server_hosts(*hosts))
-            self._write_pair(self.root / "servers" / name, cert, key)
+        for name in self.server_names():
+            self.issue_server(ca, name, hosts, now=now)
 
-    def write_crl(self, ca: FleetCA, revoked: Iterable[Revoked]) -> None:
-        _atomic_write(self.crl_path, ca.crl(revoked))
+    def issue_server(
+        self, ca: FleetCA, name: str, hosts: Sequence[str], *, now: dt.datetime | None = None
+    ) -> TlsFiles:
+        """(Re)issue server certificate ``name`` for ``hosts`` (and this machine)."""
+        files = self.server_files(name)  # refuses an unknown name
+        cert, key = ca.issue_server(name, server_hosts(*hosts), now=now)
+        self._write_pair(self.root / "servers" / name, cert, key)
+        return files
+
+    def write_crl(
+        self, ca: FleetCA, revoked: Iterable[Revoked], *, now: dt.datetime | None = None
+    ) -> None:
+        _atomic_write(self.crl_path, ca.crl(revoked, now=now))
 
     def _write_pair(self, stem: Path, cert: bytes, key: bytes) -> None:
         stem.parent.mkdir(parents=True, exist_ok=True, mode=0o700)

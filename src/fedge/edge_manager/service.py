@@ -8,6 +8,7 @@ with manual acks: a SIGKILL between store and ack means redelivery, which the
 operators wrote to the store, signed and retained (desired_publisher.py).
 """
 
+import datetime as dt
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from pathlib import Path
 import grpc
 
 from fedge.edge_manager import desired_store, key_rotation
+from fedge.edge_manager.credential_renewal import CredentialKeeper
 from fedge.edge_manager.desired_publisher import DesiredPublisher
 from fedge.edge_manager.enroll_server import EnrollServer
 from fedge.edge_manager.fleet import Fleet
@@ -32,7 +34,7 @@ from fedge.edge_manager.monitor import Monitor, policy_from
 from fedge.edge_manager.retention import Pruner, RetentionPolicy
 from fedge.edge_manager.rollouts import RolloutDriver
 from fedge.edge_manager.store import Store, StoreError
-from fedge.protocols import codec, topics
+from fedge.protocols import codec, pki, topics
 from fedge.protocols.alerts import Alert
 from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
@@ -120,6 +122,7 @@ class ManagerService:
         grpc_port: int | None = None,
         grpc_tls: TlsFiles | None = None,
         sessions: SessionFactory = MqttSession,
+        clock: Callable[[], dt.datetime] = pki.utcnow,
     ) -> None:
         self.home = home
         self.settings = home.settings()
@@ -163,6 +166,14 @@ class ManagerService:
             on_published=lambda result: self._queue.put(_Published(result)),
         )
         self.publisher = DesiredPublisher(home, self.settings.fleet, self.mqtt, self.counters)
+        # CRL, server and manager certificates issued again before they lapse (issue 24);
+        # ``clock`` is the credentials' time (tests move it), checked hourly.
+        self.credential_keeper = CredentialKeeper(
+            home,
+            clock=clock,
+            on_manager_renewed=self.mqtt.reload_certificate,
+            counters=self.counters,
+        )
 
     # -- lifecycle
 
@@ -261,6 +272,7 @@ class ManagerService:
                 self.publisher.publish_pending(fleet)
                 self._prune(store)
                 self._watch(monitor)
+                self.credential_keeper.tick()
         finally:
             store.close()
 

@@ -20,6 +20,7 @@ from fedge.protocols import validate
 from fedge.protocols.pki import (
     CA_DAYS,
     CLIENT_DAYS,
+    CRL_DAYS,
     SERVER_DAYS,
     CertificateError,
     CertInfo,
@@ -164,15 +165,19 @@ class FleetCA:
         return cert.public_bytes(serialization.Encoding.PEM)
 
     def issue_server(
-        self, name: str, hosts: Sequence[str], *, days: float = SERVER_DAYS
+        self,
+        name: str,
+        hosts: Sequence[str],
+        *,
+        days: float = SERVER_DAYS,
+        now: dt.datetime | None = None,
     ) -> tuple[bytes, bytes]:
         """A server certificate and key (PEM) for ``hosts`` (names or IP addresses)."""
         if not hosts:
             raise CertificateError("a server certificate needs at least one host name")
         key = new_key()
-        return self._issue(key.public_key(), name, Role.SERVER, days=days, hosts=hosts), key_pem(
-            key
-        )
+        cert = self._issue(key.public_key(), name, Role.SERVER, days=days, hosts=hosts, now=now)
+        return cert, key_pem(key)
 
     def issue_client(
         self,
@@ -218,15 +223,18 @@ class FleetCA:
             raise CertificateError("a CSR cannot ask for a server certificate")
         return self._issue(public, identity, role, days=days, now=now)
 
-    def crl(self, revoked: Iterable[Revoked], *, now: dt.datetime | None = None) -> bytes:
-        """A CRL (PEM) listing ``revoked``; valid for a year (fleet components reload it
-        whenever it changes, not when it expires)."""
+    def crl(
+        self, revoked: Iterable[Revoked], *, now: dt.datetime | None = None, days: float = CRL_DAYS
+    ) -> bytes:
+        """A CRL (PEM) listing ``revoked``, valid ``days``. Past its next-update a TLS stack
+        (Mosquitto's OpenSSL) refuses every client, so the manager issues it again well
+        before (:mod:`fedge.edge_manager.credential_renewal`), not only on revocation."""
         now = now or utcnow()
         builder = (
             x509.CertificateRevocationListBuilder()
             .issuer_name(self.cert.subject)
             .last_update(now - dt.timedelta(minutes=5))
-            .next_update(now + dt.timedelta(days=365))
+            .next_update(now + dt.timedelta(days=days))
         )
         for entry in revoked:
             builder = builder.add_revoked_certificate(

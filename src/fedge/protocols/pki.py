@@ -40,6 +40,7 @@ MAX_PEM_BYTES = 16 * 1024
 CA_DAYS = 3650
 SERVER_DAYS = 825
 CLIENT_DAYS = 90  # stations renew well before (see doctor / renewal)
+CRL_DAYS = 365  # the manager issues it again when a third is left (credential_renewal.py)
 
 
 class CertificateError(ProtocolError):

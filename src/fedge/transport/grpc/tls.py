@@ -12,7 +12,9 @@ import threading
 from collections.abc import Sequence
 
 import grpc
+from cryptography.hazmat.primitives import serialization
 
+from fedge.protocols import pki
 from fedge.protocols.pki import TlsFiles
 
 ChannelOptions = Sequence[tuple[str, int | str]]
@@ -20,16 +22,64 @@ ChannelOptions = Sequence[tuple[str, int | str]]
 
 def server_credentials(tls: TlsFiles) -> grpc.ServerCredentials:
     """Mutual TLS: a peer without a certificate chaining to ``tls.ca`` never gets a call
-    through (BoringSSL also checks its validity period)."""
-    ca, cert, key = tls.read()
-    return grpc.ssl_server_credentials(
-        [(key, cert)], root_certificates=ca, require_client_auth=True
+    through (BoringSSL also checks its validity period). The files are read again at the
+    first handshake after they change (the manager renews its server certificate before
+    it ends, credential_renewal.py), so a renewal needs no restart."""
+    files = ServerFiles(tls)
+    # The stub's fetcher type lacks the None ("no change") that gRPC's docs allow.
+    return grpc.dynamic_ssl_server_credentials(
+        files.initial,
+        files,  # type: ignore[arg-type]
+        require_client_authentication=True,
     )
 
 
 def _signature(tls: TlsFiles) -> tuple[tuple[int, int, int], ...]:
     stats = (os.stat(tls.cert), os.stat(tls.key), os.stat(tls.ca))
     return tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
+
+
+def _configuration(tls: TlsFiles) -> grpc.ServerCertificateConfiguration:
+    """The server's certificate configuration; ValueError when the key is not the
+    certificate's (a pair caught between its two writes)."""
+    ca, cert, key = tls.read()
+    spki = (serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    try:
+        cert_public = pki.load_certificate(cert).public_key().public_bytes(*spki)
+        key_public = pki.load_key(key).public_key().public_bytes(*spki)
+    except pki.CertificateError as exc:
+        raise ValueError(str(exc)) from None
+    if cert_public != key_public:
+        raise ValueError(f"{tls.key} is not the key of {tls.cert}")
+    return grpc.ssl_server_certificate_configuration([(key, cert)], root_certificates=ca)
+
+
+class ServerFiles:
+    """gRPC's certificate fetcher: called before every handshake, it answers a new
+    configuration once the files changed (one ``stat`` each otherwise), or None to keep
+    the current one -- also while the files are unreadable or do not match (a renewal
+    half written): the next handshake looks again."""
+
+    def __init__(self, tls: TlsFiles) -> None:
+        self.tls = tls
+        self._lock = threading.Lock()
+        self._signature = _signature(tls)
+        self.initial = _configuration(tls)
+        self.reloads = 0
+
+    def __call__(self) -> grpc.ServerCertificateConfiguration | None:
+        try:
+            signature = _signature(self.tls)
+            with self._lock:
+                if signature == self._signature:
+                    return None
+            configuration = _configuration(self.tls)
+        except (OSError, ValueError):
+            return None
+        with self._lock:
+            self._signature = signature
+            self.reloads += 1
+        return configuration
 
 
 class ClientChannel:
