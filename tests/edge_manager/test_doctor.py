@@ -24,7 +24,7 @@ from fedge.edge_manager.doctor import (
 )
 from fedge.edge_manager.doctor_facts import gather
 from fedge.edge_manager.enrollment import revoke
-from fedge.edge_manager.fleet_pki import PASSPHRASE_ENV
+from fedge.edge_manager.fleet_pki import PASSPHRASE_ENV, SERVERS
 from fedge.protocols import pki
 from fedge.protocols.pki import Role
 
@@ -73,12 +73,20 @@ def test_expired_is_an_error_soon_a_warning_and_only_the_newest_of_a_holder_coun
         CertFact("edge st-03 (serial 4)", NOW + dt.timedelta(days=90), holder="edge st-03"),
         CertFact("server broker (pki/servers/broker.crt)", None, "missing"),
     ]
-    found = {(f.severity, f.subject) for f in check_certificates(facts, NOW)}
+    checked = check_certificates(facts, NOW)
+    found = {(f.severity, f.subject) for f in checked if f.severity != "ok"}
     assert found == {
         ("error", "server grpc (pki/servers/grpc.crt)"),
         ("warning", "edge st-02 (serial 2)"),
         ("error", "server broker (pki/servers/broker.crt)"),
     }
+    # The days left: the home's own certificates one by one, the holders' soonest.
+    fine = {f.subject: (f.days_left, f.message) for f in checked if f.severity == "ok"}
+    assert (
+        fine["CA (pki/ca.crt)"][0] == 3000
+        and "not renewed automatically" in (fine["CA (pki/ca.crt)"][1])
+    )
+    assert fine["home"][0] == 90 and "ends in 90 day(s) (edge st-03)" in fine["home"][1]
     assert [f.severity for f in check_certificates(facts[:1], NOW)] == ["ok"]
     with pytest.raises(ValueError, match="severity 'fatal'"):
         Finding("fatal", "x", "y", "z")  # type: ignore[arg-type]
@@ -227,6 +235,7 @@ def test_a_log_holding_a_private_key_is_reported_without_the_key(fh: FleetHome) 
         "severity": "error",
         "check": "secrets-in-logs",
         "subject": "logs/serve.log",
+        "days_left": None,
     }
     body = b"".join(key.splitlines()[1:-1]).decode()
     assert body[:40] not in output
@@ -241,7 +250,9 @@ def test_the_command_exits_1_on_an_error_and_prints_json(fh: FleetHome) -> None:
     assert "0 error(s), 1 warning(s)" in output and "ca-key-encryption" in output
     code, output = doctor_cli(fh, "--json")
     report = json.loads(output)
-    assert code == 0 and report["counts"] == {"ok": 6, "warning": 1, "error": 0}
+    # ok: the CA, 4 servers, the manager and the stations' soonest (days left), the CRL,
+    # key permissions, listeners, logs, signing key.
+    assert code == 0 and report["counts"] == {"ok": 12, "warning": 1, "error": 0}
 
     os.chmod(fh.home.root / "pki" / "ca.key", 0o644)
     code, output = doctor_cli(fh, "--json")
@@ -250,6 +261,38 @@ def test_the_command_exits_1_on_an_error_and_prints_json(fh: FleetHome) -> None:
     assert report["findings"][0]["subject"] == "pki/ca.key"
     code, output = doctor_cli(fh)
     assert code == 1 and "pki/ca.key" in output and "1 error(s)" in output
+
+
+def test_the_command_shows_the_days_left_of_every_credential_and_the_crl(fh: FleetHome) -> None:
+    code, output = doctor_cli(fh, "--json")
+    days = {
+        f["subject"]: f["days_left"]
+        for f in json.loads(output)["findings"]
+        if f["check"] in ("certificate-expiry", "crl")
+    }
+    assert code == 0
+    assert days["CA (pki/ca.crt)"] == pytest.approx(3650, abs=1)
+    for name in SERVERS:
+        assert days[f"server {name} (pki/servers/{name}.crt)"] == pytest.approx(825, abs=1)
+    assert days["manager client (pki/clients/manager.crt)"] == pytest.approx(825, abs=1)
+    assert days["pki/crl.pem"] == pytest.approx(365, abs=1)
+    assert days["home"] == pytest.approx(90, abs=1)  # the station's
+    code, output = doctor_cli(fh)
+    said = " ".join(output.split())
+    assert "825 day(s) left" in said and "next update in 365 day(s)" in said
+
+
+def test_a_crl_near_its_next_update_is_a_warning_and_past_it_an_error(fh: FleetHome) -> None:
+    fleet_pki = fh.home.pki()
+    ca = fleet_pki.ca()
+    fleet_pki.write_crl(ca, [], now=pki.utcnow() - dt.timedelta(days=350))
+    found = [f for f in problems(fh) if f.check == "crl"]
+    assert [(f.severity, f.subject) for f in found] == [("warning", "pki/crl.pem")]
+    assert found[0].days_left == pytest.approx(15, abs=1)
+    assert "`fedge manager serve` issues it again" in found[0].message
+    fleet_pki.write_crl(ca, [], now=pki.utcnow() - dt.timedelta(days=400))
+    found = [f for f in problems(fh) if f.check == "crl"]
+    assert [f.severity for f in found] == ["error"] and "refuses every station" in found[0].message
 
 
 def test_the_command_on_a_directory_that_is_no_home_says_so(tmp_path: Path) -> None:

@@ -10,21 +10,25 @@ Checks, each reporting one "ok" finding when it finds nothing:
 
 - ``certificate-expiry``: the CA, the server certificates, the manager's client
   certificate and every holder's newest unrevoked certificate in the store; expired is an
-  error, expiring within :data:`EXPIRY_WARNING_DAYS` a warning (stations renew earlier,
-  so a warning means renewal is not happening).
+  error, expiring within :data:`EXPIRY_WARNING_DAYS` a warning (stations and `manager
+  serve` renew far earlier, so a warning means renewal is not happening). The home's own
+  certificates each get a finding with their days left (``days_left``), the stations'
+  and operators' one summary with the soonest (issue 24).
 - ``key-permissions``: private keys and secrets readable or writable by group/others,
   and directories holding them that others can write (they could swap the files).
 - ``plain-listener``: a listener without mutual TLS; a warning in a development home
   (``--insecure``), an error otherwise.
 - ``ca-key-encryption`` (doctor_ca.py): the CA key stored without a passphrase (a
   warning: the file is 0600, but a copied disk or backup then holds the fleet's root).
-- ``crl`` (doctor_ca.py): a CRL that does not parse, is not the fleet CA's, has expired,
-  or lacks a revocation recorded in the store.
+- ``crl`` (doctor_ca.py): a CRL that does not parse, is not the fleet CA's, has expired
+  or will within :data:`EXPIRY_WARNING_DAYS`, or lacks a revocation recorded in the store;
+  otherwise its days to next-update.
 - ``secrets-in-logs``: a log file in the home holding a PEM private key.
 - ``signing-key``: stations that refused a key rotation, a rotation cut short, stations
   not yet known to trust the current key (doctor_keys.py).
 """
 
+import dataclasses
 import datetime as dt
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -60,6 +64,7 @@ class Finding:
     check: str
     subject: str
     message: str
+    days_left: float | None = None  # a credential's days until it ends (or the CRL's)
 
     def __post_init__(self) -> None:
         if self.severity not in SEVERITIES:
@@ -110,6 +115,10 @@ def _findings(check: str, judgements: Iterable[Judgement]) -> list[Finding]:
     return [Finding(severity, check, subject, message) for severity, subject, message in judgements]
 
 
+def _days(until: dt.datetime | None, now: dt.datetime) -> float | None:
+    return None if until is None else round((until - now).total_seconds() / 86400.0, 1)
+
+
 # -- certificates
 
 
@@ -131,7 +140,11 @@ def current_certificates(facts: Iterable[CertFact]) -> list[CertFact]:
 def check_certificates(
     facts: Sequence[CertFact], now: dt.datetime, warn_days: float = EXPIRY_WARNING_DAYS
 ) -> list[Finding]:
+    """Problems first; then the days left of each of the home's own certificates, and of
+    the soonest-ending holder's (stations, operators: one line, not a thousand)."""
     findings: list[Finding] = []
+    days_of_home: list[Finding] = []
+    holders_fine: list[CertFact] = []
     judged = current_certificates(facts)
     for fact in judged:
         if fact.not_after is None:
@@ -139,7 +152,8 @@ def check_certificates(
                 Finding("error", CERTIFICATE_EXPIRY, fact.subject, f"unusable: {fact.problem}")
             )
             continue
-        days = (fact.not_after - now).total_seconds() / 86400.0
+        days = _days(fact.not_after, now)
+        assert days is not None
         until = f"{fact.not_after:%Y-%m-%d %H:%M} UTC"
         if days <= 0:
             findings.append(
@@ -148,6 +162,7 @@ def check_certificates(
                     CERTIFICATE_EXPIRY,
                     fact.subject,
                     f"expired {until}: it is refused; {_renewal(fact)}",
+                    days,
                 )
             )
         elif days <= warn_days:
@@ -157,18 +172,44 @@ def check_certificates(
                     CERTIFICATE_EXPIRY,
                     fact.subject,
                     f"expires in {days:.0f} day(s) ({until}); {_renewal(fact)}",
+                    days,
+                )
+            )
+        elif fact.holder:
+            holders_fine.append(fact)
+        else:
+            days_of_home.append(
+                Finding(
+                    "ok",
+                    CERTIFICATE_EXPIRY,
+                    fact.subject,
+                    f"{days:.0f} day(s) left (until {until}); {_renewed_how(fact)}",
+                    days,
                 )
             )
     if not judged:
         findings.append(_ok(CERTIFICATE_EXPIRY, "no certificates: this home has no fleet CA"))
-    elif not findings:
+    findings += days_of_home
+    if holders_fine:
+        soonest = min(holders_fine, key=lambda f: f.not_after or now)
+        days = _days(soonest.not_after, now)
         findings.append(
-            _ok(
+            Finding(
+                "ok",
                 CERTIFICATE_EXPIRY,
-                f"{len(judged)} certificate(s) valid for more than {warn_days:.0f} days",
+                "home",
+                f"{len(holders_fine)} station/operator certificate(s) valid for more than "
+                f"{warn_days:.0f} days; the soonest ends in {days:.0f} day(s) ({soonest.holder})",
+                days,
             )
         )
     return findings
+
+
+def _renewed_how(fact: CertFact) -> str:
+    if fact.subject.startswith("CA "):
+        return "the fleet CA is not renewed automatically"
+    return "`manager serve` issues it again once a third of its validity is left"
 
 
 def _renewal(fact: CertFact) -> str:
@@ -176,9 +217,12 @@ def _renewal(fact: CertFact) -> str:
         return "the station renews itself while it can reach the manager; else enrol it again"
     if fact.holder.startswith("operator "):
         return "remove and add the operator again (`fedge manager operator`)"
-    if fact.subject.startswith("server "):
-        return "reissue the server certificates (`fedge manager advertise HOST`)"
-    return "create a new home or reissue it"
+    if fact.subject.startswith("server ") or fact.subject.startswith("manager "):
+        return (
+            "`fedge manager serve` renews it once a third of its validity is left: is it "
+            "running (with FEDGE_CA_PASSPHRASE if the CA key is encrypted)?"
+        )
+    return "create a new fleet CA and enrol every station again"
 
 
 # -- file permissions
@@ -301,7 +345,7 @@ def diagnose(facts: HomeFacts) -> list[Finding]:
         *check_permissions(facts.secret_files, facts.secret_dirs),
         *check_listeners(facts),
         *_findings(CA_KEY_ENCRYPTION, check_ca_key(facts.ca_key_encrypted)),
-        *_findings(CRL, check_crl(facts.crl, facts.revoked, facts.now)),
+        *_crl_findings(facts),
         *check_logs(facts.logs_with_keys),
         *_findings(
             SIGNING_KEY,
@@ -310,6 +354,16 @@ def diagnose(facts: HomeFacts) -> list[Finding]:
     ]
     rank = {"error": 0, "warning": 1, "ok": 2}
     return sorted(findings, key=lambda f: rank[f.severity])
+
+
+def _crl_findings(facts: HomeFacts) -> list[Finding]:
+    """doctor_ca.py's CRL check, each finding with the days to the CRL's next-update."""
+    next_update = None if facts.crl is None else facts.crl.next_update
+    days = _days(next_update, facts.now)
+    return [
+        dataclasses.replace(finding, days_left=days)
+        for finding in _findings(CRL, check_crl(facts.crl, facts.revoked, facts.now))
+    ]
 
 
 def counts(findings: Iterable[Finding]) -> dict[Severity, int]:

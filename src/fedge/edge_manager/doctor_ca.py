@@ -5,7 +5,9 @@ are pure and give (severity, subject, message) for doctor.py to turn into findin
 - ``ca-key-encryption``: the CA key stored without a passphrase (a warning: the file is
   0600, but a copied disk or backup then holds the fleet's root);
 - ``crl``: a CRL that does not parse, is not the fleet CA's, has expired, or lacks a
-  revocation recorded in the store (errors).
+  revocation recorded in the store (errors); one whose next-update is within
+  :data:`CRL_WARNING_DAYS` (a warning: `manager serve` issues it again far earlier, so
+  it is not running); otherwise the days to its next-update.
 """
 
 import datetime as dt
@@ -16,6 +18,11 @@ from fedge.edge_manager.doctor_keys import Judgement
 
 CA_KEY_ENCRYPTION = "ca-key-encryption"
 CRL = "crl"
+CRL_WARNING_DAYS = 30.0
+REISSUE = (
+    "`fedge manager serve` issues it again (at start, then hourly, once a third of its "
+    "validity is left)"
+)
 
 
 @dataclass(frozen=True)
@@ -83,21 +90,34 @@ def check_crl(
                 "again to rewrite it",
             )
         )
-    if crl.next_update is not None and crl.next_update <= now:
+    days = None if crl.next_update is None else (crl.next_update - now).total_seconds() / 86400
+    if crl.next_update is not None and days is not None and days <= 0:
         findings.append(
             (
                 "error",
                 crl.path,
-                f"expired {crl.next_update:%Y-%m-%d}: TLS stacks may refuse every client; "
-                "`fedge edge revoke ID` rewrites it",
+                f"expired {crl.next_update:%Y-%m-%d}: the broker refuses every station; "
+                f"{REISSUE}: is it running?",
+            )
+        )
+    elif crl.next_update is not None and days is not None and days <= CRL_WARNING_DAYS:
+        findings.append(
+            (
+                "warning",
+                crl.path,
+                f"next update in {days:.0f} day(s) ({crl.next_update:%Y-%m-%d}), then the "
+                f"broker refuses every station; {REISSUE}: is it running?",
             )
         )
     if not findings:
+        until = "" if crl.next_update is None else f", until {crl.next_update:%Y-%m-%d}"
+        left = "" if days is None else f"; next update in {days:.0f} day(s){until}"
         findings.append(
             (
                 "ok",
-                "home",
-                f"the CRL is the fleet CA's and lists every revoked certificate ({len(revoked)})",
+                crl.path,
+                f"the CRL is the fleet CA's and lists every revoked certificate "
+                f"({len(revoked)}){left}",
             )
         )
     return findings
