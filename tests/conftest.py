@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -17,7 +18,7 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -794,3 +795,64 @@ def console_login(fh: FleetHome, role: str, name: str = "") -> tuple[Any, str]:
     page = client.get("/login")
     client.post("/login", data={"csrf": CONSOLE_CSRF.findall(page.text)[0], "token": token})
     return client, CONSOLE_CSRF.findall(client.get("/").text)[0]
+
+
+# ---------------------------------------------------------------- a stranger's host
+# A second host on the plant network, for attack tests (issue 24): a Linux network
+# namespace joined to this host by a veth pair on a /30 of 10.213.0.0/16 used only inside
+# it. Servers under test listen on this host's end; the attacker's commands run in the
+# namespace (``ip netns exec``) with nothing but that link. Needs root (CI runs as root); a
+# host where it cannot be made fails the test that asked for it, it does not skip.
+
+
+@dataclass(frozen=True)
+class StrangerHost:
+    """The namespace ``name``; this host is ``host_ip`` on the link, the stranger ``ip``."""
+
+    name: str
+    host_ip: str
+    ip: str
+
+    def run(
+        self, argv: Sequence[str], *, timeout_s: float = 60.0, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """``argv`` run inside the namespace; its exit code and output, never raised."""
+        return subprocess.run(
+            ["ip", "netns", "exec", self.name, *argv],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
+        )
+
+
+def _ip(*args: str) -> None:
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"`ip {' '.join(args)}` failed ({done.stderr.strip()}): attack tests need root "
+            "and iproute2 to make a network namespace"
+        )
+
+
+@contextmanager
+def stranger_host() -> Iterator[StrangerHost]:
+    """A namespace linked to this host; removed (with its link) afterwards."""
+    tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
+    subnet = random.randrange(1, 250)
+    name, outer, inner = f"fedge-x{tag}", f"vx{tag}h", f"vx{tag}g"
+    host = StrangerHost(name, f"10.213.{subnet}.1", f"10.213.{subnet}.2")
+    _ip("netns", "add", name)
+    try:
+        _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
+        _ip("link", "set", inner, "netns", name)
+        _ip("addr", "add", f"{host.host_ip}/30", "dev", outer)
+        _ip("link", "set", outer, "up")
+        _ip("-n", name, "addr", "add", f"{host.ip}/30", "dev", inner)
+        _ip("-n", name, "link", "set", inner, "up")
+        _ip("-n", name, "link", "set", "lo", "up")
+        yield host
+    finally:
+        subprocess.run(["ip", "link", "del", outer], capture_output=True, check=False)
+        subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
