@@ -146,7 +146,7 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
                     root_certificates=files.ca,
                     auth_key=files.key,
                     trusted_entities=trusted_entities_yaml(home.signing_key().public),
-                )  # fmt: skip
+                )
             )
             yield plant
         finally:
