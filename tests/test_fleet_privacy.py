@@ -28,6 +28,7 @@ from fedge.party.budget import BudgetLedger
 from fedge.party.privacy_status import LEDGER_FILE
 from fedge.privacy import accounting
 from fedge.privacy.settings import DpRelease, is_budget_exhausted
+from fedge.protocols.app_signing import trusted_entities_yaml
 from fedge.protocols.config import PrivacyBudget
 
 pytestmark = pytest.mark.integration
@@ -98,12 +99,26 @@ def test_a_station_out_of_budget_refuses_and_the_round_completes_with_the_others
             supervisor = SupernodeSupervisor(fh.data_dir(edge) / "supernode")
             supervisors.append(supervisor)
             supervisor.start()
-            supervisor.apply(SupernodeSpec(superlink.address, edge, fh.data_dir(edge), 20, 1, 60.0))
+            supervisor.apply(
+                SupernodeSpec(
+                    superlink.address,
+                    edge,
+                    fh.data_dir(edge),
+                    20,
+                    1,
+                    60.0,
+                    trusted_entities=trusted_entities_yaml(fh.home.signing_key().public),
+                )
+            )
         manifest = tmp_path / "job.toml"
         manifest.write_text(JOB, encoding="utf-8")
         job_dir = tmp_path / "job"
         prepare(manifest, job_dir, fh.home)
-        fleet_job.submit(job_dir, superlink.address)
+        fleet_job.submit(
+            job_dir,
+            superlink.local_address,
+            signing=(fh.home.signing_key(), superlink.signed_apps),
+        )
         result = fleet_job.wait(job_dir, timeout_s=150)
         assert result.state.value == "completed", result.error
 

@@ -50,6 +50,7 @@ from fedge.party.families import weights_from_bytes
 from fedge.party.privacy_status import LEDGER_FILE
 from fedge.privacy import accounting
 from fedge.privacy.settings import DpRelease, is_budget_exhausted
+from fedge.protocols.app_signing import trusted_entities_yaml
 from fedge.protocols.config import PrivacyBudget, TrainingPolicy
 
 pytestmark = pytest.mark.integration
@@ -199,7 +200,17 @@ def start_stations(
         supervisor = SupernodeSupervisor(fh.data_dir(edge) / "supernode")
         supervisors.append(supervisor)
         supervisor.start()
-        supervisor.apply(SupernodeSpec(superlink.address, edge, fh.data_dir(edge), 20, 1, 60.0))
+        supervisor.apply(
+            SupernodeSpec(
+                superlink.address,
+                edge,
+                fh.data_dir(edge),
+                20,
+                1,
+                60.0,
+                trusted_entities=trusted_entities_yaml(fh.home.signing_key().public),
+            )
+        )
 
 
 def history(data_dir: Path) -> list[DpRelease]:
@@ -241,7 +252,11 @@ def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_ever
         job_dir = tmp_path / "job"
         prepare(manifest, job_dir, fh.home)
         record_what_the_server_receives(job_dir)
-        fleet_job.submit(job_dir, superlink.address)
+        fleet_job.submit(
+            job_dir,
+            superlink.local_address,
+            signing=(fh.home.signing_key(), superlink.signed_apps),
+        )
         result = fleet_job.wait(job_dir, timeout_s=180)
         assert result.state.value == "completed", result.error
         print(f"secagg fleet job: {time.monotonic() - started:.1f} s")
