@@ -76,7 +76,8 @@ class CertFact:
     """One certificate's end date (``None`` with ``problem`` when it cannot be read).
 
     ``holder`` groups certificates of one identity: only its newest is judged, since a
-    station that renewed keeps its old certificate, unrevoked, until it expires."""
+    station that renewed keeps its old certificate, unrevoked, for a grace of 7 days
+    (credential_renewal.py)."""
 
     subject: str
     not_after: dt.datetime | None

@@ -187,8 +187,10 @@ def renew(home: ManagerHome, current_pem: bytes, request: RenewRequest) -> Enrol
     """A new certificate for the station holding ``current_pem`` (its TLS peer
     certificate), for the key in its CSR. Refused unless the current certificate is this
     CA's, valid, an edge's, issued by this manager and not revoked, and the CSR names the
-    same edge. The old certificate stays valid until it expires: connections made with
-    it carry on (renewal without downtime)."""
+    same edge. The old certificate stays valid for a grace: connections made with it
+    carry on (renewal without downtime), and a station that lost this answer renews
+    again with it; `manager serve` revokes it once the grace has passed
+    (credential_renewal.REPLACED_GRACE)."""
     ca = home.pki().ca()
     try:
         info = ca.verify(current_pem)

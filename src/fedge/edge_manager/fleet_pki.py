@@ -3,6 +3,7 @@
 <home>/pki/ca.crt                 the fleet CA certificate (what every party pins)
 <home>/pki/ca.key                 its key, 0600; encrypted when FEDGE_CA_PASSPHRASE is set
 <home>/pki/crl.pem                revoked certificates, rewritten atomically on revocation
+                                  and before its next-update (credential_renewal.py)
 <home>/pki/servers/<name>.crt|key the broker's, gRPC's, the SuperLink's, enrollment's and
                                   the console's (issued when first served over TLS)
 <home>/pki/clients/manager.crt|key the manager's own client certificate (broker user)
