@@ -228,9 +228,7 @@ def _named_hosts(path: Path) -> list[str]:
 # -- the adapter: renewing
 
 
-def renew(
-    home: ManagerHome, now: dt.datetime, *, grace: dt.timedelta = REPLACED_GRACE
-) -> Renewed:
+def renew(home: ManagerHome, now: dt.datetime, *, grace: dt.timedelta = REPLACED_GRACE) -> Renewed:
     """Issue again what is :func:`due` at ``now`` and revoke what renewals
     :func:`replaced`; writes the files atomically but tells no consumer (see
     :func:`tell_consumers`). Raises ManagerError when the CA cannot be opened (its

@@ -80,9 +80,7 @@ def revoked(store: Store, *, now: float | None = None) -> list[Revoked]:
     refused by its dates; the CRL need not grow forever)."""
     return [
         Revoked(serial, dt.datetime.fromtimestamp(at, dt.UTC))
-        for serial, at in credential_store.revoked_since(
-            store, time.time() if now is None else now
-        )
+        for serial, at in credential_store.revoked_since(store, time.time() if now is None else now)
     ]
 
 
