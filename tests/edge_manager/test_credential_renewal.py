@@ -13,8 +13,10 @@ import shutil
 import socket
 import ssl
 from collections.abc import Iterator
+from concurrent import futures
 from pathlib import Path
 
+import grpc
 import pytest
 from conftest import FleetHome, make_fleet_home, mqtt_outcome, refused, wait_until
 from cryptography import x509
@@ -39,6 +41,7 @@ from fedge.protocols import pki
 from fedge.protocols.enrollment import RenewRequest
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.broker import MosquittoBroker
+from fedge.transport.grpc.tls import ServerFiles
 from fedge.transport.mqtt import MqttSession, MqttSettings
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
@@ -303,6 +306,38 @@ def test_the_clock_moved_past_a_year_every_station_stays_connected(
         if service is not None:
             service.stop()
         broker.stop()
+
+
+@pytest.mark.integration
+def test_a_running_grpc_server_presents_its_renewed_certificate(fh: FleetHome) -> None:
+    """Real gRPC (BoringSSL): the server's certificate files are read again at the first
+    handshake after they change; a pair caught half written keeps the current one."""
+    fleet_pki = fh.home.pki()
+    files = fleet_pki.server_files("grpc")
+    fetcher = ServerFiles(files)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+    port = server.add_secure_port(
+        "127.0.0.1:0",
+        grpc.dynamic_ssl_server_credentials(
+            fetcher.initial,
+            fetcher,  # type: ignore[arg-type]
+            require_client_authentication=True,
+        ),
+    )
+    server.start()
+    station = fh.tls_files("st-01")
+    try:
+        first = served_serial(port, station, ["h2"])
+        assert first == file_serial(files.cert)
+        # Half written: a new key beside the old certificate.
+        files.key.write_bytes(pki.key_pem(pki.new_key()))
+        assert served_serial(port, station, ["h2"]) == first
+        fleet_pki.issue_server(fleet_pki.ca(), "grpc", fh.settings.server_hosts())
+        renewed = served_serial(port, station, ["h2"])
+        assert renewed == file_serial(files.cert) != first
+        assert fetcher.reloads == 1
+    finally:
+        server.stop(grace=None)
 
 
 @pytest.mark.integration

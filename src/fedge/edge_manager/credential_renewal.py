@@ -70,8 +70,13 @@ log = logging.getLogger(__name__)
 RENEW_WHEN_LEFT = 1 / 3  # of a credential's validity
 REPLACED_GRACE = dt.timedelta(days=7)
 CHECK_EVERY_S = 3600.0
-# Servers that read their certificate only when they start (see the module docstring).
-RESTART_TO_RELOAD = frozenset({"superlink", "console", "enroll"})
+# Servers that read their certificate only when they start (see the module docstring),
+# and what to restart for each.
+RESTART_TO_RELOAD = {
+    "superlink": "the SuperLink (`fedge manager superlink`)",
+    "console": "the console",
+    "enroll": "`fedge manager serve` (its enrollment endpoint)",
+}
 
 
 class Kind(enum.StrEnum):
@@ -281,13 +286,13 @@ def tell_consumers(
     if renewed.manager:
         on_manager_renewed()
     ends = {c.name: c.not_after for c in held if c.kind is Kind.SERVER}
-    for name in sorted(RESTART_TO_RELOAD & set(renewed.servers)):
+    for name in sorted(set(RESTART_TO_RELOAD) & set(renewed.servers)):
         end = ends.get(name)
         until = f"{end:%Y-%m-%d}" if end is not None else "its old certificate ends"
         log.warning(
-            "the %s certificate was renewed; restart the %s before %s so it serves the new one",
+            "the %s server certificate was renewed; restart %s before %s so it serves the new one",
             name,
-            name,
+            RESTART_TO_RELOAD[name],
             until,
         )
 
