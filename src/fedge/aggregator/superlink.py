@@ -148,8 +148,11 @@ class SuperLink:
 
     @property
     def local_address(self) -> str:
-        """Where this host's tools reach the SuperLink itself (Control API included)."""
-        return f"{CONTROL_HOST}:{self.control_port}"
+        """Where this host's tools reach the SuperLink itself (Control API included): the
+        port this object started it on, or the one its owner wrote down."""
+        if self.control_port:
+            return f"{CONTROL_HOST}:{self.control_port}"
+        return control_address(self.workdir)
 
     @property
     def log_path(self) -> Path:
