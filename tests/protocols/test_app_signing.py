@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-import yaml
+import yaml  # type: ignore[import-untyped]
 from flwr.supercore.fab import Fab
 from flwr.supercore.primitives.asymmetric_ed25519 import create_message_to_sign
 from flwr.supernode.start_client_internal import _verify_fab
