@@ -240,11 +240,18 @@ class FleetHome:
         assert watch_dir is not None
         return watch_dir
 
-    def enroll(self, edge: str) -> Path:
+    def enroll(self, edge: str, *, privacy_floor: bool = True) -> Path:
+        """Enrol ``edge`` with the default privacy floor, or (False) opted out of one."""
         out = self.root / edge / "agent.toml"
         out.parent.mkdir(parents=True, exist_ok=True)
         with self.fleet() as fleet:
-            text = enroll(self.home, fleet, edge, (out.parent / "data").resolve())
+            text = enroll(
+                self.home,
+                fleet,
+                edge,
+                (out.parent / "data").resolve(),
+                privacy_floor=privacy_floor,
+            )
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
@@ -310,10 +317,16 @@ class FleetHome:
 
 
 def make_fleet_home(
-    root: Path, edges: Iterable[str] = EDGES, fleet: str = FLEET, *, insecure: bool = False
+    root: Path,
+    edges: Iterable[str] = EDGES,
+    fleet: str = FLEET,
+    *,
+    insecure: bool = False,
+    privacy_floor: bool = True,
 ) -> FleetHome:
     """An initialised manager home on free ports with ``edges`` enrolled: mutual TLS with
-    the fleet CA, or (``insecure``) plain TCP with passwords."""
+    the fleet CA, or (``insecure``) plain TCP with passwords. Stations get the default
+    privacy floor unless ``privacy_floor`` is False (they then train without DP-SGD)."""
     home = ManagerHome(root / "home")
     home.init(
         ManagerSettings(
@@ -327,7 +340,7 @@ def make_fleet_home(
     )
     fleet_home = FleetHome(root, home)
     for edge in edges:
-        fleet_home.enroll(edge)
+        fleet_home.enroll(edge, privacy_floor=privacy_floor)
     return fleet_home
 
 

@@ -171,7 +171,8 @@ def wait_serving(fh: FleetHome, edge: str, ref: str) -> None:
 def test_stations_train_as_federated_parties_and_the_job_publishes(
     tmp_path: Path, processes: Processes
 ) -> None:
-    fh = make_fleet_home(tmp_path, edges=EDGES)
+    # The job trains without DP-SGD: its stations opt out of a privacy floor, explicitly.
+    fh = make_fleet_home(tmp_path, edges=EDGES, privacy_floor=False)
     processes.env["FEDGE_HOME"] = str(fh.home.root)
     publish_trainable(fh, tmp_path)
     try:
@@ -288,7 +289,8 @@ def test_a_killed_agent_and_a_killed_aggregator_lose_no_round(
     round 2; ``fedge aggregator run`` says so, and ``resume`` continues from the round-2
     checkpoint: every round recorded once, the job published.
     """
-    fh = make_fleet_home(tmp_path, edges=EDGES)
+    # The job trains without DP-SGD: its stations opt out of a privacy floor, explicitly.
+    fh = make_fleet_home(tmp_path, edges=EDGES, privacy_floor=False)
     processes.env["FEDGE_HOME"] = str(fh.home.root)
     publish_trainable(fh, tmp_path)
     try:

@@ -30,7 +30,7 @@ from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.privacy_budget import apply_budget, lifetime_change
+from fedge.edge_agent.privacy_budget import apply_budget, lifetime_change, read_floor
 from fedge.edge_manager.desired import next_config
 from fedge.edge_manager.fleet_views import EdgeView
 from fedge.edge_manager.ingest import Ingestor
@@ -134,7 +134,11 @@ def test_the_agent_writes_the_bound_before_it_applies_the_config(
 
     try:
         agent.handle_config(manager.sign(EdgeConfig(FLEET, EDGE, 1)))
-        assert not (data_dir / LEDGER_FILE).exists()  # no budget, no ledger
+        # No signed budget; the ledger holds only the station's own floor (agent.toml's,
+        # written when the agent started: issue 24).
+        assert lifetime(data_dir) == (None, 1e-3)
+        floor = fh.agent_settings(EDGE).privacy_floor
+        assert floor is not None and read_floor(data_dir) == (True, floor)
         budget = PrivacyBudget(8.0, 1e-3)
         agent.handle_config(manager.sign(EdgeConfig(FLEET, EDGE, 2, privacy=budget)))
         assert agent.applied_version == 2

@@ -19,6 +19,11 @@ failed and why), then every party evaluates the new model on its held-out images
 (``evaluations`` in the run store; round 0 is the starting model), then the round is
 checkpointed (model, strategy and tier state). The process holds the job's lock while it
 runs; killed, it leaves the newest checkpoint, and a resubmitted run continues from it.
+
+A job in which no station trained in any round (every one refused, for its privacy floor or
+budget, or failed) ends FAILED, saying why: its final weights are the starting ones, and
+nothing is published (issue 24). Evaluate messages carry the job's id and privacy settings,
+so a station accounts (and limits) its evaluations under DP per job.
 """
 
 from __future__ import annotations
@@ -68,6 +73,7 @@ from fedge.aggregator.run_store import PartyEvaluation, RunState, RunStore
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.protocols.model_spec import MODEL_SPEC_KEY
 
+JOB_ID_KEY = "job-id"  # what stations account a job's releases to (as a train message)
 MODEL_SPEC = "model-spec.json"
 INITIAL_WEIGHTS = "initial.npz"
 PARTIES = "parties.json"
@@ -111,10 +117,44 @@ def run_fleet_job(grid: Grid, job_dir: Path) -> None:
             except BaseException as exc:
                 store.set_state(run_id, RunState.FAILED, f"{type(exc).__name__}: {exc}")
                 raise
+            untrained = no_training(
+                store.rounds(run_id),
+                bool(store.party_metrics(run_id)),
+                store.party_names(run_id),
+            )
+            if untrained is not None:
+                store.set_state(run_id, RunState.FAILED, untrained)
+                log(WARNING, "fleet job %s failed: %s", run_id, untrained)
+                return
             store.set_state(run_id, RunState.COMPLETED)
             log(INFO, "fleet job %s completed: %d rounds", run_id, manifest.job.rounds)
         finally:
             store.close()
+
+
+def no_training(
+    rounds: list[dict[str, Any]], any_trained: bool, names: dict[int, str]
+) -> str | None:
+    """Why a job whose rounds ``rounds`` ended is a failure (None: some station trained).
+
+    A model no station trained is the starting one: publishing it as a new version would
+    say the fleet learned when it did not."""
+    if any_trained:
+        return None
+    reasons: list[str] = []
+    for record in reversed(rounds):
+        failures = record.get("failures") or {}
+        reasons = [
+            f"{names.get(int(party), party)}: {why}" for party, why in sorted(failures.items())
+        ]
+        if reasons:
+            break
+    detail = f" (last failures: {'; '.join(reasons)[:600]})" if reasons else ""
+    return (
+        f"no station trained in any of the job's {len(rounds)} round(s){detail}; nothing is "
+        "published. Check the stations' privacy floors and budgets (`fedge edge show EDGE`) "
+        "against the job's [privacy] table"
+    )
 
 
 # SecAgg+ scales each station's model by num-examples / max_weight before quantising it to
@@ -159,9 +199,17 @@ def _drive(
     _wait_for_parties(stations, manifest, len(parties))
     names = {party: edge for edge, party in parties.items()}
 
+    # Stations account (and, under DP, limit) their evaluations per job: they need its id
+    # and privacy settings, as a train message has them.
+    eval_config: dict[str, str | float | int | bool] = {
+        MODEL_SPEC_KEY: spec_text,
+        JOB_ID_KEY: run_id,
+        **strategy.privacy.to_config(),
+    }
+
     def evaluate(server_round: int, model: ArrayRecord) -> MetricRecord:
         results = _evaluate_on_stations(
-            stations, model, spec_text, manifest.federation.eval_timeout_s, names
+            stations, model, eval_config, manifest.federation.eval_timeout_s, names
         )
         store.record_evaluation(run_id, server_round, results)
         scored = [(r.accuracy, r.examples) for r in results if r.accuracy is not None]
@@ -237,13 +285,17 @@ def _wait_for_parties(grid: IdentifiedGrid, manifest: FleetJobManifest, parties:
 
 
 def _evaluate_on_stations(
-    grid: Grid, model: ArrayRecord, spec_text: str, timeout_s: float, names: dict[int, str]
+    grid: Grid,
+    model: ArrayRecord,
+    config: dict[str, str | float | int | bool],
+    timeout_s: float,
+    names: dict[int, str],
 ) -> list[PartyEvaluation]:
     """Every connected station evaluates ``model`` on its held-out images."""
     nodes = list(grid.get_node_ids())
     messages = [
         Message(
-            RecordDict({"arrays": model, "config": ConfigRecord({MODEL_SPEC_KEY: spec_text})}),
+            RecordDict({"arrays": model, "config": ConfigRecord(dict(config))}),
             dst_node_id=node,
             message_type=MessageType.EVALUATE,
         )

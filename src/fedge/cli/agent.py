@@ -17,9 +17,12 @@ from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.images import decode_image
 from fedge.edge_agent.local_api import add_label, bind_local_api, start_local_api
 from fedge.edge_agent.lock import lock_data_dir
+from fedge.edge_agent.privacy_budget import read_floor, set_local_floor
 from fedge.edge_agent.service import UNIT_DIR, render_unit, service_for
 from fedge.edge_agent.settings import load_settings
 from fedge.edge_agent.watcher import watch
+from fedge.privacy.floor import PrivacyFloor, default_floor
+from fedge.privacy.settings import PrivacyError
 
 app = typer.Typer(help="The edge agent.", no_args_is_help=True)
 
@@ -91,18 +94,81 @@ def enroll(
             f"${TOKEN_ENV} or asked for, so it is not in the process list or shell history."
         ),
     ] = None,
+    no_privacy_floor: Annotated[
+        bool,
+        typer.Option(
+            "--no-privacy-floor",
+            help="Write no privacy floor: the station then accepts rounds without DP-SGD "
+            "(shown in `fedge edge show`). Default: the station trains only with DP-SGD "
+            "within its own floor.",
+        ),
+    ] = False,
 ) -> None:
     """Enrol this device: make its key here, get its certificate, write agent.toml.
 
     Example: fedge agent enroll --manager mgr.lan:8444 --edge st-01 --config agent.toml
     """
     secret = token or os.environ.get(TOKEN_ENV) or typer.prompt("token", hide_input=True)
-    enrolled = enroll_device(manager, edge, secret, config, data_dir)
+    enrolled = enroll_device(
+        manager, edge, secret, config, data_dir, privacy_floor=not no_privacy_floor
+    )
     console.print(
         f"enrolled [bold]{edge}[/bold] in fleet {enrolled.response.fleet}; config in {config}, "
         f"key in {enrolled.tls.key} (0600, never sent)",
         highlight=False,
     )
+
+
+@app.command("privacy-floor")
+@friendly_errors
+def privacy_floor(
+    config: ConfigOption,
+    none: Annotated[
+        bool, typer.Option("--none", help="Opt out: accept rounds without DP-SGD.")
+    ] = False,
+    default: Annotated[
+        bool, typer.Option("--default", help="The default floor for the station's keep_images.")
+    ] = False,
+    job_epsilon: Annotated[float | None, typer.Option(help="Most epsilon per job.")] = None,
+    lifetime_epsilon: Annotated[float | None, typer.Option(help="Most over all jobs.")] = None,
+    delta: Annotated[float | None, typer.Option(help="The floor's delta.")] = None,
+    min_noise_multiplier: Annotated[float | None, typer.Option(help="Least DP-SGD noise.")] = None,
+) -> None:
+    """Show or set this station's own privacy floor (agent.toml and its ledger; local only:
+    the manager can tighten it with `fedge edge set-privacy`, never loosen it).
+
+    Example: fedge agent privacy-floor --config agent.toml
+    Example: fedge agent privacy-floor --config agent.toml --job-epsilon 4 --lifetime-epsilon 8
+    """
+    settings = load_settings(config)
+    values = {
+        "job_epsilon": job_epsilon,
+        "lifetime_epsilon": lifetime_epsilon,
+        "delta": delta,
+        "min_noise_multiplier": min_noise_multiplier,
+    }
+    changes = {k: v for k, v in values.items() if v is not None}
+    if none and (changes or default):
+        raise typer.BadParameter("--none opts out of the floor: give no floor values with it")
+    if none or default or changes:
+        base = settings.privacy_floor
+        if default or base is None:
+            base = default_floor(settings.keep_images)
+        try:
+            floor = None if none else PrivacyFloor.from_table({**base.to_table(), **changes})
+        except PrivacyError as exc:
+            raise typer.BadParameter(str(exc)) from None
+        set_local_floor(config, floor)
+    written, floor = read_floor(settings.data_dir)
+    if not written:
+        console.print("privacy floor: not written yet (the agent writes it when it starts)")
+    elif floor is None:
+        console.print("privacy floor: [yellow]none[/yellow] (opted out: rounds without DP-SGD)")
+    else:
+        console.print(
+            f"privacy floor: {floor.describe()}; at most {floor.evaluations_per_job} "
+            "noised evaluations per job"
+        )
 
 
 @app.command()

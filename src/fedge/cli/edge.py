@@ -60,6 +60,15 @@ def enroll(
     ] = None,
     data_dir: Annotated[Path | None, typer.Option(help="Agent data dir on the device.")] = None,
     ttl: Annotated[float, typer.Option(help="Seconds the token is valid.")] = 3600.0,
+    no_privacy_floor: Annotated[
+        bool,
+        typer.Option(
+            "--no-privacy-floor",
+            help="With --out: write no privacy floor (the station then accepts rounds "
+            "without DP-SGD; `fedge edge show` says so). With a token, the device chooses "
+            "(`fedge agent enroll --no-privacy-floor`).",
+        ),
+    ] = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Enrol an edge: a single-use token for its device, or (--out) its agent.toml here.
@@ -80,7 +89,14 @@ def enroll(
     manager_home, fleet = open_fleet(home)
     directory = (data_dir or out.parent.resolve() / "data").resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
-    text = enroll_edge(manager_home, fleet, edge, directory, tls_dir=out.parent.resolve())
+    text = enroll_edge(
+        manager_home,
+        fleet,
+        edge,
+        directory,
+        tls_dir=out.parent.resolve(),
+        privacy_floor=not no_privacy_floor,
+    )
     write_secret_file(out, text)
     console.print(f"enrolled [bold]{edge}[/bold]; agent config in {out}")
 
@@ -282,6 +298,16 @@ def _privacy(budget: dict[str, float] | None, spent: float | None) -> str:
     return f"{bound}; spent epsilon {spent:.3g} (as the station last reported)"
 
 
+def _floor(lifetime: float | None, job: float | None) -> str:
+    """The station's own privacy floor, as its agent last reported it."""
+    if lifetime is None:
+        return "not reported"
+    if lifetime == 0:
+        return "[yellow]none: the station's operator opted out (rounds without DP)[/yellow]"
+    per_job = "" if job is None else f"epsilon {job:g} per job, "
+    return f"DP-SGD only, {per_job}lifetime epsilon {lifetime:g} (the station's own)"
+
+
 @app.command()
 @friendly_errors
 def show(
@@ -314,6 +340,8 @@ def show(
     console.print(f"  thresholds     {escape(_SOURCES[view.thresholds_source])}")
     spent = view.privacy_epsilon_spent
     console.print(f"  privacy        {_privacy(desired.get('privacy'), spent)}")
+    floor = _floor(view.privacy_floor_epsilon, view.privacy_floor_job_epsilon)
+    console.print(f"  privacy floor  {floor}")
     console.print(f"  images         {_images(desired.get('thumbnails'))}")
     console.print(f"  serving        {escape(view.serving or '-')}")
     deployment = f"{view.deploy_id or '-'} {view.deploy_stage} {view.deploy_reason}"

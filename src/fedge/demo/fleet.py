@@ -103,7 +103,9 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
         path = out / edge / "agent.toml"
         path.parent.mkdir(parents=True)
         ports[edge] = free_port()  # the station's local API (scoring, labels) on 127.0.0.1
-        text = enroll(home, fleet, edge, out / edge / "data")
+        # The learning chapter trains without DP-SGD: the stations start without a privacy
+        # floor (explicitly); the privacy chapter gives each its own floor before its job.
+        text = enroll(home, fleet, edge, out / edge / "data", privacy_floor=False)
         path.write_text(text.replace("http_port = 0", f"http_port = {ports[edge]}"))
         path.chmod(0o600)
         configs[edge] = path

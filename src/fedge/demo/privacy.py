@@ -1,11 +1,14 @@
 """The demo's privacy chapter: budgets in the signed configs, a DP-SGD job under SecAgg+.
 
-Each station gets a lifetime privacy budget (epsilon 8, delta 1e-3) in its signed edge
-config; its agent writes it into the station's ledger. A short federated job then trains
-the fleet's model with DP-SGD on every station (a target epsilon per station for the job)
-while the aggregator only ever sees the SecAgg+ masked sum of their updates. The chapter
-reports what each station spent, from the job's run store and from the stations' own
-telemetry. The job's model is not published: it shows the mechanism, not a better model.
+Each station's operator first sets its own privacy floor (the default one, locally, as
+`fedge agent privacy-floor` does: DP-SGD only, whatever the manager says); then each gets
+a lifetime privacy budget (epsilon 8, delta 1e-5) in its signed edge config, which can
+only tighten the floor; its agent writes it into the station's ledger. A short federated
+job then trains the fleet's model with DP-SGD on every station (a target epsilon per
+station for the job) while the aggregator only ever sees the SecAgg+ masked sum of their
+updates. The chapter reports what each station spent, from the job's run store and from
+the stations' own telemetry. The job's model is not published: it shows the mechanism,
+not a better model.
 """
 
 from __future__ import annotations
@@ -21,14 +24,16 @@ from rich.table import Table
 
 from fedge.aggregator.run_store import RunStore
 from fedge.demo.learning import config_applied
+from fedge.edge_agent.privacy_budget import set_local_floor
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
+from fedge.privacy.floor import default_floor
 
 LIFETIME_EPSILON = 8.0
-DELTA = 1e-3
+DELTA = 1e-5  # within the stations' default floor (1 / (10 x 5,000 kept images))
 JOB_EPSILON = 4.0
 ROUNDS = 2
 JOB = """# Written by the demo: DP-SGD on every station, SecAgg+ on the aggregator.
@@ -93,6 +98,14 @@ def run_privacy(
     """The chapter; ``wait(predicate, timeout_s, what)`` is the demo's poller."""
     result = PrivacyChapter(out / "fleet-private", model)
     console.rule("[bold]privacy: station budgets, DP-SGD and secure aggregation")
+    # Each station's own floor, as its operator sets it on the station (`fedge agent
+    # privacy-floor`): from now on it trains only with DP-SGD, whatever the manager says.
+    for edge in edges:
+        set_local_floor(out / edge / "agent.toml", default_floor(5000))
+    console.print(
+        "every station's operator set its own privacy floor (DP-SGD only, epsilon <= "
+        f"{default_floor(5000).job_epsilon:g} per job); the manager can only tighten it"
+    )
     for pushed in fleet.set_privacy(edges, LIFETIME_EPSILON, DELTA):
         wait(lambda p=pushed: config_applied(store, p), 30, f"privacy budget on {pushed.edge}")
     console.print(

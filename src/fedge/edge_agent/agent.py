@@ -25,6 +25,7 @@ from fedge.edge_agent.evaluations import Evaluations
 from fedge.edge_agent.labels_down import apply_labels
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
+from fedge.edge_agent.privacy_budget import write_floor
 from fedge.edge_agent.publisher import Publisher
 from fedge.edge_agent.renewal import renewer_for
 from fedge.edge_agent.scorer import ImageFile as ImageFile
@@ -69,6 +70,9 @@ class EdgeAgent:
         self.keys = self.trust.keys
         # The station's training set: what it scores, kept on the device with its labels.
         self.station = StationData(settings.data_dir, settings.retention())
+        # The station's own privacy floor, from agent.toml into the ledger its ClientApp
+        # checks (issue 24): before any SuperNode can start a round.
+        write_floor(settings.data_dir, settings.privacy_floor)
         self.supervisor: SupernodeSupervisor | None = None
         self.scorer = Scorer(
             settings,

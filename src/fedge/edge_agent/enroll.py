@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fedge.edge_agent.errors import SettingsError
+from fedge.privacy.floor import default_floor, floor_toml
 from fedge.protocols import codec, pki, validate
 from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, JoinToken
 from fedge.protocols.errors import ProtocolError
@@ -86,7 +87,9 @@ def exchange(url: str, request: object, context: ssl.SSLContext, what: str) -> E
         raise EnrollmentRefused(f"the {what} reply is malformed: {exc}") from None
 
 
-def _agent_toml(response: EnrollResponse, tls: TlsFiles, data_dir: Path, url: str) -> str:
+def _agent_toml(
+    response: EnrollResponse, tls: TlsFiles, data_dir: Path, url: str, privacy_floor: bool
+) -> str:
     return "\n".join(
         [
             f'fleet = "{response.fleet}"',
@@ -103,13 +106,21 @@ def _agent_toml(response: EnrollResponse, tls: TlsFiles, data_dir: Path, url: st
             f'manager_public_key = "{response.manager_public_key}"',
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",
+            # The station's own floor (issue 24): the default unless opted out explicitly.
+            *floor_toml(default_floor(5000) if privacy_floor else None),
             "",
         ]
     )
 
 
 def enroll_device(
-    manager_url: str, edge: str, token: str, config: Path, data_dir: Path | None = None
+    manager_url: str,
+    edge: str,
+    token: str,
+    config: Path,
+    data_dir: Path | None = None,
+    *,
+    privacy_floor: bool = True,
 ) -> Enrolled:
     """Enrol this device as ``edge``; write its credentials and ``config`` (agent.toml)."""
     try:
@@ -140,5 +151,6 @@ def enroll_device(
     pki.write_private(tls.key, key_pem)
     tls.cert.write_text(response.certificate)
     tls.ca.write_bytes(ca_pem)
-    config.write_text(_agent_toml(response, tls, (data_dir or folder / "data").resolve(), url))
+    directory = (data_dir or folder / "data").resolve()
+    config.write_text(_agent_toml(response, tls, directory, url, privacy_floor))
     return Enrolled(config, tls, response)

@@ -49,6 +49,20 @@ probation_min_images = 10
 probation_max_error_rate = 0.05
 probation_min_spread = 0.001
 probation_max_restarts = 3
+
+# The station's privacy floor (issue 24): the least privacy it trains with, whatever a
+# job or the manager says. The agent writes it into the station's privacy ledger at every
+# start; the manager's signed budget can only tighten it. Without this table the default
+# floor applies (delta 1 / (10 x keep_images)); `privacy_floor = "none"` opts out
+# (rounds without DP-SGD are then accepted), which `fedge edge show` reports.
+[privacy_floor]
+mode = "local"                    # DP-SGD on the station; the only floor there is
+job_epsilon = 8.0                 # the most one job may spend here
+lifetime_epsilon = 16.0           # the most every job together may spend here
+delta = 2e-05
+min_noise_multiplier = 0.5
+evaluations_per_job = 16          # evaluations of the server's weights per job (noised)
+evaluation_noise = 20.0           # std of the noise on an evaluation's correct count
 """
 
 import tomllib
@@ -58,6 +72,8 @@ from pathlib import Path
 from fedge.edge_agent.errors import SettingsError
 from fedge.edge_agent.health import ProbationPolicy
 from fedge.party.station_store import Retention
+from fedge.privacy.floor import NO_FLOOR, PrivacyFloor, default_floor
+from fedge.privacy.settings import PrivacyError
 from fedge.protocols import validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.pki import TlsFiles
@@ -109,6 +125,8 @@ class AgentSettings:
     probation_max_error_rate: float = 0.05
     probation_min_spread: float = 0.001
     probation_max_restarts: int = 3
+    # The station's own privacy floor; None: its operator opted out (privacy_floor = "none").
+    privacy_floor: PrivacyFloor | None = field(default_factory=PrivacyFloor)
 
     def tls(self) -> TlsFiles | None:
         """The station's TLS files, or None in development (``insecure = true``)."""
@@ -189,6 +207,7 @@ def load_settings(path: Path) -> AgentSettings:
             f"{path}: missing setting(s) {', '.join(missing)}; "
             "`fedge edge enroll` writes a complete agent.toml"
         )
+    data["privacy_floor"] = _privacy_floor(path, data)
     for key in ("data_dir", "watch_dir", "ca_file", "cert_file", "key_file"):
         if key in data:
             data[key] = (path.parent / data[key]).resolve()
@@ -211,6 +230,26 @@ def load_settings(path: Path) -> AgentSettings:
     except ProtocolError as exc:
         raise SettingsError(f"{path}: {exc}") from None
     return settings
+
+
+def _privacy_floor(path: Path, data: dict[str, object]) -> PrivacyFloor | None:
+    """agent.toml's ``[privacy_floor]`` table, ``"none"`` (opted out), or the default floor
+    for the station's keep_images when it says nothing."""
+    value = data.get("privacy_floor")
+    if value is None:
+        keep = data.get("keep_images", 5000)
+        return default_floor(keep if isinstance(keep, int) and not isinstance(keep, bool) else 5000)
+    if value == NO_FLOOR:
+        return None
+    if not isinstance(value, dict):
+        raise SettingsError(
+            f'{path}: privacy_floor must be a [privacy_floor] table or "none" (opted out), '
+            f"got {value!r}"
+        )
+    try:
+        return PrivacyFloor.from_table(value)
+    except PrivacyError as exc:
+        raise SettingsError(f"{path}: {exc}") from None
 
 
 def _check_credentials(settings: AgentSettings, path: Path) -> None:

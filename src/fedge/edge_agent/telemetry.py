@@ -11,7 +11,7 @@ from typing import Any
 
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.settings import AgentSettings
-from fedge.party.privacy_status import SPENT_METRIC, read_spent
+from fedge.party.privacy_status import FLOOR_JOB_METRIC, FLOOR_METRIC, SPENT_METRIC, read_spent
 from fedge.party.station_store import StationData
 from fedge.protocols.records import MetricRecord, Stream
 
@@ -48,3 +48,8 @@ def emit_metrics(
     spent = read_spent(settings.data_dir)
     if spent is not None:
         add_metric(store, SPENT_METRIC, spent.epsilon)
+    # The station's own privacy floor (0: its operator opted out), shown by `fedge edge show`.
+    floor = settings.privacy_floor
+    add_metric(store, FLOOR_METRIC, 0.0 if floor is None else floor.lifetime_epsilon)
+    if floor is not None:
+        add_metric(store, FLOOR_JOB_METRIC, floor.job_epsilon)

@@ -18,6 +18,7 @@ from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store
+from fedge.privacy.floor import default_floor, floor_toml
 from fedge.protocols import pki, validate
 from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, JoinToken, RenewRequest
 from fedge.protocols.errors import ProtocolError
@@ -85,8 +86,13 @@ def agent_toml(
     *,
     tls: TlsFiles | None = None,
     password: str = "",
+    privacy_floor: bool = True,
 ) -> str:
-    """The agent's config, with the addresses agents reach the manager at (advertised)."""
+    """The agent's config, with the addresses agents reach the manager at (advertised).
+
+    With the station's default privacy floor (issue 24) unless ``privacy_floor`` is False
+    (an explicit opt-out, written as such). The floor is the device's local setting: the
+    manager writes it here only because the device's folder is on this machine."""
     settings = home.settings()
     public_key = home.public_key_path.read_text().strip()
     credential = (
@@ -108,6 +114,7 @@ def agent_toml(
             f'manager_public_key = "{public_key}"',
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",
+            *floor_toml(default_floor(5000) if privacy_floor else None),
             "",
         ]
     )
@@ -243,7 +250,13 @@ def redeem(home: ManagerHome, request: EnrollRequest) -> EnrollResponse:
 
 
 def enroll(
-    home: ManagerHome, fleet: Fleet, edge: str, data_dir: Path, *, tls_dir: Path | None = None
+    home: ManagerHome,
+    fleet: Fleet,
+    edge: str,
+    data_dir: Path,
+    *,
+    tls_dir: Path | None = None,
+    privacy_floor: bool = True,
 ) -> str:
     """Enrol ``edge`` whose device folder is on this machine; return its agent.toml.
 
@@ -256,7 +269,7 @@ def enroll(
         password = home.add_edge_password(edge)
         fleet.enroll(edge, password)
         reload_broker(home)
-        return agent_toml(home, edge, data_dir, password=password)
+        return agent_toml(home, edge, data_dir, password=password, privacy_floor=privacy_floor)
     folder = tls_dir if tls_dir is not None else data_dir.parent
     invitation = invite(home, edge)
     key_pem, csr_pem = pki.new_key_and_csr(edge)
@@ -265,7 +278,7 @@ def enroll(
     pki.write_private(files.key, key_pem)
     files.cert.write_text(response.certificate)
     files.ca.write_text(response.ca)
-    return agent_toml(home, edge, data_dir, tls=files)
+    return agent_toml(home, edge, data_dir, tls=files, privacy_floor=privacy_floor)
 
 
 def revoke(home: ManagerHome, identity: str) -> list[credentials.IssuedCert]:

@@ -14,7 +14,7 @@ from fedge.edge_manager import edge_view_store
 from fedge.edge_manager.edge_view_store import Gap
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError
 from fedge.edge_manager.registry import parse_ref
-from fedge.party.privacy_status import SPENT_METRIC
+from fedge.party.privacy_status import FLOOR_JOB_METRIC, FLOOR_METRIC, SPENT_METRIC
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 
@@ -64,6 +64,10 @@ class EdgeView:
     # The epsilon the station spent over all jobs, as its agent last reported it (its
     # ClientApp's report, fedge.party.privacy_status). None: never reported.
     privacy_epsilon_spent: float | None
+    # The station's own privacy floor as its agent last reported it: lifetime and per-job
+    # epsilon; lifetime 0.0: its operator opted out of a floor. None: never reported.
+    privacy_floor_epsilon: float | None = None
+    privacy_floor_job_epsilon: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The JSON object ``fedge edge show --json`` prints (gaps as a list of objects)."""
@@ -108,6 +112,10 @@ def show(fleet: Fleet, edge: str) -> EdgeView:
         rejections=edge_view_store.count(fleet.store, "rejections", edge),
         label_agreement=fleet.label_agreement(edge),
         privacy_epsilon_spent=edge_view_store.latest_metric(fleet.store, edge, SPENT_METRIC),
+        privacy_floor_epsilon=edge_view_store.latest_metric(fleet.store, edge, FLOOR_METRIC),
+        privacy_floor_job_epsilon=edge_view_store.latest_metric(
+            fleet.store, edge, FLOOR_JOB_METRIC
+        ),
     )
 
 

@@ -63,6 +63,10 @@ def _publish_once(job_dir: Path, home: ManagerHome) -> str:
         for row in store.party_metrics(run_id):
             name = names.get(int(row["party"]), str(row["party"]))
             examples[name] = int(row["metrics"].get("num-examples", 0))
+        if not examples:
+            # The ServerApp fails such a job; a run store from before that rule says
+            # "completed" for it all the same: a model no station trained is not new.
+            raise JobError(f"no station trained in job {run_id}; nothing to publish")
         rounds = len(store.rounds(run_id))
     finally:
         store.close()

@@ -10,6 +10,13 @@ bounds compose the whole history with an Opacus accountant
 cost). Opacus is imported only when a bound is computed: the agent writes budgets here on
 its inference path, without torch.
 
+The station's own privacy floor (:mod:`fedge.privacy.floor`, written by its agent from
+agent.toml, never from a signed config) sits beside the manager's lifetime budget: the
+lifetime bound a round is checked against is the smaller epsilon of the two at the
+smaller delta (:meth:`BudgetLedger.bound`), so the manager may tighten the floor, never
+loosen or clear it. Evaluations a floor allows are releases too (``dp_evaluations``):
+composed into the lifetime spend with the training releases.
+
 One file per station or simulated party, apart from anything a model reinstall replaces.
 WAL with ``synchronous=FULL``: the reservation is on disk before training starts, so a
 party killed while training keeps the planned release counted. Releases are keyed
@@ -20,19 +27,48 @@ recorded twice counts once.
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from uuid import uuid4
 
 from fedge.party import budget_store
+from fedge.privacy.floor import EvaluationBudget, PrivacyFloor, PrivacyFloorError
 from fedge.privacy.settings import BudgetExhaustedError, DpRelease, PrivacyError
 
 DEFAULT_LIFETIME_DELTA = budget_store.DEFAULT_LIFETIME_DELTA
 RELATIVE_TOLERANCE = 1e-6
 """A plan that lands exactly on its target (up to float rounding) is within it."""
+
+
+@dataclass(frozen=True)
+class LifetimeBound:
+    """The bound a round is checked against: the smaller of the station's floor and the
+    manager's budget (``epsilon`` None: neither bounds it), at the smaller delta."""
+
+    epsilon: float | None
+    delta: float
+    floor: PrivacyFloor | None
+
+    @property
+    def from_floor(self) -> bool:
+        return self.floor is not None and self.epsilon == self.floor.lifetime_epsilon
+
+
+def lifetime_bound(
+    manager: tuple[float | None, float], floor: PrivacyFloor | None
+) -> LifetimeBound:
+    """min(floor, manager's): the manager's budget tightens the floor, never loosens it."""
+    epsilon, delta = manager
+    if floor is None:
+        return LifetimeBound(epsilon, delta, None)
+    bounded = floor.lifetime_epsilon if epsilon is None else min(epsilon, floor.lifetime_epsilon)
+    return LifetimeBound(bounded, min(delta, floor.delta), floor)
 
 
 class BudgetLedger:
@@ -72,9 +108,33 @@ class BudgetLedger:
             budget_store.set_lifetime(conn, epsilon, delta)
 
     def lifetime(self) -> tuple[float | None, float]:
-        """(epsilon or ``None`` for no bound, delta)."""
+        """The manager's budget: (epsilon or ``None`` for no bound, delta)."""
         with self._lock, self._sqlite_errors():
             return budget_store.lifetime(self._conn)
+
+    # -- the station's own floor (from its agent.toml, written by its agent)
+
+    def set_floor(self, floor: PrivacyFloor | None) -> None:
+        """Record the station's floor (``None``: its operator opted out of one)."""
+        text = None if floor is None else json.dumps(floor.to_table(), sort_keys=True)
+        with self._transaction() as conn:
+            budget_store.set_floor(conn, text)
+
+    def floor_state(self) -> tuple[bool, PrivacyFloor | None]:
+        """(whether the agent wrote the floor, the floor or None when opted out/unwritten)."""
+        with self._lock, self._sqlite_errors():
+            written, text = budget_store.floor(self._conn)
+        return written, _parse_floor(self.path, text)
+
+    def floor(self) -> PrivacyFloor | None:
+        return self.floor_state()[1]
+
+    def bound(self) -> LifetimeBound:
+        """The lifetime bound rounds are checked against (floor and manager's combined)."""
+        with self._lock, self._sqlite_errors():
+            manager = budget_store.lifetime(self._conn)
+            _, text = budget_store.floor(self._conn)
+        return lifetime_bound(manager, _parse_floor(self.path, text))
 
     # -- releases
 
@@ -84,8 +144,41 @@ class BudgetLedger:
             return budget_store.history(self._conn, job)
 
     def spent(self, job: str | None = None, *, delta: float, accountant: str = "rdp") -> float:
-        """Epsilon at ``delta`` spent in ``job`` (``None``: over the party's lifetime)."""
-        return _epsilon_spent(self.history(job), delta, accountant)
+        """Epsilon at ``delta`` spent in ``job``'s training (``None``: over the party's
+        lifetime, evaluations included)."""
+        if job is not None:
+            return _epsilon_spent(self.history(job), delta, accountant)
+        with self._lock, self._sqlite_errors():
+            every = budget_store.history(self._conn, None) + budget_store.evaluations(
+                self._conn, None
+            )
+        return _epsilon_spent(every, delta, accountant)
+
+    def evaluations(self, job: str | None = None) -> list[DpRelease]:
+        """The evaluation releases of ``job`` (``None``: of every job)."""
+        with self._lock, self._sqlite_errors():
+            return budget_store.evaluations(self._conn, job)
+
+    def record_evaluation(
+        self, job: str, budget: EvaluationBudget, accountant: str = "rdp"
+    ) -> None:
+        """Count one noised evaluation in ``job``: refused (:class:`PrivacyFloorError`)
+        past the floor's evaluations per job, or (:class:`BudgetExhaustedError`) past the
+        lifetime bound; checked and recorded in one transaction, before anything is
+        evaluated (an evaluation that then fails still counts: the safe side)."""
+        if not job:
+            raise PrivacyError("an evaluation release needs its job's id, got an empty one")
+        release = budget.release()
+        with self._transaction() as conn:
+            refusal = budget.refusal(len(budget_store.evaluations(conn, job)), job)
+            if refusal is not None:
+                raise PrivacyFloorError(refusal)
+            history = budget_store.history(conn, None) + budget_store.evaluations(conn, None)
+            bound = lifetime_bound(
+                budget_store.lifetime(conn), _parse_floor(self.path, budget_store.floor(conn)[1])
+            )
+            _judge_lifetime(release, history, bound, accountant, what="evaluation")
+            budget_store.insert_evaluation(conn, job, uuid4().hex, release.noise_multiplier)
 
     def check(
         self,
@@ -105,8 +198,11 @@ class BudgetLedger:
         with self._lock, self._sqlite_errors():
             job_history = budget_store.history(self._conn, job)
             history = budget_store.history(self._conn, None)
+            history += budget_store.evaluations(self._conn, None)
             lifetime = budget_store.lifetime(self._conn)
-        _judge(job, release, job_history, history, lifetime, job_epsilon, delta, accountant)
+            _, floor_text = budget_store.floor(self._conn)
+        bound = lifetime_bound(lifetime, _parse_floor(self.path, floor_text))
+        _judge(job, release, job_history, history, bound, job_epsilon, delta, accountant)
 
     def reserve(
         self,
@@ -131,9 +227,11 @@ class BudgetLedger:
             raise PrivacyError("a DP release needs its job's id, got an empty one")
         with self._transaction() as conn:
             job_history = budget_store.history(conn, job)
-            history = budget_store.history(conn, None)
-            lifetime = budget_store.lifetime(conn)
-            _judge(job, release, job_history, history, lifetime, job_epsilon, delta, accountant)
+            history = budget_store.history(conn, None) + budget_store.evaluations(conn, None)
+            bound = lifetime_bound(
+                budget_store.lifetime(conn), _parse_floor(self.path, budget_store.floor(conn)[1])
+            )
+            _judge(job, release, job_history, history, bound, job_epsilon, delta, accountant)
             budget_store.insert(conn, job, server_round, attempt, release)
 
     def settle(self, job: str, server_round: int, attempt: str, release: DpRelease) -> None:
@@ -183,7 +281,7 @@ def _judge(
     release: DpRelease,
     job_history: list[DpRelease],
     history: list[DpRelease],
-    lifetime: tuple[float | None, float],
+    bound: LifetimeBound,
     job_epsilon: float | None,
     delta: float,
     accountant: str,
@@ -200,19 +298,44 @@ def _judge(
                 "train again in this job (a new job, or one with a larger "
                 "privacy.epsilon or fewer rounds_per_party, can use it)"
             )
-    lifetime_epsilon, lifetime_delta = lifetime
-    if lifetime_epsilon is not None:
-        before = _epsilon_spent(history, lifetime_delta, accountant)
-        after = _epsilon_spent([*history, release], lifetime_delta, accountant)
-        if _over(after, lifetime_epsilon):
-            raise BudgetExhaustedError(
-                f"lifetime privacy budget exhausted: this party spent epsilon = "
-                f"{before:.4g} (delta = {lifetime_delta:g}) over all jobs and this round "
-                f"would make it {after:.4g}, above its lifetime epsilon = "
-                f"{lifetime_epsilon:g}; an operator may raise it with `fedge edge "
-                f"set-privacy EDGE --epsilon {_suggested(after, lifetime_epsilon)}` "
-                "(more epsilon is less privacy for this station's images)"
-            )
+    _judge_lifetime(release, history, bound, accountant, what="round")
+
+
+def _judge_lifetime(
+    release: DpRelease,
+    history: list[DpRelease],
+    bound: LifetimeBound,
+    accountant: str,
+    *,
+    what: str,
+) -> None:
+    """Raise :class:`BudgetExhaustedError` if ``release`` takes the lifetime past ``bound``."""
+    if bound.epsilon is None:
+        return
+    before = _epsilon_spent(history, bound.delta, accountant)
+    after = _epsilon_spent([*history, release], bound.delta, accountant)
+    if not _over(after, bound.epsilon):
+        return
+    if bound.from_floor and bound.floor is not None:
+        fix = (
+            "only the station's own operator may raise its floor (privacy_floor."
+            "lifetime_epsilon in its agent.toml, or `fedge agent privacy-floor`); the "
+            "manager cannot"
+        )
+        named = bound.floor.describe()
+    else:
+        fix = (
+            f"an operator may raise it with `fedge edge set-privacy EDGE --epsilon "
+            f"{_suggested(after, bound.epsilon)}` (more epsilon is less privacy for this "
+            "station's images)"
+        )
+        named = "the manager's budget"
+    raise BudgetExhaustedError(
+        f"lifetime privacy budget exhausted: this party spent epsilon = "
+        f"{before:.4g} (delta = {bound.delta:g}) over all jobs and this {what} "
+        f"would make it {after:.4g}, above its lifetime epsilon = "
+        f"{bound.epsilon:g} ({named}); {fix}"
+    )
 
 
 def _over(epsilon: float, bound: float) -> bool:
@@ -222,6 +345,22 @@ def _over(epsilon: float, bound: float) -> bool:
 def _suggested(after: float, bound: float) -> str:
     """A round-up of what this round needs, for the operator's command line."""
     return f"{max(math.ceil(after * 10) / 10, bound):g}"
+
+
+def _parse_floor(path: Path, text: str | None) -> PrivacyFloor | None:
+    if text is None:
+        return None
+    try:
+        table = json.loads(text)
+        if not isinstance(table, dict):
+            raise ValueError("not a table")
+        return PrivacyFloor.from_table(table)
+    except (ValueError, PrivacyError) as exc:
+        # A floor the ClientApp cannot read must not read as "no floor".
+        raise PrivacyError(
+            f"the privacy floor in {path} is unreadable ({exc}): restart the station's "
+            "agent, which writes it again from agent.toml"
+        ) from exc
 
 
 def _epsilon_spent(history: list[DpRelease], delta: float, accountant: str) -> float:

@@ -23,6 +23,11 @@ CREATE TABLE IF NOT EXISTS dp_releases (
     recorded_at REAL NOT NULL, PRIMARY KEY (job, server_round, attempt));
 CREATE TABLE IF NOT EXISTS dp_lifetime (
     id INTEGER PRIMARY KEY CHECK (id = 1), epsilon REAL, delta REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS dp_floor (
+    id INTEGER PRIMARY KEY CHECK (id = 1), floor TEXT, written_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS dp_evaluations (
+    job TEXT NOT NULL, attempt TEXT NOT NULL, noise_multiplier REAL NOT NULL,
+    recorded_at REAL NOT NULL, PRIMARY KEY (job, attempt));
 """
 RELEASE_COLUMNS = frozenset(
     {"job", "server_round", "attempt", "noise_multiplier", "sample_rate", "steps"}
@@ -69,6 +74,41 @@ def set_lifetime(conn: sqlite3.Connection, epsilon: float | None, delta: float) 
         "INSERT INTO dp_lifetime (id, epsilon, delta) VALUES (1, ?, ?) "
         "ON CONFLICT (id) DO UPDATE SET epsilon = excluded.epsilon, delta = excluded.delta",
         (epsilon, delta),
+    )
+
+
+def floor(conn: sqlite3.Connection) -> tuple[bool, str | None]:
+    """(whether the agent wrote a floor record, the floor's JSON or None: opted out)."""
+    row = conn.execute("SELECT floor FROM dp_floor WHERE id = 1").fetchone()
+    if row is None:
+        return False, None
+    return True, None if row[0] is None else str(row[0])
+
+
+def set_floor(conn: sqlite3.Connection, floor_json: str | None) -> None:
+    conn.execute(
+        "INSERT INTO dp_floor (id, floor, written_at) VALUES (1, ?, ?) "
+        "ON CONFLICT (id) DO UPDATE SET floor = excluded.floor, written_at = excluded.written_at",
+        (floor_json, time.time()),
+    )
+
+
+def evaluations(conn: sqlite3.Connection, job: str | None) -> list[DpRelease]:
+    """The evaluation releases of ``job`` (None: every job's): one Gaussian count each."""
+    query = "SELECT noise_multiplier FROM dp_evaluations"
+    params: tuple[str, ...] = ()
+    if job is not None:
+        query += " WHERE job = ?"
+        params = (job,)
+    rows = conn.execute(query + " ORDER BY rowid", params).fetchall()
+    return [DpRelease(float(sigma), 1.0, 1) for (sigma,) in rows]
+
+
+def insert_evaluation(conn: sqlite3.Connection, job: str, attempt: str, sigma: float) -> None:
+    conn.execute(
+        "INSERT INTO dp_evaluations (job, attempt, noise_multiplier, recorded_at) "
+        "VALUES (?, ?, ?, ?)",
+        (job, attempt, sigma, time.time()),
     )
 
 

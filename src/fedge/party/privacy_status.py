@@ -25,6 +25,10 @@ from pathlib import Path
 LEDGER_FILE = "privacy.db"
 SPENT_FILE = "privacy-spent.json"
 SPENT_METRIC = "privacy.epsilon_spent"
+FLOOR_METRIC = "privacy.floor_lifetime_epsilon"
+"""The station's own floor as its agent reports it: its lifetime epsilon, 0 when the
+station's operator opted out of a floor (``privacy_floor = "none"`` in agent.toml)."""
+FLOOR_JOB_METRIC = "privacy.floor_job_epsilon"
 
 
 def ledger_path(data_dir: Path) -> Path:

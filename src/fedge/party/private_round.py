@@ -33,6 +33,7 @@ from torch import nn
 from fedge.party import dp_sgd
 from fedge.party.budget import BudgetLedger
 from fedge.privacy import accounting
+from fedge.privacy.floor import PrivacyFloor, PrivacyFloorError, plan_refusal
 from fedge.privacy.settings import DpRelease, PrivacyError, PrivacyMode, PrivacySpec
 
 
@@ -74,8 +75,12 @@ def train_round(
     optimizer: str = "sgd",
     max_seconds: float | None = None,
     threads: int | None = None,
+    floor: PrivacyFloor | None = None,
 ) -> PrivateRound:
-    """Plan, check, train and record one DP-SGD round (see the module docstring)."""
+    """Plan, check, train and record one DP-SGD round (see the module docstring).
+
+    ``floor``: the station's privacy floor; a plan whose noise is below its minimum is
+    refused (:class:`PrivacyFloorError`) before anything is reserved or trained."""
     if spec.mode is not PrivacyMode.LOCAL:
         raise PrivacyError(f"train_round is DP-SGD (mode 'local'), got mode {spec.mode.value!r}")
     if not job:
@@ -84,6 +89,9 @@ def train_round(
     release = accounting.plan_round(
         spec, examples=len(y), batch_size=batch_size, epochs=epochs, planned_rounds=planned
     )
+    refusal = plan_refusal(floor, release)
+    if refusal is not None:
+        raise PrivacyFloorError(refusal)
     ledger = BudgetLedger(ledger_path)
     attempt = uuid4().hex
     try:

@@ -28,6 +28,13 @@ A train message carries the global model (``"arrays"``) and a ``"config"`` recor
 ``stopped-early``         1 when the round's time cap ended training
 =======================  =================================================================
 
+Under DP-SGD (``dp-mode = local``) only what is accounted or public leaves the station
+(issue 24, "nothing leaves outside the ledger"): ``train-loss`` (computed on the private
+batches), ``local-acc`` and ``holdout-acc-after`` (held-out images scored for weights the
+server chose) and the ``skipped-*`` label counts are not sent. The image counts
+(``num-examples``, ``holdout-examples``) and timings are treated as public, as DP-SGD's
+own sample rate is.
+
 With ``dp-mode = local`` in the round config (:class:`~fedge.privacy.settings.PrivacySpec`)
 the round is DP-SGD (:mod:`fedge.party.private_round`): planned for the job's target
 epsilon over ``dp-rounds-per-party`` rounds (the aggregator sends the job's rounds when
@@ -42,8 +49,17 @@ config's ``job-id`` (the aggregator's run id, the same across resumes); a Server
 sends none gets Flower's run id, which a resubmitted run changes: the job's own bound then
 restarts, the lifetime bound does not.
 
-An evaluate message gets ``eval-acc`` and ``num-examples`` on the held-out images; a
-query gets ``{"edge": ...}`` in the ``"identity"`` config record. Anything that prevents
+The station's privacy floor (:mod:`fedge.privacy.floor`, its agent writes it into the
+ledger from agent.toml) is checked first: a round asking for less privacy (no DP-SGD, a
+noise multiplier below the floor's, a job epsilon above it, a lifetime past it) raises
+:class:`~fedge.privacy.floor.PrivacyFloorError` naming the floor before anything trains.
+
+An evaluate message gets ``eval-acc`` and ``num-examples`` on the held-out images. Under a
+floor, or when the evaluation's config says ``dp-mode = local``, each evaluation is a
+release: at most the floor's ``evaluations_per_job`` per job, recorded in the ledger
+before anything is scored, and ``eval-acc`` is the correct count plus Gaussian noise over
+the held-out count (accounted as a Gaussian mechanism in the same ledger). A query gets
+``{"edge": ...}`` in the ``"identity"`` config record. Anything that prevents
 training (no labelled images, a family the station cannot build, weights that do not
 fit) raises a :class:`~fedge.party.errors.PartyError`: Flower turns it into an error
 reply, which the aggregator records as the party's failure -- data, never a hang.
@@ -53,6 +69,7 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import secrets
 import sqlite3
 import time
@@ -72,6 +89,14 @@ from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_c
 from fedge.party.privacy_status import SpentEpsilon, ledger_path, write_spent
 from fedge.party.secagg import secagg_mod
 from fedge.party.station_store import Retention, StationData
+from fedge.privacy.floor import (
+    EvaluationBudget,
+    PrivacyFloor,
+    PrivacyFloorError,
+    effective_spec,
+    noisy_accuracy,
+    round_refusal,
+)
 from fedge.privacy.settings import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
@@ -128,9 +153,15 @@ def train_round(
 
     ``job`` names the job a DP-SGD round is accounted to (:func:`round_job`).
     """
-    privacy = PrivacySpec.from_config(config)  # a bad dp- setting: an error reply, no training
-    if privacy.mode is not PrivacyMode.LOCAL:
-        _refuse_unprotected(station, privacy)
+    asked = PrivacySpec.from_config(config)  # a bad dp- setting: an error reply, no training
+    floor = station_floor(station)
+    refusal = round_refusal(floor, asked)
+    if refusal is not None:
+        raise PrivacyFloorError(f"station {station.edge} refuses: {refusal}")
+    if asked.mode is not PrivacyMode.LOCAL:
+        _refuse_unprotected(station, asked)
+    privacy = effective_spec(floor, asked)  # the floor's job bound and delta, if smaller
+    private = privacy.mode is PrivacyMode.LOCAL
     family = families.get_family(spec.family)
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
@@ -143,8 +174,10 @@ def train_round(
             f"({len(train_items)} labelled, skipped {dict(train_set.skipped)})"
         )
     # TiFL's signal is the received model on data it did not train on: without held-out
-    # images there is none to give, and local-acc is left out of the reply.
-    before = trainer.accuracy(model, held_out) if len(held_out) else float("nan")
+    # images there is none to give, and local-acc is left out of the reply. Under DP-SGD
+    # it is never measured: weights the server chose, scored on held-out images, would be
+    # an unaccounted release.
+    before = trainer.accuracy(model, held_out) if len(held_out) and not private else math.nan
     settings = trainer.TrainSettings(
         lr=_number(config, "lr", 3e-3),
         epochs=int(_number(config, "local-epochs", 2, minimum=1)),
@@ -155,25 +188,30 @@ def train_round(
         augment_symmetries=family.augment_symmetries,
     )
     dp_metrics: dict[str, int | float] = {}
-    if privacy.mode is PrivacyMode.LOCAL:
+    if private:
         server_round = int(_number(config, "server-round", 0))
         result, dp_metrics = _train_private(
-            station, model, train_set, settings, privacy, job=job, server_round=server_round
-        )
+            station, model, train_set, settings, privacy, job=job, server_round=server_round,
+            floor=floor,
+        )  # fmt: skip
+        dp_metrics["dp-delta"] = privacy.delta  # the delta the station accounted the job at
     else:
         result = trainer.train(model, train_set, settings)
-    after = trainer.accuracy(model, held_out) if len(held_out) else float("nan")
+    after = trainer.accuracy(model, held_out) if len(held_out) and not private else math.nan
     skipped = train_set.skipped + held_out.skipped
     metrics: dict[str, int | float] = {
         "num-examples": len(train_set),
-        "train-loss": result.loss if math.isfinite(result.loss) else 0.0,
         "train-time-s": result.seconds,
         "holdout-examples": len(held_out),
-        "skipped-unreadable": skipped["unreadable_image"],
-        "skipped-unknown-label": skipped["unknown_label"],
         "stopped-early": int(result.stopped_early),
         **dp_metrics,
     }
+    if not private:
+        # Under DP-SGD the loss on the private batches and the label counts are numbers
+        # about the station's images that no ledger accounts: not sent.
+        metrics["train-loss"] = result.loss if math.isfinite(result.loss) else 0.0
+        metrics["skipped-unreadable"] = skipped["unreadable_image"]
+        metrics["skipped-unknown-label"] = skipped["unknown_label"]
     if math.isfinite(before):
         metrics["local-acc"] = before
     if math.isfinite(after):
@@ -190,6 +228,7 @@ def _train_private(
     *,
     job: str,
     server_round: int,
+    floor: PrivacyFloor | None,
 ) -> tuple[trainer.TrainResult, dict[str, int | float]]:
     """One DP-SGD round: planned, checked against the ledger, trained, recorded.
 
@@ -218,12 +257,26 @@ def _train_private(
         optimizer="adam",
         max_seconds=settings.max_seconds,
         threads=settings.threads,
+        floor=floor,
     )
     _report_spent(station, privacy)
     planned_steps = settings.epochs * math.ceil(len(examples) / settings.batch_size)
     steps = done.release.steps
     result = trainer.TrainResult(done.loss, done.seconds, steps, steps < planned_steps)
     return result, done.metrics()
+
+
+def station_floor(station: Station) -> PrivacyFloor | None:
+    """The station's privacy floor as its agent wrote it into the ledger (None: opted out,
+    or no agent ever ran on this data directory). An unreadable floor is an error."""
+    path = ledger_path(station.data_dir)
+    if not path.exists():
+        return None
+    ledger = BudgetLedger(path)
+    try:
+        return ledger.floor()
+    finally:
+        ledger.close()
 
 
 def _refuse_unprotected(station: Station, privacy: PrivacySpec) -> None:
@@ -253,7 +306,7 @@ def _report_spent(station: Station, privacy: PrivacySpec) -> None:
     try:
         ledger = BudgetLedger(ledger_path(station.data_dir))
         try:
-            _, delta = ledger.lifetime()
+            delta = ledger.bound().delta
             epsilon = ledger.spent(None, delta=delta, accountant=privacy.accountant)
         finally:
             ledger.close()
@@ -263,16 +316,45 @@ def _report_spent(station: Station, privacy: PrivacySpec) -> None:
 
 
 def evaluate_round(
-    station: Station, spec: ModelSpec, arrays: ArrayRecord
+    station: Station,
+    spec: ModelSpec,
+    arrays: ArrayRecord,
+    config: ConfigRecord | None = None,
+    *,
+    job: str = "",
 ) -> dict[str, int | float]:
-    """Accuracy of the received model on the station's held-out images."""
+    """Accuracy of the received model on the station's held-out images.
+
+    Under the station's floor, or a job with ``dp-mode = local`` in ``config``, the
+    evaluation is counted in the ledger (refused past the floor's evaluations per job or
+    the lifetime bound) *before* anything is scored, and the reported accuracy is noised.
+    """
+    asked = PrivacySpec.from_config(config or ConfigRecord())
+    floor = station_floor(station)
+    budget: EvaluationBudget | None = None
+    if floor is not None:
+        budget = EvaluationBudget.of(floor)
+    elif asked.mode is PrivacyMode.LOCAL:
+        budget = EvaluationBudget.of(PrivacyFloor())  # the default floor's evaluation rules
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
     _, held_items = _items(station)
     held_out = trainer.load_examples(held_items, spec.classes, spec.preprocess)
     if len(held_out) == 0:
         raise PartyError(f"station {station.edge} has no usable held-out images to evaluate on")
-    return {"eval-acc": trainer.accuracy(model, held_out), "num-examples": len(held_out)}
+    if budget is None:
+        return {"eval-acc": trainer.accuracy(model, held_out), "num-examples": len(held_out)}
+    if not job:
+        raise PartyError("a private evaluation needs its job's id (config['job-id'])")
+    ledger = BudgetLedger(ledger_path(station.data_dir))
+    try:
+        ledger.record_evaluation(job, budget, accountant=asked.accountant)
+    finally:
+        ledger.close()
+    correct = round(trainer.accuracy(model, held_out) * len(held_out))
+    # The OS's randomness: noise from a seed the server could guess could be subtracted.
+    draw = random.SystemRandom().gauss(0.0, budget.noise)
+    return {"eval-acc": noisy_accuracy(correct, len(held_out), draw), "num-examples": len(held_out)}
 
 
 def _items(station: Station) -> tuple[list[Any], list[Any]]:
@@ -305,8 +387,10 @@ def train(msg: Message, context: Context) -> Message:
 def evaluate(msg: Message, context: Context) -> Message:
     """The received model's accuracy on this station's held-out images."""
     station = Station.from_node_config(context.node_config)
-    spec = model_spec(round_config(msg))
-    metrics = evaluate_round(station, spec, global_arrays(msg))
+    config = round_config(msg)
+    spec = model_spec(config)
+    job = round_job(config, msg.metadata.run_id)
+    metrics = evaluate_round(station, spec, global_arrays(msg), config, job=job)
     return Message(content=RecordDict({METRICS_KEY: MetricRecord(dict(metrics))}), reply_to=msg)
 
 
