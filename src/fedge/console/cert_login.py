@@ -14,31 +14,21 @@ revoked (:meth:`Revocations.revoked`).
 """
 
 import datetime as dt
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from cryptography.exceptions import InvalidSignature
 
 from fedge.protocols import pki
 from fedge.protocols.pki import CertificateError, Role
 from fedge.transport.grpc.identity import RevocationList
+from fedge.transport.http_server import presented_chain as presented_chain  # the console's API
 
 
 @dataclass(frozen=True)
 class PresentedOperator:
     name: str
     serial: int
-
-
-def presented_chain(scope: Mapping[str, Any]) -> list[str]:
-    """The verified client certificate chain (PEM, leaf first) of the connection, from
-    the ASGI TLS extension (empty: none, not over TLS, or it failed verification)."""
-    tls = scope.get("extensions", {}).get("tls") or {}
-    if tls.get("client_cert_error") is not None:
-        return []
-    return [str(pem) for pem in tls.get("client_cert_chain") or []]
 
 
 class Revocations:

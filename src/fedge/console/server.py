@@ -1,40 +1,15 @@
 """Serving the console with uvicorn: one process, bound to 127.0.0.1 unless told otherwise,
 over HTTPS with a certificate from the fleet CA when asked (``tls``)."""
 
-import asyncio
 import ssl
 from collections.abc import Callable
 
 import uvicorn
-from starlette.types import ASGIApp, Receive, Scope, Send
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from fedge.console.address import DEFAULT_HOST, DEFAULT_PORT, is_loopback
 from fedge.console.app import create_app
 from fedge.edge_manager.home import ManagerHome
-
-
-class ClientCertH11(H11Protocol):
-    """uvicorn's h11 protocol, handing the client certificate the TLS layer verified to
-    the app as the ASGI TLS extension (``client_cert_chain``), which uvicorn 0.49 does
-    not fill in. One protocol object per connection: the certificate is that
-    connection's, read after its handshake."""
-
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        super().connection_made(transport)
-        ssl_object = transport.get_extra_info("ssl_object")
-        der = None if ssl_object is None else ssl_object.getpeercert(binary_form=True)
-        if der:
-            self.app = _with_client_cert(self.app, ssl.DER_cert_to_PEM_cert(der))
-
-
-def _with_client_cert(app: ASGIApp, pem: str) -> ASGIApp:
-    async def with_tls(scope: Scope, receive: Receive, send: Send) -> None:
-        extensions = dict(scope.get("extensions") or {})
-        extensions["tls"] = {"client_cert_chain": [pem], "client_cert_error": None}
-        await app({**scope, "extensions": extensions}, receive, send)
-
-    return with_tls
+from fedge.transport.http_server import ClientCertH11
 
 
 def serve(
