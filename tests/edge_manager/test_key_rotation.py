@@ -5,6 +5,7 @@ with its MQTT publishes captured; tests/test_key_rotation_processes.py runs the 
 over Mosquitto with `manager serve` and agent processes.
 """
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,18 +16,28 @@ from conftest import FLEET, FleetHome, deploy, make_fleet_home, publish_model, s
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.restore import KeptModel
-from fedge.edge_manager import key_rotation
+from fedge.edge_agent.settings import load_settings
+from fedge.edge_manager import desired_refresh, key_rotation
 from fedge.edge_manager.doctor import diagnose
 from fedge.edge_manager.doctor_facts import gather
 from fedge.edge_manager.enrollment import revoke
+from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.ingest import Ingestor, Verdict
 from fedge.edge_manager.ingest_store import IngestTransaction
 from fedge.protocols import codec, topics
-from fedge.protocols.config import EdgeConfig
+from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired
+from fedge.protocols.freshness import DAY_S, LIFETIME_S
 from fedge.protocols.manifest import ModelManifest, TensorSpec
-from fedge.protocols.rotation import rotation_link
-from fedge.protocols.signing import KeyRing, SigningKey, open_signed, signer_of, trusted
+from fedge.protocols.rotation import parse_link, rotation_link, sign_chain
+from fedge.protocols.signing import (
+    KeyRing,
+    SigningKey,
+    open_signed,
+    signer_of,
+    trusted,
+    unverified_payload,
+)
 from fedge.protocols.trust import TrustChain, TrustReport, TrustStatus
 
 EDGE = "st-01"
@@ -74,6 +85,7 @@ def test_the_manager_signs_the_rotation_with_the_old_key_and_then_uses_only_the_
     set_threshold(fh, EDGE, 0.3)
     publish_model(fh, 1)
     deployment = deploy(fh, 1, ["st-02"])
+    done_at = time.time()
     done = key_rotation.rotate(fh.home)
     new = fh.home.signing_key()
     assert (done.sequence, done.old_key_id, done.new_key_id) == (
@@ -85,12 +97,16 @@ def test_the_manager_signs_the_rotation_with_the_old_key_and_then_uses_only_the_
     assert fh.home.public_key_path.read_text().strip() == new.public.to_text()
     assert oct(fh.home.key_path.stat().st_mode & 0o777) == "0o600"
     assert not (fh.home.key_path.parent / "next").exists()
-    # Every edge gets the chain; its one link is signed by the old key, names the new.
+    # Every edge gets the chain, signed by the new key with an expiry; its one link is
+    # signed by the old key and the new, and names both.
     for edge in (EDGE, "st-02"):
         row = latest(fh, "trust", edge)
-        chain = codec.decode(row["envelope"].encode(), TrustChain)
+        chain = open_signed(row["envelope"].encode(), TrustChain, trusted(new.public))
         assert row["version"] == 1 and row["published_at"] is None
-        assert signer_of(chain.links[0].encode()) == old.public.key_id
+        assert chain.expires_at is not None and chain.expires_at > done_at + LIFETIME_S - 60
+        link = parse_link(chain.links[0])
+        assert set(link.signatures) == {old.public.key_id, new.public.key_id}
+        assert link.rotation.old_key == old.public.to_text()
     # What may still go out is re-signed by the new key, its version unchanged.
     config_row = latest(fh, "config")
     assert config_row["version"] == 1 and config_row["published_at"] is None
@@ -116,11 +132,12 @@ def test_the_manager_signs_the_rotation_with_the_old_key_and_then_uses_only_the_
     # A second rotation extends the chain, signed by the first rotation's key.
     again = key_rotation.rotate(fh.home)
     assert again.sequence == 2 and again.old_key_id == new.public.key_id
-    chain = codec.decode(latest(fh, "trust")["envelope"].encode(), TrustChain)
-    assert [signer_of(link.encode()) for link in chain.links] == [
-        old.public.key_id,
-        new.public.key_id,
+    chain = unverified_payload(latest(fh, "trust")["envelope"].encode(), TrustChain)
+    assert [parse_link(link).rotation.old_key for link in chain.links] == [
+        old.public.to_text(),
+        new.public.to_text(),
     ]
+    assert signer_of(latest(fh, "trust")["envelope"].encode()) == again.new_key_id
 
 
 def test_an_agent_follows_a_rotation_and_then_refuses_the_old_key(
@@ -173,11 +190,10 @@ def test_a_forged_rotation_is_refused_reported_and_changes_nothing(
     agent = offline_agent(fh, sent, monkeypatch)
     pinned = set(agent.keys)
     forger = SigningKey.generate()
-    forged = TrustChain(
-        FLEET, (rotation_link(forger, forger.public, fleet=FLEET, sequence=1, issued_at=1.0),)
-    )
+    link = rotation_link(forger, SigningKey.generate(), fleet=FLEET, sequence=1, issued_at=1.0)
+    forged = TrustChain(FLEET, (link,))
     try:
-        agent._route(topics.Down.TRUST, codec.encode(forged))
+        agent._route(topics.Down.TRUST, sign_chain(forger, forged))
         agent._route(topics.Down.TRUST, b'{"not": "a chain"}')
         assert set(agent.keys) == pinned
         assert agent.counters["trust.rejected"] == 2
@@ -262,3 +278,145 @@ def test_a_rotation_cut_short_is_finished_or_dropped(
     assert "dropped" in key_rotation.settle(fh.home)
     assert not (fh.home.key_path.parent / "next").exists()
     assert fh.home.signing_key().public.to_text() == link["new_key"]
+
+
+def test_with_a_root_key_a_stolen_signing_key_cannot_move_a_station(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    root = key_rotation.make_root_key(tmp_path / "usb" / "fleet-root.key")
+    key_rotation.pin_root(fh.home, root.public)
+    fh.enroll("st-03")  # enrolled after: its agent.toml pins the root key
+    settings = load_settings(fh.agents["st-03"])
+    assert settings.root_key() == root.public
+    sent: Sent = []
+    agent = EdgeAgent(settings)
+    monkeypatch.setattr(agent.mqtt, "publish", lambda t, p, *a, **k: sent.append((t, p)))
+    stolen = fh.home.signing_key()
+    try:
+        # The thief holds the manager's key, makes its own and co-signs with both.
+        thief = SigningKey.generate()
+        link = rotation_link(stolen, thief, fleet=FLEET, sequence=1, issued_at=time.time())
+        chain = TrustChain(FLEET, (link,), time.time() + DAY_S)
+        agent._route(topics.Down.TRUST, sign_chain(thief, chain))
+        assert set(agent.keys) == {stolen.public.key_id} and agent.trust.trust.sequence == 0
+        assert agent.counters["trust.rejected"] == 1
+        topic = topics.up(FLEET, "st-03", topics.Up.TRUST)
+        report = codec.decode([p for t, p in sent if t == topic][-1], TrustReport)
+        assert report.status is TrustStatus.REJECTED and report.key_id == stolen.public.key_id
+        assert f"the root key {root.public.key_id}" in report.reason
+        # ... so what it signs next is refused too.
+        agent._route(topics.Down.CONFIG, thief.sign(EdgeConfig(FLEET, "st-03", 1, 0.99)))
+        assert agent.applied_version == 0
+        # The manager refuses a rotation without the root key, or with another one.
+        with pytest.raises(ManagerError, match="--root-key"):
+            key_rotation.rotate(fh.home)
+        with pytest.raises(ManagerError, match="not the fleet's root key"):
+            key_rotation.rotate(fh.home, root_key=SigningKey.generate())
+        assert fh.home.signing_key().public == stolen.public
+        assert fh.row("SELECT count(*) AS n FROM trust_links")["n"] == 0
+        # The operator's rotation with the offline root key is followed.
+        done = key_rotation.rotate(fh.home, root_key=root)
+        agent._route(topics.Down.TRUST, latest(fh, "trust", "st-03")["envelope"].encode())
+        assert set(agent.keys) == {done.new_key_id} and agent.trust.trust.sequence == 1
+    finally:
+        close(agent)
+
+
+def test_a_refreshed_config_keeps_its_version_and_is_not_applied_again(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: Sent = []
+    agent = offline_agent(fh, sent, monkeypatch)
+    key = fh.home.signing_key()
+    now = time.time()
+    try:
+        set_threshold(fh, EDGE, 0.3)
+        # Stamped ten days ago (as the serve loop does before a first publish).
+        stamped = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, now - 10 * DAY_S)
+        assert stamped is not None
+        agent._route(topics.Down.CONFIG, stamped.encode())
+        assert agent.applied_version == 1 and agent.counters["config.applied"] == 1
+        # Four days left: the hourly sweep re-signs it, same version, later expiry.
+        assert desired_refresh.refresh_expiring(fh.db, key, now) == 1
+        assert desired_refresh.refresh_expiring(fh.db, key, now) == 0  # not due again
+        row = latest(fh, "config")
+        assert row["version"] == 1 and row["published_at"] is None
+        refreshed = open_signed(row["envelope"].encode(), EdgeConfig, trusted(key.public))
+        assert refreshed.expires_at == pytest.approx(now + LIFETIME_S)
+        assert refreshed.default_threshold == pytest.approx(0.3)
+        agent._route(topics.Down.CONFIG, row["envelope"].encode())
+        assert agent.applied_version == 1 and agent.counters["config.applied"] == 1
+        assert agent.counters["config.refreshed"] == 2  # first sight, then the refresh
+        assert agent.freshness.staleness().expires_at == pytest.approx(now + LIFETIME_S)
+        # The old signature replayed extends nothing.
+        agent._route(topics.Down.CONFIG, stamped.encode())
+        assert agent.counters["config.refreshed"] == 2
+    finally:
+        close(agent)
+
+
+def test_an_expired_config_is_refused_reported_and_changes_nothing(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: Sent = []
+    agent = offline_agent(fh, sent, monkeypatch)
+    key = fh.home.signing_key()
+    try:
+        set_threshold(fh, EDGE, 0.3)
+        expired = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, time.time() - 20 * DAY_S)
+        assert expired is not None
+        agent._route(topics.Down.CONFIG, expired.encode())
+        assert agent.applied_version == 0
+        assert agent.counters["config.rejected.expired"] == 1
+        topic = topics.up(FLEET, EDGE, topics.Up.CONFIG)
+        report = codec.decode([p for t, p in sent if t == topic][-1], ConfigReport)
+        assert report.status is ConfigStatus.REJECTED and "expired at" in report.reason
+        assert "fedge manager serve" in report.reason
+    finally:
+        close(agent)
+
+
+def test_a_station_reports_a_desired_state_not_refreshed_for_too_long(
+    fh: FleetHome, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sent: Sent = []
+    agent = offline_agent(fh, sent, monkeypatch)
+    key = fh.home.signing_key()
+    clock = [time.time()]
+    agent.freshness.clock = lambda: clock[0]
+    topic = topics.up(FLEET, EDGE, topics.Up.TRUST)
+    try:
+        set_threshold(fh, EDGE, 0.3)
+        stamped = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, clock[0])
+        assert stamped is not None
+        agent._route(topics.Down.CONFIG, stamped.encode())
+        received_at = clock[0]
+        agent.trust.check_freshness()
+        assert not [p for t, p in sent if t == topic]  # fresh: nothing to say
+        # The manager's refreshes are withheld: after 14 days the station says so.
+        clock[0] += 13 * DAY_S
+        agent.trust.check_freshness()
+        assert not [p for t, p in sent if t == topic]
+        clock[0] += 1.01 * DAY_S
+        agent.trust.check_freshness()
+        report = codec.decode([p for t, p in sent if t == topic][-1], TrustReport)
+        assert report.stale_since == pytest.approx(received_at)
+        assert "desired state stale since" in report.reason
+        assert agent.status()["desired_freshness"].startswith("stale since")
+        agent.trust.check_freshness()  # said once, not at every tick
+        assert len([p for t, p in sent if t == topic]) == 1
+        # The manager stores it: `fedge manager keys` and `fedge edge show` show it.
+        with IngestTransaction.open(fh.db) as tx:
+            Ingestor(fh.db, FLEET).handle(tx, topic, codec.encode(report), clock[0])
+        row = next(e for e in key_rotation.trust_view(fh.home).edges if e.edge == EDGE)
+        assert "stale since" in row.reason
+        # A refresh arrives: fresh again, and said.
+        fresh = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, clock[0])
+        assert fresh is not None
+        agent._route(topics.Down.CONFIG, fresh.encode())
+        agent.trust.check_freshness()
+        last = codec.decode([p for t, p in sent if t == topic][-1], TrustReport)
+        assert last.stale_since is None and "stale" not in last.reason
+        assert agent.applied_version == 1
+    finally:
+        close(agent)

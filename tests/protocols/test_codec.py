@@ -357,13 +357,18 @@ GOLDEN: list[tuple[Any, bytes]] = [
     ),
     (RenewRequest("CSR"), b'{"csr":"CSR","kind":"renew_request","schema":1}'),
     (
-        KeyRotation("plant-a", 1, "KEY", 1700000000.0),
+        KeyRotation("plant-a", 1, "OLD", "KEY", 1700000000.0),
         b'{"fleet":"plant-a","issued_at":1700000000.0,"kind":"key_rotation",'
-        b'"new_key":"KEY","schema":1,"sequence":1}',
+        b'"new_key":"KEY","old_key":"OLD","schema":1,"sequence":1}',
     ),
     (
         TrustChain("plant-a", ("L1", "L2")),
         b'{"fleet":"plant-a","kind":"trust_chain","links":["L1","L2"],"schema":1}',
+    ),
+    (
+        TrustChain("plant-a", ("L1",), 1700000000.0),
+        b'{"expires_at":1700000000.0,"fleet":"plant-a","kind":"trust_chain","links":["L1"],'
+        b'"schema":1}',
     ),
     (
         TrustReport("edge-01", TrustStatus.ADOPTED, "0123456789abcdef", 2, "", 1700000000.0),
@@ -408,6 +413,7 @@ GOLDEN_IDS = [
     "renew_request",
     "key_rotation",
     "trust_chain",
+    "trust_chain_expiring",
     "trust_report",
     "batch_thumbnails",
     "edge_config_thumbnails",

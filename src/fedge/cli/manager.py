@@ -381,4 +381,5 @@ def doctor(
 app.command("watch")(operator.watch)
 app.command("rotate-key")(keys.rotate_key)
 app.command("keys")(keys.keys)
+app.add_typer(keys.root_key_app, name="root-key")
 app.command("prune")(retention.prune)

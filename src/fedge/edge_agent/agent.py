@@ -22,6 +22,7 @@ from fedge.edge_agent.deployments import Deployments
 from fedge.edge_agent.desired_poller import DesiredPoller
 from fedge.edge_agent.errors import InferenceError
 from fedge.edge_agent.evaluations import Evaluations
+from fedge.edge_agent.freshness import DesiredFreshness
 from fedge.edge_agent.labels_down import apply_labels
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.outbox_sender import OutboxSender
@@ -57,6 +58,8 @@ class EdgeAgent:
         self.settings = settings
         self.store = LocalStore(settings.data_dir / "agent.db")
         self.counters: Counter[str] = Counter()
+        # How fresh the signed desired state is (expiry and refresh: a freeze attack).
+        self.freshness = DesiredFreshness(self.store, settings.desired_stale_after_days * 86400.0)
         # The manager's key: pinned in agent.toml, moved on by signed rotations (trust.py).
         self.trust = KeyTrust(
             settings.edge,
@@ -66,6 +69,8 @@ class EdgeAgent:
             self.counters,
             report=lambda kind, payload, retained: self._report_status(kind, payload, retained),
             handlers=self._handlers,
+            freshness=self.freshness,
+            root=settings.root_key(),
         )
         self.keys = self.trust.keys
         # The station's training set: what it scores, kept on the device with its labels.
@@ -116,6 +121,7 @@ class EdgeAgent:
             commit=self._commit_config,
             applied=self._apply_training,
             report=self._report_status,
+            freshness=self.freshness,
         )
         # Built here, connected in start(): offline tools (label, score) never touch the broker.
         self.mqtt: Session = sessions(
@@ -369,6 +375,7 @@ class EdgeAgent:
         self.outbox.on_published(result)
 
     def _emit_metrics(self) -> None:
+        self.trust.check_freshness()  # periodic: a desired state gone stale is reported
         training = self.supervisor.status() if self.supervisor is not None else None
         emit_metrics(self.store, self.settings, self.counters, self.station, training)
 
@@ -387,4 +394,5 @@ class EdgeAgent:
             "counters": dict(self.counters),
             "training": None if self.supervisor is None else self.supervisor.status(),
             "station": self.station.counts(),
+            "desired_freshness": self.freshness.staleness().describe(),
         }

@@ -1,5 +1,9 @@
 """The station's config: a signed ``down/config`` document verified, decided, kept, reported.
 
+A config that arrives expired (protocols/freshness.py) is refused; a verified one with a
+later expiry -- the manager's refresh of the version in force, or a new version -- marks
+the desired state fresh (freshness.py) without applying anything again.
+
 The decision is pure (decisions.decide_config, then the station's privacy budget,
 privacy_budget.admit_budget); this module is the adapter around it: it verifies the
 envelope with the keys the agent trusts, persists an applied config before it counts
@@ -16,12 +20,14 @@ from collections.abc import Callable
 from fedge.edge_agent.decisions import ConfigAction, decide_config
 from fedge.edge_agent.deploy_status import Report
 from fedge.edge_agent.deployments import Deployments
+from fedge.edge_agent.freshness import DesiredFreshness
 from fedge.edge_agent.local_store import LocalStore
 from fedge.edge_agent.privacy_budget import admit_budget
 from fedge.edge_agent.settings import AgentSettings
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.errors import ProtocolError
+from fedge.protocols.freshness import check_not_expired
 from fedge.protocols.records import Stream
 from fedge.protocols.signing import TrustedKeys, open_signed
 
@@ -42,8 +48,10 @@ class Configs:
         commit: Callable[[EdgeConfig], None],
         applied: Callable[[], None],
         report: Report,
+        freshness: DesiredFreshness,
     ) -> None:
         self.settings = settings
+        self.freshness = freshness
         self.store = store
         self.keys = keys
         self.counters = counters
@@ -58,6 +66,7 @@ class Configs:
     def handle(self, envelope: bytes) -> None:
         try:
             offered = open_signed(envelope, EdgeConfig, self.keys)
+            check_not_expired(f"config v{offered.version}", offered.expires_at, time.time())
         except ProtocolError as exc:
             self.counters[f"config.rejected.{exc.reason}"] += 1
             log.error("config rejected (%s): %s", exc.reason, exc)
@@ -89,6 +98,10 @@ class Configs:
                     # Sharing is off: thumbnails not yet sealed into a batch never leave.
                     dropped = self.store.drop_pending(Stream.THUMBNAILS)
                     self.counters["thumbnails.dropped"] += dropped
+        if decision.action is not ConfigAction.REJECT and self.freshness.note(
+            "config", offered.expires_at
+        ):
+            self.counters["config.refreshed"] += 1
         if decision.action is ConfigAction.APPLY:
             self._applied()
             self.counters["config.applied"] += 1

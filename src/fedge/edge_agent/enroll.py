@@ -104,6 +104,11 @@ def _agent_toml(
             f'superlink = "{response.superlink}"',
             f'enroll_url = "{url}"',
             f'manager_public_key = "{response.manager_public_key}"',
+            *(
+                []
+                if response.manager_root_key is None
+                else [f'manager_root_key = "{response.manager_root_key}"']
+            ),
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",
             # The station's own floor (issue 24): the default unless opted out explicitly.

@@ -11,6 +11,10 @@ key_file = "/etc/fedge/st-01/agent.key"      # the key made on the device, 0600
 # insecure = true + password = "..." (or password_file): plain TCP, development only
 grpc_target = "10.0.0.5:50551"    # default; a deployment may name another
 manager_public_key = "base64..."  # pinned Ed25519 key of the manager
+manager_root_key = "base64..."    # the fleet's offline root key, if it has one: then a
+                                  # key rotation must carry its signature (issue 24)
+desired_stale_after_days = 14.0   # report (and log) the desired state stale when no
+                                  # signed refresh came for this long (a freeze attack)
 watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
 http_port = 8470                  # optional local API on 127.0.0.1, 0 = off
 superlink = "10.0.0.5:9092"       # the fleet's Flower SuperLink (stations that train)
@@ -90,6 +94,12 @@ class AgentSettings:
     broker_port: int
     grpc_target: str
     manager_public_key: str
+    # The fleet's offline root key, pinned at enrollment when the fleet has one: a key
+    # rotation is then followed only with its signature too (protocols/rotation.py).
+    manager_root_key: str | None = None
+    # Desired documents carry an expiry the manager refreshes (protocols/freshness.py):
+    # no refresh for this long and the station reports its desired state stale.
+    desired_stale_after_days: float = 14.0
     # Mutual TLS (issue 13): the fleet CA, this station's certificate and its key (made on
     # the device by `fedge agent enroll`). Relative paths are from agent.toml's folder.
     ca_file: Path | None = None
@@ -141,6 +151,9 @@ class AgentSettings:
 
     def public_key(self) -> PublicKey:
         return PublicKey.from_text(self.manager_public_key)
+
+    def root_key(self) -> PublicKey | None:
+        return None if self.manager_root_key is None else PublicKey.from_text(self.manager_root_key)
 
     def probation_policy(self) -> ProbationPolicy:
         return ProbationPolicy(
@@ -216,6 +229,9 @@ def load_settings(path: Path) -> AgentSettings:
         validate.identifier(settings.fleet, "fleet")
         validate.identifier(settings.edge, "edge")
         settings.public_key()
+        settings.root_key()
+        if not settings.desired_stale_after_days > 0:
+            raise SettingsError(f"{path}: desired_stale_after_days must be > 0")
         settings.probation_policy()
         _check_credentials(settings, path)
         if settings.report_via not in ("mqtt", "grpc"):

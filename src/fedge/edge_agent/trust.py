@@ -10,6 +10,10 @@ changes it in place, so the next config, deployment or label document is checked
 the new key only. Documents that arrived signed by a key not trusted yet (the retained
 ``down/config`` can come before ``down/trust``) are kept, one per kind, and handled again
 once a rotation makes their signer trusted.
+
+The fleet's root key, when agent.toml pins one, must have signed every rotation too; the
+chain must be signed by the key it leads to and not expired (protocols/rotation.py). The
+station's report also says when its signed desired state went stale (freshness.py).
 """
 
 import json
@@ -20,12 +24,13 @@ from collections import Counter
 from collections.abc import Callable
 
 from fedge.edge_agent.deploy_status import Report
+from fedge.edge_agent.freshness import DesiredFreshness
 from fedge.edge_agent.local_store import LocalStore
 from fedge.protocols import codec, topics
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.rotation import Trust, TrustDecision, follow
+from fedge.protocols.rotation import Trust, TrustDecision, accept_chain
 from fedge.protocols.signing import KeyRing, PublicKey, signer_of
-from fedge.protocols.trust import TrustChain, TrustReport, TrustStatus
+from fedge.protocols.trust import TrustReport, TrustStatus
 
 log = logging.getLogger(__name__)
 _ENROLLED, _KEY, _SEQUENCE, _RETIRED = (
@@ -56,8 +61,13 @@ class KeyTrust:
         *,
         report: Report,
         handlers: Callable[[], dict[str, Callable[[bytes], None]]],
+        freshness: DesiredFreshness,
+        root: PublicKey | None = None,
+        clock: Callable[[], float] = time.time,
     ) -> None:
-        self.edge, self.fleet, self.pinned = edge, fleet, pinned
+        self.edge, self.fleet, self.pinned, self.root = edge, fleet, pinned, root
+        self.freshness = freshness
+        self._clock = clock
         self.store = store
         self.counters = counters
         self._report = report
@@ -66,6 +76,7 @@ class KeyTrust:
         self.keys = KeyRing(self.trust.key)
         self.keys.retired.update(retired)
         self.last_report: bytes | None = None
+        self._last = TrustDecision(TrustStatus.CURRENT, self.trust)
         self._held: dict[str, bytes] = {}
         self._lock = threading.Lock()
 
@@ -87,13 +98,10 @@ class KeyTrust:
                 self._held.pop(kind, None)
 
     def handle(self, payload: bytes) -> None:
-        try:
-            chain = codec.decode(payload, TrustChain)
-        except ProtocolError as exc:
-            self._decided(TrustDecision(TrustStatus.REJECTED, self.trust, f"{exc.reason}: {exc}"))
-            return
         with self._lock:
-            decision = follow(self.trust, chain, self.fleet)
+            decision = accept_chain(
+                self.trust, payload, self.fleet, root=self.root, now=self._clock()
+            )
             if decision.trust != self.trust:
                 old = self.trust.key
                 retired = self.keys.retired | ({old.key_id} if decision.trust.key != old else set())
@@ -115,6 +123,8 @@ class KeyTrust:
             ]
             for kind, _ in held:
                 del self._held[kind]
+        if decision.status is not TrustStatus.REJECTED:
+            self.freshness.note("trust", decision.expires_at)
         self._decided(decision)
         handlers = self._handlers()
         for kind, envelope in held:
@@ -135,13 +145,28 @@ class KeyTrust:
             )
         elif self.last_report is not None:
             return  # still current: said already
+        self._last = decision
+        self._send_report()
+
+    def check_freshness(self) -> None:
+        """Report (and log) the moment the signed desired state goes stale or is fresh
+        again (called periodically)."""
+        if self.freshness.changed() is not None:
+            self._send_report()
+
+    def _send_report(self) -> None:
+        decision, stale = self._last, self.freshness.staleness()
+        reason = decision.reason
+        if stale.stale:
+            reason = f"desired state {stale.describe()}" + (f"; {reason}" if reason else "")
         report = TrustReport(
             self.edge,
             decision.status,
             decision.trust.key.key_id,
             decision.trust.sequence,
-            decision.reason[:1000],
+            reason[:1000],
             time.time(),
+            stale_since=(stale.refreshed_at or 0.0) if stale.stale else None,
         )
         self.last_report = codec.encode(report)
         self._report(topics.Up.TRUST, self.last_report, True)

@@ -66,6 +66,7 @@ def next_config(
         default_threshold=default,
         class_thresholds=class_thresholds,
         issued_at=now,
+        expires_at=None,  # a new version's expiry is stamped by the serve loop
         training=base.training if training is None else training,
         model=base.model if model is None else model,
         privacy=None if clear_privacy else (base.privacy if privacy is None else privacy),

@@ -8,13 +8,18 @@ that lost its retained messages, the newest published version of each is sent ag
 It also follows ``fedge manager rotate-key`` (key_rotation.py) while ``serve`` runs:
 the key file is re-read when it changes, and a document still signed by a key a rotation
 retired is re-signed before it goes out -- never one signed by any other key.
+
+Configs and trust chains go out with an expiry, and are re-signed (same version) before
+it comes: stamped here before their first publish, and refreshed hourly once less than
+half their lifetime is left (desired_refresh.py; a freeze attack, issue 24).
 """
 
 import logging
+import time
 from collections import Counter
 from pathlib import Path
 
-from fedge.edge_manager import desired_store, key_rotation
+from fedge.edge_manager import desired_refresh, desired_store, key_rotation
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
 from fedge.protocols import topics
@@ -55,6 +60,7 @@ class DesiredPublisher:
         self._inflight: dict[int, DocumentKey] = {}
         self._key_file = _file_id(home.key_path)
         self._retired: set[str] | None = None  # read from the store on the first loop
+        self._refreshed_at: float | None = None  # monotonic time of the last sweep
 
     def follow_key(self, fleet: Fleet) -> bool:
         """Sign with the key ``fedge manager rotate-key`` put in place while this runs;
@@ -80,9 +86,23 @@ class DesiredPublisher:
         if not self.mqtt.connected.is_set():
             return
         retired = self._retired or set()
+        now = time.time()
+        if self._refreshed_at is None or time.monotonic() - self._refreshed_at >= (
+            desired_refresh.CHECK_EVERY_S
+        ):
+            self._refreshed_at = time.monotonic()
+            self.counters["refreshed"] += desired_refresh.refresh_expiring(
+                fleet.store, fleet.key, now
+            )
         for doc in desired_store.unpublished(fleet.store, skip=set(self._inflight.values())):
             envelope = doc.envelope.encode()
-            if doc.kind != key_rotation.TRUST and _signer(envelope) in retired:
+            stamped = desired_refresh.stamp(
+                fleet.store, fleet.key, doc.edge, doc.kind, doc.version, now
+            )
+            if stamped is not None:  # its first expiry, signed by the key in use
+                envelope = stamped.encode()
+                self.counters["stamped"] += 1
+            elif doc.kind != key_rotation.TRUST and _signer(envelope) in retired:
                 # Written with a key a rotation retired (between its commit and this
                 # loop's reload): edges would refuse it, so it goes out re-signed. A
                 # document signed by any other key goes out as it is, and is refused.

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedge.edge_manager import credentials
+from fedge.edge_manager import credentials, key_rotation
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import Fleet
 from fedge.edge_manager.home import ManagerHome
@@ -112,12 +112,19 @@ def agent_toml(
             f'superlink = "{settings.agent_superlink}"',
             *([] if tls is None else [f'enroll_url = "{settings.enroll_url}"']),
             f'manager_public_key = "{public_key}"',
+            *_root_toml(home),
             f'watch_dir = "{data_dir / "inbox"}"',
             "http_port = 0",
             *floor_toml(default_floor(5000) if privacy_floor else None),
             "",
         ]
     )
+
+
+def _root_toml(home: ManagerHome) -> list[str]:
+    """The fleet's root key for a station to pin (issue 24), if the fleet has one."""
+    root = _root_text(home)
+    return [] if root is None else [f'manager_root_key = "{root}"']
 
 
 def _check_edge_name(home: ManagerHome, edge: str) -> None:
@@ -187,7 +194,13 @@ def _response(home: ManagerHome, edge: str, certificate: bytes) -> EnrollRespons
         broker_port=settings.broker_port,
         grpc_target=settings.agent_grpc_target,
         superlink=settings.agent_superlink,
+        manager_root_key=_root_text(home),
     )
+
+
+def _root_text(home: ManagerHome) -> str | None:
+    root = key_rotation.fleet_root(home)
+    return None if root is None else root.to_text()
 
 
 def renew(home: ManagerHome, current_pem: bytes, request: RenewRequest) -> EnrollResponse:

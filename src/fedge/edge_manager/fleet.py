@@ -91,7 +91,7 @@ class Fleet:
             raise ManagerError(str(exc)) from None
         edge_store.enroll(self.store, edge, token_digest(token), time.time())
         # After a key rotation a new edge is told the chain too, and says it follows it.
-        key_rotation.give_chain(self.store, self.fleet, edge, time.time())
+        key_rotation.give_chain(self.store, self.fleet, edge, time.time(), self.key)
 
     def authenticate(self, edge: str, token: str) -> bool:
         stored = edge_store.token_sha256(self.store, edge)

@@ -1,11 +1,13 @@
-"""``fedge manager rotate-key``: a new signing key for the fleet, announced by the old one.
+"""``fedge manager rotate-key``: a new signing key for the fleet, co-signed by old and new.
 
 A rotation, in order (each step safe to be cut short by a crash):
 
 1. The new key is made and written to ``keys/next/`` (0600).
-2. One transaction stores the rotation link (signed by the current key,
-   protocols/rotation.py), gives every edge the whole chain as its next ``trust``
-   desired document, and re-signs with the new key what edges may still be sent: every
+2. One transaction stores the rotation link (signed by the current key, the new key and,
+   when the fleet has an offline root key -- ``keys/root.pub`` pins its public half --
+   by the root key the operator brings, protocols/rotation.py), gives every edge the
+   whole chain, signed by the new key with an expiry, as its next ``trust`` desired
+   document, and re-signs with the new key what edges may still be sent: every
    model manifest in the registry and each edge's newest desired document of every kind
    (deployments and evaluations carry manifests, which are swapped for the re-signed
    ones). Re-signed documents keep their version and are published again; an edge that
@@ -35,7 +37,8 @@ from fedge.edge_manager.trust_store import EdgeTrust as EdgeTrust
 from fedge.protocols import codec
 from fedge.protocols.deployment import DeploymentDesired
 from fedge.protocols.evaluation import EvaluationRequest
-from fedge.protocols.rotation import rotation_link
+from fedge.protocols.freshness import expiry
+from fedge.protocols.rotation import rotation_link, sign_chain
 from fedge.protocols.signing import PublicKey, SigningKey
 from fedge.protocols.trust import TrustChain
 
@@ -79,7 +82,65 @@ def _install(home: ManagerHome, pending: Path) -> None:
     staged.rmdir()
 
 
-def rotate(home: ManagerHome, *, now: float | None = None) -> Rotation:
+def root_pub_path(home: ManagerHome) -> Path:
+    """Where the public half of the fleet's offline root key is pinned (the private half
+    never is on the manager)."""
+    return home.key_path.parent / "root.pub"
+
+
+def fleet_root(home: ManagerHome) -> PublicKey | None:
+    """The fleet's root key (None: the fleet has none)."""
+    path = root_pub_path(home)
+    return PublicKey.load(path) if path.exists() else None
+
+
+def make_root_key(out: Path) -> SigningKey:
+    """A new offline root key written to ``out`` (0600, and ``out``.pub): on an
+    operator's machine or a USB stick, not in the manager's home."""
+    if out.exists():
+        raise ManagerError(f"{out} exists; a root key is never overwritten")
+    key = SigningKey.generate()
+    key.save(out)
+    return key
+
+
+def pin_root(home: ManagerHome, public: PublicKey) -> None:
+    """Pin ``public`` as the fleet's root key: stations enrolled from now on pin it too
+    and follow a rotation only with its signature."""
+    current = fleet_root(home)
+    if current is not None and current != public:
+        raise ManagerError(
+            f"this fleet already pins root key {current.key_id}; replacing a root key is "
+            "not supported (stations pinned it at enrollment)"
+        )
+    root_pub_path(home).write_text(public.to_text() + "\n")
+
+
+def _check_root(home: ManagerHome, root_key: SigningKey | None) -> None:
+    pinned = fleet_root(home)
+    if pinned is None and root_key is not None:
+        raise ManagerError(
+            "this fleet has no root key: run without --root-key, or pin one first "
+            "(`fedge manager root-key init --out /media/usb/fleet-root.key`)"
+        )
+    if pinned is not None and root_key is None:
+        raise ManagerError(
+            f"this fleet's stations follow a rotation only with the signature of its root "
+            f"key {pinned.key_id}: pass --root-key FILE (the offline key)"
+        )
+    if pinned is not None and root_key is not None and root_key.public != pinned:
+        raise ManagerError(
+            f"--root-key is key {root_key.public.key_id}, not the fleet's root key "
+            f"{pinned.key_id} (keys/root.pub)"
+        )
+
+
+def rotate(
+    home: ManagerHome, *, now: float | None = None, root_key: SigningKey | None = None
+) -> Rotation:
+    """Rotate to a new key, the link signed by the old and the new key, and by
+    ``root_key`` (required when the fleet pins a root key, refused otherwise)."""
+    _check_root(home, root_key)
     settle(home)
     fleet = home.settings().fleet
     old = home.signing_key()
@@ -97,11 +158,13 @@ def rotate(home: ManagerHome, *, now: float | None = None) -> Rotation:
                     "keys/manager.key is not the key the last rotation introduced; restore "
                     "that key before rotating again"
                 )
-            link = rotation_link(old, new.public, fleet=fleet, sequence=sequence, issued_at=at)
+            link = rotation_link(
+                old, new, fleet=fleet, sequence=sequence, issued_at=at, root=root_key
+            )
             trust_store.add_link(conn, sequence, old.public.key_id, new.public.to_text(), link, at)
             edges = edge_store.names(store)
             for edge in edges:
-                give_chain(store, fleet, edge, at)
+                give_chain(store, fleet, edge, at, new)
             manifests = resign_manifests(store, new)
             latest = trust_store.newest_documents(store, TRUST)
             for doc in latest:
@@ -150,19 +213,21 @@ def rotate_if_due(
     return rotate(home, now=at)
 
 
-def give_chain(store: Store, fleet: str, edge: str, now: float) -> None:
+def give_chain(store: Store, fleet: str, edge: str, now: float, key: SigningKey) -> None:
     """Make the fleet's chain ``edge``'s newest ``trust`` document (none before the first
-    rotation). Also for an edge enrolled after a rotation: it reports the key it trusts."""
-    chain = chain_of(store, fleet)
+    rotation). Also for an edge enrolled after a rotation: it reports the key it trusts.
+    ``key`` is the key the chain ends at, which signs it with an expiry."""
+    chain = chain_of(store, fleet, expires_at=expiry(now))
     if chain is None:
         return
-    document = codec.encode(chain).decode()
     version = len(chain.links)
     if trust_store.has_document(store, edge, TRUST, version):
         return
-    # Not signed as a whole: each link carries the signature of the key before it. Older
-    # unpublished chains are superseded (desired_store.write).
-    desired_store.write(store.conn, edge, TRUST, version, document, document, now)
+    # Each link carries its own signatures; the whole is signed by the newest key for
+    # its expiry. Older unpublished chains are superseded (desired_store.write).
+    document = codec.encode(chain).decode()
+    envelope = sign_chain(key, chain).decode()
+    desired_store.write(store.conn, edge, TRUST, version, document, envelope, now)
 
 
 def retired_ids(store: Store) -> set[str]:
@@ -170,10 +235,10 @@ def retired_ids(store: Store) -> set[str]:
     return trust_store.signers(store)
 
 
-def chain_of(store: Store, fleet: str) -> TrustChain | None:
+def chain_of(store: Store, fleet: str, *, expires_at: float | None = None) -> TrustChain | None:
     """The fleet's rotations so far (None before the first)."""
     links = trust_store.link_envelopes(store)
-    return TrustChain(fleet, tuple(links)) if links else None
+    return TrustChain(fleet, tuple(links), expires_at) if links else None
 
 
 def resign_manifests(store: Store, key: SigningKey) -> int:

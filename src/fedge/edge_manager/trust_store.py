@@ -160,3 +160,15 @@ def replace_signed(
         "WHERE edge=? AND kind=? AND version=?",
         (document, envelope, edge, kind, version),
     )
+
+
+def newest_of_kinds(store: Store, kinds: tuple[str, ...]) -> list[DesiredKey]:
+    """Each edge's newest desired document of each of ``kinds`` (superseded or not: the
+    newest version is what an edge is sent)."""
+    marks = ",".join("?" * len(kinds))
+    rows = store.query(
+        f"SELECT edge, kind, version FROM desired d WHERE kind IN ({marks}) AND version = "
+        "(SELECT max(version) FROM desired WHERE edge=d.edge AND kind=d.kind)",
+        kinds,
+    )
+    return [DesiredKey(str(r["edge"]), str(r["kind"]), int(r["version"])) for r in rows]

@@ -81,11 +81,17 @@ class EdgeConfig:
     # Optional extension: the station shares thumbnails of what it scores (None: its
     # images stay on the station, the default). An agent without it refuses such a config.
     thumbnails: ThumbnailPolicy | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # When this signature stops counting (issue 24, protocols/freshness.py): the manager
+    # re-signs the same version with a later expiry before then; a station refuses a
+    # config that arrives expired. Absent on documents not (yet) stamped by `manager serve`.
+    expires_at: float | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
         validate.identifier(self.edge, "edge")
         validate.positive(self.version, "version")
+        if self.expires_at is not None:
+            validate.finite(self.expires_at, "expires_at", minimum=0.0)
         if self.model is not None:
             validate.bounded_text(self.model, "model", 200)
         validate.probability(self.default_threshold, "default_threshold")

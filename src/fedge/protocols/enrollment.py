@@ -8,7 +8,7 @@ trusts the enrollment server only if it presents a chain to exactly that CA.
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fedge.protocols import validate
 from fedge.protocols.errors import ValidationError
@@ -67,10 +67,15 @@ class EnrollResponse:
     broker_port: int
     grpc_target: str
     superlink: str
+    # The fleet's offline root key, when it has one: the station pins it and follows a
+    # key rotation only with its signature (issue 24).
+    manager_root_key: str | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
         validate.identifier(self.edge, "edge")
+        if self.manager_root_key is not None:
+            validate.bounded_text(self.manager_root_key, "manager_root_key", 64)
         if not 0 < self.broker_port < 65536:
             raise ValidationError(f"broker_port {self.broker_port} out of range")
 

@@ -31,3 +31,10 @@ class SignatureError(ProtocolError):
     """Signature missing, forged, tampered, or made by a key that is not pinned."""
 
     reason = "bad_signature"
+
+
+class ExpiredError(ProtocolError):
+    """A signed document whose ``expires_at`` has passed: a replay of an old one, or a
+    manager that stopped refreshing what it sent (a freeze attack, issue 24)."""
+
+    reason = "expired"

@@ -203,6 +203,17 @@ def verify_envelope(envelope: bytes, keys: TrustedKeys) -> bytes:
     return payload_bytes
 
 
+def signature_valid(key: PublicKey, payload: bytes, signature_b64: str) -> bool:
+    """Whether ``signature_b64`` is ``key``'s Ed25519 signature of ``payload`` (for
+    documents with several signatures, rotation.py)."""
+    try:
+        signature = base64.b64decode(signature_b64, validate=True)
+        Ed25519PublicKey.from_public_bytes(key.raw).verify(signature, payload)
+    except (binascii.Error, ValueError, InvalidSignature):
+        return False
+    return True
+
+
 def open_signed(envelope: bytes, cls: type[T], keys: TrustedKeys) -> T:
     """Verify, then strictly decode the inner message as ``cls``."""
     return codec.decode(verify_envelope(envelope, keys), cls, max_bytes=MAX_ENVELOPE_BYTES)
