@@ -24,7 +24,7 @@ from conftest import (
 )
 
 from fedge.protocols import codec
-from fedge.protocols.rotation import rotation_link
+from fedge.protocols.rotation import rotation_link, sign_chain
 from fedge.protocols.signing import SigningKey
 from fedge.protocols.trust import TrustChain
 
@@ -97,17 +97,19 @@ def test_a_running_fleet_follows_a_key_rotation_and_refuses_a_forged_one(
     assert "active" in deployed.stdout, deployed.stdout
 
     # -- a forged rotation, slipped into the store by someone without the key
-    forger = SigningKey.generate()
+    forger, forged_key = SigningKey.generate(), SigningKey.generate()
     links = (
         str(fh.row("SELECT envelope FROM trust_links WHERE sequence=1")["envelope"]),
-        rotation_link(forger, forger.public, fleet=FLEET, sequence=2, issued_at=time.time()),
+        rotation_link(forger, forged_key, fleet=FLEET, sequence=2, issued_at=time.time()),
     )
-    document = codec.encode(TrustChain(FLEET, links)).decode()
+    chain = TrustChain(FLEET, links, time.time() + 86400.0)
+    document = codec.encode(chain).decode()
+    envelope = sign_chain(forged_key, chain).decode()
     with fh.db.transaction() as conn:
         conn.execute(
             "INSERT INTO desired (edge, kind, version, document, envelope, created_at) "
             "VALUES ('st-01', 'trust', 2, ?, ?, ?)",
-            (document, document, time.time()),
+            (document, envelope, time.time()),
         )
     view = wait_until(
         lambda: _keys(processes),

@@ -12,7 +12,9 @@ from typing import Any
 
 import pytest
 from conftest import FLEET, FleetHome, deploy, make_fleet_home, publish_model, set_threshold
+from typer.testing import CliRunner
 
+from fedge.cli.main import app
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.restore import KeptModel
@@ -410,6 +412,11 @@ def test_a_station_reports_a_desired_state_not_refreshed_for_too_long(
             Ingestor(fh.db, FLEET).handle(tx, topic, codec.encode(report), clock[0])
         row = next(e for e in key_rotation.trust_view(fh.home).edges if e.edge == EDGE)
         assert "stale since" in row.reason
+        env = {"FEDGE_HOME": str(fh.home.root), "COLUMNS": "200"}
+        shown = CliRunner().invoke(app, ["edge", "show", EDGE], env=env)
+        assert shown.exit_code == 0, shown.output
+        line = next(x for x in shown.stdout.splitlines() if x.strip().startswith("trust"))
+        assert "desired state stale since" in line
         # A refresh arrives: fresh again, and said.
         fresh = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, clock[0])
         assert fresh is not None

@@ -24,6 +24,7 @@ from fedge.edge_manager.enrollment import invite
 from fedge.edge_manager.enrollment import revoke as revoke_identity
 from fedge.edge_manager.fleet_views import ThresholdsSource
 from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.key_rotation import EdgeTrust, edge_trust
 
 app = typer.Typer(help="Edges: enrolment, configuration, state.", no_args_is_help=True)
 
@@ -321,10 +322,11 @@ def show(
     """
     _, fleet = open_fleet(home)
     view = fleet.show(edge)
+    trust = edge_trust(fleet.store, edge)
     # On stderr: --json output stays clean. A state is only as fresh as serve's ingest.
     warn_if_not_serving(home, "the state shown is the last one reported")
     if as_json:
-        print_json(view.to_json())
+        print_json({**view.to_json(), "trust": None if trust is None else asdict(trust)})
         return
     desired = view.desired_config or {}
     sync = "[green]in sync[/green]" if view.in_sync else "[yellow]converging[/yellow]"
@@ -355,6 +357,16 @@ def show(
     console.print(f"  telemetry      {view.telemetry} records; rejected msgs {view.rejections}")
     gaps = ", ".join(f"{g.stream} {g.from_seq}..{g.to_seq}" for g in view.gaps)
     console.print(f"  gaps           {gaps or 'none'}")
+    console.print(f"  trust          {escape(_trust(trust))}")
+
+
+def _trust(trust: EdgeTrust | None) -> str:
+    """The manager key the station trusts, and a refused rotation or a stale desired
+    state (a freeze attack, issue 24) in its own words."""
+    if trust is None or not trust.key_id:
+        return "key it was enrolled with (nothing reported)"
+    text = f"key {trust.key_id} (rotation {trust.sequence}) {trust.status}"
+    return f"{text}: {trust.reason}" if trust.reason else text
 
 
 @app.command("list")

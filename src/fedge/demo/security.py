@@ -7,7 +7,7 @@ certificates). This chapter shows the credential lifecycle: a new station (st-09
 its key, enrols through the manager's HTTPS endpoint with a single-use token and comes
 online; its token used again is refused; then it is revoked, and the broker refuses it
 while the rest of the fleet carries on. Last, the manager's signing key is rotated and
-every online station follows the rotation the old key signed.
+every online station follows the rotation the old and the new key co-signed.
 """
 
 from __future__ import annotations
@@ -164,8 +164,8 @@ def _rotate(
     wait: Any,
     result: SecurityChapter,
 ) -> None:
-    """The manager's signing key rotates; the stations follow the rotation the old key
-    signed and from then on apply only what the new key signs."""
+    """The manager's signing key rotates; the stations follow the rotation the old and
+    the new key co-signed and from then on apply only what the new key signs."""
     # The stations up now; a revoked one (st-09 above) can no longer report anything.
     stations = {e.edge for e in key_rotation.trust_view(home).edges}
     online = [edge for edge in report_store.online_edges(store) if edge in stations]
@@ -189,7 +189,7 @@ def _rotate(
     )
     console.print(
         f"signing key rotated {rotated.old_key_id} -> {rotated.new_key_id}: all "
-        f"{len(online)} online stations followed the rotation the old key signed within "
+        f"{len(online)} online stations followed the rotation old and new key co-signed within "
         f"{result.rotation_to_all_s:.2f} s; a threshold the new key signed applied on st-01 "
         f"in {result.push_after_rotation_s:.2f} s"
     )

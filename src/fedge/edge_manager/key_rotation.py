@@ -293,6 +293,12 @@ class TrustView:
         return [e.edge for e in self.edges if e.edge not in current]
 
 
+def edge_trust(store: Store, edge: str) -> EdgeTrust | None:
+    """What ``edge`` last said it trusts, and whether its desired state is stale (None:
+    not a station, or revoked)."""
+    return next((e for e in trust_store.edge_trust(store) if e.edge == edge), None)
+
+
 def trust_view(home: ManagerHome) -> TrustView:
     key = home.signing_key().public
     store = Store(home.db_path)
