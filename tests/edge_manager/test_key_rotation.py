@@ -404,7 +404,7 @@ def test_a_station_reports_a_desired_state_not_refreshed_for_too_long(
         report = codec.decode([p for t, p in sent if t == topic][-1], TrustReport)
         assert report.stale_since == pytest.approx(received_at)
         assert "desired state stale since" in report.reason
-        assert agent.status()["desired_freshness"].startswith("stale since")
+        assert str(agent.status()["desired_freshness"]).startswith("stale since")
         agent.trust.check_freshness()  # said once, not at every tick
         assert len([p for t, p in sent if t == topic]) == 1
         # The manager stores it: `fedge manager keys` and `fedge edge show` show it.
@@ -427,3 +427,26 @@ def test_a_station_reports_a_desired_state_not_refreshed_for_too_long(
         assert agent.applied_version == 1
     finally:
         close(agent)
+
+
+def test_the_cli_makes_a_root_key_and_rotates_only_with_it(fh: FleetHome, tmp_path: Path) -> None:
+    env = {"FEDGE_HOME": str(fh.home.root), "COLUMNS": "200"}
+    out = tmp_path / "usb" / "fleet-root.key"
+
+    def fedge(*args: str) -> Any:
+        return CliRunner().invoke(app, ["manager", *args], env=env)
+
+    made = fedge("root-key", "init", "--out", str(out))
+    assert made.exit_code == 0, made.output
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    assert key_rotation.fleet_root(fh.home) == SigningKey.load(out).public
+    assert not list(fh.home.root.rglob("fleet-root.key"))  # the private half is elsewhere
+    again = fedge("root-key", "init", "--out", str(out))
+    assert again.exit_code == 1 and "never overwritten" in again.output
+    refused = fedge("rotate-key", "--yes")
+    assert refused.exit_code == 1 and "--root-key" in refused.output
+    rotated = fedge("rotate-key", "--yes", "--json", "--root-key", str(out))
+    assert rotated.exit_code == 0, rotated.output
+    link = parse_link(str(fh.row("SELECT envelope FROM trust_links")["envelope"]))
+    assert key_rotation.fleet_root(fh.home) is not None
+    assert SigningKey.load(out).public.key_id in link.signatures and len(link.signatures) == 3
