@@ -4,10 +4,11 @@ Real processes: the fleet's SuperLink, one ``flower-supernode`` per station star
 agent's own supervisor (:mod:`fedge.edge_agent.supervisor`) on the station's data
 directory, each running the station's ClientApp behind ``secagg_mod``, and fedge's fleet
 ServerApp submitted with ``flwr run``. The job asks for DP-SGD with SecAgg+
-(``[privacy] mode = "local"``, ``secagg = true``, a threshold of two). st-03 is at its
+(``[privacy] mode = "local"``, ``secagg = true``, a threshold of three). st-04 is at its
 lifetime privacy budget: it takes part in SecAgg+'s key stages, then refuses to train
 (an error reply at the masked-vector stage, before any training), and the round is
-unmasked with the other two -- a dropout mid-protocol above the threshold.
+unmasked with the other three -- a dropout mid-protocol above the threshold (SecAgg+
+never unmasks fewer than three, issue 24: two would each learn the other's update).
 
 What the server received is recorded inside the deployed ServerApp: the test writes a
 small ServerApp module into the job's Flower app (``recording_server.py``), which runs
@@ -17,9 +18,10 @@ arrives only as SecAgg+'s masked vector, whose values fill the modulus (the pair
 masks) far beyond the quantization range an unmasked update would stay in.
 
 Each ClientApp message starts a process that imports torch, and a SecAgg+ round is four
-messages per station: three stations and one round are what a test can afford on two
-cores (the job takes 80-95 s here; stages are paced by the SuperNode's 3 s idle poll and
-a ClientApp process start each). A SuperNode SIGKILLed mid-round would cost a stage
+messages per station: four stations (three training, the fewest SecAgg+ unmasks) and one
+round are what a test can afford on two cores (the job took 80-95 s here with three
+stations; stages are paced by the SuperNode's 3 s idle poll and a ClientApp process start
+each). A SuperNode SIGKILLed mid-round would cost a stage
 timeout on top: Flower's SuperLink reports a dead node only once its heartbeat expires
 (30 s interval, patience 2), and the workflow waits for it until then; so the dropout
 here is the refusal, an error reply in the middle of the protocol.
@@ -55,9 +57,9 @@ from fedge.protocols.config import PrivacyBudget, TrainingPolicy
 
 pytestmark = pytest.mark.integration
 
-EDGES = ("st-01", "st-02", "st-03")
-REFUSING = "st-03"  # at its lifetime privacy budget: refuses at SecAgg+'s training stage
-TRAINING = ("st-01", "st-02")
+EDGES = ("st-01", "st-02", "st-03", "st-04")
+REFUSING = "st-04"  # at its lifetime privacy budget: refuses at SecAgg+'s training stage
+TRAINING = ("st-01", "st-02", "st-03")
 EARLIER = DpRelease(noise_multiplier=1.0, sample_rate=0.25, steps=8)
 QUANTIZATION_RANGE = 4_194_304  # PrivacySpec's default secagg_quantization_range
 JOB = """
@@ -81,7 +83,7 @@ mode = "local"
 epsilon = 8.0
 delta = 0.001
 secagg = true
-secagg_threshold = 2
+secagg_threshold = 3
 
 [federation]
 backend = "fleet"
@@ -257,7 +259,7 @@ def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_ever
             superlink.local_address,
             signing=(fh.home.signing_key(), superlink.signed_apps),
         )
-        result = fleet_job.wait(job_dir, timeout_s=180)
+        result = fleet_job.wait(job_dir, timeout_s=300)
         assert result.state.value == "completed", result.error
         print(f"secagg fleet job: {time.monotonic() - started:.1f} s")
 
@@ -270,8 +272,8 @@ def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_ever
         finally:
             store.close()
         party = {edge: p for p, edge in names.items()}
-        # st-03 took part in SecAgg+'s key stages, then refused to train: a dropout whose
-        # masks the others' shares removed; the round was unmasked with the other two.
+        # st-04 took part in SecAgg+'s key stages, then refused to train: a dropout whose
+        # masks the others' shares removed; the round was unmasked with the other three.
         assert sorted(names[p] for p in round_1["on_time"]) == list(TRAINING), round_1
         assert [names[p] for p in round_1["failed"]] == [REFUSING], round_1
         reason = round_1["failures"][str(party[REFUSING])]
@@ -300,7 +302,7 @@ def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_ever
         # What the deployed ServerApp received: no reply carries a model array ...
         summary, vectors = received(job_dir)
         train = [r for r in summary if r["type"] == "train"]
-        # four SecAgg+ stages; st-03 answered two, failed the third, was not asked the last
+        # four SecAgg+ stages; st-04 answered two, failed the third, was not asked the last
         assert len(train) == 4 * len(EDGES) - 1
         errors = [r["error"] for r in summary if r["error"] is not None]
         assert len(errors) == 1 and is_budget_exhausted(errors[0]), errors
@@ -329,27 +331,27 @@ def test_a_secagg_threshold_above_the_fleets_stations_is_refused_before_anything
 ) -> None:
     fh = make_fleet_home(tmp_path, edges=EDGES)
     try:
-        publish_trainable(fh, tmp_path, edges=TRAINING)  # st-03 does not train
+        publish_trainable(fh, tmp_path, edges=TRAINING)  # st-04 does not train
         manifest = tmp_path / "job.toml"
-        # edges = "all": the two training stations cannot meet a threshold of three.
-        manifest.write_text(JOB.replace("secagg_threshold = 2", "secagg_threshold = 3"))
+        # edges = "all": the three training stations cannot meet a threshold of four.
+        manifest.write_text(JOB.replace("secagg_threshold = 3", "secagg_threshold = 4"))
         job_dir = tmp_path / "job"
         with pytest.raises(ManifestError) as refused:
             prepare(manifest, job_dir, fh.home)
         message = str(refused.value)
-        assert "privacy.secagg_threshold (3) is more than the 2 parties" in message
-        assert "2 edge(s) of the job have training enabled" in message
+        assert "privacy.secagg_threshold (4) is more than the 3 parties" in message
+        assert "3 edge(s) of the job have training enabled" in message
         assert not job_dir.exists()  # no job, nothing submitted, nothing trained
         # Named explicitly, the same.
-        explicit = JOB.replace('edges = "all"', 'edges = ["st-01", "st-02"]')
-        manifest.write_text(explicit.replace("secagg_threshold = 2", "secagg_threshold = 3"))
-        with pytest.raises(ManifestError, match=r"secagg_threshold \(3\)"):
+        explicit = JOB.replace('edges = "all"', 'edges = ["st-01", "st-02", "st-03"]')
+        manifest.write_text(explicit.replace("secagg_threshold = 3", "secagg_threshold = 4"))
+        with pytest.raises(ManifestError, match=r"secagg_threshold \(4\)"):
             prepare(manifest, job_dir, fh.home)
         assert not job_dir.exists()
-        # Three training stations meet it (edges = "all" is counted against the fleet).
+        # Four training stations meet it (edges = "all" is counted against the fleet).
         with fh.fleet() as fleet:
             fleet.set_training([REFUSING], TrainingPolicy(enabled=True))
-        manifest.write_text(JOB.replace("secagg_threshold = 2", "secagg_threshold = 3"))
+        manifest.write_text(JOB.replace("secagg_threshold = 3", "secagg_threshold = 4"))
         assert prepare(manifest, job_dir, fh.home).name == "secagg-fleet"
         assert json.loads((job_dir / "parties.json").read_text()).keys() == set(EDGES)
     finally:

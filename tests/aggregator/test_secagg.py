@@ -1,10 +1,12 @@
 """SecAgg+ (Flower's) composed with our strategies, on Flower's simulation runtime.
 
-One simulation (Ray, 4 parties, a 2-array model) runs every phase the tests check, each
+One simulation (Ray, 6 parties, a 2-array model) runs every phase the tests check, each
 with its own strategy: plain SecAgg+ rounds, a party killed before its masked vector, a
-party killed before unmasking, and TiFL tiers over SecAgg+. The server side records what
-its strategy received (``SecAggRound.aggregate_fit``) and every reply the server got off
-the grid. Bad input is refused before anything is sent (no simulation needed).
+party killed before unmasking, TiFL tiers over SecAgg+ (two tiers of three), and rounds of
+three parties one of which is killed (abandoned: two must never be unmasked, issue 24).
+The server side records what its strategy received (``SecAggRound.aggregate_fit``) and
+every reply the server got off the grid. Bad input is refused before anything is sent
+(no simulation needed).
 """
 
 from __future__ import annotations
@@ -25,7 +27,13 @@ from fedge.aggregator.grids import NODE_ID_BASE
 from fedge.aggregator.identity import PartitionOrderedGrid
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.secagg import SecAggSettings, quantization_error_bound, run_secagg
-from fedge.aggregator.secagg_round import SecAggRound, StageRecorder
+from fedge.aggregator.secagg_round import (
+    ABANDONED,
+    SecAggRound,
+    StageRecorder,
+    _DeadlineWorkflow,
+    check_survivors,
+)
 from fedge.aggregator.streaming import StreamingFedAvg
 from fedge.aggregator.tiered import TieredFedAvg
 from fedge.bench import secagg_apps
@@ -34,7 +42,7 @@ from fedge.privacy.settings import PrivacyError, PrivacySpec
 from fedge.sim.flower_backend import launch_simulation
 from fedge.sim.grid import InProcessGrid
 
-PARTIES = 4
+PARTIES = 6
 SETTINGS = SecAggSettings(reconstruction_threshold=0.5, max_weight=16.0, key_stage_timeout_s=30)
 
 
@@ -96,6 +104,13 @@ class Phase:
     replies: list[Message] = field(default_factory=list)
 
 
+class FirstThree(StreamingFedAvg):
+    """Asks partitions 0, 1 and 2 only (the grid shows them first)."""
+
+    def trainable(self, grid: Grid) -> list[int]:
+        return super().trainable(grid)[:3]
+
+
 @dataclass
 class Observed:
     phases: dict[str, Phase] = field(default_factory=dict)
@@ -155,8 +170,11 @@ def observed() -> Iterator[Observed]:
         _run_phase(observed, "collect", ordered, StreamingFedAvg(per_round=PARTIES), killed)
         killed = {secagg_apps.DROP_PARTITION: 2, secagg_apps.DROP_STAGE: "unmask"}
         _run_phase(observed, "unmask", ordered, StreamingFedAvg(per_round=PARTIES), killed)
+        killed = {secagg_apps.DROP_PARTITION: 1, secagg_apps.DROP_STAGE: "collect"}
+        _run_phase(observed, "three", ordered, FirstThree(per_round=3), killed, rounds=2)
+        # min_tier_size left at 1: run_secagg raises it to SecAgg+'s 3.
         tiered = TieredFedAvg(
-            n_tiers=2, per_round=2, seed=2, adaptive=False, clock=ClockMode.VIRTUAL
+            n_tiers=3, per_round=3, seed=2, adaptive=False, clock=ClockMode.VIRTUAL
         )
         tiered.observers.append(
             lambda r: observed.accuracies.append(
@@ -243,7 +261,7 @@ def test_a_party_killed_before_its_masked_vector_leaves_the_aggregate_of_the_res
     observed: Observed,
 ) -> None:
     phase = observed.phases["collect"]
-    rest = [0, 2, 3]
+    rest = [p for p in range(PARTIES) if p != 1]
     expected = plain_mean(phase.sent, rest)
     error = max(float(np.abs(phase.model[k] - expected[k]).max()) for k in expected)
     assert error <= bound_for(phase.sent, rest)
@@ -274,8 +292,13 @@ def test_each_round_asks_the_tier_tifl_chose_and_updates_its_accuracy(
     assert len(phase.records) == 4
     assert phase.records[0].tier is None  # round 1 profiles everyone
     assert len(phase.records[0].selected) == PARTIES
-    # virtual-time-s = 1 + partition: the fast tier is partitions 0, 1
-    assert sorted(strategy.tiers.members[0]) == [NODE_ID_BASE, NODE_ID_BASE + 1]
+    # virtual-time-s = 1 + partition: 3 tiers asked, but under SecAgg+ each holds at
+    # least 3 parties: two tiers, the fast one partitions 0-2.
+    assert strategy.min_tier_size == 3
+    assert [sorted(t) for t in strategy.tiers.members] == [
+        [NODE_ID_BASE + p for p in range(3)],
+        [NODE_ID_BASE + p for p in range(3, 6)],
+    ]
     for record, (server_round, accuracy) in zip(
         phase.records[1:], observed.accuracies[1:], strict=True
     ):
@@ -298,8 +321,11 @@ def test_too_few_parties_for_secagg_are_refused_before_anything_is_sent() -> Non
 
     grid.push_messages = push  # type: ignore[method-assign]
     try:
-        with pytest.raises(PrivacyError, match="at least 2 parties per round"):
-            run_secagg(grid, StreamingFedAvg(per_round=1), initial(), SETTINGS, num_rounds=1)
+        for per_round in (1, 2):  # two would each learn the other's update
+            with pytest.raises(PrivacyError, match="at least 3 parties per round"):
+                run_secagg(
+                    grid, StreamingFedAvg(per_round=per_round), initial(), SETTINGS, num_rounds=1
+                )
         counted = SecAggSettings.from_privacy(
             PrivacySpec(secagg=True, secagg_threshold=5), max_weight=16
         )
@@ -316,3 +342,56 @@ def test_too_few_parties_for_secagg_are_refused_before_anything_is_sent() -> Non
     finally:
         grid.close()
     assert pushed == []
+
+
+def test_a_round_of_three_that_loses_one_is_abandoned_and_the_run_goes_on(
+    observed: Observed,
+) -> None:
+    phase = observed.phases["three"]
+    # Both rounds ran (the run went on), neither unmasked anything nor moved the model.
+    assert len(phase.records) == 2 and phase.fit_results == []
+    for key, sent in phase.sent.items():
+        np.testing.assert_array_equal(phase.model[key], sent)
+    three = tuple(NODE_ID_BASE + p for p in range(3))
+    for record in phase.records:
+        assert sorted(record.selected) == sorted(record.failed) == list(three)
+        assert record.on_time == () and not record.quorum_met
+        assert "collect_masked_vectors" in record.failures[NODE_ID_BASE + 1]
+        for survivor in (NODE_ID_BASE, NODE_ID_BASE + 2):
+            why = record.failures[survivor]
+            assert why.startswith(ABANDONED) and "2 of 3 parties were left" in why, why
+    # Nobody was asked for the shares that would unmask the two survivors' sum.
+    assert len(phase.replies) == 2 * (3 + 3 + 3)  # setup, share keys, masked vectors
+
+
+def test_the_round_threshold_is_never_below_three() -> None:
+    # Flower resolves a share of the round's parties with a floor of 2; ours is 3.
+    assert SecAggSettings(reconstruction_threshold=0.5).round_threshold(3) == 3
+    assert SecAggSettings(reconstruction_threshold=0.5).round_threshold(4) == 3
+    assert SecAggSettings(reconstruction_threshold=0.5).round_threshold(10) == 5
+    assert SecAggSettings(reconstruction_threshold=1.0).round_threshold(4) == 4
+    assert SecAggSettings(reconstruction_threshold=0.1).round_threshold(20) == 3
+    # Neighbours as a share: 5 of 10 (odd, as Flower makes it), half of that rounds to 2.
+    assert SecAggSettings(reconstruction_threshold=0.5, num_shares=0.5).round_threshold(10) == 3
+    assert SecAggSettings(reconstruction_threshold=4).round_threshold(6) == 4
+    for threshold in (2, 2.0, 1.5):
+        with pytest.raises(PrivacyError, match="a count >= 3"):
+            SecAggSettings(reconstruction_threshold=threshold)
+    with pytest.raises(PrivacyError, match=r"at least 3 parties per round.*got 2"):
+        SecAggSettings().check_round(2)
+
+
+def test_fewer_than_three_masked_vectors_are_never_unmasked() -> None:
+    check_survivors(3)
+    for survivors in (2, 1, 0):
+        with pytest.raises(PrivacyError, match=f"only {survivors} parties' masked vectors"):
+            check_survivors(survivors)
+
+    class Untouchable:
+        def __getattr__(self, name: str) -> Any:
+            raise AssertionError(f"the unmask stage used the grid ({name}) for two survivors")
+
+    workflow = _DeadlineWorkflow(num_shares=1.0, reconstruction_threshold=2)
+    state = type("State", (), {"active_node_ids": {7, 8}, "sampled_node_ids": {6, 7, 8}})()
+    assert workflow.unmask_stage(Untouchable(), Untouchable(), state) is False  # type: ignore[arg-type]
+    assert "only 2 parties' masked vectors arrived" in workflow.abandoned

@@ -90,6 +90,21 @@ def test_fewer_parties_than_tiers() -> None:
     assert form_tiers({}, 3).members == ()
 
 
+def test_a_minimum_tier_size_makes_fewer_tiers_never_smaller_ones() -> None:
+    # Under SecAgg+ a tier holds at least 3 parties (issue 24): a pair would learn each
+    # other's update from their sum.
+    six = {p: float(p) for p in range(6)}
+    assert form_tiers(six, 2, min_size=3).members == ((0, 1, 2), (3, 4, 5))
+    assert form_tiers(six, 3, min_size=3).members == ((0, 1, 2), (3, 4, 5))
+    seven = form_tiers({p: float(p) for p in range(7)}, 5, min_size=3)
+    assert [len(t) for t in seven.members] == [4, 3]
+    # Fewer parties than the minimum: one tier of them all (the round refuses to run).
+    assert form_tiers({1: 1.0, 2: 2.0}, 2, min_size=3).members == ((1, 2),)
+    assert form_tiers({}, 2, min_size=3).members == ()
+    with pytest.raises(ValueError, match="min_size"):
+        form_tiers(six, 2, min_size=0)
+
+
 def test_ties_break_by_party_id() -> None:
     assert form_tiers({3: 1.0, 1: 1.0, 2: 1.0}, 3).members == ((1,), (2,), (3,))
 

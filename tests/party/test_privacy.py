@@ -32,9 +32,9 @@ from fedge.privacy.settings import (
         ({"mode": "local"}, "privacy.mode must be one of"),  # a str, not a PrivacyMode
         ({"mode": PrivacyMode.LOCAL}, "needs a target privacy.epsilon"),
         ({"mode": PrivacyMode.CENTRAL}, "'central' needs privacy.noise_multiplier"),
-        ({"secagg_threshold": 0.0}, "a share in \\(0, 1\\] or a count >= 2"),
-        ({"secagg_threshold": 1.5}, "a share in \\(0, 1\\] or a count >= 2"),
-        ({"secagg_threshold": 2.5}, "as a count must be whole"),
+        ({"secagg_threshold": 0.0}, "a share in \\(0, 1\\] or a count >= 3"),
+        ({"secagg_threshold": 1.5}, "a share in \\(0, 1\\] or a count >= 3"),
+        ({"secagg_threshold": 3.5}, "as a count must be whole"),
         ({"secagg_clipping_range": 0.0}, "secagg_clipping_range must be > 0"),
         ({"secagg_quantization_range": 1}, "secagg_quantization_range must be >= 2"),
     ],
@@ -124,15 +124,20 @@ def test_a_config_without_privacy_is_no_privacy_and_bad_values_are_refused() -> 
         PrivacySpec.from_config({"dp-mode": "local", "dp-epsilon": 8.0, "dp-delta": 1.0})
 
 
-def test_secagg_needs_two_parties_and_a_threshold_they_can_meet() -> None:
+def test_secagg_needs_three_parties_and_a_threshold_they_can_meet() -> None:
     PrivacySpec().check_parties(1)  # no SecAgg+: any number
     share = PrivacySpec(secagg=True, secagg_threshold=0.5)
-    share.check_parties(2)
+    share.check_parties(3)
     share.check_parties(10)
-    with pytest.raises(PrivacyError, match="at least 2 parties per round, got 1"):
-        share.check_parties(1)
-    with pytest.raises(PrivacyError, match="at least 2 parties per round, got 0"):
-        share.check_parties(0)
+    # Two hide nothing from each other (issue 24): refused, as are fewer.
+    for too_few in (2, 1, 0):
+        with pytest.raises(PrivacyError, match=f"at least 3 parties per round.*got {too_few}"):
+            share.check_parties(too_few)
+    # A threshold counting 2 parties (or anything between a share and 3) is refused.
+    for threshold in (2, 2.5, 1.5):
+        with pytest.raises(PrivacyError, match="a count >= 3"):
+            PrivacySpec(secagg=True, secagg_threshold=threshold)
+    PrivacySpec(secagg=True, secagg_threshold=3)
     count = PrivacySpec(secagg=True, secagg_threshold=5)
     count.check_parties(5)
     with pytest.raises(PrivacyError, match=r"secagg_threshold \(5\) is more than the 4 parties"):

@@ -81,7 +81,7 @@ mode = "local"
 epsilon = 4.0
 rounds_per_party = 5
 secagg = true
-secagg_threshold = 2
+secagg_threshold = 3
 
 [strategies.central]
 kind = "tiered"
@@ -196,14 +196,25 @@ rounds_per_party = 2
     assert f"{first['epsilon_job']:.3f}" in shown.output
 
 
+def three_per_round(scenario: object) -> object:
+    """The scenario asking 3 parties a round: SecAgg+ never runs with fewer (issue 24)."""
+    import dataclasses as dc
+
+    from fedge.sim.scenario import Scenario
+
+    assert isinstance(scenario, Scenario)
+    return dc.replace(scenario, fleet=dc.replace(scenario.fleet, per_round=3))
+
+
 def test_secagg_with_dp_sgd_runs_tiered_rounds_on_the_simulated_fleet(scenario: object) -> None:
     """SecAgg+ over DP-SGD parties: every round asks the tier TiFL chose, the parties'
-    epsilon is reported (metrics are not masked, only the model), the model learns."""
-    curve = runner.run_one(scenario, "secagg-dp", seed=0)  # type: ignore[arg-type]
+    epsilon is reported (metrics are not masked, only the model), the model learns. Two
+    tiers asked of 4 parties: under SecAgg+ a tier holds at least 3, so there is one."""
+    curve = runner.run_one(three_per_round(scenario), "secagg-dp", seed=0)  # type: ignore[arg-type]
     assert len(curve.rounds) == 5
     assert curve.rounds[0].tier is None and len(curve.rounds[0].on_time) == 4  # profiling
     for record in curve.rounds[1:]:
-        assert record.tier is not None and len(record.on_time) == 2, record
+        assert record.tier == 0 and len(record.on_time) == 3, record
     assert 0 < curve.epsilon[-1] <= 4.0 + 1e-6
     assert curve.final_accuracy > 0.5
 
@@ -223,8 +234,10 @@ def test_secagg_carries_on_and_stops_cleanly_as_parties_run_out_of_budget(
     privacy = table["privacy"]
     assert isinstance(privacy, dict)
     table["privacy"] = {**privacy, "rounds_per_party": 2}
+    three = three_per_round(scenario)
+    assert isinstance(three, Scenario)
     short = dc.replace(
-        scenario.with_rounds(7), strategies={**scenario.strategies, "secagg-short": table}
+        three.with_rounds(7), strategies={**scenario.strategies, "secagg-short": table}
     )
     curve = runner.run_one(short, "secagg-short", seed=0)
     assert 1 <= len(curve.rounds) <= 7
@@ -294,7 +307,8 @@ def test_central_dp_adds_noise_sized_for_the_round(scenario: object) -> None:
         ('mode = "local"\nepsilon = 8.0\nclipping_norm = 0.0', "clipping_norm must be > 0"),
         ('mode = "local"', "needs a target privacy.epsilon"),
         ('mode = "central"', "needs privacy.noise_multiplier"),
-        ('mode = "local"\nepsilon = 8.0\nsecagg = true\nsecagg_threshold = 3', "threshold"),
+        ('mode = "local"\nepsilon = 8.0\nsecagg = true\nsecagg_threshold = 2', "count >= 3"),
+        ('mode = "local"\nepsilon = 8.0\nsecagg = true', "at least 3 parties per round"),
         ('mode = "sideways"', "privacy.mode"),
         ('mode = "local"\nepsilon = 8.0\nepsilom = 2.0', "unknown field 'privacy.epsilom'"),
     ],

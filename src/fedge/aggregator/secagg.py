@@ -19,6 +19,15 @@ Error, dropout and quantisation:
   threshold of each party's neighbours survives, SecAgg+ still recovers the aggregate of
   the others. Below it the round is lost (the model stays, every party is recorded as
   failed) but the run goes on.
+* Never fewer than three (:data:`SECAGG_MIN_PARTIES`, issue 24): the sum of two updates
+  is no secret from either party, who subtracts its own. A round asks at least three
+  parties, TiFL's tiers under SecAgg+ hold at least three, the reconstruction threshold
+  is at least three (a share resolving to fewer is raised to three; a count below three
+  is refused), and a round whose masked vectors came from fewer than three parties is
+  abandoned before anything is unmasked.
+* The server is assumed honest-but-curious: it follows the protocol (it could otherwise
+  claim parties dropped and collect both of an honest party's secrets; SecAgg+'s
+  malicious-server variant, with consistency checks and signatures, is not Flower's).
 * SecAgg+ quantises: each party scales its update by its weight ``n / max_weight``,
   clips it to ``[-clipping_range, clipping_range]`` and rounds it stochastically onto
   ``quantization_range`` levels. :func:`quantization_error_bound` is the largest
@@ -42,7 +51,8 @@ from flwr.supercore import log
 from fedge.aggregator.identity import IdentifiedGrid
 from fedge.aggregator.secagg_round import NodeMap, SecAggRound, StageRecorder
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.privacy.settings import PrivacyError, PrivacySpec
+from fedge.aggregator.tiered import TieredFedAvg
+from fedge.privacy.settings import SECAGG_MIN_PARTIES, PrivacyError, PrivacySpec
 
 DEFAULT_MAX_WEIGHT = 1000.0  # Flower's default: a party's num-examples is scaled by this
 DEFAULT_MODULUS_RANGE = 2**32
@@ -54,7 +64,8 @@ class SecAggSettings:
     """SecAgg+'s parameters for a job (from its ``[privacy]``: :meth:`from_privacy`)."""
 
     reconstruction_threshold: float = 0.5
-    """A share of each party's neighbours in (0, 1], or a count >= 2 (PrivacySpec's)."""
+    """A share of each party's neighbours in (0, 1], or a count >= 3 (PrivacySpec's); the
+    round's count is :meth:`round_threshold`, never below 3."""
     clipping_range: float = 8.0
     quantization_range: int = 4_194_304
     num_shares: float = 1.0
@@ -67,10 +78,11 @@ class SecAggSettings:
 
     def __post_init__(self) -> None:
         threshold = self.reconstruction_threshold
-        if not math.isfinite(threshold) or threshold <= 0 or 1 < threshold < 2:
+        if not math.isfinite(threshold) or threshold <= 0 or 1 < threshold < SECAGG_MIN_PARTIES:
             raise PrivacyError(
                 f"SecAgg+ reconstruction threshold must be a share in (0, 1] or a count "
-                f">= 2, got {threshold}"
+                f">= {SECAGG_MIN_PARTIES} (fewer parties could unmask one another), "
+                f"got {threshold}"
             )
         if threshold > 1 and threshold != int(threshold):
             raise PrivacyError(f"SecAgg+ threshold as a count must be whole, got {threshold}")
@@ -121,10 +133,30 @@ class SecAggSettings:
         threshold = self.reconstruction_threshold
         return int(threshold) if threshold > 1 else None
 
+    def round_threshold(self, selected: int) -> int:
+        """The reconstruction threshold of a round of ``selected`` parties, as a count.
+
+        A share resolves as Flower's ``SecAggPlusWorkflow.setup_stage`` does (of the
+        round's ``num_shares``, at least 2), then is raised to :data:`SECAGG_MIN_PARTIES`:
+        Flower's floor of 2 would let a round of 3 be unmasked with 2 survivors.
+        """
+        count = self.threshold_count
+        if count is None:
+            shares = round(self.num_shares * selected)
+            if shares < selected and shares % 2 == 0:
+                shares += 1
+            if shares <= 2:
+                shares = selected
+            count = max(round(self.reconstruction_threshold * shares), 2)
+        return max(count, SECAGG_MIN_PARTIES)
+
     def check_round(self, selected: int) -> None:
         """A round of ``selected`` parties can be unmasked at all (else PrivacyError)."""
-        if selected < 2:
-            raise PrivacyError(f"SecAgg+ needs at least 2 parties per round, got {selected}")
+        if selected < SECAGG_MIN_PARTIES:
+            raise PrivacyError(
+                f"SecAgg+ needs at least {SECAGG_MIN_PARTIES} parties per round (with two, "
+                f"each learns the other's update from their sum), got {selected}"
+            )
         count = self.threshold_count
         if count is not None and count > selected:
             raise PrivacyError(
@@ -193,7 +225,9 @@ def run_secagg(
     ids, the ids the parties' ``secaggplus_mod`` knows itself by). ``timeout`` bounds the
     masked-vector stage when no deadline applies. ``recorder`` may wrap the grid the
     protocol talks to (tests record what the server received). Checked before round 1:
-    the strategy's ``per_round`` and the grid's parties can meet the threshold.
+    the strategy's ``per_round`` and the grid's parties can meet the threshold. TiFL's
+    tiers are formed with at least :data:`SECAGG_MIN_PARTIES` parties each (fewer tiers
+    than asked when the fleet is small).
     """
     if num_rounds < first_round:
         return Result(arrays=initial_arrays)
@@ -204,11 +238,13 @@ def run_secagg(
         )
     settings.check_round(strategy.per_round)
     parties = len(list(grid.get_node_ids()))
-    if parties < 2:
+    if parties < SECAGG_MIN_PARTIES:
         raise PrivacyError(
-            f"SecAgg+ needs at least 2 connected parties, the grid shows {parties}: "
-            "wait for the nodes to connect before the first round"
+            f"SecAgg+ needs at least {SECAGG_MIN_PARTIES} connected parties, the grid shows "
+            f"{parties}: wait for the nodes to connect before the first round"
         )
+    if isinstance(strategy, TieredFedAvg):
+        strategy.min_tier_size = max(strategy.min_tier_size, SECAGG_MIN_PARTIES)
     settings.check_round(min(parties, strategy.per_round))
     nodes = _node_map(grid)
     wire = recorder(nodes.wire) if recorder is not None else nodes.wire

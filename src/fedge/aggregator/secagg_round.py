@@ -19,6 +19,13 @@ strategy runs on the wall clock with a deadline (``DeadlineConfig.deadline_facto
 the tier's expected latency); a party past it is a dropout, whose masks SecAgg+ removes.
 The key stages wait ``key_stage_timeout_s``. :class:`StageRecorder` notes, per party,
 the stage it failed at and when its masked vector arrived.
+
+Never fewer than three (issue 24): the round's reconstruction threshold is at least 3
+(``SecAggSettings.round_threshold``), and :class:`_DeadlineWorkflow` abandons a round
+whose masked vectors came from fewer than 3 parties before asking for a single share
+(:func:`check_survivors`): the sum of two is each one's update to the other. An abandoned
+round applies no aggregate; every party is recorded failed with the reason; the run goes
+on.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ from fedge.aggregator.grids import WrappedGrid
 from fedge.aggregator.replies import Collected, layout, sort_replies
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.privacy.settings import PrivacyError
+from fedge.privacy.settings import SECAGG_MIN_PARTIES, PrivacyError
 
 if TYPE_CHECKING:
     from fedge.aggregator.secagg import SecAggSettings
@@ -77,6 +84,17 @@ NUM_EXAMPLES = "num-examples"
 ARRAY_NAMES_KEY = "secagg-array-names"
 """FitIns config key: the model's array names, JSON (``fedge.party.secagg`` reads it)."""
 HALTED = "SecAgg+ halted: too few parties survived to unmask the round"
+ABANDONED = "SecAgg+ round abandoned"
+
+
+def check_survivors(survivors: int) -> None:
+    """A sum of ``survivors`` masked updates may be unmasked (else PrivacyError)."""
+    if survivors < SECAGG_MIN_PARTIES:
+        raise PrivacyError(
+            f"only {survivors} parties' masked vectors arrived, fewer than "
+            f"{SECAGG_MIN_PARTIES}: their unmasked sum would show each one the other's "
+            "update, so nothing is unmasked"
+        )
 
 
 @dataclass(frozen=True)
@@ -130,16 +148,45 @@ class StageRecorder(WrappedGrid):
 
 
 class _DeadlineWorkflow(SecAggPlusWorkflow):
-    """Flower's workflow with its own timeout for the stage that trains."""
+    """Flower's workflow with its own timeout for the stage that trains, which never
+    unmasks fewer than three parties' vectors and says why a round stopped."""
 
     collect_timeout: float | None = None
+    abandoned = ""  # why the round produced no aggregate ("": it did, or not known)
+
+    def setup_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        return self._noted("setup", state, super().setup_stage(grid, context, state))
+
+    def share_keys_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        return self._noted("share keys", state, super().share_keys_stage(grid, context, state))
 
     def collect_masked_vectors_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
         key_timeout, self.timeout = self.timeout, self.collect_timeout
         try:
-            return bool(super().collect_masked_vectors_stage(grid, context, state))
+            done = bool(super().collect_masked_vectors_stage(grid, context, state))
         finally:
             self.timeout = key_timeout
+        return self._noted("masked vectors", state, done)
+
+    def unmask_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
+        # The sum holds exactly the vectors of the parties still active here (Flower
+        # unmasks those even if some then fail to send their shares).
+        try:
+            check_survivors(len(state.active_node_ids))
+        except PrivacyError as exc:
+            self.abandoned = str(exc)
+            log(WARNING, "%s: %s", ABANDONED, exc)
+            return False
+        return bool(super().unmask_stage(grid, context, state))
+
+    def _noted(self, stage: str, state: Any, done: bool) -> bool:
+        if not done and not self.abandoned and state.sampled_node_ids:
+            self.abandoned = (
+                f"after the {stage} stage {len(state.active_node_ids)} of "
+                f"{len(state.sampled_node_ids)} parties were left, below the reconstruction "
+                f"threshold of {state.threshold}"
+            )
+        return bool(done)
 
 
 class SecAggRound(Strategy):
@@ -213,6 +260,8 @@ class SecAggRound(Strategy):
             log(WARNING, "round %d: %s", server_round, exc)
             self.lost = str(exc)
             return []
+        # At least 3 (a share is resolved for this round's size, then raised to 3).
+        self.workflow.reconstruction_threshold = self.settings.round_threshold(len(plan.selected))
         if self.strategy.clock is ClockMode.WALL and plan.deadline_s is not None:
             self.workflow.collect_timeout = plan.deadline_s
         config = self.strategy._round_config_record(server_round, self.config, plan)
@@ -275,7 +324,9 @@ class SecAggRound(Strategy):
         replies = {node: _metrics_reply(node, values) for node, values in metrics.items()}
         wall = {shown[w]: s for w, s in self.stages.arrival_s.items() if w in shown}
         wall = {node: wall.get(node, 0.0) for node in replies}
-        collected: Collected = sort_replies(plan.selected, replies, wall, missing=HALTED)
+        abandoned = self.workflow.abandoned
+        missing = f"{ABANDONED}: {abandoned}" if abandoned else HALTED
+        collected: Collected = sort_replies(plan.selected, replies, wall, missing=missing)
         for wire_node, reason in self.stages.failures.items():
             node = shown.get(wire_node)
             if node is not None and node not in metrics:

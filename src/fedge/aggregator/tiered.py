@@ -50,6 +50,7 @@ class TieredFedAvg(StreamingFedAvg):
         static_probabilities: Sequence[float] | None = None,
         retier_interval: int | None = None,
         dropout_threshold_s: float | None = None,
+        min_tier_size: int = 1,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -70,6 +71,8 @@ class TieredFedAvg(StreamingFedAvg):
         self.static_probabilities = tuple(static_probabilities) if static_probabilities else None
         self.retier_interval = retier_interval
         self.dropout_threshold_s = dropout_threshold_s
+        # Under SecAgg+ at least 3 (``run_secagg`` raises it): a pair learns each other's.
+        self.min_tier_size = min_tier_size
         self.tiers: tiers.Tiers | None = None
         self.selection: tier_selection.TierSelectionState | None = None
         self._profiling_plan: deadlines.RoundPlan | None = None
@@ -125,7 +128,10 @@ class TieredFedAvg(StreamingFedAvg):
             return  # nobody left to tier: the loop stops on its own (no trainable party)
         n_tiers = min(self.n_tiers, max(1, len(latencies)))
         self.tiers = tiers.form_tiers(
-            latencies, n_tiers, dropout_threshold_s=self.dropout_threshold_s
+            latencies,
+            n_tiers,
+            dropout_threshold_s=self.dropout_threshold_s,
+            min_size=self.min_tier_size,
         )
         # A re-tiering that changes the number of tiers (dropouts) starts selection afresh.
         if self.selection is None or self.selection.n_tiers != self.tiers.n_tiers:

@@ -86,7 +86,11 @@ class Tiers:
 
 
 def form_tiers(
-    latencies: Mapping[int, float], n_tiers: int, *, dropout_threshold_s: float | None = None
+    latencies: Mapping[int, float],
+    n_tiers: int,
+    *,
+    dropout_threshold_s: float | None = None,
+    min_size: int = 1,
 ) -> Tiers:
     """Sort parties by latency and cut them into ``n_tiers`` tiers, fastest first (TiFL §3.2).
 
@@ -94,9 +98,14 @@ def form_tiers(
     ``dropouts``. Ties are broken by party id, so the result is deterministic. Sizes are
     ``ceil(N/n_tiers)`` for the first ``N % n_tiers`` tiers and ``floor`` for the rest;
     with fewer parties than tiers, each party is its own tier (``min(n_tiers, N)`` tiers).
+    ``min_size``: every tier holds at least that many parties, so there are at most
+    ``N // min_size`` tiers (SecAgg+ asks 3: a tier of 2 would reveal each one's update to
+    the other); fewer parties than that make one tier of them all.
     """
     if n_tiers < 1:
         raise ValueError(f"n_tiers must be >= 1, got {n_tiers}")
+    if min_size < 1:
+        raise ValueError(f"min_size must be >= 1, got {min_size}")
     for party, latency in latencies.items():
         if math.isnan(latency) or latency < 0:
             raise ValueError(f"latency of party {party} must be >= 0, got {latency}")
@@ -106,7 +115,7 @@ def form_tiers(
     else:
         kept = [p for p in ranked if latencies[p] < dropout_threshold_s]
         dropouts = sorted(p for p in ranked if latencies[p] >= dropout_threshold_s)
-    count = min(n_tiers, len(kept))
+    count = min(n_tiers, len(kept), max(1, len(kept) // min_size))
     members: list[tuple[int, ...]] = []
     start = 0
     for index in range(count):

@@ -61,9 +61,10 @@ def run_secagg_bench(
     num_cpus: int = RAY_CPUS,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
-    if parties < 3:
+    if parties < 4:
         raise ValueError(
-            f"--parties must be >= 3 (one is killed in the dropout round), got {parties}"
+            f"--parties must be >= 4 (one is killed in the dropout round, and SecAgg+ "
+            f"never unmasks fewer than 3), got {parties}"
         )
     if params < 2:
         raise ValueError(f"--params must be >= 2, got {params}")

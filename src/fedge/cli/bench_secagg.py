@@ -9,7 +9,7 @@ import typer
 def secagg(
     parties: Annotated[
         int,
-        typer.Option(help="Simulated parties (Flower supernodes), all asked each round.", min=3),
+        typer.Option(help="Simulated parties (Flower supernodes), all asked each round.", min=4),
     ] = 10,
     params: Annotated[
         int, typer.Option(help="Parameters of the synthetic model.", min=2)

@@ -58,7 +58,7 @@ delta = {delta}
 clipping_norm = 1.0
 rounds_per_party = {rounds}
 secagg = true           # the aggregator only sees the masked sum
-secagg_threshold = 2
+secagg_threshold = 3      # the 3 stations: SecAgg+ never unmasks fewer (issue 24)
 
 [federation]
 backend = "fleet"

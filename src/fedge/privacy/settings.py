@@ -16,7 +16,10 @@ Three mechanisms, chosen per job (``[privacy]`` in a scenario or a job manifest)
   recurrent language models"; Flower's ``DifferentialPrivacyServerSideFixedClipping``):
   station-level privacy, accounted per round.
 - ``secagg``: Flower's SecAgg+ (Bell et al., CCS 2020) on top of either: the server only
-  ever sees the sum of the round's masked updates.
+  ever sees the sum of the round's masked updates. A sum of two hides nothing from
+  either party (each subtracts its own), so a round has at least
+  :data:`SECAGG_MIN_PARTIES` parties and a reconstruction threshold of at least as many
+  (issue 24).
 
 A :class:`PrivacySpec` travels to parties in the round's config (:meth:`to_config`,
 :meth:`from_config`): every key starts with ``dp-`` so it never collides with training
@@ -32,6 +35,10 @@ from enum import StrEnum
 from typing import Literal
 
 from fedge.errors import FedgeError
+
+SECAGG_MIN_PARTIES = 3
+"""The fewest parties a SecAgg+ round asks, tiers under it hold, the reconstruction
+threshold counts and the unmasked sum holds: with two, each learns the other's update."""
 
 
 class PrivacyError(FedgeError):
@@ -81,8 +88,9 @@ class PrivacySpec:
     gets none plans for one round (its budget holds; the job learns little)."""
     secagg: bool = False
     secagg_threshold: float = 0.5
-    """SecAgg+'s reconstruction threshold: a share of the round's parties in (0, 1], or
-    an absolute count >= 2. Fewer surviving parties and the round's aggregate is lost."""
+    """SecAgg+'s reconstruction threshold: a share of the round's parties in (0, 1] (a
+    share resolving to fewer than 3 parties is raised to 3), or an absolute count >= 3.
+    Fewer surviving parties and the round's aggregate is lost."""
     secagg_clipping_range: float = 8.0
     """SecAgg+ clips every model value to [-range, range] before quantising it."""
     secagg_quantization_range: int = 4_194_304
@@ -117,10 +125,10 @@ class PrivacySpec:
         if self.mode is PrivacyMode.CENTRAL and sigma is None:
             raise PrivacyError("privacy.mode = 'central' needs privacy.noise_multiplier")
         threshold = self.secagg_threshold
-        if not math.isfinite(threshold) or threshold <= 0 or (threshold > 1 and threshold < 2):
+        if not math.isfinite(threshold) or threshold <= 0 or 1 < threshold < SECAGG_MIN_PARTIES:
             raise PrivacyError(
-                "privacy.secagg_threshold must be a share in (0, 1] or a count >= 2, "
-                f"got {threshold}"
+                "privacy.secagg_threshold must be a share in (0, 1] or a count >= "
+                f"{SECAGG_MIN_PARTIES} (fewer parties could unmask one another), got {threshold}"
             )
         if threshold > 1 and threshold != int(threshold):
             raise PrivacyError(
@@ -141,11 +149,15 @@ class PrivacySpec:
         return self.mode is not PrivacyMode.NONE or self.secagg
 
     def check_parties(self, per_round: int) -> None:
-        """SecAgg+ needs at least two parties per round and a threshold they can meet."""
+        """SecAgg+ needs at least three parties per round (with two, each learns the
+        other's update from the sum) and a threshold they can meet."""
         if not self.secagg:
             return
-        if per_round < 2:
-            raise PrivacyError(f"SecAgg+ needs at least 2 parties per round, got {per_round}")
+        if per_round < SECAGG_MIN_PARTIES:
+            raise PrivacyError(
+                f"SecAgg+ needs at least {SECAGG_MIN_PARTIES} parties per round (with two, "
+                f"each learns the other's update from their sum), got {per_round}"
+            )
         if self.secagg_threshold > 1 and self.secagg_threshold > per_round:
             raise PrivacyError(
                 f"privacy.secagg_threshold ({int(self.secagg_threshold)}) is more than the "
