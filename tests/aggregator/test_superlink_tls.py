@@ -38,8 +38,17 @@ from fedge.protocols.pki import Role, TlsFiles, new_key_and_csr, write_private
 BIN = Path("/opt/bin")
 
 
-def spec(**tls: Path | None) -> SupernodeSpec:
-    return SupernodeSpec("10.0.0.5:9092", "st-01", Path("/data"), 20, 1, 60.0, **tls)
+def spec(root_certificates: Path | None = None, auth_key: Path | None = None) -> SupernodeSpec:
+    return SupernodeSpec(
+        "10.0.0.5:9092",
+        "st-01",
+        Path("/data"),
+        20,
+        1,
+        60.0,
+        root_certificates=root_certificates,
+        auth_key=auth_key,
+    )
 
 
 def link_files(tmp_path: Path, hosts: list[str]) -> TlsFiles:
