@@ -304,8 +304,10 @@ def test_secagg_with_dp_sgd_on_real_supernodes_survives_a_refusal_and_hides_ever
         train = [r for r in summary if r["type"] == "train"]
         # four SecAgg+ stages; st-04 answered two, failed the third, was not asked the last
         assert len(train) == 4 * len(EDGES) - 1
-        errors = [r["error"] for r in summary if r["error"] is not None]
+        errors = [r["error"] for r in train if r["error"] is not None]
         assert len(errors) == 1 and is_budget_exhausted(errors[0]), errors
+        # st-04 also refuses to evaluate (an evaluation is accounted in its ledger too).
+        assert all(is_budget_exhausted(r["error"]) for r in summary if r["error"]), summary
         for reply in summary:
             assert all(count == 0 for count in reply["arrays"].values()), reply
         # ... and each training station's update came only as a masked vector (a factor

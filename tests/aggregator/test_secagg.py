@@ -23,8 +23,10 @@ from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 from flwr.serverapp import Grid, ServerApp
 
 from fedge.aggregator.clock import ClockMode
+from fedge.aggregator.fleet_manifest import parse_fleet_manifest
 from fedge.aggregator.grids import NODE_ID_BASE
 from fedge.aggregator.identity import PartitionOrderedGrid
+from fedge.aggregator.job_spec import ManifestError
 from fedge.aggregator.rounds import RoundRecord
 from fedge.aggregator.secagg import SecAggSettings, quantization_error_bound, run_secagg
 from fedge.aggregator.secagg_round import (
@@ -395,3 +397,34 @@ def test_fewer_than_three_masked_vectors_are_never_unmasked() -> None:
     state = type("State", (), {"active_node_ids": {7, 8}, "sampled_node_ids": {6, 7, 8}})()
     assert workflow.unmask_stage(Untouchable(), Untouchable(), state) is False  # type: ignore[arg-type]
     assert "only 2 parties' masked vectors arrived" in workflow.abandoned
+
+
+def test_a_fleet_job_under_secagg_names_at_least_three_stations() -> None:
+    manifest = """
+[job]
+name = "secagg"
+rounds = 1
+[task]
+model = "inspect:1"
+[strategy]
+kind = "fedavg"
+[privacy]
+mode = "local"
+epsilon = 8.0
+secagg = true
+[federation]
+backend = "fleet"
+fleet = "plant-a"
+edges = EDGES
+"""
+    two = manifest.replace("EDGES", '["st-01", "st-02"]')
+    with pytest.raises(ManifestError, match="at least 3 parties per round"):
+        parse_fleet_manifest(two)
+    three = manifest.replace("EDGES", '["st-01", "st-02", "st-03"]')
+    assert len(parse_fleet_manifest(three).federation.edges) == 3
+    # edges = "all" is counted against the fleet when the job is prepared; until then
+    # SecAgg+'s 3 are assumed, or its threshold's count when that is more.
+    assert parse_fleet_manifest(manifest.replace("EDGES", '"all"')).federation.edges == "all"
+    counted = manifest.replace("EDGES", '"all"').replace("secagg = true", "secagg = true\n"
+                                                          "secagg_threshold = 4")  # fmt: skip
+    assert parse_fleet_manifest(counted).federation.edges == "all"

@@ -24,6 +24,7 @@ from flwr.app import (
     RecordDict,
 )
 from flwr.common import parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -35,12 +36,15 @@ from fedge.party.secagg import (
     ARRAY_NAMES_KEY,
     FITINS_CONFIG,
     FITINS_PARAMETERS,
+    SECAGG_CONFIGS_KEY,
     SecAggPartyError,
     array_names,
+    check_threshold,
     secagg_mod,
     to_legacy_fitres,
     to_message_api,
 )
+from fedge.privacy.settings import PrivacyError
 from fedge.sim.data import make_partitions
 from fedge.sim.grid import InProcessGrid
 from fedge.sim.party_app import app as sim_party_app
@@ -210,3 +214,24 @@ def test_the_simulators_party_app_serves_plain_and_secagg_rounds(tmp_path: Path)
         assert error <= bound, name
     moved = max(float(np.abs(secure.arrays[k].numpy() - initial[k].numpy()).max()) for k in initial)
     assert moved > 10 * bound  # the round trained: the agreement is not trivial
+
+
+def test_a_station_refuses_a_secagg_round_with_a_threshold_below_three() -> None:
+    def setup(threshold: int) -> Message:
+        configs = ConfigRecord({Key.STAGE: Stage.SETUP, Key.THRESHOLD: threshold})
+        return Message(
+            RecordDict({SECAGG_CONFIGS_KEY: configs}),
+            dst_node_id=1001,
+            message_type=MessageType.TRAIN,
+        )
+
+    context = Context(run_id=1, node_id=1001, node_config={}, state=RecordDict(), run_config={})
+
+    def app(msg: Message, ctxt: Context) -> Message:
+        raise AssertionError("nothing may reach the app")
+
+    for threshold in (2, 1):
+        with pytest.raises(PrivacyError, match=f"threshold is {threshold}, below the 3"):
+            secagg_mod(setup(threshold), context, app)
+    assert not context.state.config_records  # no SecAgg+ state was started
+    check_threshold(setup(3))

@@ -56,6 +56,7 @@ from fedge.aggregator.job_spec import (
     check_tier_credits,
     take_privacy,
 )
+from fedge.privacy.settings import SECAGG_MIN_PARTIES
 from fedge.toml_table import TomlTable
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -226,7 +227,7 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         text=text,
     )
     # edges = "all": the stations are counted against the fleet by `prepare`, which
-    # validates again; here assume as many as SecAgg+'s threshold asks (at least 2).
+    # validates again; here assume as many as SecAgg+ asks (at least 2; under it, 3).
     validate_strategy(manifest, parties=len(edges) if edges != "all" else _least_parties(params))
     check_tier_credits(job.rounds, kind, params, parties=len(edges) if edges != "all" else None)
     return manifest
@@ -253,12 +254,15 @@ def validate_strategy(manifest: FleetJobManifest, parties: int) -> None:
 
 
 def _least_parties(params: dict[str, object]) -> int:
-    """The fewest stations an ``edges = "all"`` job could run with (2, or SecAgg+'s count)."""
+    """The fewest stations an ``edges = "all"`` job could run with: 2, or under SecAgg+ 3
+    (two would each learn the other's update) or its threshold's count if more."""
     privacy = params.get("privacy")
-    threshold = privacy.get("secagg_threshold") if isinstance(privacy, dict) else None
-    if isinstance(threshold, int | float) and not isinstance(threshold, bool) and threshold > 2:
-        return int(threshold)
-    return 2
+    if not isinstance(privacy, dict) or privacy.get("secagg") is not True:
+        return 2
+    threshold = privacy.get("secagg_threshold")
+    if isinstance(threshold, int | float) and not isinstance(threshold, bool) and threshold > 1:
+        return max(int(threshold), SECAGG_MIN_PARTIES)
+    return SECAGG_MIN_PARTIES
 
 
 def _positive(table: TomlTable, key: str, default: float) -> float:

@@ -36,10 +36,11 @@ from flwr.app.message import make_message
 from flwr.app.message_type import MessageType
 from flwr.client.mod import secaggplus_mod
 from flwr.clientapp.typing import ClientAppCallable
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, CONFIG_KEY, METRICS_KEY
+from fedge.privacy.settings import SECAGG_MIN_PARTIES, PrivacyError
 
 ARRAY_NAMES_KEY = "secagg-array-names"
 """FitIns config key: the model's array names, JSON, in the order of ``fitins.parameters``."""
@@ -75,6 +76,7 @@ def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable)
     """
     if not is_secagg_message(message):
         return call_next(message, context)
+    check_threshold(message)
 
     def legacy_app(legacy: Message, ctxt: Context) -> Message:
         names = array_names(legacy)
@@ -82,6 +84,21 @@ def secagg_mod(message: Message, context: Context, call_next: ClientAppCallable)
         return to_legacy_fitres(reply, names, legacy)
 
     return secaggplus_mod(_own_configs(message), context, legacy_app)
+
+
+def check_threshold(message: Message) -> None:
+    """A station takes no part in a SecAgg+ round whose reconstruction threshold is below
+    3 (issue 24): our server never asks one, another server might, and shares that 2 can
+    combine let a pair unmask each other. Raises PrivacyError (an error reply) at setup."""
+    configs = message.content.config_records[SECAGG_CONFIGS_KEY]
+    if configs.get(Key.STAGE) != Stage.SETUP:
+        return
+    threshold = configs.get(Key.THRESHOLD)
+    if not isinstance(threshold, int) or threshold < SECAGG_MIN_PARTIES:
+        raise PrivacyError(
+            f"SecAgg+ round refused: its reconstruction threshold is {threshold!r}, below "
+            f"the {SECAGG_MIN_PARTIES} parties this station requires"
+        )
 
 
 def _own_configs(message: Message) -> Message:
