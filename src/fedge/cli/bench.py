@@ -272,6 +272,34 @@ def fleet_round(
 
 @app.command()
 @friendly_errors
+def gpu(
+    images: Annotated[int, typer.Option(help="Images per inference pass.", min=32)] = 1024,
+    train_images: Annotated[
+        int, typer.Option(help="Examples in the training round.", min=32)
+    ] = 2000,
+    epochs: Annotated[int, typer.Option(help="Epochs of the training round.", min=1)] = 2,
+    repeats: Annotated[int, typer.Option(help="Timed passes (median).", min=1)] = 5,
+    json_path: JsonOption = None,
+) -> None:
+    """A station's inference (ONNX Runtime) and training round on its GPU against its CPU.
+
+    Exits with a clear message where there is no GPU.
+
+    Example: fedge bench gpu --json gpu.json
+    """
+    from fedge.bench.gpu import run_gpu_check
+
+    run_bench(
+        "gpu",
+        json_path,
+        lambda progress: run_gpu_check(
+            images=images, train_images=train_images, epochs=epochs, repeats=repeats
+        ),
+    )
+
+
+@app.command()
+@friendly_errors
 def chaos(
     agents: Annotated[int, typer.Option(help="Agent processes (one station each).", min=1)] = 8,
     minutes: Annotated[float, typer.Option(help="Length of the chaos phase.", min=0.2)] = 5.0,

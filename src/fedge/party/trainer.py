@@ -92,12 +92,19 @@ class TrainResult:
     stopped_early: bool  # the round's time cap ended training
 
 
-def train(model: nn.Module, examples: Examples, settings: TrainSettings) -> TrainResult:
-    """Adam on shuffled mini-batches for ``epochs``, stopping at ``max_seconds``."""
+def train(
+    model: nn.Module,
+    examples: Examples,
+    settings: TrainSettings,
+    *,
+    on: torch.device | None = None,
+) -> TrainResult:
+    """Adam on shuffled mini-batches for ``epochs``, stopping at ``max_seconds``; on
+    ``on`` (default: CUDA when present, else the CPU)."""
     if len(examples) == 0:
         raise StationDataError("no labelled training images on this station")
     torch.set_num_threads(settings.threads)
-    target = device()
+    target = on or device()
     generator = torch.Generator().manual_seed(settings.seed)
     x_all = torch.from_numpy(examples.x).to(target)
     y_all = torch.from_numpy(examples.y).to(target)
