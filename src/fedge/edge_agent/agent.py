@@ -377,7 +377,9 @@ class EdgeAgent:
     def _emit_metrics(self) -> None:
         self.trust.check_freshness()  # periodic: a desired state gone stale is reported
         training = self.supervisor.status() if self.supervisor is not None else None
-        emit_metrics(self.store, self.settings, self.counters, self.station, training)
+        model = self.model
+        provider = None if model is None else model.provider
+        emit_metrics(self.store, self.settings, self.counters, self.station, training, provider)
 
     def status(self) -> dict[str, object]:
         return {
@@ -386,6 +388,8 @@ class EdgeAgent:
             "connected": self.mqtt.connected.is_set(),
             "desired_via_grpc": self.desired_poller.active,
             "serving": self.serving,
+            # Which ONNX Runtime execution provider serves (agent.toml execution_providers).
+            "execution_provider": None if self.model is None else self.model.provider,
             "config_version": self.applied_version,
             "threshold": None if self.config is None else self.config.default_threshold,
             "thresholds": self.scorer.thresholds().describe(),

@@ -107,7 +107,7 @@ def prepare(
         download.replace(final)
     else:
         on_stage(DeployStage.VERIFYING, "already on disk")
-    model = runtime.load(final, manifest)
+    model = runtime.load(final, manifest, settings.execution_providers)
     runtime.smoke_test(model)
     on_stage(DeployStage.STAGED, "")
     return model

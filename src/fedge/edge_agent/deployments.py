@@ -81,6 +81,7 @@ class Deployments:
             keys,
             counters,
             self.reports,
+            providers=settings.execution_providers,
             lock=lock,
             deploy_lock=self._deploy_lock,
             install=install,
@@ -122,7 +123,8 @@ class Deployments:
         except DeployError as exc:
             unreadable = exc
         restored = restore.restore(
-            restore.candidates(active, history), lambda kept: restore.verify(kept, self.keys)
+            restore.candidates(active, history),
+            lambda kept: restore.verify(kept, self.keys, self.settings.execution_providers),
         )
         for kept, failure in restored.failures:
             if kept is not active:

@@ -17,7 +17,7 @@ and the ``rolled_back`` status.
 import logging
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from fedge.edge_agent import health, restore, runtime, served
 from fedge.edge_agent.deploy_status import LAST, DeployReports, ref_of
@@ -44,6 +44,7 @@ class LocalRollback:
         counters: Counter[str],
         reports: DeployReports,
         *,
+        providers: Sequence[str] = runtime.DEFAULT_PROVIDERS,
         lock: threading.Lock,
         deploy_lock: threading.Lock,
         install: Callable[[runtime.LoadedModel, EdgeConfig | None], None],
@@ -53,6 +54,7 @@ class LocalRollback:
     ) -> None:
         self.store = store
         self.keys = keys
+        self.providers = tuple(providers)
         self.counters = counters
         self.reports = reports
         self._lock = lock
@@ -128,7 +130,8 @@ class LocalRollback:
         earlier = restore.decode_rolled_back(self.store.get(ROLLED_BACK))
         target = restore.rollback_target(history, trial.previous, earlier)
         restored = restore.restore(
-            () if target is None else (target,), lambda kept: restore.verify(kept, self.keys)
+            () if target is None else (target,),
+            lambda kept: restore.verify(kept, self.keys, self.providers),
         )
         for kept, failure in restored.failures:
             log.error("kept model %s does not verify: %s", kept.ref, failure)

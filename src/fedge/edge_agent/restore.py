@@ -19,7 +19,7 @@ pointers in its store and passes :func:`verify` in.
 
 import json
 import shutil
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Generic, TypeVar
@@ -303,8 +303,13 @@ def restore_status(
 # -- the adapter
 
 
-def verify(kept: KeptModel, keys: TrustedKeys) -> runtime.LoadedModel:
-    """Check a kept model as a deployment checks a download; return it ready to serve."""
+def verify(
+    kept: KeptModel,
+    keys: TrustedKeys,
+    preferred: Sequence[str] = runtime.DEFAULT_PROVIDERS,
+) -> runtime.LoadedModel:
+    """Check a kept model as a deployment checks a download; return it ready to serve
+    (with the ``preferred`` execution providers this machine offers)."""
     manifest = kept.verified_manifest(keys)
     if (manifest.name, manifest.version) != (kept.name, kept.version):
         raise DeployError("manifest_mismatch", f"{kept.path} is {manifest.ref}, not {kept.ref}")
@@ -318,7 +323,7 @@ def verify(kept: KeptModel, keys: TrustedKeys) -> runtime.LoadedModel:
             f"{kept.ref} at {kept.path} changed on disk since it was verified "
             f"(sha256 {digest[:12]}… != manifest {manifest.sha256[:12]}…)",
         )
-    model = runtime.load(kept.path, manifest)
+    model = runtime.load(kept.path, manifest, preferred)
     runtime.smoke_test(model)
     return model
 

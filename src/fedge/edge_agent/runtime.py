@@ -1,9 +1,13 @@
 """ONNX Runtime adapter: load a verified model, smoke-test it, run it.
 
-The CUDA execution provider is used when this machine's ONNX Runtime offers it, else
-the CPU one; the choice is made at load time, not at install time.
+Execution providers come from the station's configuration (``execution_providers`` in
+agent.toml: the accelerators it may use, in order of preference; CUDA by default), each
+used only where this machine's ONNX Runtime build offers it, and the CPU always last, so a
+model loads everywhere. The choice is made at load time, not at install time; the provider
+that serves is reported in the agent's status and telemetry (issue 25).
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,10 +24,20 @@ _NUMPY_DTYPES: dict[str, type[np.floating]] = {
 }
 
 
-def providers() -> list[str]:
-    available = ort.get_available_providers()
-    chosen = [p for p in ("CUDAExecutionProvider",) if p in available]
-    return [*chosen, "CPUExecutionProvider"]
+CPU_PROVIDER = "CPUExecutionProvider"
+DEFAULT_PROVIDERS: tuple[str, ...] = ("CUDAExecutionProvider",)
+
+
+def choose_providers(preferred: Sequence[str], available: Sequence[str]) -> list[str]:
+    """The providers to load a model with: ``preferred`` in order where ``available``,
+    then the CPU (always last, and only once)."""
+    chosen = [p for p in dict.fromkeys(preferred) if p in available and p != CPU_PROVIDER]
+    return [*chosen, CPU_PROVIDER]
+
+
+def providers(preferred: Sequence[str] = DEFAULT_PROVIDERS) -> list[str]:
+    """:func:`choose_providers` on this machine's ONNX Runtime build."""
+    return choose_providers(preferred, ort.get_available_providers())
 
 
 @dataclass(frozen=True)
@@ -39,6 +53,11 @@ class LoadedModel:
     def ref(self) -> str:
         return self.manifest.ref
 
+    @property
+    def provider(self) -> str:
+        """The execution provider that serves (the first ONNX Runtime kept)."""
+        return str(self.session.get_providers()[0])
+
     def run(self, batch: np.ndarray) -> np.ndarray:
         try:
             outputs = self.session.run([self.output_name], {self.input_name: batch})
@@ -48,13 +67,15 @@ class LoadedModel:
         return result
 
 
-def load(path: Path, manifest: ModelManifest) -> LoadedModel:
+def load(
+    path: Path, manifest: ModelManifest, preferred: Sequence[str] = DEFAULT_PROVIDERS
+) -> LoadedModel:
     options = ort.SessionOptions()
     # One edge process, one model: don't let ORT spin threads for every core of a shared box.
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
     try:
-        session = ort.InferenceSession(str(path), options, providers=providers())
+        session = ort.InferenceSession(str(path), options, providers=providers(preferred))
     except Exception as exc:
         raise DeployError(
             "load_failed", f"ONNX Runtime cannot load {manifest.ref}: {exc}"

@@ -26,6 +26,10 @@ report_via = "mqtt"
 grpc_fallback_after_s = 60.0
 grpc_poll_interval_s = 5.0
 
+# ONNX Runtime's accelerators, in order, each where this machine's build offers it; the
+# CPU is always last (`fedge agent status`'s execution_provider says which one serves).
+execution_providers = ["CUDAExecutionProvider"]
+
 # The station's training set: scored images kept on the device with their labels
 # (they never leave it). Oldest first out once any limit is reached; 0 keeps none.
 # The inbox's done/ and failed/ folders are pruned to keep_images files and keep_days
@@ -116,6 +120,9 @@ class AgentSettings:
     flush_interval_s: float = 0.2
     # "mqtt", or "grpc" for sites where MQTT is blocked (records go over ReportUpload).
     report_via: str = "mqtt"
+    # The accelerators ONNX Runtime may serve with, in order of preference (issue 25), each
+    # used where this machine's ONNX Runtime build offers it; the CPU is always last.
+    execution_providers: tuple[str, ...] = ("CUDAExecutionProvider",)
     # Desired documents (and status reports) over gRPC once MQTT has been down this long
     # (issue 9); 0 = never. report_via = "grpc" polls them all the time.
     grpc_fallback_after_s: float = 60.0
@@ -221,6 +228,8 @@ def load_settings(path: Path) -> AgentSettings:
             "`fedge edge enroll` writes a complete agent.toml"
         )
     data["privacy_floor"] = _privacy_floor(path, data)
+    if "execution_providers" in data:
+        data["execution_providers"] = _providers(path, data["execution_providers"])
     for key in ("data_dir", "watch_dir", "ca_file", "cert_file", "key_file"):
         if key in data:
             data[key] = (path.parent / data[key]).resolve()
@@ -246,6 +255,35 @@ def load_settings(path: Path) -> AgentSettings:
     except ProtocolError as exc:
         raise SettingsError(f"{path}: {exc}") from None
     return settings
+
+
+KNOWN_PROVIDERS = frozenset(
+    {
+        "TensorrtExecutionProvider",
+        "CUDAExecutionProvider",
+        "ROCMExecutionProvider",
+        "OpenVINOExecutionProvider",
+        "DmlExecutionProvider",
+        "CoreMLExecutionProvider",
+        "CPUExecutionProvider",
+    }
+)
+
+
+def _providers(path: Path, value: object) -> tuple[str, ...]:
+    """agent.toml's ``execution_providers``: a list of ONNX Runtime provider names."""
+    if not isinstance(value, list) or not all(isinstance(p, str) for p in value):
+        raise SettingsError(
+            f"{path}: execution_providers must be a list of ONNX Runtime provider names, "
+            f'e.g. ["TensorrtExecutionProvider", "CUDAExecutionProvider"]'
+        )
+    unknown = sorted(set(value) - KNOWN_PROVIDERS)
+    if unknown:
+        raise SettingsError(
+            f"{path}: unknown execution provider(s) {', '.join(unknown)} "
+            f"(known: {', '.join(sorted(KNOWN_PROVIDERS))})"
+        )
+    return tuple(value)
 
 
 def _privacy_floor(path: Path, data: dict[str, object]) -> PrivacyFloor | None:

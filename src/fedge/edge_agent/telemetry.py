@@ -26,6 +26,7 @@ def emit_metrics(
     counters: Counter[str],
     station: StationData,
     training: dict[str, Any] | None,
+    provider: str | None = None,
 ) -> None:
     backlog = store.backlog()
     if backlog["outbox_batches"] >= settings.telemetry_backlog_limit:
@@ -39,6 +40,8 @@ def emit_metrics(
         store, "predictions", float(counters["decision.accept"] + counters["decision.reject"])
     )
     add_metric(store, "inference.errors", float(counters["inference.errors"]))
+    if provider is not None:  # 1: an accelerator serves (the provider is in the status)
+        add_metric(store, "inference.accelerated", float(provider != "CPUExecutionProvider"))
     # What the station could train on, and whether it is ready to (the manager's
     # telemetry shows operators which stations a fleet job would find).
     for name, value in station.counts().items():
