@@ -38,24 +38,19 @@ class DesiredEnvelope:
 
 def unpublished(store: Store, skip: set[tuple[str, str, int]]) -> list[DesiredEnvelope]:
     """Desired documents still to publish, minus ``skip`` (already in flight)."""
-    keys = store.conn.execute(
+    rows = store.conn.execute(
+        # One statement: a row read by a second one could be gone by then (a labels
+        # document replaced by the next label deletes the older one), and its envelope
+        # went out as "None", refused by the edge (issue 34: an ERROR in the demo's log).
         # A key rotation goes out before the documents its new key signed.
-        "SELECT edge, kind, version FROM desired WHERE published_at IS NULL "
+        "SELECT edge, kind, version, envelope FROM desired WHERE published_at IS NULL "
         "AND superseded=0 ORDER BY kind != 'trust', created_at, edge"
     ).fetchall()
-    todo = [(e, k, int(v)) for e, k, v in keys if (e, k, int(v)) not in skip]
-    if not todo:
-        return []
-    return [DesiredEnvelope(e, k, v, _envelope(store, e, k, v)) for e, k, v in todo]
-
-
-def _envelope(store: Store, edge: str, kind: str, version: int) -> str:
-    return str(
-        store.scalar(
-            "SELECT envelope FROM desired WHERE edge=? AND kind=? AND version=?",
-            (edge, kind, version),
-        )
-    )
+    return [
+        DesiredEnvelope(str(e), str(k), int(v), str(envelope))
+        for e, k, v, envelope in rows
+        if (e, k, int(v)) not in skip
+    ]
 
 
 def latest_desired(store: Store, edge: str) -> list[DesiredEnvelope]:
