@@ -15,6 +15,7 @@ from fedge.aggregator.errors import AggregatorError
 from fedge.bench.testbed import BenchError
 from fedge.cli.common import friendly_errors
 from fedge.console.errors import ConsoleError
+from fedge.demo.errors import DemoError
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_manager.errors import ManagerError
 from fedge.errors import FedgeError
@@ -33,6 +34,7 @@ PACKAGE_BASE: dict[str, type[Exception]] = {
     "aggregator": AggregatorError,
     "bench": BenchError,
     "console": ConsoleError,
+    "demo": DemoError,
     "edge_agent": AgentError,
     "edge_manager": ManagerError,
     "loop": LoopError,

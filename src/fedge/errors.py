@@ -54,6 +54,8 @@ first; ``tests/test_errors.py`` checks that every class a package defines is und
     │   └── BadInput                          a form field malformed or tampered with
     ├── loop.errors.LoopError                continuous training cannot do what was asked
     │   └── policy.LoopPolicyError            an unusable loop policy
+    ├── demo.errors.DemoError                the demo cannot run, or did not show its story
+    │   └── StoryCheckFailed                  a chapter's figures missed the README's bound
     └── bench.testbed.BenchError             a benchmark could not set up, or a helper failed
 
 Deliberately outside it: control-flow signals that never escape (``_Halted``), the

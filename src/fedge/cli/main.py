@@ -22,6 +22,7 @@ from fedge.cli import (
     rollout,
     sim,
 )
+from fedge.cli.common import friendly_errors
 
 app = typer.Typer(
     help="fedge: federated, edge-to-cloud learning for factory fleets.",
@@ -61,6 +62,7 @@ def main(
 
 
 @app.command()
+@friendly_errors
 def demo(
     out: Annotated[str, typer.Option(help="Output directory.")] = "demo-out",
     console_port: Annotated[

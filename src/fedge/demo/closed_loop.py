@@ -69,6 +69,9 @@ class ClosedLoop:
     central: str = ""
     central_rollout: str = ""
     central_outcome: str = ""
+    flipped: str = ""  # the flipped-label candidate the gate must refuse
+    canary_before: str = ""  # what the canary served when the central rollout started
+    canary_after: str = ""  # ... and once that rollout ended
     decided_right: dict[str, dict[str, float]] = field(default_factory=dict)  # edge -> ref
     timeline: list[Mark] = field(default_factory=list)
 
@@ -89,6 +92,7 @@ def run_closed_loop(
     # 1. A bad candidate meets the gate.
     with console.status("training a central candidate on flipped labels (torch)…"):
         flipped = train_flipped(out, fleet.registry, MODEL, _next_version(fleet))
+    result.flipped = flipped.ref
     _gate(fleet, flipped, result, console)
 
     # 2. Lighting drift at two stations -> alerts -> the loop trains, gates, rolls out.
@@ -207,6 +211,7 @@ def _canary_defocus(
     plan = make_plan(
         edges, canary=[CANARY], waves="100%", health_window="3m", abort_if=CENTRAL_ABORT
     )
+    result.canary_before = _serves(store, CANARY)
     rollout_id = Rollouts(fleet).start(central.ref, plan, now=time.time())
     result.central_rollout = rollout_id
     console.print(f"rollout {rollout_id} of {central.ref}: canary {CANARY}, abort if "
@@ -228,8 +233,9 @@ def _canary_defocus(
     )
     completed, why = rollout_views.outcome(store, rollout_id)
     result.central_outcome = "completed" if completed else f"rolled back: {why}"
+    result.canary_after = _serves(store, CANARY)
     console.print(f"rollout {rollout_id}: {result.central_outcome}; {CANARY} serves "
-                  f"{_serves(store, CANARY)}", highlight=False)  # fmt: skip
+                  f"{result.canary_after}", highlight=False)  # fmt: skip
 
 
 def _check(
@@ -317,7 +323,11 @@ def summary(result: ClosedLoop) -> dict[str, Any]:
             "ref": result.central,
             "rollout": result.central_rollout,
             "outcome": result.central_outcome,
+            "canary": CANARY,
+            "canary_before": result.canary_before,
+            "canary_after": result.canary_after,
         },
+        "flipped": result.flipped,
         "decided_right": result.decided_right,
         "timeline": [m.__dict__ for m in result.timeline],
     }

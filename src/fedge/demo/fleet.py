@@ -14,17 +14,21 @@ from __future__ import annotations
 
 import shutil
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.progress import Progress
 
+from fedge.demo.checks import CheckResult
 from fedge.demo.closed_loop import run_closed_loop
 from fedge.demo.learning import run_learning
 from fedge.demo.privacy import run_privacy
 from fedge.demo.report import write_report
 from fedge.demo.security import run_security
+from fedge.demo.self_check import check_story, raise_if_failed, recording_errors
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTeacher
 from fedge.edge_manager import report_store
 from fedge.edge_manager.enrollment import enroll, managed_broker
@@ -77,7 +81,13 @@ def _train_teacher(out: Path) -> TrainedTeacher:
 
 def run_demo(out: Path, *, console_port: int | None = None) -> int:
     """The whole demo; with ``console_port`` the operator console is served over the live
-    fleet at the end (127.0.0.1) until Ctrl-C, before everything stops."""
+    fleet at the end (127.0.0.1) until Ctrl-C, before everything stops. It ends by
+    checking its own story (``checks.py``): StoryCheckFailed if a chapter missed it."""
+    with recording_errors() as own_errors:
+        return _run_demo(out, console_port, own_errors.lines)
+
+
+def _run_demo(out: Path, console_port: int | None, own_errors: list[str]) -> int:
     out = out.resolve()
     if out.exists():
         shutil.rmtree(out)
@@ -133,6 +143,8 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
     broker.start()
     superlink = fleet_superlink(home)  # HTTPS; stations' SuperNode keys from certificates
     superlink.start()
+    # The front's counters outlive it: read after the run (signed apps, issue 24).
+    front: Counter[str] = Counter() if superlink.front is None else superlink.front.counters
     node_keys = KeySync(home, superlink)
     node_keys.start()
     env = {"FEDGE_HOME": str(home.root)}
@@ -143,7 +155,8 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
         ).start()
         for e in EDGES
     ]
-    rounds: int | None = None
+    federated: dict[str, Any] | None = None
+    checked: list[CheckResult] = []
     try:
         run = FleetRun(teacher)
         status = _fleet_flow(out, fleet, store, run)
@@ -158,7 +171,9 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
             if console_port is not None:
                 # The simulation first: the console is the demo's last step, ended by
                 # Ctrl-C, and nothing should run on after the operator has stopped it.
-                rounds = _federated_rounds(out)
+                federated = _federated_rounds(out)
+                measured = {"federated": federated, "superlink_front": dict(front)}
+                checked = check_story(out, measured, own_errors, console)
                 serve_console(home, console_port)
     finally:
         for process in processes:
@@ -168,10 +183,13 @@ def run_demo(out: Path, *, console_port: int | None = None) -> int:
         broker.stop()
     if status:
         return status
-    if rounds is None:
-        rounds = _federated_rounds(out)
+    if federated is None:
+        federated = _federated_rounds(out)
         console_hint(out)
-    return rounds
+        measured = {"federated": federated, "superlink_front": dict(front)}
+        checked = check_story(out, measured, own_errors, console)
+    raise_if_failed(checked, out)
+    return 0
 
 
 def console_hint(out: Path) -> None:
@@ -210,8 +228,9 @@ def serve_console(home: ManagerHome, port: int) -> None:
     )
 
 
-def _federated_rounds(out: Path) -> int:
-    """A short TiFL-vs-FedAvg simulation on the heterogeneous fleet (virtual time)."""
+def _federated_rounds(out: Path) -> dict[str, Any]:
+    """A short TiFL-vs-FedAvg simulation on the heterogeneous fleet (virtual time); its
+    figures for the summary."""
     import logging
 
     from fedge.sim.report import write_report
@@ -238,7 +257,13 @@ def _federated_rounds(out: Path) -> int:
             f"({curve.times_s[-1]:.0f} s for {len(curve.times_s) - 1} rounds)"
         )
     console.print(f"federated report: {md}\nfederated plot:   {png}")
-    return 0
+    return {
+        "scenario": scenario.name,
+        "rounds": scenario.training.rounds,
+        "target": scenario.training.target_accuracy,
+        "time_to_target_s": {c.strategy: c.time_to_target_s for c in comparison.curves},
+        "final_accuracy": {c.strategy: c.final_accuracy for c in comparison.curves},
+    }
 
 
 def _online(store: Store, edge: str) -> bool:

@@ -217,6 +217,9 @@ def summary(result: PrivacyChapter) -> dict[str, Any]:
         "job_dir": str(result.job_dir),
         "model": result.model,
         "job_s": result.job_s,
+        # Each station's bounds: the tighter of its own floor and what the manager set.
+        "lifetime_epsilon": min(LIFETIME_EPSILON, default_floor(5000).lifetime_epsilon),
+        "job_epsilon": min(JOB_EPSILON, default_floor(5000).job_epsilon),
         "spent": result.spent,
         "reported": result.reported,
         "held_out": {e: {str(r): a for r, a in v.items()} for e, v in result.held_out.items()},

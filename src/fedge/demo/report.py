@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from fedge.demo import closed_loop, privacy, security
-from fedge.demo.learning import plot, report_lines
+from fedge.demo.learning import DENT_STATIONS, plot, report_lines
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun
 from fedge.edge_manager import report_store
 from fedge.edge_manager.fleet import Fleet
@@ -171,6 +171,7 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
         plot(run.learning, out / "fleet-learning.png")
         learning = dataclasses.asdict(run.learning)
         learning["job_dir"] = str(run.learning.job_dir)
+        learning["dent_stations"] = list(DENT_STATIONS)  # the drifted ones (self-check)
     summary = {
         "learning": learning,
         "closed_loop": None if run.closed_loop is None else closed_loop.summary(run.closed_loop),

@@ -42,11 +42,14 @@ class SecurityChapter:
     token_to_online_s: float = 0.0
     replay: str = ""
     revoke_to_refused_s: float = 0.0
+    broker_refused: bool = False  # the broker refused the revoked station's certificate
     push_after_revoke_s: float = 0.0
     old_key: str = ""
     new_key: str = ""
     rotation_to_all_s: float = 0.0  # until every online station said it trusts the new key
     stations_on_new_key: int = 0
+    stations_online: tuple[str, ...] = ()  # when the key rotated
+    stations_following: tuple[str, ...] = ()  # that reported trusting the new key
     push_after_rotation_s: float = 0.0
 
 
@@ -131,6 +134,7 @@ def run_security(
             f"the broker to refuse {NEW_EDGE}",
         )
         result.revoke_to_refused_s = time.monotonic() - revoked_at
+        result.broker_refused = True
         console.print(
             f"revoked {NEW_EDGE}: the broker refuses its certificate within "
             f"{result.revoke_to_refused_s:.2f} s (CRL and ACL re-read)"
@@ -180,7 +184,9 @@ def _rotate(
 
     wait(followed, 30, "every online station to trust the new key")
     result.rotation_to_all_s = time.monotonic() - started
-    result.stations_on_new_key = len(key_rotation.trust_view(home).on_current_key())
+    result.stations_online = tuple(sorted(online))
+    result.stations_following = tuple(sorted(key_rotation.trust_view(home).on_current_key()))
+    result.stations_on_new_key = len(result.stations_following)
     pushed = fleet.set_threshold(["st-01"], 0.68)[0]
     result.push_after_rotation_s = wait(
         lambda: _config_applied(store, "st-01") == pushed.version,
@@ -226,13 +232,17 @@ def summary(result: SecurityChapter) -> dict[str, Any]:
         "station_certificates": result.station_certificates,
         "token_to_online_s": result.token_to_online_s,
         "replay": result.replay,
+        "enrolled": result.enrolled,
         "revoke_to_refused_s": result.revoke_to_refused_s,
+        "broker_refused": result.broker_refused,
         "push_after_revoke_s": result.push_after_revoke_s,
         "key_rotation": {
             "old_key": result.old_key,
             "new_key": result.new_key,
             "rotation_to_all_s": result.rotation_to_all_s,
             "stations_on_new_key": result.stations_on_new_key,
+            "stations_online": list(result.stations_online),
+            "stations_following": list(result.stations_following),
             "push_after_rotation_s": result.push_after_rotation_s,
         },
     }

@@ -1,0 +1,235 @@
+"""The demo's self-checks (issue 34): each chapter with a passing and a failing summary,
+the ERROR-line filter, and the runner that prints, records and fails."""
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+
+from fedge.demo.checks import (
+    CheckResult,
+    log_check,
+    story_checks,
+    unexpected_errors,
+)
+from fedge.demo.errors import StoryCheckFailed
+from fedge.demo.self_check import check_story, raise_if_failed
+
+# The shape of a real run's summary.json (the figures of one run, rounded).
+PASSING: dict[str, Any] = {
+    "edges": [{"edge": "st-01"}, {"edge": "st-02"}, {"edge": "st-03"}],
+    "learning": {
+        "dent_stations": ["st-02", "st-03"],
+        "held_out": {
+            "st-01": {"0": 0.984, "4": 0.984},
+            "st-02": {"0": 0.710, "1": 0.839, "4": 0.935},
+            "st-03": {"0": 0.797, "4": 0.969},
+        },
+    },
+    "closed_loop": {
+        "verdicts": {"inspect:4": False, "inspect:5": True, "inspect:6": True},
+        "flipped": "inspect:4",
+        "loop": {"state": "completed", "reason": "", "candidate": "inspect:5"},
+        "central": {
+            "ref": "inspect:6",
+            "outcome": "rolled back: st-03: agreement_drop=0.1667 > 0.05",
+            "canary": "st-03",
+            "canary_before": "inspect:5",
+            "canary_after": "inspect:5",
+        },
+    },
+    "privacy": {
+        "lifetime_epsilon": 8.0,
+        "job_epsilon": 4.0,
+        "spent": {
+            e: {"rounds": 2.0, "epsilon_job": 3.996, "epsilon_total": 4.007}
+            for e in ("st-01", "st-02", "st-03")
+        },
+        "reported": {"st-01": 4.007, "st-02": 4.010, "st-03": 4.006},
+    },
+    "security": {
+        "enrolled": "st-09",
+        "broker_refused": True,
+        "revoke_to_refused_s": 1.01,
+        "key_rotation": {
+            "stations_online": ["st-01", "st-02", "st-03"],
+            "stations_following": ["st-01", "st-02", "st-03", "st-09"],
+        },
+    },
+    "superlink_front": {"fab.signed": 9, "forwarded": 1200},
+    "federated": {"target": 0.94, "time_to_target_s": {"fedavg": 1450.0, "tiered": 812.0}},
+}
+
+
+def changed(path: str, value: Any) -> dict[str, Any]:
+    """PASSING with the value at ``path`` (keys joined by '/') replaced."""
+    summary = copy.deepcopy(PASSING)
+    *parents, last = path.split("/")
+    node = summary
+    for key in parents:
+        node = node[key]
+    node[last] = value
+    return summary
+
+
+def failed(summary: dict[str, Any]) -> list[CheckResult]:
+    return [r for r in story_checks(summary) if not r.ok]
+
+
+def test_a_run_that_shows_every_chapter_passes_every_check() -> None:
+    results = story_checks(PASSING)
+    assert [r for r in results if not r.ok] == []
+    assert [r.chapter for r in results] == [
+        "the fleet learns",
+        "the fleet learns",
+        "the closed loop",
+        "the closed loop",
+        "the closed loop",
+        "privacy",
+        "privacy",
+        "privacy",
+        "security",
+        "security",
+        "signed apps",
+        "federated rounds",
+    ]
+    assert results[0].line == (
+        "ok     the fleet learns: st-02's held-out accuracy, before the job -> after it: "
+        "0.710 -> 0.935 (+22.5 pt) (bound: >= +5 pt)"
+    )
+
+
+def test_the_fleet_job_must_raise_each_drifted_station_by_5_points() -> None:
+    (result,) = failed(changed("learning/held_out/st-03", {"0": 0.797, "4": 0.828}))
+    assert result.chapter == "the fleet learns" and "st-03" in result.name
+    assert result.figure == "0.797 -> 0.828 (+3.1 pt)"
+    assert result.line.startswith("FAILED the fleet learns: st-03")
+    # st-01 saw no dents: it is not held to the bound.
+    assert failed(changed("learning/held_out/st-01", {"0": 0.98, "4": 0.90})) == []
+    (missing,) = failed(changed("learning/held_out/st-02", {"4": 0.935}))
+    assert missing.figure == "no evaluation before and after"
+    (absent,) = failed(changed("learning", None))
+    assert absent.figure == "the chapter did not run"
+
+
+def test_the_gate_must_refuse_the_flipped_candidate_and_bless_the_retrained_one() -> None:
+    (blessed_flip,) = failed(changed("closed_loop/verdicts/inspect:4", True))
+    assert blessed_flip.figure == "inspect:4 blessed" and blessed_flip.bound == "refused"
+    (refused_loop,) = failed(changed("closed_loop/verdicts/inspect:5", False))
+    assert refused_loop.figure == "inspect:5 refused" and refused_loop.bound == "blessed"
+    (no_loop,) = failed(changed("closed_loop/loop/candidate", ""))
+    assert no_loop.figure == "no candidate"
+    (ungated,) = failed(changed("closed_loop/flipped", "inspect:9"))
+    assert ungated.figure == "inspect:9 not gated"
+
+
+def test_the_defocused_canary_must_roll_back_to_its_previous_model() -> None:
+    (completed,) = failed(changed("closed_loop/central/outcome", "completed"))
+    assert completed.figure.startswith("completed; st-03 serves inspect:5")
+    (stayed,) = failed(changed("closed_loop/central/canary_after", "inspect:6"))
+    assert stayed.figure.endswith("st-03 serves inspect:6 (before: inspect:5)")
+    assert failed(changed("closed_loop/central/canary_before", "")) != []
+
+
+def test_every_station_must_spend_within_its_epsilon_bounds() -> None:
+    over_job = changed("privacy/spent/st-02/epsilon_job", 4.2)
+    (result,) = failed(over_job)
+    assert result.name == "epsilon st-02 spent" and result.bound == "<= 4 this job, <= 8 lifetime"
+    (reported,) = failed(changed("privacy/reported/st-01", 8.5))
+    assert "8.500 reported" in reported.figure
+    only_st01 = {"st-01": PASSING["privacy"]["spent"]["st-01"]}
+    untrained = failed(changed("privacy/spent", only_st01))
+    assert [(r.name, r.figure) for r in untrained] == [
+        ("epsilon st-02 spent", "did not train under DP"),
+        ("epsilon st-03 spent", "did not train under DP"),
+    ]
+    assert len(failed(changed("privacy/spent", {}))) == 3
+
+
+def test_the_broker_must_refuse_the_revoked_station_and_every_station_follow_the_key() -> None:
+    (refused,) = failed(changed("security/broker_refused", False))
+    assert refused.figure == "not refused"
+    (behind,) = failed(changed("security/key_rotation/stations_following", ["st-01", "st-03"]))
+    assert behind.figure == "2 of 3 stations on the new key (st-02 not)"
+    # A station online at the rotation that is not among the demo's own counts too.
+    online = ["st-01", "st-02", "st-03", "st-04"]
+    (extra,) = failed(changed("security/key_rotation/stations_online", online))
+    assert extra.figure == "3 of 4 stations on the new key (st-04 not)"
+
+
+def test_the_front_must_have_signed_the_apps_the_stations_fetched() -> None:
+    (none_signed,) = failed(changed("superlink_front", {"forwarded": 3}))
+    assert none_signed.figure == "0 signed, 0 unsigned"
+    (unsigned,) = failed(changed("superlink_front/fab.unsigned", 1))
+    assert unsigned.figure == "9 signed, 1 unsigned"
+    (absent,) = failed(changed("superlink_front", None))
+    assert absent.figure == "the chapter did not run"
+
+
+def test_tifl_must_reach_the_target_before_fedavg() -> None:
+    (later,) = failed(changed("federated/time_to_target_s", {"fedavg": 800.0, "tiered": 812.0}))
+    assert later.figure == "0.94 after 812 s (TiFL), 800 s (FedAvg) virtual"
+    (never,) = failed(changed("federated/time_to_target_s", {"fedavg": None, "tiered": None}))
+    assert never.figure == "0.94 after never (TiFL), never (FedAvg) virtual"
+    fedavg_never = changed("federated/time_to_target_s", {"fedavg": None, "tiered": 900.0})
+    assert failed(fedavg_never) == []
+    assert len(failed(changed("federated/target", 0.9))) == 1  # a lower target proves nothing
+
+
+LOG = [
+    "agent st-02 running (serving nothing yet; local API http://127.0.0.1:27989)",
+    "2026-11-27 18:56:24,370 INFO fedge.edge_agent.deployments: now serving inspect:1",
+    "2026-11-27 18:56:44,375 WARNING fedge.edge_agent.scorer: config v2 sets thresholds",
+    "2026-11-27 18:58:48,022 INFO fedge.x: a message that quotes ERROR in passing",
+]
+BUG = (
+    "2026-11-27 18:56:25,304 ERROR fedge.edge_agent.labels_down: labels document rejected "
+    "(malformed): not valid JSON: Expecting value: line 1 column 1 (char 0)"
+)
+REFUSAL = "2026-11-27 19:03:39,100 ERROR fedge.transport.mqtt: mqtt st-09: certificate revoked"
+EXPECTED = ((r"ERROR fedge\.transport\.mqtt: mqtt st-09: .*revoked", "st-09 is revoked"),)
+
+
+def test_only_error_lines_that_no_expected_refusal_explains_are_unexpected() -> None:
+    assert unexpected_errors(LOG) == []
+    assert unexpected_errors([*LOG, BUG, REFUSAL], EXPECTED) == [BUG]
+    assert unexpected_errors([REFUSAL]) == [REFUSAL]  # not expected unless listed
+    # Flower's own format and Python's bare last-resort line are ERROR lines too.
+    assert unexpected_errors(["ERROR :      Exception in ServerApp", "CRITICAL boom"]) == [
+        "ERROR :      Exception in ServerApp",
+        "CRITICAL boom",
+    ]
+    assert log_check([]).ok
+    bad = log_check([f"st-02.log: {BUG}"])
+    assert not bad.ok and bad.figure.startswith("1 unexpected ERROR line(s), first: st-02.log:")
+
+
+def test_the_runner_prints_records_and_fails_on_a_failed_check(tmp_path: Path) -> None:
+    summary = {k: v for k, v in PASSING.items() if k not in ("federated", "superlink_front")}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    (tmp_path / "report.md").write_text("# fedge demo report\n")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "st-02.log").write_text("\n".join([*LOG, BUG]) + "\n")
+    measured = {k: PASSING[k] for k in ("federated", "superlink_front")}
+    console = Console(record=True, width=200)
+
+    results = check_story(
+        tmp_path, measured, ["2026-11-27 19:00:00,000 ERROR fedge.x: own"], console
+    )
+
+    assert [r.name for r in results if not r.ok] == ["no ERROR line but the expected refusals"]
+    assert results[-1].figure.startswith("2 unexpected ERROR line(s), first: st-02.log: 2026")
+    printed = console.export_text()
+    assert "FAILED logs: no ERROR line but the expected refusals" in printed
+    assert "the demo: 2026-11-27 19:00:00,000 ERROR fedge.x: own" in printed
+    written = json.loads((tmp_path / "summary.json").read_text())
+    assert written["federated"] == PASSING["federated"]
+    assert [c["ok"] for c in written["checks"]].count(False) == 1
+    report = (tmp_path / "report.md").read_text()
+    assert "## The demo's own checks" in report and "- `ok     privacy: epsilon st-01" in report
+    with pytest.raises(StoryCheckFailed, match=r"1 of 13 checks FAILED \(logs: no ERROR"):
+        raise_if_failed(results, tmp_path)
+    raise_if_failed([r for r in results if r.ok], tmp_path)  # all ok: nothing raised
