@@ -333,22 +333,50 @@ def test_a_station_refuses_an_app_signed_by_another_key(plant: Plant) -> None:
     submit_refused_app(plant, "foreign", SigningKey.generate())
 
 
-def test_the_station_then_trains_the_fleets_signed_job(plant: Plant) -> None:
-    manifest = plant.root / "signed.toml"
-    manifest.write_text(JOB.format(name="signed"), encoding="utf-8")
-    job_dir = plant.root / "signed"
-    prepare(manifest, job_dir, plant.fh.home)
-    fleet_job.submit(
-        job_dir,
-        plant.link.local_address,
-        root_certificates=plant.fh.home.pki().ca_path,
-        signing=(plant.fh.home.signing_key(), plant.link.signed_apps),
-    )
-    result = fleet_job.wait(job_dir, timeout_s=150)
+IDLE_SOCKETS = """
+import socket, sys, time
+held = []
+for _ in range(100):
+    s = socket.socket()
+    s.connect((sys.argv[1], int(sys.argv[2])))
+    held.append(s)  # connected, silent: no TLS handshake, no request
+print("holding", len(held), flush=True)
+time.sleep(float(sys.argv[3]))
+"""
+
+
+def test_the_station_then_trains_the_fleets_signed_job_while_a_stranger_holds_sockets(
+    plant: Plant,
+) -> None:
+    # A stranger holds 100 silent connections to the front for the whole job: the front
+    # cuts them (handshake deadline) and serves the station all along.
+    holder = subprocess.Popen(
+        [
+            "ip", "netns", "exec", plant.stranger.name, sys.executable, "-c", IDLE_SOCKETS,
+            plant.link.host, str(plant.link.port), "120",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
     try:
+        assert holder.stdout is not None and holder.stdout.readline().startswith("holding 100")
+        manifest = plant.root / "signed.toml"
+        manifest.write_text(JOB.format(name="signed"), encoding="utf-8")
+        job_dir = plant.root / "signed"
+        prepare(manifest, job_dir, plant.fh.home)
+        fleet_job.submit(
+            job_dir,
+            plant.link.local_address,
+            root_certificates=plant.fh.home.pki().ca_path,
+            signing=(plant.fh.home.signing_key(), plant.link.signed_apps),
+        )
+        result = fleet_job.wait(job_dir, timeout_s=150)
         assert result.state.value == "completed", result.error
         assert plant.link.front is not None and plant.link.front.counters["fab.signed"] >= 1
     except BaseException:
         dump_logs(plant)
         raise
+    finally:
+        holder.kill()
+        holder.wait()
     wait_until(lambda: plant.supervisor.status()["running"], 10, "the SuperNode still running")

@@ -259,9 +259,18 @@ class SuperLink:
                 self.stop()
                 raise SuperLinkError(f"{SUPERLINK} did not listen within {timeout_s:.0f}s")
             time.sleep(0.1)
-        self._front = SuperLinkFront(
-            self.host, self.port, self.control_port, self.signed_apps, tls=self.tls
-        )
+        try:
+            self._front = SuperLinkFront(
+                self.host,
+                self.port,
+                self.control_port,
+                self.signed_apps,
+                tls=self.tls,
+                node_auth=self.node_auth,
+            )
+        except FrontError as exc:
+            self.stop()
+            raise SuperLinkError(str(exc)) from None
         try:
             self._front.start()
         except FrontError as exc:

@@ -20,10 +20,15 @@ stations unsigned and is refused there.
 It speaks HTTPS with the SuperLink's certificate from the fleet CA (plain HTTP only for a
 development home made ``--insecure``). SuperNodes present no client certificate (Flower's
 SuperNode has none to give); each Fleet request is signed with the station's registered
-key, which the SuperLink checks behind the front. Timeouts and a body limit keep one
-client from holding the front: uvicorn handles connections on an event loop (an idle
-socket holds no thread, and asyncio gives up a TLS handshake after 60 s), closes idle
-keep-alive connections and caps how many it holds.
+key, which the SuperLink checks behind the front. So that a stranger cannot hold the front
+either, it is served by :class:`~fedge.transport.http_server.GuardedServer` (deadlines on
+the TLS handshake, the request headers and an idle connection; a cap on open
+connections), and before it reads a body it refuses a request that is not one of the
+Fleet API's routes, that lacks the node signature headers every SuperNode request carries
+(with node authentication on), or whose declared body is larger than its route may carry
+(only pushed messages and objects may be large); the body itself must arrive within a
+deadline. Headers that would claim another client address (``X-Forwarded-For``, ...) are
+dropped and the real peer's address is passed on, so the SuperLink's log names it.
 """
 
 from __future__ import annotations
@@ -32,12 +37,9 @@ import asyncio
 import hashlib
 import logging
 import ssl
-import threading
-import time
 from collections import Counter
 
 import httpx
-import uvicorn
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
@@ -46,18 +48,43 @@ from fedge.aggregator.job_dir import JobError
 from fedge.aggregator.signed_apps import SignedApps
 from fedge.protocols.app_signing import VALID_LICENSE
 from fedge.protocols.pki import TlsFiles
+from fedge.transport.http_server import Deadlines, GuardedServer
 
 log = logging.getLogger(__name__)
 
 FLEET_PREFIX = "/v1/fleet/"
 GET_FAB = "/v1/fleet/get-fab"
-# Flower's own limit on a FAB is 10 MB; model arrays travel as objects Flower chunks.
-# 64 MiB leaves room for a large model's object and refuses anything absurd.
+# Flower 1.41's Fleet API: everything a SuperNode calls, nothing else.
+FLEET_ROUTES = frozenset(
+    FLEET_PREFIX + name
+    for name in (
+        "register-node",
+        "activate-node",
+        "deactivate-node",
+        "unregister-node",
+        "send-node-heartbeat",
+        "pull-messages",
+        "push-messages",
+        "get-run",
+        "get-fab",
+        "push-object",
+        "pull-object",
+        "confirm-message-received",
+    )
+)
+# Model arrays travel as objects Flower chunks, and replies as pushed messages: these may
+# be large (64 MiB leaves room for a large model's object and refuses anything absurd);
+# every other call is a small request.
+LARGE_ROUTES = frozenset({FLEET_PREFIX + "push-object", FLEET_PREFIX + "push-messages"})
 MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_SMALL_BODY_BYTES = 64 * 1024
+# Flower's SuperNode signs every Fleet request (node authentication).
+NODE_AUTH_HEADERS = ("flwr-public-key", "flwr-signature", "flwr-timestamp")
 UPSTREAM_TIMEOUT_S = 60.0
-KEEP_ALIVE_S = 30
+# SuperNodes poll every few seconds: a kept-alive connection saves them a TLS handshake.
+DEADLINES = Deadlines(handshake_s=10.0, headers_s=10.0, body_s=30.0, keep_alive_s=30)
 MAX_CONNECTIONS = 512
-_HOP_BY_HOP = frozenset(
+_NOT_FORWARDED = frozenset(
     {
         "connection",
         "keep-alive",
@@ -69,6 +96,12 @@ _HOP_BY_HOP = frozenset(
         "host",
         "content-length",
         "content-encoding",
+        # A client's claim of where it is: the front says that itself.
+        "forwarded",
+        "x-forwarded-for",
+        "x-forwarded-host",
+        "x-forwarded-proto",
+        "x-real-ip",
     }
 )
 
@@ -86,67 +119,67 @@ class FleetOnly:
         verify: ssl.SSLContext | bool,
         signed_apps: SignedApps,
         *,
+        node_auth: bool = True,
         max_body: int = MAX_BODY_BYTES,
+        max_small_body: int = MAX_SMALL_BODY_BYTES,
+        body_s: float = DEADLINES.body_s,
     ) -> None:
         self.upstream = upstream.rstrip("/")
         self.verify = verify
         self.signed_apps = signed_apps
+        self.node_auth = node_auth
         self.max_body = max_body
+        self.max_small_body = max_small_body
+        self.body_s = body_s
         self.counters: Counter[str] = Counter()
         self._client: httpx.AsyncClient | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "lifespan":
-            await self._lifespan(receive, send)
-            return
-        if scope["type"] != "http":  # websockets: nothing of Flower's uses them here
+        if scope["type"] != "http":  # no lifespan, no websockets here
             return
         request = Request(scope, receive)
         response = await self._handle(request)
         await response(scope, receive, send)
 
-    async def _lifespan(self, receive: Receive, send: Send) -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "lifespan.startup":
-                self._client = httpx.AsyncClient(
-                    base_url=self.upstream, verify=self.verify, timeout=UPSTREAM_TIMEOUT_S
-                )
-                await send({"type": "lifespan.startup.complete"})
-            elif message["type"] == "lifespan.shutdown":
-                if self._client is not None:
-                    await self._client.aclose()
-                await send({"type": "lifespan.shutdown.complete"})
-                return
+    def _refuse(self, reason: str, status: int, message: str) -> Response:
+        self.counters[f"refused.{reason}"] += 1
+        return JSONResponse({"error": message}, status_code=status)
 
     async def _handle(self, request: Request) -> Response:
         path = request.url.path
-        if not path.startswith(FLEET_PREFIX) or request.method != "POST" or ".." in path:
-            self.counters["refused.not_fleet_api"] += 1
+        peer = request.client.host if request.client else "?"
+        if request.method != "POST" or path not in FLEET_ROUTES:
             log.warning(
                 "refused %s %s from %s: this port serves only the Fleet API",
                 request.method,
                 path[:200],
-                request.client.host if request.client else "?",
+                peer,
             )
-            return JSONResponse(
-                {"error": "not found: this port serves only Flower's Fleet API (stations)"},
-                status_code=404,
+            return self._refuse(
+                "not_fleet_api", 404, "not found: this port serves only Flower's Fleet API"
             )
+        if self.node_auth and not all(request.headers.get(h) for h in NODE_AUTH_HEADERS):
+            return self._refuse("unsigned", 401, "Fleet API calls must be signed by a SuperNode")
+        limit = self.max_body if path in LARGE_ROUTES else self.max_small_body
         declared = request.headers.get("content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.max_body):
-            self.counters["refused.too_large"] += 1
-            return JSONResponse({"error": "request body too large"}, status_code=413)
-        body = bytearray()
-        async for chunk in request.stream():
-            body.extend(chunk)
-            if len(body) > self.max_body:
-                self.counters["refused.too_large"] += 1
-                return JSONResponse({"error": "request body too large"}, status_code=413)
-        headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-        assert self._client is not None, "the front serves only after its startup"
+        if declared is None or not declared.isdigit():
+            return self._refuse("no_length", 411, "a Fleet API call states its length")
+        if int(declared) > limit:
+            return self._refuse("too_large", 413, "request body too large")
         try:
-            upstream = await self._client.post(path, content=bytes(body), headers=headers)
+            body = await asyncio.wait_for(self._read(request, limit), self.body_s)
+        except TimeoutError:
+            return self._refuse("slow_body", 408, "the request body did not arrive in time")
+        if body is None:
+            return self._refuse("too_large", 413, "request body too large")
+        headers = {k: v for k, v in request.headers.items() if k.lower() not in _NOT_FORWARDED}
+        headers["x-forwarded-for"] = peer
+        if self._client is None:  # made in the serving loop, on its first request
+            self._client = httpx.AsyncClient(
+                base_url=self.upstream, verify=self.verify, timeout=UPSTREAM_TIMEOUT_S
+            )
+        try:
+            upstream = await self._client.post(path, content=body, headers=headers)
         except httpx.HTTPError as exc:
             self.counters["upstream.unreachable"] += 1
             log.warning("the SuperLink behind the front did not answer %s: %s", path, exc)
@@ -155,8 +188,18 @@ class FleetOnly:
         content = upstream.content
         if path == GET_FAB and upstream.status_code == 200:
             content = self._with_signature(content)
-        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _HOP_BY_HOP}
+        out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _NOT_FORWARDED}
         return Response(content, status_code=upstream.status_code, headers=out_headers)
+
+    @staticmethod
+    async def _read(request: Request, limit: int) -> bytes | None:
+        """The body, or None past ``limit`` (a peer that sends more than it declared)."""
+        body = bytearray()
+        async for chunk in request.stream():
+            body.extend(chunk)
+            if len(body) > limit:
+                return None
+        return bytes(body)
 
     def _with_signature(self, content: bytes) -> bytes:
         """The GetFabResponse with the fleet's signature added, when there is one."""
@@ -184,7 +227,7 @@ class FleetOnly:
 
 
 class SuperLinkFront:
-    """:class:`FleetOnly` served by uvicorn on ``host:port`` in a thread of its own."""
+    """:class:`FleetOnly` on ``host:port``, served by a :class:`GuardedServer`."""
 
     def __init__(
         self,
@@ -194,59 +237,55 @@ class SuperLinkFront:
         signed_apps: SignedApps,
         *,
         tls: TlsFiles | None,
+        node_auth: bool = True,
     ) -> None:
         self.host = host
         self.port = port
         scheme = "http" if tls is None else "https"
         verify: ssl.SSLContext | bool = False
+        context = None
         if tls is not None:
             verify = ssl.create_default_context(cafile=str(tls.ca))
-        self.app = FleetOnly(f"{scheme}://127.0.0.1:{upstream_port}", verify, signed_apps)
-        config = uvicorn.Config(
-            self.app,
-            host=host,
-            port=port,
-            log_level="warning",
-            access_log=False,
-            lifespan="on",
-            http="h11",
-            timeout_keep_alive=KEEP_ALIVE_S,
-            limit_concurrency=MAX_CONNECTIONS,
-            timeout_graceful_shutdown=2,
-            ssl_certfile=None if tls is None else str(tls.cert),
-            ssl_keyfile=None if tls is None else str(tls.key),
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(str(tls.cert), str(tls.key))
+        self.app = FleetOnly(
+            f"{scheme}://127.0.0.1:{upstream_port}",
+            verify,
+            signed_apps,
+            node_auth=node_auth and tls is not None,
         )
-        self._server = uvicorn.Server(config)
-        self._thread = threading.Thread(target=self._serve, name="superlink-front", daemon=True)
-        self._error: BaseException | None = None
+        try:
+            self._server = GuardedServer(
+                self.app,
+                context,
+                host,
+                port,
+                name="superlink-front",
+                deadlines=DEADLINES,
+                max_connections=MAX_CONNECTIONS,
+                on_timeout=lambda: self.counters.update(["refused.slow_headers"]),
+            )
+        except OSError as exc:
+            raise FrontError(
+                f"the SuperLink's front cannot listen on {host}:{port}: {exc}"
+            ) from None
+        self._started = False
 
     @property
     def counters(self) -> Counter[str]:
         return self.app.counters
 
-    def _serve(self) -> None:
-        try:
-            asyncio.run(self._server.serve())
-        except BaseException as exc:  # reported by start(); the thread must not die silently
-            self._error = exc
-
     def start(self, timeout_s: float = 30.0) -> None:
-        self._thread.start()
-        end = time.monotonic() + timeout_s
-        while not self._server.started:
-            if not self._thread.is_alive() or self._error is not None:
-                raise FrontError(
-                    f"the SuperLink's front could not listen on {self.host}:{self.port}: "
-                    f"{self._error or 'it stopped at start (port in use?)'}"
-                )
-            if time.monotonic() >= end:
-                raise FrontError(f"the SuperLink's front did not listen within {timeout_s:.0f}s")
-            time.sleep(0.05)
+        try:
+            self._server.start(timeout_s)
+        except RuntimeError as exc:
+            raise FrontError(f"the SuperLink's front did not start: {exc}") from None
+        self._started = True
 
     @property
     def running(self) -> bool:
-        return self._thread.is_alive()
+        return self._started and self._server.running
 
     def stop(self) -> None:
-        self._server.should_exit = True
-        self._thread.join(timeout=10)
+        self._server.stop()

@@ -143,7 +143,7 @@ def submit(
         detail = (answer.get("error-message") or result.stderr or text).strip()[-800:]
         raise JobError(f"the SuperLink at {superlink} refused the job: {detail}")
     fab_hash = str(answer.get("fab-hash", ""))
-    if signature is not None and not signature.digest.startswith(fab_hash):
+    if signature is not None and not (fab_hash and signature.digest.startswith(fab_hash)):
         # Stations would refuse the run: say so now rather than after a round's wait.
         raise JobError(
             f"`flwr run` sent a FAB ({fab_hash}) other than the one signed "

@@ -131,7 +131,8 @@ class Deadlines:
 
 
 class GuardedServer:
-    """``app`` over HTTPS (``context``) on ``host:port`` (0: a free one, read from
+    """``app`` over HTTPS (``context``; None: plain HTTP, for a development home made
+    ``--insecure`` only) on ``host:port`` (0: a free one, read from
     :attr:`port`), bound here, served from :meth:`start` in a thread until :meth:`stop`.
 
     ``max_connections``: past this many open connections (handshake done) a request is
@@ -143,7 +144,7 @@ class GuardedServer:
     def __init__(
         self,
         app: ASGIApp,
-        context: ssl.SSLContext,
+        context: ssl.SSLContext | None,
         host: str,
         port: int,
         *,
@@ -174,7 +175,7 @@ class GuardedServer:
             log_config=None,
             access_log=False,
             http=_header_deadline(deadlines.headers_s, on_timeout),
-            ssl_context_factory=lambda _config, _default: context,
+            ssl_context_factory=None if context is None else (lambda _config, _default: context),
             timeout_keep_alive=deadlines.keep_alive_s,
             timeout_graceful_shutdown=1,
             limit_concurrency=max_connections,
@@ -205,6 +206,11 @@ class GuardedServer:
             time.sleep(0.01)  # uvicorn exposes no event for "started"
         if not self._server.started:
             raise RuntimeError(f"{self._thread.name} did not start: {self._failed!r}")
+
+    @property
+    def running(self) -> bool:
+        """Whether the serving thread is alive (it ends only by :meth:`stop` or a crash)."""
+        return self._thread.is_alive()
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop accepting, close every connection, and wait for the thread."""
