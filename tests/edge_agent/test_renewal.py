@@ -90,7 +90,7 @@ def test_a_station_renews_with_a_new_key_and_keeps_its_connection(
             conn.execute(
                 "UPDATE certificates SET revoked_at = 1 WHERE serial = ?", (str(old.serial),)
             )
-        fh.home.pki().write_crl(fh.home.pki().ca(), credentials.revoked(fh.db))
+        fh.home.pki().write_crl(fh.home.pki().ca(), lambda: credentials.revoked(fh.db))
         broker.stop()
         wait_until(lambda: not session.connected.is_set(), 10, "the station to see it gone")
         broker.start()

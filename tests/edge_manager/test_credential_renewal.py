@@ -106,7 +106,7 @@ def age_home(fh: FleetHome, days: float) -> dt.datetime:
     fleet_pki = fh.home.pki()
     settings = fh.settings
     ca = fleet_pki.ca()
-    fleet_pki.write_crl(ca, credentials.revoked(fh.db), now=made)
+    fleet_pki.write_crl(ca, lambda: credentials.revoked(fh.db), now=made)
     fleet_pki.issue_servers(ca, settings.server_hosts(), now=made)
     fleet_pki.issue_manager(ca, settings.manager_user, now=made)
     return made
@@ -146,7 +146,7 @@ def test_a_fresh_home_has_nothing_due(fh: FleetHome) -> None:
 def test_after_400_days_the_crl_is_issued_again_with_every_revocation(fh: FleetHome) -> None:
     made = age_home(fh, 400)
     revoked = credentials.revoke(fh.db, "st-02")  # listed before and after
-    fh.home.pki().write_crl(fh.home.pki().ca(), credentials.revoked(fh.db), now=made)
+    fh.home.pki().write_crl(fh.home.pki().ca(), lambda: credentials.revoked(fh.db), now=made)
     servers_before = {n: not_after(fh.home.pki().server_files(n).cert) for n in SERVERS}
     now = pki.utcnow()
     assert crl_next_update(fh) < now  # lapsed: Mosquitto would refuse every station

@@ -285,12 +285,12 @@ def test_the_command_shows_the_days_left_of_every_credential_and_the_crl(fh: Fle
 def test_a_crl_near_its_next_update_is_a_warning_and_past_it_an_error(fh: FleetHome) -> None:
     fleet_pki = fh.home.pki()
     ca = fleet_pki.ca()
-    fleet_pki.write_crl(ca, [], now=pki.utcnow() - dt.timedelta(days=350))
+    fleet_pki.write_crl(ca, list, now=pki.utcnow() - dt.timedelta(days=350))
     found = [f for f in problems(fh) if f.check == "crl"]
     assert [(f.severity, f.subject) for f in found] == [("warning", "pki/crl.pem")]
     assert found[0].days_left == pytest.approx(15, abs=1)
     assert "`fedge manager serve` issues it again" in found[0].message
-    fleet_pki.write_crl(ca, [], now=pki.utcnow() - dt.timedelta(days=400))
+    fleet_pki.write_crl(ca, list, now=pki.utcnow() - dt.timedelta(days=400))
     found = [f for f in problems(fh) if f.check == "crl"]
     assert [f.severity for f in found] == ["error"] and "refuses every station" in found[0].message
 

@@ -255,7 +255,9 @@ def renew(home: ManagerHome, now: dt.datetime, *, grace: dt.timedelta = REPLACED
             credentials.revoke_replaced(store, to_revoke, at=now.timestamp())
         crl = bool(to_revoke) or any(c.kind is Kind.CRL for c in stale)
         if crl:
-            fleet_pki.write_crl(ca, credentials.revoked(store, now=now.timestamp()), now=now)
+            fleet_pki.write_crl(
+                ca, lambda: credentials.revoked(store, now=now.timestamp()), now=now
+            )
     finally:
         store.close()
     servers: list[str] = []

@@ -304,7 +304,7 @@ def revoke(home: ManagerHome, identity: str) -> list[credentials.IssuedCert]:
         revoked_now = credentials.revoke(store, identity)
         if not revoked_now and not credentials.certificates(store, identity):
             raise ManagerError(f"no certificate was issued to {identity!r}")
-        fleet_pki.write_crl(ca, credentials.revoked(store))
+        fleet_pki.write_crl(ca, lambda: credentials.revoked(store))
     finally:
         store.close()
     reload_broker(home)

@@ -13,10 +13,11 @@ Which certificates were issued and revoked is in the manager's store
 """
 
 import datetime as dt
+import fcntl
 import ipaddress
 import os
 import socket
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from cryptography import x509
@@ -136,7 +137,7 @@ class FleetPki:
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         ca = FleetCA.create(fleet, now=now)
         ca.save(self.ca_path, self.ca_key_path, passphrase())
-        self.write_crl(ca, [], now=now)
+        self.write_crl(ca, list, now=now)
         self.issue_servers(ca, hosts, now=now)
         self.issue_manager(ca, manager_user, now=now)
         return ca
@@ -187,9 +188,22 @@ class FleetPki:
         return files
 
     def write_crl(
-        self, ca: FleetCA, revoked: Iterable[Revoked], *, now: dt.datetime | None = None
+        self,
+        ca: FleetCA,
+        revoked: Callable[[], Iterable[Revoked]],
+        *,
+        now: dt.datetime | None = None,
     ) -> None:
-        _atomic_write(self.crl_path, ca.crl(revoked, now=now))
+        """Issue the CRL listing ``revoked()``, read and written under one lock: a
+        revocation written by another process meanwhile (`fedge edge revoke` while serve
+        renews the CRL) is never overwritten by a CRL made from an older list."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / "crl.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                _atomic_write(self.crl_path, ca.crl(revoked(), now=now))
+            finally:
+                fcntl.flock(lock, fcntl.LOCK_UN)
 
     def _write_pair(self, stem: Path, cert: bytes, key: bytes) -> None:
         stem.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
