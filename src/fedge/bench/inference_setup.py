@@ -135,6 +135,22 @@ def build_model(
 # ---------------------------------------------------------------- images and the agent
 
 
+def png_images(n: int, seed: int, image_size: int) -> list[bytes]:
+    """``n`` inspection images as the PNG files a camera would hand over."""
+    try:
+        from fedge.sim.defects import make_defect_images
+
+        raw, _ = make_defect_images(n, size=image_size, seed=seed)
+    except ImportError:
+        raw = np.random.default_rng(seed).integers(0, 256, (n, image_size, image_size), np.uint8)
+    files = []
+    for pixels in raw:
+        buffer = io.BytesIO()
+        Image.fromarray(pixels).save(buffer, format="PNG")
+        files.append(buffer.getvalue())
+    return files
+
+
 def decoded_images(n: int, seed: int, image_size: int) -> list[np.ndarray]:
     """``n`` inspection images, PNG-encoded and decoded by the agent's own decoder."""
     try:

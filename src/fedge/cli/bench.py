@@ -27,7 +27,22 @@ app.command("ingest")(friendly_errors(ingest))  # fedge.cli.bench_fleet
 @app.command()
 @friendly_errors
 def inference(
-    images: Annotated[int, typer.Option(help="Distinct decoded images.")] = 500,
+    path: Annotated[
+        str,
+        typer.Option(
+            help="The single-image path timed: library (score_image), api (POST /v1/score) "
+            "or inbox (a file in the watched directory)."
+        ),
+    ] = "library",
+    kept: Annotated[
+        int,
+        typer.Option(
+            help="Images the station keeps before timing (the growth is measured against a "
+            "fresh station in the same run).",
+            min=0,
+        ),
+    ] = 0,
+    images: Annotated[int, typer.Option(help="Distinct images (PNG files).")] = 500,
     rounds: Annotated[int, typer.Option(help="Interleaved rounds (agent vs raw).")] = 7,
     per_round: Annotated[int, typer.Option(help="Images timed per side per round.")] = 200,
     batch_size: Annotated[
@@ -51,9 +66,9 @@ def inference(
     ] = None,
     json_path: JsonOption = None,
 ) -> None:
-    """Time the agent's scoring (one image, and batched) against bare ONNX Runtime.
+    """Time a station's scoring path (one image, and batched) against bare ONNX Runtime.
 
-    Example: fedge bench inference --json out.json   (--image-size 32 for tiny images)
+    Example: fedge bench inference --path api --kept 5000 --json out.json
     """
     from fedge.bench.inference import run_inference
 
@@ -62,6 +77,8 @@ def inference(
         json_path,
         lambda progress: run_inference(
             images,
+            path=path,
+            kept=kept,
             rounds=rounds,
             per_round=per_round,
             batch_size=batch_size,

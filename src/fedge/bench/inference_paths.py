@@ -1,0 +1,306 @@
+"""The single-image paths a line camera uses, each against its fair baseline (issue 25).
+
+One image at a time, through what a station really runs, PNG bytes in:
+
+- ``library``: ``agent.score_image(png)`` -- decode and preprocess as the manifest says,
+  one ORT call, the record committed to agent.db, the image kept in the station's store;
+- ``api``: ``POST /v1/score`` to the agent's local API, one request per image on a new
+  connection (HTTP/1.0, as the API speaks), the record durable before the reply;
+- ``inbox``: the file is renamed into the watched directory, then the watcher's two
+  scans (the first sees it, the second finds it settled) score it, commit the record with
+  its arrival key and move the file to ``done/``; its mtime is set back past the settle
+  time so that no sleep is timed, only the watcher's own work.
+
+The baseline does the same decode + preprocess (:func:`fedge.party.preprocess.prepare`)
+and ``session.run`` on the same model with the agent's SessionOptions (one intra-op
+thread), and stores nothing: in this process for ``library`` and ``inbox`` (which
+reads the landed file's bytes first), and behind a bare standard-library
+``ThreadingHTTPServer`` endpoint for ``api``, so both sides pay an HTTP round trip and the
+ratio is what fedge adds.
+
+Two agents are timed: one whose station already keeps ``kept`` images (filled through
+``score_images`` before timing, so agent.db and the station store hold as many) and a
+fresh one; ``growth`` is the first's median over the second's. Rounds interleave the
+sides, rotating which goes first; p50 and p99 are over every image of every round.
+"""
+
+import http.client
+import json
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from fedge.bench import Progress
+from fedge.bench.testbed import BenchError
+from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.local_api import bind_local_api, start_local_api
+from fedge.edge_agent.scorer import ImageFile
+from fedge.edge_agent.watcher import InboxWatcher
+from fedge.party.preprocess import prepare
+from fedge.protocols.manifest import Preprocess
+
+PATHS = ("library", "api", "inbox")
+TARGET_RATIO = 1.3  # median, agent / baseline
+TARGET_P99_RATIO = 2.0
+TARGET_GROWTH = 1.1  # median at --kept N over --kept 0
+FILL_BATCH = 32
+
+# One image through a side: its PNG bytes in, ms out.
+Timed = Callable[[bytes], float]
+
+
+def fill(agent: EdgeAgent, pngs: Sequence[bytes], kept: int, progress: Progress) -> None:
+    """Score ``kept`` images through ``score_images`` (batches, as the inbox scores a burst)
+    so the station keeps ``kept`` images and agent.db indexes as many predictions."""
+    for start in range(0, kept, FILL_BATCH):
+        if start % 1024 == 0:
+            progress(f"filling the station: {start}/{kept} images kept")
+        files = [
+            ImageFile(pngs[(start + i) % len(pngs)], ".png", f"fill:{start + i}")
+            for i in range(min(FILL_BATCH, kept - start))
+        ]
+        for result in agent.score_images(files):
+            if isinstance(result, Exception):
+                raise BenchError(f"filling the station failed: {result}")
+    if not agent.station.settled(timeout=120.0):
+        raise BenchError("the station's retention did not catch up within 120 s")
+
+
+# ---------------------------------------------------------------- the baseline
+
+
+class Baseline:
+    """Decode + preprocess + ``session.run`` for one image: nothing stored."""
+
+    def __init__(self, session: ort.InferenceSession, spec: Preprocess) -> None:
+        self.session = session
+        self.spec = spec
+        self.input_name = session.get_inputs()[0].name
+        self.output_name = session.get_outputs()[0].name
+
+    def scores(self, data: bytes) -> np.ndarray:
+        image = prepare(data, self.spec)
+        (probs,) = self.session.run([self.output_name], {self.input_name: image[None]})
+        return np.asarray(probs[0])
+
+
+@contextmanager
+def baseline_server(baseline: Baseline) -> Iterator[int]:
+    """A bare ``http.server`` endpoint scoring the POSTed image; yields its port."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:
+            return None
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            reply = json.dumps({"scores": baseline.scores(body).tolist()}).encode()
+            self.send_response(HTTPStatus.OK)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(reply)))
+            self.end_headers()
+            self.wfile.write(reply)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, name="bench-baseline", daemon=True)
+    thread.start()
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def post_image(port: int, data: bytes) -> float:
+    """One ``POST /v1/score`` on a new connection; ms until the reply was read."""
+    started = time.perf_counter()
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    try:
+        conn.request("POST", "/v1/score", body=data, headers={"Content-Type": "image/png"})
+        response = conn.getresponse()
+        body = response.read()
+    finally:
+        conn.close()
+    elapsed = (time.perf_counter() - started) * 1000.0
+    if response.status != HTTPStatus.OK:
+        raise BenchError(f"POST /v1/score answered {response.status}: {body[:200]!r}")
+    return elapsed
+
+
+# ---------------------------------------------------------------- the sides per path
+
+
+class _Lander:
+    """Lands files in a directory as a camera does: written aside, renamed in, aged past
+    the watcher's settle time (untimed)."""
+
+    def __init__(self, directory: Path, staging: Path) -> None:
+        self.directory = directory
+        self.staging = staging
+        directory.mkdir(parents=True, exist_ok=True)
+        staging.mkdir(parents=True, exist_ok=True)
+        self.n = 0
+
+    def land(self, data: bytes) -> Path:
+        self.n += 1
+        name = f"cam-{self.n:07d}.png"
+        staged = self.staging / name
+        staged.write_bytes(data)
+        aged = time.time() - 5.0
+        os.utime(staged, (aged, aged))
+        target = self.directory / name
+        os.replace(staged, target)
+        return target
+
+
+def library_side(agent: EdgeAgent) -> Timed:
+    def timed(data: bytes) -> float:
+        started = time.perf_counter()
+        agent.score_image(data, suffix=".png", source="bench")
+        return (time.perf_counter() - started) * 1000.0
+
+    return timed
+
+
+def library_baseline(baseline: Baseline) -> Timed:
+    def timed(data: bytes) -> float:
+        started = time.perf_counter()
+        baseline.scores(data)
+        return (time.perf_counter() - started) * 1000.0
+
+    return timed
+
+
+def inbox_side(agent: EdgeAgent, root: Path) -> Timed:
+    watcher = InboxWatcher(agent, root / "inbox")
+    lander = _Lander(root / "inbox", root / "staging")
+
+    def timed(data: bytes) -> float:
+        path = lander.land(data)
+        started = time.perf_counter()
+        first = watcher.scan_once()  # sees the file
+        second = watcher.scan_once()  # finds it settled: scored, committed, moved
+        elapsed = (time.perf_counter() - started) * 1000.0
+        if first != 0 or second != 1 or path.exists():
+            raise BenchError(f"the watcher did not score {path.name} on its second scan")
+        return elapsed
+
+    return timed
+
+
+def inbox_baseline(baseline: Baseline, root: Path) -> Timed:
+    lander = _Lander(root / "baseline-inbox", root / "baseline-staging")
+
+    def timed(data: bytes) -> float:
+        path = lander.land(data)
+        started = time.perf_counter()
+        baseline.scores(path.read_bytes())
+        elapsed = (time.perf_counter() - started) * 1000.0
+        path.unlink()
+        return elapsed
+
+    return timed
+
+
+def api_side(port: int) -> Timed:
+    return lambda data: post_image(port, data)
+
+
+@contextmanager
+def agent_api(agent: EdgeAgent) -> Iterator[int]:
+    server = bind_local_api(agent, 0)
+    start_local_api(server)
+    try:
+        yield int(server.server_address[1])
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# ---------------------------------------------------------------- timing and summary
+
+
+@dataclass
+class Sides:
+    """The timed sides of one path: the full agent, the fresh agent (or None), the baseline."""
+
+    full: Timed
+    fresh: Timed | None
+    baseline: Timed
+
+
+def time_sides(
+    sides: Sides,
+    pngs: Sequence[bytes],
+    *,
+    rounds: int,
+    per_round: int,
+    warmup: int,
+    progress: Progress,
+    label: str,
+) -> dict[str, list[list[float]]]:
+    """ms per image of every side, per round; rounds rotate which side goes first."""
+    named: list[tuple[str, Timed]] = [("agent", sides.full), ("baseline", sides.baseline)]
+    if sides.fresh is not None:
+        named.append(("agent_kept_0", sides.fresh))
+    for _, side in named:
+        for i in range(warmup):
+            side(pngs[i % len(pngs)])
+    samples: dict[str, list[list[float]]] = {name: [] for name, _ in named}
+    for r in range(rounds):
+        progress(f"{label}: round {r + 1}/{rounds}")
+        order = named[r % len(named) :] + named[: r % len(named)]
+        for name, side in order:
+            picks = [pngs[(r * per_round + i) % len(pngs)] for i in range(per_round)]
+            samples[name].append([side(data) for data in picks])
+    return samples
+
+
+def _stats(rounds: list[list[float]]) -> dict[str, Any]:
+    pooled = np.asarray([v for values in rounds for v in values])
+    return {
+        "p50_ms": round(float(np.percentile(pooled, 50)), 4),
+        "p99_ms": round(float(np.percentile(pooled, 99)), 4),
+        "mean_ms": round(float(pooled.mean()), 4),
+        "median_per_round_ms": [round(statistics.median(values), 4) for values in rounds],
+        "images": int(pooled.size),
+    }
+
+
+def summarise(path: str, kept: int, samples: dict[str, list[list[float]]]) -> dict[str, Any]:
+    agent, baseline = _stats(samples["agent"]), _stats(samples["baseline"])
+    fresh = _stats(samples["agent_kept_0"]) if "agent_kept_0" in samples else agent
+    ratio = agent["p50_ms"] / baseline["p50_ms"]
+    p99_ratio = agent["p99_ms"] / baseline["p99_ms"]
+    growth = agent["p50_ms"] / fresh["p50_ms"]
+    return {
+        "path": path,
+        "kept": kept,
+        "ratio": round(ratio, 4),
+        "p99_ratio": round(p99_ratio, 4),
+        "growth": round(growth, 4),
+        "met_target": ratio <= TARGET_RATIO
+        and p99_ratio <= TARGET_P99_RATIO
+        and growth <= TARGET_GROWTH,
+        "targets": {"ratio": TARGET_RATIO, "p99_ratio": TARGET_P99_RATIO, "growth": TARGET_GROWTH},
+        "agent": agent,
+        "agent_kept_0": fresh,
+        "baseline": baseline,
+        "ratio_per_round": [
+            round(a / b, 4)
+            for a, b in zip(
+                agent["median_per_round_ms"], baseline["median_per_round_ms"], strict=True
+            )
+        ],
+    }
