@@ -2,6 +2,7 @@
 
 import os
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from flwr.common.config import parse_config_args
@@ -20,7 +21,10 @@ def test_the_node_config_reaches_flower_intact(tmp_path: Path) -> None:
         "holdout-percent": 20,
         "threads": 2,
         "max-seconds": 90.0,
+        "privacy-floor": "none",
     }
+    floored = node_config(replace(SPEC, privacy_floor=True))
+    assert '"privacy-floor" = "required"' in floored
 
 
 def wait_for(condition: object, timeout_s: float = 20.0) -> None:

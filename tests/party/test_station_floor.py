@@ -17,7 +17,7 @@ from fedge.edge_agent.privacy_budget import apply_budget, write_floor
 from fedge.models.inspection import new_model
 from fedge.party.budget import BudgetLedger
 from fedge.party.privacy_status import LEDGER_FILE
-from fedge.party.station_app import Station, evaluate_round, train_round
+from fedge.party.station_app import Station, evaluate_round, station_floor, train_round
 from fedge.party.station_store import Retention, StationData
 from fedge.privacy import accounting
 from fedge.privacy.floor import PrivacyFloor, PrivacyFloorError
@@ -169,3 +169,15 @@ def test_a_dp_job_on_a_station_without_a_floor_evaluates_privately_too(
     plain = evaluate_round(station, SPEC, arrays(), ConfigRecord(), job=JOB)
     assert 0.0 <= plain["eval-acc"] <= 1.0
     assert len(releases(station)[1]) == 1
+
+
+def test_a_required_floor_missing_from_the_ledger_fails_closed(tmp_path: Path) -> None:
+    """The agent says the station has a floor; a ledger without it (deleted, or an agent
+    that never started) refuses to train rather than training without DP (review, issue 24)."""
+    config = {"edge": "st-01", "data-dir": str(tmp_path), "privacy-floor": "required"}
+    station = Station.from_node_config(config)
+    assert station.floor_required
+    with pytest.raises(PrivacyFloorError, match="none in its ledger"):
+        station_floor(station)
+    opted_out = Station.from_node_config({**config, "privacy-floor": "none"})
+    assert station_floor(opted_out) is None

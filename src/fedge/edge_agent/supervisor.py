@@ -75,6 +75,10 @@ class SupernodeSpec:
     root_certificates: Path | None = None
     # The station's private key (PEM, P-256: its TLS key) for SuperNode authentication.
     auth_key: Path | None = None
+    # Whether agent.toml gives the station a privacy floor (the agent says so): the
+    # ClientApp then refuses to train when the floor is missing from the ledger instead of
+    # training without it. False only where no agent keeps a ledger (tests, the bench).
+    privacy_floor: bool = False
     # Flower's --trusted-entities (YAML): the keys whose signature an app must carry before
     # the SuperNode runs any of it (protocols/app_signing.py). None: any app runs, which
     # only tests of the plain Flower peer ask for.
@@ -97,6 +101,7 @@ def node_config(spec: SupernodeSpec) -> str:
         "holdout-percent": spec.holdout_percent,
         "threads": spec.threads,
         "max-seconds": float(spec.max_seconds),
+        "privacy-floor": "required" if spec.privacy_floor else "none",
     }
     # JSON strings are TOML basic strings (both escape quotes, backslashes and controls).
     return "".join(f'"{key}" = {json.dumps(value)}\n' for key, value in values.items())

@@ -47,4 +47,5 @@ def supernode_spec(
         root_certificates=None if tls is None else tls.ca,
         auth_key=None if tls is None else tls.key,
         trusted_entities=trusted_entities_yaml(*app_keys),
+        privacy_floor=settings.privacy_floor is not None,
     )

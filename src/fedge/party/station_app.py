@@ -115,6 +115,11 @@ class Station:
     holdout_percent: int
     threads: int
     max_seconds: float
+    # The agent says whether this station has a floor ("required") or opted out ("none"):
+    # a required floor it cannot find in the ledger fails closed (nothing trains) instead
+    # of open. A node config that says nothing (no fedge agent: a plain SuperNode) reads
+    # whatever floor the ledger holds.
+    floor_required: bool = False
 
     @classmethod
     def from_node_config(cls, config: Mapping[str, Any]) -> Station:
@@ -130,6 +135,7 @@ class Station:
             holdout_percent=int(config.get("holdout-percent", 20)),
             threads=max(1, int(config.get("threads", 1))),
             max_seconds=float(config.get("max-seconds", 600.0)),
+            floor_required=config.get("privacy-floor") == "required",
         )
 
     def data(self) -> StationData:
@@ -270,13 +276,20 @@ def station_floor(station: Station) -> PrivacyFloor | None:
     """The station's privacy floor as its agent wrote it into the ledger (None: opted out,
     or no agent ever ran on this data directory). An unreadable floor is an error."""
     path = ledger_path(station.data_dir)
-    if not path.exists():
-        return None
-    ledger = BudgetLedger(path)
-    try:
-        return ledger.floor()
-    finally:
-        ledger.close()
+    written, floor = False, None
+    if path.exists():
+        ledger = BudgetLedger(path)
+        try:
+            written, floor = ledger.floor_state()
+        finally:
+            ledger.close()
+    if station.floor_required and not written:
+        raise PrivacyFloorError(
+            f"station {station.edge} has a privacy floor in its agent.toml but none in its "
+            f"ledger {path}: its agent writes it there at start; restart `fedge agent run` "
+            "(nothing trains or is evaluated until it is there)"
+        )
+    return floor
 
 
 def _refuse_unprotected(station: Station, privacy: PrivacySpec) -> None:
