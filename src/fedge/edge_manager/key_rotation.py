@@ -204,13 +204,18 @@ def rotation_due(since: float, now: float, max_age_days: float) -> bool:
 
 
 def rotate_if_due(
-    home: ManagerHome, max_age_days: float, *, now: float | None = None
+    home: ManagerHome,
+    max_age_days: float,
+    *,
+    now: float | None = None,
+    root_key: SigningKey | None = None,
 ) -> Rotation | None:
-    """:func:`rotate` when the key in use is at least ``max_age_days`` old, else None."""
+    """:func:`rotate` when the key in use is at least ``max_age_days`` old, else None
+    (``root_key``: as for :func:`rotate`, needed once the fleet pins one)."""
     at = time.time() if now is None else now
     if not rotation_due(key_since(home), at, max_age_days):
         return None
-    return rotate(home, now=at)
+    return rotate(home, now=at, root_key=root_key)
 
 
 def give_chain(store: Store, fleet: str, edge: str, now: float, key: SigningKey) -> None:
