@@ -20,7 +20,7 @@ from conftest import keep_labelled_images, make_fleet_home, publish_trainable
 
 from fedge.aggregator.job_dir import JobError
 from fedge.aggregator.run_store import RunStore
-from fedge.aggregator.superlink import SuperLink
+from fedge.aggregator.superlink.link import SuperLink
 from fedge.edge_agent.privacy_budget import write_floor
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.federation import fleet_job

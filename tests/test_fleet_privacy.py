@@ -1,6 +1,6 @@
 """Budgets are enforced where the data is: a station out of budget refuses, the round goes on.
 
-Real processes: the fleet's SuperLink (``fedge.aggregator.superlink``), two
+Real processes: the fleet's SuperLink (``fedge.aggregator.superlink.link``), two
 ``flower-supernode`` processes started by the agent's own supervisor
 (:mod:`fedge.edge_agent.supervisor`) on stations' data directories, each running the
 station's ClientApp, and fedge's fleet ServerApp submitted with ``flwr run``. The job
@@ -19,7 +19,7 @@ import pytest
 from conftest import keep_labelled_images, make_fleet_home, publish_trainable
 
 from fedge.aggregator.run_store import RunStore
-from fedge.aggregator.superlink import SuperLink
+from fedge.aggregator.superlink.link import SuperLink
 from fedge.edge_agent.privacy_budget import apply_budget
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.federation import fleet_job

@@ -42,7 +42,7 @@ from conftest import FleetHome, keep_labelled_images, make_fleet_home, publish_t
 from fedge.aggregator.checkpoint import load_arrays
 from fedge.aggregator.job_spec import ManifestError
 from fedge.aggregator.run_store import RunStore
-from fedge.aggregator.superlink import SuperLink
+from fedge.aggregator.superlink.link import SuperLink
 from fedge.edge_agent.privacy_budget import apply_budget
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.federation import fleet_job

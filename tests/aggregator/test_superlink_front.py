@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 from flwr.proto.fab_pb2 import GetFabResponse
 
-from fedge.aggregator.signed_apps import SignedApps
-from fedge.aggregator.superlink_front import FleetOnly
+from fedge.aggregator.superlink.front import FleetOnly
+from fedge.aggregator.superlink.signed_apps import SignedApps
 from fedge.protocols.app_signing import VALID_LICENSE, fab_digest, sign_fab
 from fedge.protocols.signing import SigningKey
 

@@ -18,14 +18,14 @@ from flwr.supercore.primitives.asymmetric import (
     verify_signature,
 )
 
-from fedge.aggregator.superlink import (
+from fedge.aggregator.superlink.address import certificate_names_host, connection_toml
+from fedge.aggregator.superlink.link import (
     AuthorizedNode,
     SuperLink,
     SuperLinkError,
     node_public_key,
     plan_sync,
 )
-from fedge.aggregator.superlink_address import certificate_names_host, connection_toml
 from fedge.edge_agent.supervisor import (
     SupernodeSpec,
     exit_reason,

@@ -11,7 +11,7 @@ import pytest
 from conftest import FleetHome, make_fleet_home
 from typer.testing import CliRunner
 
-from fedge.aggregator.superlink_address import connection_toml
+from fedge.aggregator.superlink.address import connection_toml
 from fedge.cli.main import app
 from fedge.edge_manager import credentials
 from fedge.edge_manager.doctor import (

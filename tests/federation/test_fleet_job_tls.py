@@ -35,7 +35,7 @@ from conftest import (
 )
 
 from fedge.aggregator.run_store import RunStore
-from fedge.aggregator.superlink import SuperLink, SuperLinkError, node_public_key
+from fedge.aggregator.superlink.link import SuperLink, SuperLinkError, node_public_key
 from fedge.edge_agent.supervisor import (
     SupernodeSpec,
     SupernodeSupervisor,

@@ -39,8 +39,8 @@ from conftest import (
 )
 
 from fedge.aggregator.run_store import RunStore
-from fedge.aggregator.superlink import SuperLink, node_public_key
-from fedge.aggregator.superlink_address import connection_toml
+from fedge.aggregator.superlink.address import connection_toml
+from fedge.aggregator.superlink.link import SuperLink, node_public_key
 from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.edge_manager.home import ManagerHome, ManagerSettings
 from fedge.federation import fleet_job

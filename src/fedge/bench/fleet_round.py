@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from fedge.aggregator.run_store import RunStore
-from fedge.aggregator.superlink import SuperLink
+from fedge.aggregator.superlink.link import SuperLink
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until

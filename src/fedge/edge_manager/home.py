@@ -116,7 +116,7 @@ class ManagerSettings:
     def superlink_address(self) -> str:
         """Where SuperNodes on this machine reach the SuperLink's front (a wildcard bind is
         reached on loopback, which its certificate names). Jobs are submitted elsewhere:
-        :func:`fedge.aggregator.superlink.control_address`."""
+        :func:`fedge.aggregator.superlink.link.control_address`."""
         host = "127.0.0.1" if is_wildcard(self.superlink_host) else self.superlink_host
         return _host_port(host, self.superlink_port)
 

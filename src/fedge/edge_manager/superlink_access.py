@@ -14,7 +14,7 @@ the demo), so no other command needs to reach Flower's Control API.
 import logging
 import threading
 
-from fedge.aggregator.superlink import SuperLink, SuperLinkError, node_public_key
+from fedge.aggregator.superlink.link import SuperLink, SuperLinkError, node_public_key
 from fedge.edge_manager import credentials
 from fedge.edge_manager.home import ManagerHome
 from fedge.edge_manager.store import Store

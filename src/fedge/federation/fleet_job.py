@@ -37,9 +37,9 @@ from fedge.aggregator.job_dir import (
     is_live,
 )
 from fedge.aggregator.run_store import RunState, RunStore
-from fedge.aggregator.signed_apps import SignedApps
-from fedge.aggregator.superlink import control_address
-from fedge.aggregator.superlink_address import connection_toml
+from fedge.aggregator.superlink.address import connection_toml
+from fedge.aggregator.superlink.link import control_address
+from fedge.aggregator.superlink.signed_apps import SignedApps
 from fedge.edge_manager.home import ManagerHome
 from fedge.federation.prepare import APP_DIR, prepare
 from fedge.federation.publish import publish

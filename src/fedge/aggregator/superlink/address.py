@@ -1,6 +1,6 @@
 """Where a client on this machine reaches the fleet's SuperLink, and how it names it.
 
-The SuperLink (:mod:`fedge.aggregator.superlink`) binds a host and port; Flower's own
+The SuperLink (:mod:`fedge.aggregator.superlink.link`) binds a host and port; Flower's own
 SuperExec and ServerApps, the ``flwr`` CLI and ``fedge`` reach it on the local address
 below, over HTTPS only if the server certificate names that host, through a ``flwr``
 connection file naming the SuperLink.

@@ -1,7 +1,7 @@
 """The app signatures the manager made, kept beside its SuperLink (one file per FAB).
 
 ``fedge aggregator run`` writes the signature of each FAB it submits here *before* it
-submits it; the SuperLink's front (:mod:`fedge.aggregator.superlink_front`) reads it when a
+submits it; the SuperLink's front (:mod:`fedge.aggregator.superlink.front`) reads it when a
 station fetches that FAB. A FAB with no file here reaches stations unsigned, and they
 refuse it. The files hold signatures only: what they sign is checked by the stations.
 """

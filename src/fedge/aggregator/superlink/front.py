@@ -12,7 +12,7 @@ a byte reaches Flower.
 
 The front also hands stations the fleet's signature on a FAB: on ``/v1/fleet/get-fab`` it
 adds the signature ``fedge aggregator run`` stored for that FAB's digest
-(:mod:`fedge.aggregator.signed_apps`) to the FAB's ``verifications``, where the station's
+(:mod:`fedge.aggregator.superlink.signed_apps`) to the FAB's ``verifications``, where the station's
 SuperNode, started with ``--trusted-entities``, checks it with Flower's own code. The
 front holds no key and cannot make a signature: a FAB the manager did not sign reaches
 stations unsigned and is refused there.
@@ -45,7 +45,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from fedge.aggregator.job_dir import JobError
-from fedge.aggregator.signed_apps import SignedApps
+from fedge.aggregator.superlink.signed_apps import SignedApps
 from fedge.protocols.app_signing import VALID_LICENSE
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.http_server import Deadlines, GuardedServer

@@ -21,7 +21,7 @@ could submit runs -- code every station would run -- and (un)register SuperNode 
 the ``flower-superlink`` process listens on loopback only, on a port chosen at start and
 written to ``control-port`` in its work directory (:func:`control_address`), where the
 manager's own tools reach it; stations reach a front on ``host:port``
-(:mod:`fedge.aggregator.superlink_front`) that passes on only Fleet API calls and adds
+(:mod:`fedge.aggregator.superlink.front`) that passes on only Fleet API calls and adds
 the fleet's signature to the apps it hands out, which stations verify before running any
 of an app (:mod:`fedge.protocols.app_signing`). ``tls=None``: plain HTTP, development
 only.
@@ -47,14 +47,14 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from fedge.aggregator.job_dir import JobError
-from fedge.aggregator.signed_apps import SignedApps
-from fedge.aggregator.superlink_address import (
+from fedge.aggregator.superlink.address import (
     certificate_names_host,
     connection_toml,
     local_host,
     port_open,
 )
-from fedge.aggregator.superlink_front import FrontError, SuperLinkFront
+from fedge.aggregator.superlink.front import FrontError, SuperLinkFront
+from fedge.aggregator.superlink.signed_apps import SignedApps
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.ports import free_port
 
