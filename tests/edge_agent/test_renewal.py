@@ -17,6 +17,7 @@ from fedge.edge_agent.renewal import (
     CertificateRenewer,
     RenewalError,
     complete_pending,
+    confirm_certificate,
     current,
     renew_certificate,
     renewal_due,
@@ -84,13 +85,14 @@ def test_a_station_renews_with_a_new_key_and_keeps_its_connection(
         assert renewer.check() is False  # not due any more
         # No downtime: the connection made with the old certificate carries on.
         assert session.connected.is_set() and session.link.failures == 0
-        # The old certificate is revoked (as if stolen); the broker restarts: the station
-        # reconnects, which it can only do with the new certificate.
-        with fh.db.transaction() as conn:
-            conn.execute(
-                "UPDATE certificates SET revoked_at = 1 WHERE serial = ?", (str(old.serial),)
-            )
-        fh.home.pki().write_crl(fh.home.pki().ca(), lambda: credentials.revoked(fh.db))
+        # The station confirmed its new certificate: the old one is revoked at once (a thief
+        # holding the old key can neither connect nor renew with it), not after a grace.
+        assert server.counters["confirmed"] >= 1 and renewer.confirm_pending is False
+        held = {c.serial: c for c in credentials.certificates(fh.db, EDGE)}
+        assert held[old.serial].revoked and not held[new.serial].revoked
+        assert old.serial in {r.serial for r in credentials.revoked(fh.db)}
+        # The broker restarts: the station reconnects, which it can only do with the new
+        # certificate.
         broker.stop()
         wait_until(lambda: not session.connected.is_set(), 10, "the station to see it gone")
         broker.start()
@@ -162,3 +164,43 @@ def _post(server: EnrollServer, csr: bytes, tls: TlsFiles | None) -> int:
             return int(reply.status)
     except urllib.error.HTTPError as exc:
         return exc.code
+
+
+def _copy(tls: TlsFiles, folder: Path) -> TlsFiles:
+    folder.mkdir()
+    copy = TlsFiles(tls.ca, folder / "edge.crt", folder / "edge.key")
+    copy.cert.write_bytes(tls.cert.read_bytes())
+    pki.write_private(copy.key, tls.key.read_bytes())
+    return copy
+
+
+def test_a_thief_with_an_old_key_cannot_renew_once_the_station_confirmed(
+    station: tuple[FleetHome, EnrollServer, TlsFiles], tmp_path: Path
+) -> None:
+    """Review of issue 24: within the grace a lost answer needs, an old key used to renew
+    took the station over. Confirming the swap revokes the old certificate at once."""
+    fh, server, tls = station
+    stolen = _copy(tls, tmp_path / "stolen")  # the thief copied the key before renewal
+    renewer = CertificateRenewer(url(server), tls, lambda: None)
+    assert renewer.check() is True and renewer.confirm_pending is False
+    issued = len(credentials.certificates(fh.db, EDGE))
+    with pytest.raises(RenewalError, match="revoked"):
+        renew_certificate(url(server), stolen)
+    assert len(credentials.certificates(fh.db, EDGE)) == issued  # nothing issued to it
+
+
+def test_a_renewal_by_an_old_key_before_the_confirmation_is_caught(
+    station: tuple[FleetHome, EnrollServer, TlsFiles], tmp_path: Path
+) -> None:
+    """The thief renews first (between the station's renewal and its confirmation): the
+    station's confirmation is refused, says why, and revokes nothing."""
+    fh, server, tls = station
+    stolen = _copy(tls, tmp_path / "stolen")
+    renew_certificate(url(server), tls)  # the station's renewal; its confirm not yet sent
+    renew_certificate(url(server), stolen)  # the thief's, with the old key
+    live_before = [c.serial for c in credentials.certificates(fh.db, EDGE) if not c.revoked]
+    with pytest.raises(RenewalError, match="newer certificate"):
+        confirm_certificate(url(server), tls)
+    live_after = [c.serial for c in credentials.certificates(fh.db, EDGE) if not c.revoked]
+    assert live_after == live_before
+    assert server.counters["refused_not_newest"] == 1

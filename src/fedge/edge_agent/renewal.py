@@ -13,10 +13,13 @@ swap at start-up, so the key and certificate on disk always belong together.
 """
 
 import datetime as dt
+import json
 import logging
 import os
 import ssl
 import threading
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
@@ -86,6 +89,26 @@ def renew_certificate(url: str, tls: TlsFiles) -> CertInfo:
     return info
 
 
+def confirm_certificate(url: str, tls: TlsFiles) -> int:
+    """Tell the manager this station holds its newest certificate (presented over TLS):
+    its older ones are revoked at once. The number revoked; RenewalError if refused."""
+    context = ssl.create_default_context(cafile=str(tls.ca))
+    context.load_cert_chain(str(tls.cert), str(tls.key))
+    request = urllib.request.Request(f"{url.rstrip('/')}/v1/confirm", data=b"", method="POST")
+    try:
+        with urllib.request.urlopen(request, context=context, timeout=30) as reply:
+            answer = json.loads(reply.read(4096))
+    except urllib.error.HTTPError as exc:
+        try:
+            detail = json.loads(exc.read(4096)).get("message", "")
+        except (ValueError, AttributeError):
+            detail = ""
+        raise RenewalError(f"confirming the certificate refused ({exc.code}): {detail}") from None
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise RenewalError(f"confirming the certificate at {url} failed: {exc}") from None
+    return int(answer.get("revoked", 0))
+
+
 class CertificateRenewer:
     """Checks every ``check_every_s`` and renews when due; ``on_renewed`` is told after a
     swap (the agent reloads its MQTT session's certificate there)."""
@@ -106,6 +129,9 @@ class CertificateRenewer:
         self.now = now
         self.renewed = 0
         self.failures = 0
+        # Confirmed at start too: a swap whose confirmation was lost (or a crash between
+        # them) is confirmed then; confirming a certificate already confirmed is a no-op.
+        self.confirm_pending = True
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cert-renewal", daemon=True)
 
@@ -117,7 +143,9 @@ class CertificateRenewer:
         self._stop.set()
 
     def check(self) -> bool:
-        """Renew if due; True if renewed."""
+        """Renew if due (then confirm the new certificate); True if renewed."""
+        if self.confirm_pending:
+            self.confirm()
         if not renewal_due(current(self.tls), self.now()):
             return False
         try:
@@ -129,7 +157,20 @@ class CertificateRenewer:
         self.renewed += 1
         log.info("certificate renewed; valid until %s", f"{info.not_after:%Y-%m-%d}")
         self.on_renewed()
+        self.confirm_pending = True
+        self.confirm()
         return True
+
+    def confirm(self) -> None:
+        """Confirm the certificate in use; retried at the next check when it fails."""
+        try:
+            revoked = confirm_certificate(self.url, self.tls)
+        except RenewalError as exc:
+            log.warning("%s; retrying at the next check", exc)
+            return
+        self.confirm_pending = False
+        if revoked:
+            log.info("the manager revoked this station's %d older certificate(s)", revoked)
 
     def _run(self) -> None:
         while not self._stop.is_set():

@@ -11,6 +11,9 @@ device pins the CA by the fingerprint in its token):
     POST /v1/renew   a RenewRequest (CSR for a new key) sent with the station's current
                      certificate as TLS client certificate -> an EnrollResponse; 401
                      without one, 403 for a revoked/foreign one or a CSR for another name
+    POST /v1/confirm with the station's new certificate, no body, after the renewal's
+                     swap -> {"revoked": N}: its older certificates are revoked at once
+                     (:func:`enrollment.confirm`); 403 when it is not the newest
 
 The port is open to the plant network, so no stranger may stall it (issue 24): uvicorn
 serves it (:class:`GuardedServer`): each connection is an asyncio transport, not a thread;
@@ -36,7 +39,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from fedge.edge_manager.credentials import EnrollmentError
-from fedge.edge_manager.enrollment import redeem, renew
+from fedge.edge_manager.enrollment import confirm, redeem, renew
 from fedge.edge_manager.home import ManagerHome
 from fedge.protocols import codec
 from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, RenewRequest
@@ -108,6 +111,8 @@ class EnrollServer:
         if route == ("GET", "/v1/ca"):
             ca = await run_in_threadpool(self.home.pki().ca_path.read_bytes)
             return Response(ca, media_type="application/x-pem-file")
+        if route == ("POST", "/v1/confirm"):
+            return await self._confirm(request)
         if route not in (("POST", "/v1/enroll"), ("POST", "/v1/renew")):
             return _json(404, b"{}")
         peer = None
@@ -135,6 +140,19 @@ class EnrollServer:
         self.count(kind)
         log.info("%s %s", kind, response.edge)
         return _json(200, codec.encode(response))
+
+    async def _confirm(self, request: Request) -> Response:
+        """A station confirms it holds its newest certificate (presented as its TLS client
+        certificate; no body): older ones are revoked at once."""
+        chain = presented_chain(request.scope)
+        if not chain:
+            return self._refuse(401, "no_certificate", "confirming needs the new certificate")
+        try:
+            revoked = await run_in_threadpool(confirm, self.home, chain[0].encode())
+        except EnrollmentError as exc:
+            return self._refuse(403, exc.reason, str(exc))
+        self.count("confirmed")
+        return _json(200, json.dumps({"revoked": len(revoked)}).encode())
 
     async def _body(self, request: Request) -> bytes | Response:
         """The request body, or the refusal: no declared length (411), more than

@@ -10,6 +10,7 @@ A ``--insecure`` home keeps the development path: a password per edge, plain TCP
 """
 
 import secrets
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -235,6 +236,48 @@ def renew(home: ManagerHome, current_pem: bytes, request: RenewRequest) -> Enrol
     finally:
         store.close()
     return _response(home, info.identity, cert)
+
+
+def confirm(home: ManagerHome, current_pem: bytes, *, at: float | None = None) -> list[int]:
+    """A station says it holds its newest certificate (``current_pem``, its TLS peer
+    certificate, after a renewal's swap): every older certificate of it is revoked now,
+    not after the grace a lost answer needs, so a thief holding an old key can neither
+    connect nor renew with it. Returns the serials revoked. Refused (nothing changes)
+    unless the certificate is this CA's, an edge's, not revoked and that edge's newest."""
+    ca = home.pki().ca()
+    try:
+        info = ca.verify(current_pem)
+    except pki.CertificateError as exc:
+        raise credentials.EnrollmentError(str(exc), "bad_certificate") from None
+    if info.role is not Role.EDGE:
+        raise credentials.EnrollmentError("only stations confirm here", "not_an_edge")
+    store = Store(home.db_path)
+    try:
+        held = credentials.certificates(store, info.identity)
+        mine = next((c for c in held if c.serial == info.serial), None)
+        if mine is None or mine.revoked:
+            raise credentials.EnrollmentError(
+                f"the certificate of {info.identity!r} is revoked or unknown", "revoked"
+            )
+        live = [c for c in held if not c.revoked]
+        if max(live, key=lambda c: (c.issued_at, c.serial)).serial != info.serial:
+            # A newer certificate exists that this station did not confirm: it was issued
+            # to whoever renewed with an older key. Nothing is revoked; an operator looks.
+            raise credentials.EnrollmentError(
+                f"{info.identity!r} has a newer certificate than the one confirming: was an "
+                "old key of this station used to renew? Revoke the station and enrol it "
+                "again if it was not this station",
+                "not_newest",
+            )
+        older = [c.serial for c in live if c.serial != info.serial]
+        if older:
+            credentials.revoke_replaced(store, older, at=time.time() if at is None else at)
+            home.pki().write_crl(ca, lambda: credentials.revoked(store))
+    finally:
+        store.close()
+    if older:
+        reload_broker(home)
+    return older
 
 
 def redeem(home: ManagerHome, request: EnrollRequest) -> EnrollResponse:
