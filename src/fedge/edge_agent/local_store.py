@@ -241,9 +241,13 @@ class LocalStore:
         source only if the file was last written before that prediction was made (a file
         whose name is reused later is written later).
         """
+        # "arrival != ''" lets SQLite use the partial index predictions_arrival (it
+        # cannot prove a bound parameter non-empty): without it every inbox file cost a
+        # scan of every prediction the station indexes (issue 25).
         with self._lock:
             row = self._conn.execute(
-                f"SELECT 1 FROM predictions WHERE {ARRIVAL_COLUMN}=? UNION ALL "
+                f"SELECT 1 FROM predictions WHERE {ARRIVAL_COLUMN}=? AND {ARRIVAL_COLUMN}!='' "
+                "UNION ALL "
                 f"SELECT 1 FROM predictions WHERE {ARRIVAL_COLUMN}='' AND source=? AND at>=? "
                 "LIMIT 1",
                 (arrival, source, modified_at),
