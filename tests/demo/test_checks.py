@@ -233,3 +233,22 @@ def test_the_runner_prints_records_and_fails_on_a_failed_check(tmp_path: Path) -
     with pytest.raises(StoryCheckFailed, match=r"1 of 13 checks FAILED \(logs: no ERROR"):
         raise_if_failed(results, tmp_path)
     raise_if_failed([r for r in results if r.ok], tmp_path)  # all ok: nothing raised
+
+
+def test_fedge_demo_exits_1_with_one_line_when_a_check_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from typer.testing import CliRunner
+
+    from fedge.cli.main import app
+    from fedge.demo import fleet
+
+    def story_missed(out: Path, *, console_port: int | None = None) -> int:
+        raise StoryCheckFailed("the demo did not show what the README says: 1 of 13 checks")
+
+    monkeypatch.setattr(fleet, "run_demo", story_missed)
+    result = CliRunner().invoke(app, ["demo", "--out", "unused"])
+    assert result.exit_code == 1
+    assert result.output.strip() == (
+        "error: the demo did not show what the README says: 1 of 13 checks"
+    )

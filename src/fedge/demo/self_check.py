@@ -84,7 +84,10 @@ def check_story(
     console.rule("[bold]the demo checks its own story")
     for result in results:
         colour = "green" if result.ok else "red"
-        console.print(f"[{colour}]{escape(result.line)}[/{colour}]", highlight=False)
+        # One line each, never wrapped: CI's log is read (and grepped) line by line.
+        console.print(
+            f"[{colour}]{escape(result.line)}[/{colour}]", highlight=False, soft_wrap=True
+        )
     for line in unexpected[:SHOWN_ERRORS]:
         console.print(f"  [red]{escape(line)}[/red]", highlight=False, soft_wrap=True)
     if len(unexpected) > SHOWN_ERRORS:
