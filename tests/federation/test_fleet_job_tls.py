@@ -168,8 +168,22 @@ def run_refused(
     workdir = fleet.root / "refused" / name
     workdir.mkdir(parents=True)
     (workdir / "node.toml").write_text('"edge" = "x"\n', encoding="utf-8")
-    command = [*supernode_command(spec, BIN, free_port(), workdir / "node.toml", key), *extra]
+    entities = _entities_file(workdir, spec)
+    command = [
+        *supernode_command(spec, BIN, free_port(), workdir / "node.toml", key, entities),
+        *extra,
+    ]
     return start_logged(workdir, command)
+
+
+def _entities_file(workdir: Path, spec: SupernodeSpec) -> Path | None:
+    """The spec's trusted entities written where its command names them (as the agent's
+    supervisor does), or None for a spec without them."""
+    if spec.trusted_entities is None:
+        return None
+    path = workdir / "trusted-entities.yaml"
+    path.write_text(spec.trusted_entities, encoding="utf-8")
+    return path
 
 
 def start_logged(workdir: Path, command: list[str]) -> subprocess.Popen[bytes]:
@@ -224,7 +238,16 @@ def test_supernodes_without_the_fleet_ca_or_a_registered_key_are_refused(fleet: 
     (no_ca_dir / "node.toml").write_text('"edge" = "x"\n', encoding="utf-8")
     procs["no-ca"] = start_logged(
         no_ca_dir,
-        system_roots(supernode_command(st01, BIN, free_port(), no_ca_dir / "node.toml", st01_key)),
+        system_roots(
+            supernode_command(
+                st01,
+                BIN,
+                free_port(),
+                no_ca_dir / "node.toml",
+                st01_key,
+                _entities_file(no_ca_dir, st01),
+            )
+        ),
     )
     try:
         codes = {name: proc.wait(timeout=60) for name, proc in procs.items()}

@@ -14,9 +14,10 @@ from fedge.edge_manager import trust_store
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
+from fedge.protocols.errors import ProtocolError
 from fedge.protocols.freshness import expiry, needs_refresh
 from fedge.protocols.rotation import parse_link, sign_chain
-from fedge.protocols.signing import SigningKey
+from fedge.protocols.signing import SigningKey, trusted, verify_envelope
 from fedge.protocols.trust import TrustChain
 
 CONFIG, TRUST = topics.Down.CONFIG.value, topics.Down.TRUST.value
@@ -31,8 +32,15 @@ def stamp(
     it to be published again); the new envelope, or None if nothing was due."""
     if kind not in EXPIRING_KINDS:
         return None
-    text = trust_store.document(store, edge, kind, version)
-    if text is None:
+    envelope_text = trust_store.signed_document(store, edge, kind, version)
+    if envelope_text is None:
+        return None
+    try:
+        # Only what this manager signed gets a new expiry under its key: a document
+        # written into the store by anyone else (forged, or signed by a key a rotation
+        # retired: re-signed by the publisher first) is left as it is, and edges refuse it.
+        text = verify_envelope(envelope_text.encode(), trusted(key.public)).decode()
+    except ProtocolError:
         return None
     if kind == CONFIG:
         config = codec.decode(text.encode(), EdgeConfig)

@@ -150,6 +150,14 @@ def document(store: Store, edge: str, kind: str, version: int) -> str | None:
     return None if row is None else str(row["document"])
 
 
+def signed_document(store: Store, edge: str, kind: str, version: int) -> str | None:
+    """The envelope (signed) of ``edge``'s desired ``kind`` ``version`` (None: none)."""
+    row = store.one(
+        "SELECT envelope FROM desired WHERE edge=? AND kind=? AND version=?", (edge, kind, version)
+    )
+    return None if row is None else str(row["envelope"])
+
+
 def replace_signed(
     store: Store, edge: str, kind: str, version: int, document: str, envelope: str
 ) -> None:
