@@ -60,6 +60,14 @@ def _fetch_ca(url: str, pin: str) -> bytes:
     return ca_pem
 
 
+def refusal(exc: urllib.error.HTTPError) -> str:
+    """The enrollment endpoint's one-line reason for refusing (its JSON ``message``)."""
+    try:
+        return str(json.loads(exc.read(4096)).get("message", ""))
+    except (ValueError, AttributeError, OSError):
+        return ""
+
+
 def exchange(url: str, request: object, context: ssl.SSLContext, what: str) -> EnrollResponse:
     """POST ``request`` (a wire message) to the enrollment endpoint ``url`` over
     ``context``; the manager's EnrollResponse, or :class:`EnrollmentRefused` naming
@@ -74,11 +82,7 @@ def exchange(url: str, request: object, context: ssl.SSLContext, what: str) -> E
         with urllib.request.urlopen(http_request, context=context, timeout=TIMEOUT_S) as reply:
             body = bytes(reply.read(64 * 1024))
     except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read(4096)).get("message", "")
-        except (ValueError, AttributeError):
-            detail = ""
-        raise EnrollmentRefused(f"{what} refused ({exc.code}): {detail}") from None
+        raise EnrollmentRefused(f"{what} refused ({exc.code}): {refusal(exc)}") from None
     except (urllib.error.URLError, OSError) as exc:
         raise EnrollmentRefused(f"{what} at {url} failed: {exc}") from None
     try:

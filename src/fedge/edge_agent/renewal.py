@@ -23,7 +23,7 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from fedge.edge_agent.enroll import EnrollmentRefused, exchange
+from fedge.edge_agent.enroll import EnrollmentRefused, exchange, refusal
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.settings import AgentSettings
 from fedge.protocols import pki
@@ -99,10 +99,7 @@ def confirm_certificate(url: str, tls: TlsFiles) -> int:
         with urllib.request.urlopen(request, context=context, timeout=30) as reply:
             answer = json.loads(reply.read(4096))
     except urllib.error.HTTPError as exc:
-        try:
-            detail = json.loads(exc.read(4096)).get("message", "")
-        except (ValueError, AttributeError):
-            detail = ""
+        detail = refusal(exc)
         raise RenewalError(f"confirming the certificate refused ({exc.code}): {detail}") from None
     except (urllib.error.URLError, OSError, ValueError) as exc:
         raise RenewalError(f"confirming the certificate at {url} failed: {exc}") from None

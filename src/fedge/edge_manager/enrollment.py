@@ -23,6 +23,7 @@ from fedge.privacy.floor import default_floor, floor_toml
 from fedge.protocols import pki, validate
 from fedge.protocols.enrollment import EnrollRequest, EnrollResponse, JoinToken, RenewRequest
 from fedge.protocols.errors import ProtocolError
+from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.broker import FleetAccess, MosquittoBroker
 
@@ -204,6 +205,29 @@ def _root_text(home: ManagerHome) -> str | None:
     return None if root is None else root.to_text()
 
 
+def _station_certificate(ca: FleetCA, pem: bytes, what: str) -> pki.CertInfo:
+    """The station certificate a TLS peer presented, checked against the fleet CA."""
+    try:
+        info = ca.verify(pem)
+    except pki.CertificateError as exc:
+        raise credentials.EnrollmentError(str(exc), "bad_certificate") from None
+    if info.role is not Role.EDGE:
+        raise credentials.EnrollmentError(f"only stations {what} here", "not_an_edge")
+    return info
+
+
+def _held_and_live(store: Store, info: pki.CertInfo) -> list[credentials.IssuedCert]:
+    """The station's unrevoked certificates; refused unless ``info`` is one of them."""
+    held = credentials.certificates(store, info.identity)
+    mine = next((c for c in held if c.serial == info.serial), None)
+    if mine is None or mine.revoked:
+        raise credentials.EnrollmentError(
+            f"the certificate of {info.identity!r} is revoked or unknown; enrol again",
+            "revoked",
+        )
+    return [c for c in held if not c.revoked]
+
+
 def renew(home: ManagerHome, current_pem: bytes, request: RenewRequest) -> EnrollResponse:
     """A new certificate for the station holding ``current_pem`` (its TLS peer
     certificate), for the key in its CSR. Refused unless the current certificate is this
@@ -213,21 +237,10 @@ def renew(home: ManagerHome, current_pem: bytes, request: RenewRequest) -> Enrol
     again with it; `manager serve` revokes it once the grace has passed
     (credential_renewal.REPLACED_GRACE)."""
     ca = home.pki().ca()
-    try:
-        info = ca.verify(current_pem)
-    except pki.CertificateError as exc:
-        raise credentials.EnrollmentError(str(exc), "bad_certificate") from None
-    if info.role is not Role.EDGE:
-        raise credentials.EnrollmentError("only stations renew here", "not_an_edge")
+    info = _station_certificate(ca, current_pem, "renew")
     store = Store(home.db_path)
     try:
-        known = {c.serial: c for c in credentials.certificates(store, info.identity)}
-        current = known.get(info.serial)
-        if current is None or current.revoked:
-            raise credentials.EnrollmentError(
-                f"the certificate of {info.identity!r} is revoked or unknown; enrol again",
-                "revoked",
-            )
+        _held_and_live(store, info)
         try:
             cert = ca.sign_csr(request.csr.encode(), identity=info.identity, role=Role.EDGE)
         except pki.CertificateError as exc:
@@ -245,21 +258,10 @@ def confirm(home: ManagerHome, current_pem: bytes, *, at: float | None = None) -
     connect nor renew with it. Returns the serials revoked. Refused (nothing changes)
     unless the certificate is this CA's, an edge's, not revoked and that edge's newest."""
     ca = home.pki().ca()
-    try:
-        info = ca.verify(current_pem)
-    except pki.CertificateError as exc:
-        raise credentials.EnrollmentError(str(exc), "bad_certificate") from None
-    if info.role is not Role.EDGE:
-        raise credentials.EnrollmentError("only stations confirm here", "not_an_edge")
+    info = _station_certificate(ca, current_pem, "confirm")
     store = Store(home.db_path)
     try:
-        held = credentials.certificates(store, info.identity)
-        mine = next((c for c in held if c.serial == info.serial), None)
-        if mine is None or mine.revoked:
-            raise credentials.EnrollmentError(
-                f"the certificate of {info.identity!r} is revoked or unknown", "revoked"
-            )
-        live = [c for c in held if not c.revoked]
+        live = _held_and_live(store, info)
         if max(live, key=lambda c: (c.issued_at, c.serial)).serial != info.serial:
             # A newer certificate exists that this station did not confirm: it was issued
             # to whoever renewed with an older key. Nothing is revoked; an operator looks.
