@@ -252,3 +252,12 @@ def test_fedge_demo_exits_1_with_one_line_when_a_check_failed(
     assert result.output.strip() == (
         "error: the demo did not show what the README says: 1 of 13 checks"
     )
+
+
+def test_the_revoked_stations_own_refusal_is_expected_and_no_other_stations() -> None:
+    revoked = (
+        "2026-11-27 20:29:09,770 ERROR fedge.transport.mqtt: mqtt st-09 -> 127.0.0.1:26831: "
+        "broker refused the connection (the broker closed the connection before answering)"
+    )
+    other = revoked.replace("st-09", "st-01")
+    assert unexpected_errors([revoked, other]) == [other]
