@@ -5,6 +5,7 @@ build offers; the rest is agent.toml parsing and a real session reporting what s
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import onnxruntime as ort
@@ -14,8 +15,12 @@ from conftest import make_fleet_home
 from fedge.edge_agent import runtime
 from fedge.edge_agent.errors import SettingsError
 from fedge.edge_agent.settings import load_settings
+from fedge.edge_agent.training import supernode_spec
 from fedge.models.tiny_onnx import build_linear_classifier
+from fedge.protocols.app_signing import trusted_entities_yaml
+from fedge.protocols.config import EdgeConfig, TrainingPolicy
 from fedge.protocols.manifest import ModelManifest, TensorSpec
+from fedge.protocols.signing import SigningKey
 
 CUDA, TRT, OPENVINO, CPU = (
     "CUDAExecutionProvider",
@@ -68,3 +73,25 @@ def test_a_loaded_model_says_which_provider_serves(tmp_path: Path) -> None:
     assert model.provider == expected
     if CUDA not in ort.get_available_providers():  # this project's CI machines
         assert model.provider == CPU
+
+
+def test_the_supernode_runs_only_apps_the_trusted_key_signed_and_a_rotation_restarts_it(
+    tmp_path: Path,
+) -> None:
+    """Issue 24: the SuperNode's trusted entities are the manager key the agent trusts; a
+    rotation gives a different spec, which the supervisor restarts the SuperNode for."""
+    fh = make_fleet_home(tmp_path, edges=("st-01",))
+    try:
+        settings = load_settings(fh.agents["st-01"])  # enrolment names the SuperLink
+        config = EdgeConfig(
+            "plant-a", "st-01", 1, training=TrainingPolicy(enabled=True, max_minutes=1)
+        )
+        old, new = SigningKey.generate().public, SigningKey.generate().public
+        before = supernode_spec(settings, config, Counter(), app_keys=(old,))
+        after = supernode_spec(settings, config, Counter(), app_keys=(new,))
+        assert before is not None and after is not None
+        assert before.trusted_entities == trusted_entities_yaml(old)
+        assert before != after  # a changed spec: the supervisor restarts the SuperNode
+        assert before.privacy_floor  # enrolment wrote a floor: the ClientApp requires it
+    finally:
+        fh.close()
