@@ -33,11 +33,11 @@ from paho.mqtt.reasoncodes import ReasonCode
 from PIL import Image
 
 from fedge.edge_agent.settings import AgentSettings, load_settings
-from fedge.edge_agent.supervisor import SupernodeSupervisor
-from fedge.edge_manager.enrollment import enroll, managed_broker
-from fedge.edge_manager.fleet import Fleet, opened
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import PublishedModel, Registry
+from fedge.edge_agent.training.supervisor import SupernodeSupervisor
+from fedge.edge_manager.fleet.operations import Fleet, opened
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry.versions import PublishedModel, Registry
+from fedge.edge_manager.security.enrollment import enroll, managed_broker
 from fedge.edge_manager.store import Store
 from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
 from fedge.protocols.pki import TlsFiles
@@ -744,8 +744,8 @@ def png_bytes(image: object) -> bytes:
 
 def keep_labelled_images(data_dir: Path, seed: int, n: int = 16) -> None:
     """``n`` generated parts kept and labelled in a station's data directory."""
+    from fedge.datasets.defects import CLASSES, make_defect_images
     from fedge.party.station_store import Retention, StationData
-    from fedge.sim.defects import CLASSES, make_defect_images
 
     data = StationData(data_dir, Retention(holdout_percent=20))
     images, labels = make_defect_images(n, seed=seed)
@@ -760,12 +760,12 @@ def publish_trainable(fh: FleetHome, tmp_path: Path, edges: tuple[str, ...]) -> 
     """inspect:1, a small trainable CNN, published; training enabled on ``edges``.
 
     torch is imported here, not at the top: most tests never train."""
-    from fedge.edge_manager.registry import TrainableSource
+    from fedge.datasets.defects import CLASSES
+    from fedge.edge_manager.registry.versions import TrainableSource
     from fedge.models.inspection import export_onnx, new_model
     from fedge.party.families import state_arrays, weights_bytes
     from fedge.protocols.config import TrainingPolicy
     from fedge.protocols.manifest import Preprocess
-    from fedge.sim.defects import CLASSES
 
     model = new_model(0, width=4)
     export_onnx(model, tmp_path / "inspect-1.onnx")

@@ -29,9 +29,9 @@ from conftest import (
 )
 
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_manager import key_rotation
-from fedge.edge_manager.fleet_views import EdgeView
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.fleet.views import EdgeView
+from fedge.edge_manager.security import key_rotation
+from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc

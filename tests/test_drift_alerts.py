@@ -28,8 +28,8 @@ from conftest import (
 )
 from PIL import Image
 
-from fedge.edge_manager.operators import add_operator
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.security.operators import add_operator
+from fedge.edge_manager.serve import ManagerService
 from fedge.monitoring.features import IMAGE_STATS
 from fedge.protocols import codec, topics
 from fedge.protocols.alerts import Alert, AlertKind, AlertState

@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 from conftest import keep_labelled_images, make_fleet_home, publish_trainable
 
-from fedge.aggregator.job_dir import JobError
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.directory import JobError
+from fedge.aggregator.jobs.run_store import RunStore
 from fedge.aggregator.superlink.link import SuperLink
-from fedge.edge_agent.privacy_budget import write_floor
-from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.edge_agent.config.privacy_budget import write_floor
+from fedge.edge_agent.training.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.federation.publish import publish

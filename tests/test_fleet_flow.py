@@ -21,7 +21,7 @@ from conftest import (
     wait_until,
 )
 
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.home.layout import ManagerHome
 
 pytestmark = pytest.mark.integration
 

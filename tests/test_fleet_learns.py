@@ -31,15 +31,15 @@ from conftest import (
 )
 from PIL import Image
 
-from fedge.aggregator.checkpoint import load_arrays
-from fedge.aggregator.run_store import RunStore
-from fedge.edge_manager.registry import TrainableSource
+from fedge.aggregator.jobs.checkpoint import load_arrays
+from fedge.aggregator.jobs.run_store import RunStore
+from fedge.datasets.defects import CLASSES, make_defect_images
+from fedge.edge_manager.registry.versions import TrainableSource
 from fedge.models.inspection import export_onnx, new_model
 from fedge.party.families import state_arrays, weights_bytes
 from fedge.party.station_store import is_holdout
 from fedge.protocols.config import TrainingPolicy
 from fedge.protocols.manifest import Preprocess
-from fedge.sim.defects import CLASSES, make_defect_images
 
 pytestmark = pytest.mark.integration
 

@@ -25,9 +25,9 @@ from conftest import (
 )
 
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_manager import key_rotation
-from fedge.edge_manager.enrollment import fleet_access
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.security import key_rotation
+from fedge.edge_manager.security.enrollment import fleet_access
+from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import topics
 from fedge.protocols.thumbnails import ThumbnailPolicy
 from fedge.transport.acl import fleet_acl

@@ -2,7 +2,7 @@
 
 Real processes: the fleet's SuperLink (``fedge.aggregator.superlink.link``), two
 ``flower-supernode`` processes started by the agent's own supervisor
-(:mod:`fedge.edge_agent.supervisor`) on stations' data directories, each running the
+(:mod:`fedge.edge_agent.training.supervisor`) on stations' data directories, each running the
 station's ClientApp, and fedge's fleet ServerApp submitted with ``flwr run``. The job
 asks for DP-SGD (``[privacy] mode = "local"``). st-02's ledger (as its agent keeps it
 from a signed config) is at its lifetime budget from an earlier job: its train reply is
@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 from conftest import keep_labelled_images, make_fleet_home, publish_trainable
 
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.run_store import RunStore
 from fedge.aggregator.superlink.link import SuperLink
-from fedge.edge_agent.privacy_budget import apply_budget
-from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.edge_agent.config.privacy_budget import apply_budget
+from fedge.edge_agent.training.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.party.budget import BudgetLedger

@@ -1,7 +1,7 @@
 """SecAgg+ with real SuperNodes: stations train with DP-SGD and only their masked sum leaves.
 
 Real processes: the fleet's SuperLink, one ``flower-supernode`` per station started by the
-agent's own supervisor (:mod:`fedge.edge_agent.supervisor`) on the station's data
+agent's own supervisor (:mod:`fedge.edge_agent.training.supervisor`) on the station's data
 directory, each running the station's ClientApp behind ``secagg_mod``, and fedge's fleet
 ServerApp submitted with ``flwr run``. The job asks for DP-SGD with SecAgg+
 (``[privacy] mode = "local"``, ``secagg = true``, a threshold of three). st-04 is at its
@@ -12,7 +12,7 @@ never unmasks fewer than three, issue 24: two would each learn the other's updat
 
 What the server received is recorded inside the deployed ServerApp: the test writes a
 small ServerApp module into the job's Flower app (``recording_server.py``), which runs
-:func:`fedge.aggregator.fleet_server.run_fleet_job` unchanged on a grid that keeps every
+:func:`fedge.aggregator.fleet.server.run_fleet_job` unchanged on a grid that keeps every
 reply pulled off the SuperLink. No reply holds a model array: each station's update
 arrives only as SecAgg+'s masked vector, whose values fill the modulus (the pairwise
 masks) far beyond the quantization range an unmasked update would stay in.
@@ -39,12 +39,12 @@ import numpy as np
 import pytest
 from conftest import FleetHome, keep_labelled_images, make_fleet_home, publish_trainable, wait_until
 
-from fedge.aggregator.checkpoint import load_arrays
-from fedge.aggregator.job_spec import ManifestError
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.checkpoint import load_arrays
+from fedge.aggregator.jobs.run_store import RunStore
+from fedge.aggregator.jobs.spec import ManifestError
 from fedge.aggregator.superlink.link import SuperLink
-from fedge.edge_agent.privacy_budget import apply_budget
-from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.edge_agent.config.privacy_budget import apply_budget
+from fedge.edge_agent.training.supervisor import SupernodeSpec, SupernodeSupervisor
 from fedge.federation import fleet_job
 from fedge.federation.prepare import APP_DIR, prepare
 from fedge.party.budget import BudgetLedger
@@ -105,8 +105,8 @@ import numpy as np
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedge.aggregator.fleet_server import JOB_DIR_KEY, run_fleet_job
-from fedge.aggregator.grids import WrappedGrid
+from fedge.aggregator.fleet.server import JOB_DIR_KEY, run_fleet_job
+from fedge.aggregator.fleet.grids import WrappedGrid
 
 
 class RecordingGrid(WrappedGrid):
@@ -177,7 +177,7 @@ def record_what_the_server_receives(job_dir: Path) -> None:
     (app / "recording_server.py").write_text(RECORDING_SERVER, encoding="utf-8")
     pyproject = app / "pyproject.toml"
     text = pyproject.read_text(encoding="utf-8")
-    fleet_server = 'serverapp = "fedge.aggregator.fleet_server:app"'
+    fleet_server = 'serverapp = "fedge.aggregator.fleet.server:app"'
     assert fleet_server in text
     pyproject.write_text(
         text.replace(fleet_server, 'serverapp = "recording_server:app"'), encoding="utf-8"

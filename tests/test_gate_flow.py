@@ -41,12 +41,12 @@ from conftest import (
 )
 from PIL import Image
 
-from fedge.aggregator.run_store import RunState as JobState
+from fedge.aggregator.jobs.run_store import RunState as JobState
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_manager import gating
-from fedge.edge_manager.gate import GatePolicy
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.gate import run as gating
+from fedge.edge_manager.gate.verdict import GatePolicy
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.serve import ManagerService
 from fedge.federation import fleet_job
 from fedge.federation.fleet_job import FleetJobResult
 from fedge.loop import run_store

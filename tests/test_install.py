@@ -35,7 +35,7 @@ from conftest import (
     write_images,
 )
 
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.serve import ManagerService
 
 pytestmark = pytest.mark.integration
 

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, Processes, make_fleet_home, wait_until
 
-from fedge.edge_manager.enrollment import invite
-from fedge.edge_manager.fleet_pki import PASSPHRASE_ENV
+from fedge.edge_manager.security.enrollment import invite
+from fedge.edge_manager.security.pki import PASSPHRASE_ENV
 from fedge.protocols import pki
 from fedge.protocols.fleet_ca import FleetCA
 

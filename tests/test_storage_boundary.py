@@ -56,11 +56,11 @@ def test_no_sql_outside_the_storage_layer_but_the_known_debt() -> None:
 
 
 def test_ingest_holds_no_sql_and_no_connection_and_fleet_no_sql() -> None:
-    for name in ("ingest.py", "ingest_records.py", "ingest_checks.py"):
-        source = (ROOT / "edge_manager" / name).read_text(encoding="utf-8")
-        assert not runs_sql(ROOT / "edge_manager" / name), name
+    for name in ("messages.py", "records.py", "checks.py"):
+        source = (ROOT / "edge_manager" / "ingest" / name).read_text(encoding="utf-8")
+        assert not runs_sql(ROOT / "edge_manager" / "ingest" / name), name
         assert "sqlite3" not in source and ".conn" not in source, name
-    assert not runs_sql(ROOT / "edge_manager" / "fleet.py")
+    assert not runs_sql(ROOT / "edge_manager" / "fleet" / "operations.py")
 
 
 def test_the_managers_domain_code_holds_a_transaction_not_a_driver() -> None:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from conftest import FleetHome, Processes, make_fleet_home, port_open, wait_until
 
+from fedge.datasets.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.models.inspection import (
     InspectionNet,
     cpu_threads,
@@ -22,7 +23,6 @@ from fedge.models.inspection import (
     predict_proba,
     train_inspection_model,
 )
-from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.students.inspection import (
     StudentSettings,
     distill_student,

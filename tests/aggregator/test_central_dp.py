@@ -15,16 +15,16 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 from typer.testing import CliRunner
 
-from fedge.aggregator.central_dp import CentralDP, check_rounds, station_epsilon
-from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.driver import start_rounds
-from fedge.aggregator.factory import StrategyConfigError, build_strategy
-from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.job_dir import RUNS_DB
-from fedge.aggregator.jobs import job_status
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.run_store import CENTRAL_DP_ROW, RunStore
-from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.aggregator.fleet.grids import NODE_ID_BASE
+from fedge.aggregator.jobs.control import job_status
+from fedge.aggregator.jobs.directory import RUNS_DB
+from fedge.aggregator.jobs.run_store import CENTRAL_DP_ROW, RunStore
+from fedge.aggregator.privacy.central_dp import CentralDP, check_rounds, station_epsilon
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.strategies.factory import StrategyConfigError, build_strategy
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.cli.main import app as cli
 from fedge.privacy.accounting import epsilon_spent
 from fedge.privacy.settings import DpRelease, PrivacyError

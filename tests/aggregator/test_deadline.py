@@ -5,7 +5,7 @@ import random
 import numpy as np
 import pytest
 
-from fedge.aggregator.deadline import RoundPlan, plan_round, settle
+from fedge.aggregator.rounds.deadline import RoundPlan, plan_round, settle
 
 
 def _plan(

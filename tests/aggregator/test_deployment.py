@@ -27,9 +27,9 @@ import pytest
 from conftest import free_port, port_open, wait_until
 from flwr.app import Context, RecordDict
 
-from fedge.aggregator.factory import StrategyConfigError
-from fedge.aggregator.run_store import RunStore
-from fedge.edge_agent.supervisor import kill_tree, process_tree
+from fedge.aggregator.jobs.run_store import RunStore
+from fedge.aggregator.strategies.factory import StrategyConfigError
+from fedge.edge_agent.training.supervisor import kill_tree, process_tree
 from fedge.sim.grid import InProcessGrid
 from fedge.sim.party_app import app as client_app
 from fedge.sim.server_app import ServerConfigError, ServerSettings, run_server

@@ -1,6 +1,6 @@
 """A party that refused for its privacy budget is recognised whatever wraps its reason."""
 
-from fedge.aggregator.replies import FAILURE_REASON_CHARS, Collected
+from fedge.aggregator.rounds.replies import FAILURE_REASON_CHARS, Collected
 
 
 def test_a_refusal_is_told_by_the_whole_reason_before_it_is_cut() -> None:

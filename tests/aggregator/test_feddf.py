@@ -8,19 +8,19 @@ import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
-from fedge.aggregator import ensemble
-from fedge.aggregator.checkpoint import (
+from fedge.aggregator.fleet.grids import NODE_ID_BASE
+from fedge.aggregator.jobs.checkpoint import (
     CheckpointError,
     latest_checkpoint,
     restore_strategy,
     save_checkpoint,
 )
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.factory import StrategyConfigError, build_strategy
-from fedge.aggregator.feddf import DistillingTieredFedAvg
-from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.replies import arrays_of
-from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.rounds.replies import arrays_of
+from fedge.aggregator.strategies import ensemble
+from fedge.aggregator.strategies.factory import StrategyConfigError, build_strategy
+from fedge.aggregator.strategies.feddf import DistillingTieredFedAvg
 from fedge.models import digits
 from fedge.sim import runner
 from fedge.sim.data import make_partitions

@@ -16,14 +16,14 @@ from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordD
 from flwr.clientapp import ClientApp
 from flwr.serverapp.strategy import Strategy
 
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.deadline import DeadlineConfig
-from fedge.aggregator.feddf import DistillingTieredFedAvg
-from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.replies import arrays_of
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.aggregator.tiered import TieredFedAvg
+from fedge.aggregator.fleet.grids import NODE_ID_BASE
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.deadline import DeadlineConfig
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.rounds.replies import arrays_of
+from fedge.aggregator.strategies.feddf import DistillingTieredFedAvg
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
+from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.models import digits
 from fedge.sim import runner
 from fedge.sim.data import make_partitions

@@ -9,8 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
-from fedge.aggregator.deadline import staleness_weight
-from fedge.aggregator.fold import StreamingMean, accumulator_dtype, weighted_mean
+from fedge.aggregator.rounds.deadline import staleness_weight
+from fedge.aggregator.rounds.fold import StreamingMean, accumulator_dtype, weighted_mean
 
 
 def test_tiny_literal_mean() -> None:

@@ -3,8 +3,8 @@
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.identity import IdentifiedGrid, identify_station
+from fedge.aggregator.fleet.grids import NODE_ID_BASE
+from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
 from fedge.sim.grid import InProcessGrid
 
 EDGES = {"st-01": 1000, "st-02": 1001}

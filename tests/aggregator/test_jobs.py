@@ -22,7 +22,7 @@ from conftest import Processes, wait_until
 from flwr.app import ArrayRecord
 from typer.testing import CliRunner
 
-from fedge.aggregator.checkpoint import (
+from fedge.aggregator.jobs.checkpoint import (
     CheckpointError,
     checkpoint_rounds,
     latest_checkpoint,
@@ -31,16 +31,16 @@ from fedge.aggregator.checkpoint import (
     restore_strategy,
     save_checkpoint,
 )
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.factory import build_strategy
-from fedge.aggregator.job_dir import FINAL_MODEL, HALT_REQUEST, RUNS_DB, JobError
-from fedge.aggregator.job_spec import ManifestError
-from fedge.aggregator.jobs import halt_job, job_status
-from fedge.aggregator.latency import LatencyProfile
-from fedge.aggregator.replies import to_array_record
-from fedge.aggregator.run_store import RunState, RunStore
-from fedge.aggregator.streaming import StreamingFedAvg, _Late
-from fedge.aggregator.tiered import TieredFedAvg
+from fedge.aggregator.jobs.control import halt_job, job_status
+from fedge.aggregator.jobs.directory import FINAL_MODEL, HALT_REQUEST, RUNS_DB, JobError
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.jobs.spec import ManifestError
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.latency import LatencyProfile
+from fedge.aggregator.rounds.replies import to_array_record
+from fedge.aggregator.strategies.factory import build_strategy
+from fedge.aggregator.strategies.streaming import StreamingFedAvg, _Late
+from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.sim.jobs import resume_job, run_job
 
 ROUNDS = 12

@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from fedge.aggregator.latency import LatencyProfile
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.run_store import RunState, RunStore
-from fedge.aggregator.tiers import Tiers
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.rounds.latency import LatencyProfile
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.tiers.groups import Tiers
 
 
 @pytest.fixture

@@ -22,22 +22,22 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
 from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
 from flwr.serverapp import Grid, ServerApp
 
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.fleet_manifest import parse_fleet_manifest
-from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.identity import PartitionOrderedGrid
-from fedge.aggregator.job_spec import ManifestError
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.secagg import SecAggSettings, quantization_error_bound, run_secagg
-from fedge.aggregator.secagg_round import (
+from fedge.aggregator.fleet.grids import NODE_ID_BASE
+from fedge.aggregator.fleet.identity import PartitionOrderedGrid
+from fedge.aggregator.fleet.manifest import parse_fleet_manifest
+from fedge.aggregator.jobs.spec import ManifestError
+from fedge.aggregator.privacy.secagg import SecAggSettings, quantization_error_bound, run_secagg
+from fedge.aggregator.privacy.secagg_round import (
     ABANDONED,
     SecAggRound,
     StageRecorder,
     _DeadlineWorkflow,
     check_survivors,
 )
-from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.aggregator.tiered import TieredFedAvg
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
+from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.bench import secagg_apps
 from fedge.bench.secagg_apps import examples_of, local_accuracy_of, party_update, secagg_app
 from fedge.privacy.settings import PrivacyError, PrivacySpec

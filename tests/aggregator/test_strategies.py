@@ -8,13 +8,13 @@ import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedge.aggregator import latency
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.deadline import DeadlineConfig
-from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.aggregator.tiered import TieredFedAvg
+from fedge.aggregator.fleet.grids import NODE_ID_BASE
+from fedge.aggregator.rounds import latency
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.deadline import DeadlineConfig
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
+from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.sim.grid import InProcessGrid
 
 # A plain Flower ClientApp: it adds its partition id to the weights and takes a time that

@@ -26,7 +26,7 @@ from fedge.aggregator.superlink.link import (
     node_public_key,
     plan_sync,
 )
-from fedge.edge_agent.supervisor import (
+from fedge.edge_agent.training.supervisor import (
     SupernodeSpec,
     exit_reason,
     openssh_private_key,

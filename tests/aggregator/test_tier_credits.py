@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from fedge.aggregator.amend import amend_job, diff, regranted
-from fedge.aggregator.checkpoint import latest_checkpoint
-from fedge.aggregator.fleet_manifest import load_fleet_manifest, parse_fleet_manifest
-from fedge.aggregator.job_dir import JOB_MANIFEST, RUNS_DB, JobError
-from fedge.aggregator.job_spec import ManifestError, check_tier_credits
-from fedge.aggregator.jobs import halt_job
-from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.fleet.manifest import load_fleet_manifest, parse_fleet_manifest
+from fedge.aggregator.jobs.amend import amend_job, diff, regranted
+from fedge.aggregator.jobs.checkpoint import latest_checkpoint
+from fedge.aggregator.jobs.control import halt_job
+from fedge.aggregator.jobs.directory import JOB_MANIFEST, RUNS_DB, JobError
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.jobs.spec import ManifestError, check_tier_credits
 from fedge.cli.main import app
 from fedge.sim.job_manifest import load_manifest, parse_manifest
 from fedge.sim.jobs import resume_job, run_job
@@ -213,7 +213,7 @@ def test_an_amend_cut_off_after_the_checkpoint_grants_credits_once(
         def killed(*_: object) -> None:
             raise OSError("killed before job.toml was written")
 
-        crash.setattr("fedge.aggregator.amend._keep_previous", killed)
+        crash.setattr("fedge.aggregator.jobs.amend._keep_previous", killed)
         with pytest.raises(OSError, match="killed"):
             amend_job(job_dir, corrected, parse)
     checkpoint = latest_checkpoint(job_dir)

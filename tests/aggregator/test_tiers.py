@@ -8,8 +8,9 @@ from dataclasses import asdict, replace
 import numpy as np
 import pytest
 
-from fedge.aggregator.latency import LatencyProfile, mean_latencies, observe, observe_timeout
-from fedge.aggregator.tier_selection import (
+from fedge.aggregator.rounds.latency import LatencyProfile, mean_latencies, observe, observe_timeout
+from fedge.aggregator.tiers.groups import Tiers, form_tiers
+from fedge.aggregator.tiers.selection import (
     TierSelectionState,
     adaptive_probabilities,
     choose_tier,
@@ -19,7 +20,6 @@ from fedge.aggregator.tier_selection import (
     maybe_update_probabilities,
     record_tier_accuracy,
 )
-from fedge.aggregator.tiers import Tiers, form_tiers
 
 # ---------------------------------------------------------------- profiles
 

@@ -12,9 +12,10 @@ from conftest import FleetHome, make_fleet_home, publish_model
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_manager import evaluations, gating
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.gate import GatePolicy, Verdict
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.gate import reports as evaluations
+from fedge.edge_manager.gate import run as gating
+from fedge.edge_manager.gate.verdict import GatePolicy, Verdict
 from fedge.protocols.evaluation import EvaluationItem, EvaluationReport, EvaluationStatus
 
 

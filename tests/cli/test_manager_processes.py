@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, Processes, make_fleet_home, publish_model, wait_until
 
-from fedge.edge_manager.run_dir import BrokerLink, Role, read_serve_state, running
+from fedge.edge_manager.home.run_dir import BrokerLink, Role, read_serve_state, running
 
 pytestmark = pytest.mark.integration
 EDGE = "st-01"

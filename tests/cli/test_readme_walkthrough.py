@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 from conftest import Processes, free_port, wait_until
 
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.home.layout import ManagerHome
 
 pytestmark = pytest.mark.integration
 

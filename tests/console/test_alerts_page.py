@@ -7,8 +7,8 @@ from collections.abc import Iterator
 import pytest
 from conftest import FleetHome, console_login, make_fleet_home
 
-from fedge.edge_manager import alert_store
-from fedge.edge_manager.alert_store import AlertView
+from fedge.edge_manager.monitor import alert_store
+from fedge.edge_manager.monitor.alert_store import AlertView
 
 
 @pytest.fixture

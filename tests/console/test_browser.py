@@ -36,7 +36,7 @@ from selenium.webdriver.common.keys import Keys
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.serve import ManagerService
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ from fedge.console import audit
 from fedge.console.address import wants_tls
 from fedge.console.app import create_app
 from fedge.console.cert_login import Revocations, operator_of, presented_chain
-from fedge.edge_manager import fleet_pki
-from fedge.edge_manager.operators import add_operator, remove_operator
+from fedge.edge_manager.security import pki as fleet_pki
+from fedge.edge_manager.security.operators import add_operator, remove_operator
 from fedge.protocols import pki
 from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import Role, key_pem, new_key

@@ -10,8 +10,8 @@ from conftest import FleetHome, console_login, make_fleet_home, publish_model, s
 
 from fedge.console.fleet_table import TableQuery, fleet_table
 from fedge.console.views import fleet_row
-from fedge.edge_manager.ingest import Ingestor
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.ingest.messages import Ingestor
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus
 from fedge.protocols.liveness import EdgeState, Liveness

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, console_login, make_fleet_home
 
-from fedge.aggregator.job_dir import RUNS_DB
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.jobs.directory import RUNS_DB
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.rounds.record import RoundRecord
 from fedge.console.jobs import accuracy_chart
 
 

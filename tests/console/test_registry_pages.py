@@ -15,8 +15,8 @@ from fedge.console import accounts, audit
 from fedge.console.accounts import Role
 from fedge.console.app import create_app
 from fedge.console.audit import Outcome
-from fedge.edge_manager.rollout_plan import make_plan
-from fedge.edge_manager.rollouts import Rollouts
+from fedge.edge_manager.rollout.plan import make_plan
+from fedge.edge_manager.rollout.service import Rollouts
 
 CSRF = re.compile(r'name="csrf" value="([^"]+)"')
 

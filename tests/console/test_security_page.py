@@ -6,7 +6,7 @@ from pathlib import Path
 from conftest import console_login, make_fleet_home
 
 from fedge.console.security import security_page
-from fedge.edge_manager import key_rotation
+from fedge.edge_manager.security import key_rotation
 
 
 def test_an_admin_sees_the_key_its_rotation_and_the_doctors_findings(tmp_path: Path) -> None:

@@ -181,12 +181,12 @@ def test_tifl_must_reach_the_target_before_fedavg() -> None:
 
 LOG = [
     "agent st-02 running (serving nothing yet; local API http://127.0.0.1:27989)",
-    "2026-11-27 18:56:24,370 INFO fedge.edge_agent.deployments: now serving inspect:1",
-    "2026-11-27 18:56:44,375 WARNING fedge.edge_agent.scorer: config v2 sets thresholds",
+    "2026-11-27 18:56:24,370 INFO fedge.edge_agent.deploy.models: now serving inspect:1",
+    "2026-11-27 18:56:44,375 WARNING fedge.edge_agent.inference.scorer: config v2 sets thresholds",
     "2026-11-27 18:58:48,022 INFO fedge.x: a message that quotes ERROR in passing",
 ]
 BUG = (
-    "2026-11-27 18:56:25,304 ERROR fedge.edge_agent.labels_down: labels document rejected "
+    "2026-11-27 18:56:25,304 ERROR fedge.edge_agent.config.labels: labels document rejected "
     "(malformed): not valid JSON: Expecting value: line 1 column 1 (char 0)"
 )
 REFUSAL = "2026-11-27 19:03:39,100 ERROR fedge.transport.mqtt: mqtt st-09: certificate revoked"

@@ -6,11 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fedge.datasets.conditions import defocus, lighting_drift
+from fedge.datasets.defects import make_defect_images
 from fedge.demo.closed_loop import ClosedLoop, report_lines
 from fedge.demo.timeline import marks, plot
 from fedge.edge_manager.store import Store
-from fedge.sim.conditions import defocus, lighting_drift
-from fedge.sim.defects import make_defect_images
 
 
 def _sharpness(images: np.ndarray) -> float:

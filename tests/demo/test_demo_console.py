@@ -19,7 +19,7 @@ from fedge.demo import fleet as demo_fleet
 pytestmark = pytest.mark.integration
 
 SERVE = "from pathlib import Path; from fedge.demo.fleet import serve_console; " \
-    "from fedge.edge_manager.home import ManagerHome; " \
+    "from fedge.edge_manager.home.layout import ManagerHome; " \
     "serve_console(ManagerHome(Path({home!r})), {port})"  # fmt: skip
 
 

@@ -17,8 +17,8 @@ from fedge.bench.inference_setup import make_agent
 from fedge.edge_agent.agent import EdgeAgent, ImageFile
 from fedge.edge_agent.errors import InferenceError, StorageError
 from fedge.edge_agent.group_commit import GroupCommit
-from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.watcher import InboxWatcher
+from fedge.edge_agent.inference.watcher import InboxWatcher
+from fedge.edge_agent.store import LocalStore
 from fedge.protocols.records import PredictionRecord, Stream
 
 

@@ -4,7 +4,7 @@ from typing import Any
 
 import pytest
 
-from fedge.edge_agent.decisions import ConfigAction, Decision, decide, decide_config
+from fedge.edge_agent.config.decisions import ConfigAction, Decision, decide, decide_config
 from fedge.protocols.config import EdgeConfig
 
 

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from fedge.edge_agent import runtime
-from fedge.edge_agent.deployments import Deployments
-from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.deploy.models import Deployments
+from fedge.edge_agent.inference import runtime
 from fedge.edge_agent.settings import AgentSettings
+from fedge.edge_agent.store import LocalStore
 from fedge.models.tiny_onnx import build_linear_classifier
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired

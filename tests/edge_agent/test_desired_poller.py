@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 
-from fedge.edge_agent.desired_poller import (
+from fedge.edge_agent.errors import SettingsError
+from fedge.edge_agent.settings import load_settings
+from fedge.edge_agent.uplink.poller import (
     HEARTBEAT_S,
     MAX_PENDING,
     DesiredPoller,
     grpc_mode,
     queue_status,
 )
-from fedge.edge_agent.errors import SettingsError
-from fedge.edge_agent.settings import load_settings
 from fedge.protocols.signing import SigningKey
 from fedge.protocols.topics import Up
 from fedge.transport.grpc.client import SyncError

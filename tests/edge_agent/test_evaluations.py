@@ -18,15 +18,15 @@ import pytest
 from conftest import FLEET, FleetHome, make_fleet_home, publish_model
 from PIL import Image
 
-from fedge.edge_agent import deployer
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.evaluations import (
+from fedge.edge_agent.deploy import deployer
+from fedge.edge_agent.inference.evaluations import (
     LAST_REPORT_KEY,
     REPORT_MAX_BYTES,
     WORK_DIR,
     fit_report,
 )
-from fedge.edge_manager.registry import PublishedModel
+from fedge.edge_manager.registry.versions import PublishedModel
 from fedge.monitoring.features import IMAGE_STATS
 from fedge.party.station_store import is_holdout
 from fedge.protocols import codec, topics

@@ -12,10 +12,10 @@ import onnxruntime as ort
 import pytest
 from conftest import make_fleet_home
 
-from fedge.edge_agent import runtime
 from fedge.edge_agent.errors import SettingsError
+from fedge.edge_agent.inference import runtime
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_agent.training import supernode_spec
+from fedge.edge_agent.training.spec import supernode_spec
 from fedge.models.tiny_onnx import build_linear_classifier
 from fedge.protocols.app_signing import trusted_entities_yaml
 from fedge.protocols.config import EdgeConfig, TrainingPolicy

@@ -42,9 +42,9 @@ from conftest import (
 )
 from PIL import Image
 
-from fedge.edge_manager import registry
-from fedge.edge_manager.registry import PublishedModel
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.registry import versions as registry
+from fedge.edge_manager.registry.versions import PublishedModel
+from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.signing import SigningKey

@@ -11,10 +11,10 @@ import pytest
 from conftest import make_fleet_home
 from typer.testing import CliRunner
 
-from fedge.aggregator.fleet_server import no_training
+from fedge.aggregator.fleet.server import no_training
 from fedge.cli.main import app
+from fedge.edge_agent.config.privacy_budget import read_floor, set_local_floor
 from fedge.edge_agent.errors import SettingsError
-from fedge.edge_agent.privacy_budget import read_floor, set_local_floor
 from fedge.edge_agent.settings import load_settings
 from fedge.privacy.floor import PrivacyFloor, default_floor
 

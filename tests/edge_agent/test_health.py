@@ -9,13 +9,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from fedge.edge_agent import health, restore, runtime, served
-from fedge.edge_agent.decisions import ThresholdSource, decide, thresholds_in_force
-from fedge.edge_agent.health import Outcome, ProbationPolicy, Verdict, Window
-from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.probation import KEY, Probation, Trial, decode_trial, encode_trial
-from fedge.edge_agent.runtime import LoadedModel
+from fedge.edge_agent.config.decisions import ThresholdSource, decide, thresholds_in_force
+from fedge.edge_agent.deploy import probation_verdict as health
+from fedge.edge_agent.deploy import restore, served
+from fedge.edge_agent.deploy.probation import KEY, Probation, Trial, decode_trial, encode_trial
+from fedge.edge_agent.deploy.probation_verdict import Outcome, ProbationPolicy, Verdict, Window
+from fedge.edge_agent.inference import runtime
+from fedge.edge_agent.inference.runtime import LoadedModel
 from fedge.edge_agent.settings import AgentSettings
+from fedge.edge_agent.store import LocalStore
 from fedge.models.tiny_onnx import build_linear_classifier
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ValidationError

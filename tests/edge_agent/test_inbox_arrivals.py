@@ -18,12 +18,12 @@ from conftest import build_onnx_model
 from PIL import Image
 
 from fedge.bench.inference_setup import make_agent
-from fedge.edge_agent import watcher
 from fedge.edge_agent.agent import EdgeAgent, ImageFile
 from fedge.edge_agent.errors import InferenceError
-from fedge.edge_agent.local_api import serve_local_api
-from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.watcher import InboxWatcher, arrival_key, free_destination
+from fedge.edge_agent.inference import watcher
+from fedge.edge_agent.inference.local_api import serve_local_api
+from fedge.edge_agent.inference.watcher import InboxWatcher, arrival_key, free_destination
+from fedge.edge_agent.store import LocalStore
 
 
 @pytest.fixture

@@ -38,8 +38,8 @@ from conftest import (
 )
 from PIL import Image
 
-from fedge.edge_manager.registry import PublishedModel
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.registry.versions import PublishedModel
+from fedge.edge_manager.serve import ManagerService
 from fedge.models.tiny_onnx import build_linear_classifier
 from fedge.protocols.manifest import Thresholds
 from fedge.transport.broker import MosquittoBroker

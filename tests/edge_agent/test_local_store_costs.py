@@ -8,7 +8,7 @@ are within 2x of the same at 100: index searches, never a scan of the table.
 import time
 from pathlib import Path
 
-from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.store import LocalStore
 from fedge.protocols.records import PredictionRecord
 
 

@@ -34,7 +34,7 @@ from conftest import (
     wait_until,
 )
 
-from fedge.edge_manager.registry import PublishedModel
+from fedge.edge_manager.registry.versions import PublishedModel
 
 pytestmark = pytest.mark.integration
 

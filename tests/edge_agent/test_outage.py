@@ -37,7 +37,7 @@ from conftest import (
     wait_until,
 )
 
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import topics
 from fedge.protocols.config import EdgeConfig
 from fedge.transport.broker import MosquittoBroker

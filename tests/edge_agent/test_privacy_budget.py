@@ -30,11 +30,11 @@ from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.privacy_budget import apply_budget, lifetime_change, read_floor
-from fedge.edge_manager.desired import next_config
-from fedge.edge_manager.fleet_views import EdgeView
-from fedge.edge_manager.ingest import Ingestor
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_agent.config.privacy_budget import apply_budget, lifetime_change, read_floor
+from fedge.edge_manager.desired.decide import next_config
+from fedge.edge_manager.fleet.views import EdgeView
+from fedge.edge_manager.ingest.messages import Ingestor
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.party.budget import BudgetLedger
 from fedge.party.privacy_status import LEDGER_FILE, SpentEpsilon, write_spent
 from fedge.protocols import topics
@@ -97,7 +97,7 @@ def test_no_ledger_is_created_on_a_station_that_never_had_a_budget(tmp_path: Pat
 NO_TRAINING_STACK = """
 import sys, tempfile
 from pathlib import Path
-from fedge.edge_agent.privacy_budget import apply_budget
+from fedge.edge_agent.config.privacy_budget import apply_budget
 from fedge.protocols.config import PrivacyBudget
 apply_budget(Path(tempfile.mkdtemp()), PrivacyBudget(8.0))
 print(sorted(m for m in ("torch", "opacus", "flwr") if m in sys.modules))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, make_fleet_home, wait_until
 
-from fedge.edge_agent.renewal import (
+from fedge.edge_agent.identity.renewal import (
     CertificateRenewer,
     RenewalError,
     complete_pending,
@@ -22,9 +22,9 @@ from fedge.edge_agent.renewal import (
     renew_certificate,
     renewal_due,
 )
-from fedge.edge_manager import credentials
-from fedge.edge_manager.enroll_server import EnrollServer
-from fedge.edge_manager.enrollment import revoke
+from fedge.edge_manager.security import credentials
+from fedge.edge_manager.security.enroll_server import EnrollServer
+from fedge.edge_manager.security.enrollment import revoke
 from fedge.protocols import codec, pki
 from fedge.protocols.enrollment import RenewRequest
 from fedge.protocols.fleet_ca import FleetCA

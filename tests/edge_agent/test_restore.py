@@ -13,13 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, make_fleet_home, publish_model
 
-from fedge.edge_agent import restore
 from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.deploy import restore
+from fedge.edge_agent.deploy.restore import KeptModel
 from fedge.edge_agent.errors import DeployError
-from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.restore import KeptModel
 from fedge.edge_agent.settings import AgentSettings
-from fedge.edge_manager.registry import PublishedModel
+from fedge.edge_agent.store import LocalStore
+from fedge.edge_manager.registry.versions import PublishedModel
 from fedge.protocols import codec
 from fedge.protocols.deployment import DeployStage, DeployStatus
 from fedge.protocols.signing import SigningKey, TrustedKeys, trusted

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.edge_agent.errors import AgentError
-from fedge.edge_agent.service import AgentService, render_unit, service_for, unit_name
 from fedge.edge_agent.settings import load_settings
+from fedge.edge_agent.systemd import AgentService, render_unit, service_for, unit_name
 from fedge.protocols.signing import SigningKey
 
 UNIT = """\

@@ -7,8 +7,8 @@ from pathlib import Path
 from conftest import make_fleet_home
 
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_manager import desired_store
-from fedge.edge_manager.fleet import LABELS
+from fedge.edge_manager.desired import store as desired_store
+from fedge.edge_manager.fleet.operations import LABELS
 from fedge.protocols import codec
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.signing import SigningKey

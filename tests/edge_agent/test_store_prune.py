@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.store import LocalStore
 from fedge.protocols.records import PredictionRecord
 
 

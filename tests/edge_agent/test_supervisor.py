@@ -7,7 +7,7 @@ from pathlib import Path
 
 from flwr.common.config import parse_config_args
 
-from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor, node_config
+from fedge.edge_agent.training.supervisor import SupernodeSpec, SupernodeSupervisor, node_config
 
 SPEC = SupernodeSpec("127.0.0.1:9", "st-01", Path('/srv/a b\\c "d"'), 20, 2, 90.0)
 

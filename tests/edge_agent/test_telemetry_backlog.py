@@ -7,7 +7,7 @@ import numpy as np
 from conftest import build_onnx_model
 
 from fedge.bench.inference_setup import make_agent
-from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.store import LocalStore
 from fedge.protocols.records import Stream
 
 

@@ -11,8 +11,8 @@ from conftest import PNG_2X2, FleetHome, make_fleet_home
 from PIL import Image
 
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.thumbnails import ThumbnailSharer, admit, make_thumbnail
+from fedge.edge_agent.inference.thumbnails import ThumbnailSharer, admit, make_thumbnail
+from fedge.edge_agent.store import LocalStore
 from fedge.protocols import codec
 from fedge.protocols.records import PredictionRecord, RecordBatch, Stream
 from fedge.protocols.thumbnails import (

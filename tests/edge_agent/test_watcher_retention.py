@@ -3,7 +3,7 @@
 import os
 from pathlib import Path
 
-from fedge.edge_agent.watcher import prune_finished
+from fedge.edge_agent.inference.watcher import prune_finished
 
 
 def test_the_oldest_and_the_too_old_leftovers_go(tmp_path: Path) -> None:

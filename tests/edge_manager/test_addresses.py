@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.fleet import opened
-from fedge.edge_manager.home import ManagerHome, ManagerSettings, is_wildcard
+from fedge.edge_manager.fleet.operations import opened
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings, is_wildcard
 
 
 def _fedge(home: Path, *args: str) -> tuple[int, str]:

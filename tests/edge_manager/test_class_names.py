@@ -9,7 +9,7 @@ from conftest import FleetHome, build_onnx_model, make_fleet_home, publish_model
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_manager.class_names import class_count_problem, suggestion, unknown_class
+from fedge.edge_manager.fleet.class_names import class_count_problem, suggestion, unknown_class
 from fedge.protocols.manifest import TensorSpec
 
 EDGE = "st-01"

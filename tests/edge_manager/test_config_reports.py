@@ -8,9 +8,9 @@ import pytest
 from conftest import FLEET, FleetHome, make_fleet_home
 
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_manager.fleet_views import EdgeView
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.fleet.views import EdgeView
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.protocols import topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.signing import SigningKey

@@ -21,8 +21,10 @@ import pytest
 from conftest import FleetHome, make_fleet_home, mqtt_outcome, refused, wait_until
 from cryptography import x509
 
-from fedge.edge_manager import credentials
-from fedge.edge_manager.credential_renewal import (
+from fedge.edge_manager.security import credentials
+from fedge.edge_manager.security.enrollment import renew as renew_station
+from fedge.edge_manager.security.pki import PASSPHRASE_ENV, SERVERS
+from fedge.edge_manager.security.renewal import (
     REPLACED_GRACE,
     Credential,
     CredentialKeeper,
@@ -34,9 +36,7 @@ from fedge.edge_manager.credential_renewal import (
     renew,
     replaced,
 )
-from fedge.edge_manager.enrollment import renew as renew_station
-from fedge.edge_manager.fleet_pki import PASSPHRASE_ENV, SERVERS
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import pki
 from fedge.protocols.enrollment import RenewRequest
 from fedge.protocols.pki import TlsFiles

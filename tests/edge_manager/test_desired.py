@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from fedge.edge_manager.desired import next_config, next_deployment
+from fedge.edge_manager.desired.decide import next_config, next_deployment
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ValidationError
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from conftest import make_fleet_home
 
-from fedge.edge_manager import desired_store
+from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.store import Store
 
 LABELS_WRITTEN = 300

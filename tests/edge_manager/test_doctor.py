@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from fedge.aggregator.superlink.address import connection_toml
 from fedge.cli.main import app
-from fedge.edge_manager import credentials
-from fedge.edge_manager.doctor import (
+from fedge.edge_manager.doctor.facts import gather
+from fedge.edge_manager.doctor.report import (
     CertFact,
     Finding,
     HomeFacts,
@@ -22,9 +22,9 @@ from fedge.edge_manager.doctor import (
     check_listeners,
     diagnose,
 )
-from fedge.edge_manager.doctor_facts import gather
-from fedge.edge_manager.enrollment import revoke
-from fedge.edge_manager.fleet_pki import PASSPHRASE_ENV, SERVERS
+from fedge.edge_manager.security import credentials
+from fedge.edge_manager.security.enrollment import revoke
+from fedge.edge_manager.security.pki import PASSPHRASE_ENV, SERVERS
 from fedge.protocols import pki
 from fedge.protocols.pki import Role
 

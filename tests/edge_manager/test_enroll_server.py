@@ -20,10 +20,10 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, make_fleet_home, stranger_host
 
-from fedge.edge_agent.enroll import enroll_device
-from fedge.edge_manager import credentials
-from fedge.edge_manager.enroll_server import MAX_BODY, EnrollServer
-from fedge.edge_manager.enrollment import invite
+from fedge.edge_agent.identity.enroll import enroll_device
+from fedge.edge_manager.security import credentials
+from fedge.edge_manager.security.enroll_server import MAX_BODY, EnrollServer
+from fedge.edge_manager.security.enrollment import invite
 from fedge.transport.http_server import Deadlines
 
 pytestmark = pytest.mark.integration

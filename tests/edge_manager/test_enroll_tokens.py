@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import FEDGE, FleetHome, make_fleet_home
 
-from fedge.edge_agent.enroll import EnrollmentRefused, enroll_device
+from fedge.edge_agent.identity.enroll import EnrollmentRefused, enroll_device
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_manager import credentials
-from fedge.edge_manager.enroll_server import EnrollServer
-from fedge.edge_manager.enrollment import invite
+from fedge.edge_manager.security import credentials
+from fedge.edge_manager.security.enroll_server import EnrollServer
+from fedge.edge_manager.security.enrollment import invite
 from fedge.protocols import pki
 from fedge.protocols.enrollment import JoinToken
 

@@ -10,11 +10,12 @@ from pathlib import Path
 import pytest
 from conftest import FLEET, FleetHome, make_fleet_home, publish_model
 
-from fedge.edge_manager import evaluations, gating
 from fedge.edge_manager.errors import ManagerError, UnknownModelError
-from fedge.edge_manager.gate import GatePolicy
-from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.gate import reports as evaluations
+from fedge.edge_manager.gate import run as gating
+from fedge.edge_manager.gate.verdict import GatePolicy
+from fedge.edge_manager.ingest.messages import Ingestor, Outcome, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.evaluation import (

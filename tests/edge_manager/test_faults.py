@@ -34,7 +34,7 @@ from conftest import (
     wait_until,
 )
 
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired

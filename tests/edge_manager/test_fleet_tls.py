@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, RawClient, make_fleet_home, refused, wait_until
 
-from fedge.edge_manager.enrollment import revoke
-from fedge.edge_manager.operators import add_operator
+from fedge.edge_manager.security.enrollment import revoke
+from fedge.edge_manager.security.operators import add_operator
 from fedge.protocols import pki, topics
 from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import Role, TlsFiles

@@ -1,6 +1,6 @@
 """Sequence bookkeeping of one (edge, stream): pure, no store."""
 
-from fedge.edge_manager.gaps import Observation, SeqState, observe
+from fedge.edge_manager.ingest.gaps import Observation, SeqState, observe
 
 
 def _feed(seqs: list[int], state: SeqState | None = None) -> SeqState:

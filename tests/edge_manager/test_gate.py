@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from fedge.edge_manager.gate import (
+from fedge.edge_manager.gate.verdict import (
     GatePolicy,
     GatePolicyError,
     Scored,

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from conftest import PNG_2X2
 
-from fedge.edge_manager.ingest import Ingestor, Outcome, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.ingest.messages import Ingestor, Outcome, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus

@@ -16,16 +16,17 @@ from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.edge_agent.agent import EdgeAgent
+from fedge.edge_agent.deploy.restore import KeptModel
 from fedge.edge_agent.errors import DeployError
-from fedge.edge_agent.restore import KeptModel
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_manager import desired_refresh, key_rotation
-from fedge.edge_manager.doctor import diagnose
-from fedge.edge_manager.doctor_facts import gather
-from fedge.edge_manager.enrollment import revoke
+from fedge.edge_manager.desired import refresh as desired_refresh
+from fedge.edge_manager.doctor.facts import gather
+from fedge.edge_manager.doctor.report import diagnose
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
+from fedge.edge_manager.security import key_rotation
+from fedge.edge_manager.security.enrollment import revoke
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired

@@ -11,7 +11,7 @@ from conftest import FleetHome, make_fleet_home
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_manager import key_rotation
+from fedge.edge_manager.security import key_rotation
 
 DAY = 86400.0
 

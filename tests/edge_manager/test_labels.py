@@ -10,11 +10,12 @@ from conftest import FleetHome, make_fleet_home, publish_model
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_manager import labels, retention
-from fedge.edge_manager.home import ManagerSettings
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
-from fedge.edge_manager.labels import Applied, Label, Origin
+from fedge.edge_manager.home.layout import ManagerSettings
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
+from fedge.edge_manager.labels import current as labels
+from fedge.edge_manager.labels.current import Applied, Label, Origin
+from fedge.edge_manager.retention import policy as retention
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.labels import StationLabels

@@ -11,8 +11,8 @@ from conftest import FleetHome, deploy, make_fleet_home, publish_model
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeployStage, DeployStatus

@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import numpy as np
 import pytest
 
-from fedge.edge_manager import alert_store
-from fedge.edge_manager.alert_rules import (
+from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.monitor import alert_store
+from fedge.edge_manager.monitor.rules import (
     Clear,
     Estimate,
     Finding,
@@ -24,8 +25,7 @@ from fedge.edge_manager.alert_rules import (
     estimate,
     transitions,
 )
-from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.monitor import Monitor, policy_from
+from fedge.edge_manager.monitor.tick import Monitor, policy_from
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec
 from fedge.protocols.alerts import Alert, AlertKind, AlertState

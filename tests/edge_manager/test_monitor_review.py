@@ -11,8 +11,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from fedge.edge_manager import alert_store, labels
-from fedge.edge_manager.alert_rules import (
+from fedge.edge_manager.labels import current as labels
+from fedge.edge_manager.monitor import alert_store
+from fedge.edge_manager.monitor.alert_store import AlertView
+from fedge.edge_manager.monitor.rules import (
     Clear,
     Estimate,
     Finding,
@@ -22,8 +24,7 @@ from fedge.edge_manager.alert_rules import (
     transitions,
     with_off_delay,
 )
-from fedge.edge_manager.alert_store import AlertView
-from fedge.edge_manager.monitor import Monitor, policy_from
+from fedge.edge_manager.monitor.tick import Monitor, policy_from
 from fedge.edge_manager.store import Store
 from fedge.protocols.alerts import Alert, AlertKind, AlertState
 from fedge.protocols.errors import ValidationError

@@ -16,10 +16,10 @@ import pytest
 from conftest import EDGES, FLEET, FleetHome, Processes, RawClient, refused, wait_until
 
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.operators import add_operator, load_credential
-from fedge.edge_manager.service import ManagerService
-from fedge.edge_manager.watch import describe
+from fedge.edge_manager.fleet.watch import describe
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.security.operators import add_operator, load_credential
+from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import codec, topics
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.records import MetricRecord, RecordBatch, Stream

@@ -5,8 +5,8 @@ import json
 import sqlite3
 from pathlib import Path
 
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.records import PredictionRecord, RecordBatch, Stream

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.predictions import (
+from fedge.edge_manager.fleet.predictions import (
     PredictionFilter,
     get_prediction,
     list_predictions,

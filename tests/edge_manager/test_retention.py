@@ -15,11 +15,18 @@ import pytest
 from conftest import PNG_2X2, FleetHome, Processes, wait_until
 
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
-from fedge.edge_manager.retention import DAY_S, Pruner, RetentionPolicy, due, prune_step, totals
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
+from fedge.edge_manager.retention.policy import (
+    DAY_S,
+    Pruner,
+    RetentionPolicy,
+    due,
+    prune_step,
+    totals,
+)
+from fedge.edge_manager.serve import ManagerService
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig

@@ -4,16 +4,16 @@ import dataclasses
 
 import pytest
 
-from fedge.edge_manager import rollout as machine
-from fedge.edge_manager.rollout import (
+from fedge.edge_manager.rollout import machine
+from fedge.edge_manager.rollout.machine import (
     EdgeHealth,
     EdgeState,
     EventKind,
     Rollout,
     RolloutState,
 )
-from fedge.edge_manager.rollout_configs import moved_config, restored_config
-from fedge.edge_manager.rollout_plan import RolloutError, make_plan
+from fedge.edge_manager.rollout.plan import RolloutError, make_plan
+from fedge.edge_manager.rollout.thresholds import moved_config, restored_config
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import Thresholds
 

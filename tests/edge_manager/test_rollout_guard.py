@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, Processes, deploy, make_fleet_home, publish_model
 
-from fedge.edge_manager.rollout_plan import RolloutError, make_plan
-from fedge.edge_manager.rollouts import RolloutDriver, Rollouts, default_edges
+from fedge.edge_manager.rollout.plan import RolloutError, make_plan
+from fedge.edge_manager.rollout.service import RolloutDriver, Rollouts, default_edges
 
 EDGES = ("st-01", "st-02", "st-03")
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from fedge.edge_manager import rollout_health as health
-from fedge.edge_manager.rollout_health import MIN_ERROR_RATE_IMAGES
+from fedge.edge_manager.rollout import health
+from fedge.edge_manager.rollout.health import MIN_ERROR_RATE_IMAGES
 from fedge.edge_manager.store import Store
 
 MOVED_AT = 1000.0  # manager time

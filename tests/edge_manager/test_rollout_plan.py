@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from fedge.edge_manager.rollout_plan import (
+from fedge.edge_manager.rollout.plan import (
     Criterion,
     Metric,
     Op,
@@ -205,7 +205,7 @@ def test_damaged_stored_plans_are_refused_without_assert(damaged: dict[str, obje
 def test_a_damaged_stored_plan_is_refused_under_python_dash_o_too() -> None:
     # Validation by `assert` vanishes under -O: the damaged plan would decode.
     code = (
-        "from fedge.edge_manager.rollout_plan import RolloutPlan, RolloutError\n"
+        "from fedge.edge_manager.rollout.plan import RolloutPlan, RolloutError\n"
         "try:\n"
         "    RolloutPlan.from_json_dict({'edges': 'st-01', 'canary': [], 'waves': [1.0],"
         " 'health_window_s': 1, 'abort_if': ['failed_activation>0']})\n"

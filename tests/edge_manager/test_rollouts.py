@@ -31,11 +31,11 @@ from conftest import (
 )
 
 from fedge.edge_manager.errors import ManagerError, UnknownEdgeError, UnknownModelError
-from fedge.edge_manager.rollout import RolloutState
-from fedge.edge_manager.rollout_health import MIN_AGREEMENT_LABELS
-from fedge.edge_manager.rollout_plan import RolloutError, make_plan
-from fedge.edge_manager.rollouts import Rollouts
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.rollout.health import MIN_AGREEMENT_LABELS
+from fedge.edge_manager.rollout.machine import RolloutState
+from fedge.edge_manager.rollout.plan import RolloutError, make_plan
+from fedge.edge_manager.rollout.service import Rollouts
+from fedge.edge_manager.serve import ManagerService
 from fedge.transport.broker import MosquittoBroker
 
 pytestmark = pytest.mark.integration

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import PNG_2X2
 
-from fedge.edge_manager import thumbnail_store
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.ingest import thumbnail_store
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig

@@ -8,7 +8,7 @@ from conftest import FleetHome, make_fleet_home, publish_model
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_manager.desired import next_config
+from fedge.edge_manager.desired.decide import next_config
 from fedge.protocols.config import EdgeConfig
 
 EDGES = ("st-01", "st-02")

@@ -6,15 +6,15 @@ from pathlib import Path
 import pytest
 from conftest import FleetHome, make_fleet_home
 
-from fedge.aggregator.fleet_manifest import parse_fleet_manifest
-from fedge.aggregator.job_spec import ManifestError
-from fedge.edge_manager.registry import TrainableSource
+from fedge.aggregator.fleet.manifest import parse_fleet_manifest
+from fedge.aggregator.jobs.spec import ManifestError
+from fedge.datasets.defects import CLASSES
+from fedge.edge_manager.registry.versions import TrainableSource
 from fedge.federation.prepare import prepare
 from fedge.models.inspection import export_onnx, new_model
 from fedge.party.families import state_arrays, weights_bytes
 from fedge.protocols.config import TrainingPolicy
 from fedge.protocols.manifest import Preprocess
-from fedge.sim.defects import CLASSES
 
 JOB = """
 [job]

@@ -2,7 +2,7 @@
 
 One ``flower-superlink`` with the manager home's ``superlink`` certificate and
 ``--enable-supernode-auth``; stations' ``flower-supernode`` processes started by the
-agent's own supervisor (:mod:`fedge.edge_agent.supervisor`) with the fleet CA and their
+agent's own supervisor (:mod:`fedge.edge_agent.training.supervisor`) with the fleet CA and their
 own P-256 key; fedge's fleet ServerApp submitted with ``flwr run`` trusting the fleet CA
 (:func:`fedge.federation.fleet_job.submit`). Shown (issue 13):
 
@@ -34,9 +34,9 @@ from conftest import (
     wait_until,
 )
 
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.run_store import RunStore
 from fedge.aggregator.superlink.link import SuperLink, SuperLinkError, node_public_key
-from fedge.edge_agent.supervisor import (
+from fedge.edge_agent.training.supervisor import (
     SupernodeSpec,
     SupernodeSupervisor,
     openssh_private_key,

@@ -38,11 +38,11 @@ from conftest import (
     wait_until,
 )
 
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.run_store import RunStore
 from fedge.aggregator.superlink.address import connection_toml
 from fedge.aggregator.superlink.link import SuperLink, node_public_key
-from fedge.edge_agent.supervisor import SupernodeSpec, SupernodeSupervisor
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
+from fedge.edge_agent.training.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
 from fedge.federation import fleet_job
 from fedge.federation.prepare import APP_DIR, prepare
 from fedge.protocols.app_signing import sign_fab, trusted_entities_yaml

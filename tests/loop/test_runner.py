@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from conftest import make_fleet_home, publish_model
 
-from fedge.aggregator.run_store import RunState as JobState
-from fedge.edge_manager.home import ManagerHome
+from fedge.aggregator.jobs.run_store import RunState as JobState
+from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.fleet_job import FleetJobResult

@@ -12,9 +12,9 @@ from torch import nn
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
-from fedge.edge_agent import runtime
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import Registry
+from fedge.edge_agent.inference import runtime
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry.versions import Registry
 from fedge.edge_manager.store import Store
 from fedge.models import digits
 from fedge.models.distill import (
@@ -307,8 +307,8 @@ def test_the_transfer_set_adds_one_pixel_shifts_of_each_digit() -> None:
 
 
 def test_a_finished_federated_job_is_a_teacher(tmp_path: Path) -> None:
-    from fedge.aggregator.checkpoint import load_arrays
-    from fedge.aggregator.job_dir import FINAL_MODEL
+    from fedge.aggregator.jobs.checkpoint import load_arrays
+    from fedge.aggregator.jobs.directory import FINAL_MODEL
     from fedge.sim.jobs import run_job
     from fedge.students.edge import TeacherError, distill_student
 

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import pytest
 import torch
 
+from fedge.datasets.defects import make_defect_images
 from fedge.models import inspection
 from fedge.models.inspection import (
     InspectionNet,
@@ -22,7 +23,6 @@ from fedge.models.inspection import (
     train_inspection_model,
 )
 from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
-from fedge.sim.defects import make_defect_images
 
 # Chosen so the test stays well under 20 s on two CPU cores; held-out accuracy with
 # these seeds is about 0.97, leaving margin over the 0.9 bar.

@@ -14,9 +14,10 @@ from typer.testing import CliRunner
 
 from fedge.cli.common import open_fleet
 from fedge.cli.main import app
-from fedge.edge_agent import runtime
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import Registry
+from fedge.datasets.defects import CLASSES, make_defect_images
+from fedge.edge_agent.inference import runtime
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry.versions import Registry
 from fedge.edge_manager.store import Store
 from fedge.models import digits
 from fedge.models.distill import ProxyError, check_proxy, distill, export_student_onnx
@@ -30,7 +31,6 @@ from fedge.models.inspection import (
     predict_proba,
     train_inspection_model,
 )
-from fedge.sim.defects import CLASSES, make_defect_images
 from fedge.students.inspection import (
     IMAGE_SHAPE,
     OnnxTeacher,
@@ -108,7 +108,7 @@ def test_distillation_makes_a_compact_student_close_to_the_teacher(
     assert report.student_accuracy >= report.teacher_accuracy - 0.03, report
     assert report.last_epoch_loss < 0.3 * report.first_epoch_loss, report
     assert report.proxy_samples == 2000 and report.held_out_samples == len(labels)
-    assert report.data == "2000 unlabeled generated surfaces (fedge.sim.defects seed 11)"
+    assert report.data == "2000 unlabeled generated surfaces (fedge.datasets.defects seed 11)"
     assert report.temperature == 2.0
     assert "inspect:1" in report.note and "T=2" in report.note
     agreement = np.mean(
@@ -300,12 +300,12 @@ def test_cli_distils_a_published_teacher_into_the_next_version(
     output = " ".join(result.output.split())  # rich wraps lines at the terminal width
     assert "teacher inspect:1: 14114 parameters" in output
     assert "938 parameters (15.0x fewer)" in output
-    assert "300 unlabeled generated surfaces (fedge.sim.defects seed 1000) (T=2)" in output
+    assert "300 unlabeled generated surfaces (fedge.datasets.defects seed 1000) (T=2)" in output
     assert "published inspect:2" in output
     _, fleet = open_fleet(home)
     lineage = fleet.registry.get("inspect", 2).manifest.lineage
     assert (lineage.parent_version, lineage.run_id) == (1, "inspect:1")
-    assert lineage.data == "300 unlabeled generated surfaces (fedge.sim.defects seed 1000)"
+    assert lineage.data == "300 unlabeled generated surfaces (fedge.datasets.defects seed 1000)"
     assert lineage.note.startswith("distilled from inspect:1 (T=2, width 4")
 
     for teacher, message in (("inspect:7", "inspect:7"), ("teacher.pt", "NAME:VERSION")):

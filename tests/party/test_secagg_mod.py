@@ -28,9 +28,9 @@ from flwr.common.secure_aggregation.secaggplus_constants import Key, Stage
 from flwr.compat.common import recorddict_compat as compat
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedge.aggregator import secagg_round
-from fedge.aggregator.secagg import SecAggSettings, quantization_error_bound, run_secagg
-from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.aggregator.privacy import secagg_round
+from fedge.aggregator.privacy.secagg import SecAggSettings, quantization_error_bound, run_secagg
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.models import digits
 from fedge.party.secagg import (
     ARRAY_NAMES_KEY,

@@ -10,6 +10,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord
 from PIL import Image
 
+from fedge.datasets.defects import CLASSES, make_defect_images
 from fedge.models.inspection import new_model
 from fedge.party import families, trainer
 from fedge.party.errors import FamilyError, PartyError
@@ -17,7 +18,6 @@ from fedge.party.station_app import Station, evaluate_round, model_spec, train_r
 from fedge.party.station_store import Retention, StationData
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.model_spec import ModelSpec
-from fedge.sim.defects import CLASSES, make_defect_images
 
 SPEC = ModelSpec("inspection-cnn", {"width": 4}, CLASSES, Preprocess(image_size=32))
 
@@ -102,8 +102,8 @@ def test_the_agent_scores_exactly_the_tensor_the_trainer_trains_on(tmp_path: Pat
     """No training/serving skew: the agent's input for a file is the trainer's example."""
     from conftest import make_fleet_home
 
-    from fedge.edge_agent import runtime
     from fedge.edge_agent.agent import EdgeAgent
+    from fedge.edge_agent.inference import runtime
     from fedge.models.inspection import export_onnx
     from fedge.protocols.manifest import ModelManifest, TensorSpec
 

@@ -2,7 +2,7 @@
 
 The real ClientApp functions (``train_round``, ``evaluate_round``) on a real station data
 directory (kept images, labels) and its real SQLite ledger, the floor written the way the
-agent writes it at start (:func:`fedge.edge_agent.privacy_budget.write_floor`).
+agent writes it at start (:func:`fedge.edge_agent.config.privacy_budget.write_floor`).
 """
 
 import io
@@ -13,7 +13,8 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 from PIL import Image
 
-from fedge.edge_agent.privacy_budget import apply_budget, write_floor
+from fedge.datasets.defects import CLASSES, make_defect_images
+from fedge.edge_agent.config.privacy_budget import apply_budget, write_floor
 from fedge.models.inspection import new_model
 from fedge.party.budget import BudgetLedger
 from fedge.party.privacy_status import LEDGER_FILE
@@ -25,7 +26,6 @@ from fedge.privacy.settings import BudgetExhaustedError, DpRelease, PrivacyMode,
 from fedge.protocols.config import PrivacyBudget
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.model_spec import ModelSpec
-from fedge.sim.defects import CLASSES, make_defect_images
 
 SPEC = ModelSpec("inspection-cnn", {"width": 4}, CLASSES, Preprocess(image_size=32))
 FLOOR = PrivacyFloor(

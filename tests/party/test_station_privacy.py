@@ -17,6 +17,7 @@ import pytest
 from flwr.app import ArrayRecord, ConfigRecord
 from PIL import Image
 
+from fedge.datasets.defects import CLASSES, make_defect_images
 from fedge.models.inspection import new_model
 from fedge.party.budget import BudgetLedger
 from fedge.party.errors import PartyError
@@ -27,7 +28,6 @@ from fedge.privacy import accounting
 from fedge.privacy.settings import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.model_spec import ModelSpec
-from fedge.sim.defects import CLASSES, make_defect_images
 
 SPEC = ModelSpec("inspection-cnn", {"width": 4}, CLASSES, Preprocess(image_size=32))
 DP = PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=8.0, delta=1e-3, rounds_per_party=3)

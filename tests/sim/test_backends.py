@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 from flwr.app import Message, MessageType
 
-from fedge.aggregator.grids import WrappedGrid
-from fedge.aggregator.identity import PartitionOrderedGrid
+from fedge.aggregator.fleet.grids import WrappedGrid
+from fedge.aggregator.fleet.identity import PartitionOrderedGrid
 from fedge.sim.data import make_partitions
 from fedge.sim.flower_backend import run_strategies_on_flower, write_app_dir
 from fedge.sim.grid import InProcessGrid

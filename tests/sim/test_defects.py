@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from fedge.datasets.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.party.preprocess import prepare
 from fedge.protocols.manifest import Preprocess
-from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 
 
 def test_shapes_and_dtypes() -> None:
@@ -125,5 +125,5 @@ def test_write_png_dir_rejects_wrong_input(tmp_path: Path) -> None:
 
 def test_module_does_not_import_torch() -> None:
     # The loader runs on edge devices that have onnxruntime but no torch.
-    code = "import sys, fedge.sim.defects; assert 'torch' not in sys.modules"
+    code = "import sys, fedge.datasets.defects; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

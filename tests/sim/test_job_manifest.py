@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from fedge.aggregator.fleet_manifest import is_fleet_manifest, load_fleet_manifest
-from fedge.aggregator.job_spec import CheckpointSpec, ManifestError
+from fedge.aggregator.fleet.manifest import is_fleet_manifest, load_fleet_manifest
+from fedge.aggregator.jobs.spec import CheckpointSpec, ManifestError
 from fedge.errors import FedgeError
 from fedge.sim.job_manifest import FederationSpec, load_manifest, parse_manifest
 from fedge.sim.jobs import run_job

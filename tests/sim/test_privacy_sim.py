@@ -14,13 +14,13 @@ import pytest
 from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from typer.testing import CliRunner
 
-from fedge.aggregator.central_dp import CentralDP, station_epsilon
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.factory import StrategyConfigError, build_strategy
-from fedge.aggregator.job_dir import LEDGERS, RUNS_DB
-from fedge.aggregator.job_spec import ManifestError
-from fedge.aggregator.jobs import halt_job, job_status
-from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.jobs.control import halt_job, job_status
+from fedge.aggregator.jobs.directory import LEDGERS, RUNS_DB
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.jobs.spec import ManifestError
+from fedge.aggregator.privacy.central_dp import CentralDP, station_epsilon
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.strategies.factory import StrategyConfigError, build_strategy
 from fedge.cli.main import app
 from fedge.party.budget import BudgetLedger
 from fedge.privacy.settings import PrivacyMode, PrivacySpec

@@ -5,9 +5,9 @@ A strategy's ``privacy`` (``[privacy]`` of a scenario or manifest) decides:
 - nothing private, or DP-SGD on the parties: our own loop (``StreamingFedAvg.start``),
   with streaming folds, deadlines and quorum;
 - ``mode = "central"``: Flower's ``DifferentialPrivacyServerSideFixedClipping`` around
-  the strategy (:mod:`fedge.aggregator.central_dp`);
+  the strategy (:mod:`fedge.aggregator.privacy.central_dp`);
 - ``secagg = true``: Flower's SecAgg+ workflow, planned and recorded by the strategy
-  (:mod:`fedge.aggregator.secagg`), DP-SGD on the parties or not.
+  (:mod:`fedge.aggregator.privacy.secagg`), DP-SGD on the parties or not.
 
 The simulator, simulated jobs and fleet jobs all start their rounds here, so a privacy
 setting means the same thing wherever it is given.
@@ -19,8 +19,8 @@ from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
-from fedge.aggregator import central_dp, secagg
-from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.aggregator.privacy import central_dp, secagg
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.privacy.settings import PrivacyMode
 
 

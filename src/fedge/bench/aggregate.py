@@ -55,10 +55,10 @@ import numpy.typing as npt
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
 
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.fold import StreamingMean
-from fedge.aggregator.replies import arrays_of, to_array_record
-from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.fold import StreamingMean
+from fedge.aggregator.rounds.replies import arrays_of, to_array_record
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.bench import Progress, no_progress
 from fedge.bench.aggregate_memory import (
     malloc_trim,

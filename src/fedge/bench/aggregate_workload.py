@@ -19,7 +19,7 @@ import numpy as np
 import numpy.typing as npt
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedge.aggregator.grids import NODE_ID_BASE, LocalGrid
+from fedge.aggregator.fleet.grids import NODE_ID_BASE, LocalGrid
 from fedge.bench.testbed import BenchError
 
 MODEL_SPLIT = (0.40, 0.25, 0.15, 0.10, 0.06, 0.04)  # shares of the parameters per array

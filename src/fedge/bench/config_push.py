@@ -31,8 +31,8 @@ from fedge.bench import Progress, no_progress
 from fedge.bench.config_push_worker import WorkerSpec
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, HelperProcess, Testbed, wait_until
-from fedge.edge_manager import report_store
-from fedge.edge_manager.edge_view_store import ReportedEdge
+from fedge.edge_manager.fleet.edge_view_store import ReportedEdge
+from fedge.edge_manager.reports import store as report_store
 
 TARGET_P99_S = 2.0
 WORKER_MODULE = "fedge.bench.config_push_worker"

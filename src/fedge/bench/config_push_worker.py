@@ -44,8 +44,8 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from fedge import __version__
 from fedge.bench.edge_login import EdgeLogin
-from fedge.edge_agent.decisions import ConfigAction, decide_config
-from fedge.edge_agent.local_store import LocalStore
+from fedge.edge_agent.config.decisions import ConfigAction, decide_config
+from fedge.edge_agent.store import LocalStore
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.errors import ProtocolError

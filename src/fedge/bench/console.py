@@ -41,11 +41,11 @@ from fedge.console.app import create_app
 from fedge.console.fleet_table import fleet_table
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_manager import report_store
-from fedge.edge_manager.enrollment import enroll, managed_broker
-from fedge.edge_manager.fleet import opened
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.fleet.operations import opened
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.security.enrollment import enroll, managed_broker
+from fedge.edge_manager.serve import ManagerService
 from fedge.transport.ports import free_port
 
 LIVE_EDGE = "st-live"

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedge.edge_manager import ingest_records
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.ingest import Ingestor, Verdict
-from fedge.edge_manager.ingest_store import IngestTransaction
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.ingest import records as ingest_records
+from fedge.edge_manager.ingest.messages import Ingestor, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.models.tiny_onnx import build_linear_classifier
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus

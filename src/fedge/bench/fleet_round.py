@@ -31,23 +31,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.run_store import RunStore
 from fedge.aggregator.superlink.link import SuperLink
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until
+from fedge.datasets.defects import CLASSES, make_defect_images
 from fedge.demo.learning import score_at_station
-from fedge.edge_manager import report_store
-from fedge.edge_manager.enrollment import enroll, managed_broker
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import TrainableSource
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry.versions import TrainableSource
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.security.enrollment import enroll, managed_broker
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.protocols.config import TrainingPolicy
 from fedge.protocols.manifest import Preprocess
-from fedge.sim.defects import CLASSES, make_defect_images
 from fedge.sim.processes import FedgeProcess
 from fedge.transport.ports import free_port
 

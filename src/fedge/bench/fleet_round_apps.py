@@ -23,7 +23,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedge.aggregator.replies import to_array_record
+from fedge.aggregator.rounds.replies import to_array_record
 from fedge.party.station_app import Station, evaluate_round, train_round
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 

@@ -41,8 +41,8 @@ import fedge
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, Testbed, wait_until
-from fedge.edge_manager import report_store
-from fedge.edge_manager.enrollment import agent_toml
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.security.enrollment import agent_toml
 from fedge.transport.ports import free_port
 
 TARGET_RSS_MB = 150.0

@@ -3,7 +3,8 @@
 What a station with an NVIDIA GPU gets from it, on the paths the station uses:
 
 - **inference**: the inspection CNN exported to ONNX as the registry publishes it, loaded
-  with the execution providers the agent chooses (:func:`fedge.edge_agent.runtime.providers`:
+  with the execution providers the agent chooses
+  (:func:`fedge.edge_agent.inference.runtime.providers`:
   CUDA when this ONNX Runtime build offers it, CPU last), against a CPU-only session of the
   same file, same threads; batched (32 images) and one image per call. The JSON says which
   provider ran: a CPU-only ONNX Runtime build (the ``onnxruntime`` wheel, not
@@ -102,7 +103,7 @@ def run_gpu_check(
             "station with an NVIDIA GPU, its driver, a CUDA build of torch and "
             "onnxruntime-gpu"
         )
-    from fedge.edge_agent.runtime import providers as agent_providers
+    from fedge.edge_agent.inference.runtime import providers as agent_providers
 
     rng = np.random.default_rng(0)
     pixels = rng.random((images, 1, IMAGE_SIZE, IMAGE_SIZE), dtype=np.float32)

@@ -49,9 +49,9 @@ from fedge.bench.inference_setup import (
 )
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError
-from fedge.edge_agent import runtime
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.images import decode_for
+from fedge.edge_agent.inference import runtime
+from fedge.edge_agent.inference.images import decode_for
 
 TARGET_RATIO = 1.1  # batched (issue 25: stays within 1.1x)
 

@@ -44,9 +44,9 @@ import onnxruntime as ort
 from fedge.bench import Progress
 from fedge.bench.testbed import BenchError
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.local_api import bind_local_api, start_local_api
-from fedge.edge_agent.scorer import ImageFile
-from fedge.edge_agent.watcher import InboxWatcher
+from fedge.edge_agent.inference.local_api import bind_local_api, start_local_api
+from fedge.edge_agent.inference.scorer import ImageFile
+from fedge.edge_agent.inference.watcher import InboxWatcher
 from fedge.party.preprocess import prepare
 from fedge.protocols.manifest import Preprocess
 

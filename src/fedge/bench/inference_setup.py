@@ -22,11 +22,11 @@ import onnxruntime as ort
 from PIL import Image
 
 from fedge.bench.testbed import BenchError
-from fedge.edge_agent import runtime
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.images import decode_image
+from fedge.edge_agent.inference import runtime
+from fedge.edge_agent.inference.images import decode_image
 from fedge.edge_agent.settings import AgentSettings
-from fedge.edge_manager.onnx_spec import read_spec
+from fedge.edge_manager.registry.onnx_spec import read_spec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import ModelManifest
 from fedge.protocols.signing import SigningKey
@@ -49,8 +49,8 @@ def _train_and_export(
     path: Path, epochs: int, train_images: int, seed: int, image_size: int
 ) -> dict[str, Any]:
     """Child-process side: train the inspection CNN and export it (imports torch)."""
+    from fedge.datasets.defects import make_defect_images
     from fedge.models.inspection import evaluate, export_onnx, train_inspection_model
-    from fedge.sim.defects import make_defect_images
 
     images, labels = make_defect_images(train_images, size=image_size, seed=seed)
     model = train_inspection_model(images, labels, epochs=epochs, seed=seed)
@@ -138,7 +138,7 @@ def build_model(
 def png_images(n: int, seed: int, image_size: int) -> list[bytes]:
     """``n`` inspection images as the PNG files a camera would hand over."""
     try:
-        from fedge.sim.defects import make_defect_images
+        from fedge.datasets.defects import make_defect_images
 
         raw, _ = make_defect_images(n, size=image_size, seed=seed)
     except ImportError:
@@ -154,7 +154,7 @@ def png_images(n: int, seed: int, image_size: int) -> list[bytes]:
 def decoded_images(n: int, seed: int, image_size: int) -> list[np.ndarray]:
     """``n`` inspection images, PNG-encoded and decoded by the agent's own decoder."""
     try:
-        from fedge.sim.defects import make_defect_images
+        from fedge.datasets.defects import make_defect_images
 
         raw, _ = make_defect_images(n, size=image_size, seed=seed)
     except ImportError:

@@ -28,7 +28,7 @@ from fedge.bench.config_push import ratio
 from fedge.bench.ingest_publisher import PublisherSpec
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, HelperProcess, Testbed, wait_until
-from fedge.edge_manager import report_store
+from fedge.edge_manager.reports import store as report_store
 
 TARGET_RECORDS_PER_S = 50_000
 PUBLISHER_MODULE = "fedge.bench.ingest_publisher"

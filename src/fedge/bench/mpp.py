@@ -3,7 +3,7 @@
 Per seed:
 
 1. **Primary model**: the project's inspection CNN (:mod:`fedge.models.inspection`),
-   trained on the CPU (one thread) on generated scratch images (:mod:`fedge.sim.defects`).
+   trained on the CPU (one thread) on generated scratch images (:mod:`fedge.datasets.defects`).
 2. **Gate set**: held-out, in-distribution, labelled images, and ``relit_copies`` re-lit
    copies of each (:func:`fedge.monitoring.relight.relit_copies`, seeded per image and
    copy, labels unchanged) -- what a station reports to the gate. The MPP predictor
@@ -47,13 +47,13 @@ import numpy.typing as npt
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.mpp_images import SCENARIOS, STREAM_SHIFTS, Images, Labels, gate_relit
+from fedge.datasets.defects import CLASSES, make_defect_images
 from fedge.models.inspection import cpu_threads, predict_proba, train_inspection_model
 from fedge.monitoring.drift import DriftPolicy, detect
 from fedge.monitoring.features import IMAGE_STATS, image_stats
 from fedge.monitoring.mpp import MppPredictor, calibration_estimate, feature_row
 from fedge.monitoring.relight import FAMILY
 from fedge.protocols.evaluation import DEFAULT_AUGMENT
-from fedge.sim.defects import CLASSES, make_defect_images
 
 TARGET_IN_DISTRIBUTION = 0.03
 TARGET_UNDER_DRIFT = 0.08

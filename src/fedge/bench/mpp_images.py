@@ -1,5 +1,5 @@
 """The images the MPP benchmark (:mod:`fedge.bench.mpp`) scores: its scenarios, fresh
-generated images each (:mod:`fedge.sim.defects`), relit (:mod:`fedge.monitoring.relight`)
+generated images each (:mod:`fedge.datasets.defects`), relit (:mod:`fedge.monitoring.relight`)
 or with a new defect shape, and the re-lit copies of the gate set a station reports.
 """
 
@@ -8,6 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import numpy.typing as npt
 
+from fedge.datasets.defects import make_defect_images
 from fedge.monitoring.relight import (
     from_uint8,
     relight_linear,
@@ -15,7 +16,6 @@ from fedge.monitoring.relight import (
     relit_copies,
     to_uint8,
 )
-from fedge.sim.defects import make_defect_images
 
 Images = npt.NDArray[np.uint8]
 Labels = npt.NDArray[np.int64]

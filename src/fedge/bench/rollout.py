@@ -28,14 +28,15 @@ from fedge.bench import Progress, no_progress
 from fedge.bench.footprint import fedge_command
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until
-from fedge.edge_manager import evaluation_store, report_store
-from fedge.edge_manager.enrollment import enroll, managed_broker
-from fedge.edge_manager.evaluation_store import StoredVerdict
-from fedge.edge_manager.fleet import opened
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.rollout_plan import make_plan
-from fedge.edge_manager.rollouts import Rollouts
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.fleet.operations import opened
+from fedge.edge_manager.gate import store as evaluation_store
+from fedge.edge_manager.gate.store import StoredVerdict
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.rollout.plan import make_plan
+from fedge.edge_manager.rollout.service import Rollouts
+from fedge.edge_manager.security.enrollment import enroll, managed_broker
+from fedge.edge_manager.serve import ManagerService
 from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
 from fedge.transport.ports import free_port
 

@@ -3,7 +3,7 @@
 One Flower simulation (Ray) of ``parties`` echo parties (:mod:`fedge.bench.secagg_apps`:
 each sends the model plus a small offset of its own) over a ``params``-parameter float32
 model. Each timed round runs twice on the same grid from the same model: once through
-SecAgg+ (:func:`fedge.aggregator.secagg.run_secagg`) and once as plain FedAvg
+SecAgg+ (:func:`fedge.aggregator.privacy.secagg.run_secagg`) and once as plain FedAvg
 (``StreamingFedAvg``), every party asked both times. One untimed warm-up round of each
 comes first (Ray starts its actors). Reported:
 
@@ -11,7 +11,7 @@ comes first (Ray starts its actors). Reported:
   ``ratio`` is their quotient;
 - ``max_abs_error``: the largest |SecAgg+ model - plain model| over every round (the
   same updates, so only SecAgg+'s quantisation differs), with ``error_bound`` from
-  :func:`~fedge.aggregator.secagg.quantization_error_bound`;
+  :func:`~fedge.aggregator.privacy.secagg.quantization_error_bound`;
 - ``dropouts_survived``: one more SecAgg+ round in which party 1 dies before sending its
   masked vector; 1 when that round still ends with the weighted mean of the others
   (within the bound), else 0.
@@ -29,10 +29,10 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedge.aggregator.identity import PartitionOrderedGrid
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.secagg import SecAggSettings, quantization_error_bound, run_secagg
-from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.aggregator.fleet.identity import PartitionOrderedGrid
+from fedge.aggregator.privacy.secagg import SecAggSettings, quantization_error_bound, run_secagg
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.bench.machine import machine_info
 from fedge.bench.secagg_apps import (
     BASE_EXAMPLES,

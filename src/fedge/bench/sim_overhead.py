@@ -8,8 +8,8 @@ parameters in two arrays). The same ClientApp object is run by three sides:
 
 - ``inprocess``: fedge's default simulation backend -- a fresh
   :class:`~fedge.sim.grid.InProcessGrid` (2 workers) per run, driven by our ``tiered``
-  strategy (:class:`~fedge.aggregator.tiered.TieredFedAvg` from
-  :func:`~fedge.aggregator.factory.build_strategy`, virtual clock, as
+  strategy (:class:`~fedge.aggregator.strategies.tiered.TieredFedAvg` from
+  :func:`~fedge.aggregator.strategies.factory.build_strategy`, virtual clock, as
   :func:`fedge.sim.runner.drive` builds it; 2 tiers, so a tier holds ``parties / 2``);
 - ``ours_on_flower``: the same strategy on Flower's simulation runtime (Ray backend),
   through :class:`~fedge.sim.flower_backend.PartitionOrderedGrid`, as
@@ -49,7 +49,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from fedge.aggregator.streaming import StreamingFedAvg
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.bench.sim_overhead_runs import (

@@ -23,9 +23,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.factory import build_strategy
-from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.strategies.factory import build_strategy
 from fedge.bench import Progress
 from fedge.bench.sim_overhead_apps import echo_app, initial_arrays
 from fedge.bench.testbed import BenchError
@@ -232,7 +232,7 @@ def flower_phase(
 ) -> tuple[list[RunTiming], float]:
     """Both Flower sides, ``repeats`` times each, alternating, in one Ray simulation."""
 
-    from fedge.aggregator.identity import PartitionOrderedGrid
+    from fedge.aggregator.fleet.identity import PartitionOrderedGrid
     from fedge.sim.flower_backend import launch_simulation
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")

@@ -29,11 +29,11 @@ from typing import IO, Any
 from fedge.bench import Progress, no_progress
 from fedge.bench.edge_login import EdgeLogin
 from fedge.bench.errors import BenchError as BenchError  # re-exported: benches import it here
-from fedge.edge_manager import credentials, enrollment
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import Registry
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry.versions import Registry
+from fedge.edge_manager.security import credentials, enrollment
+from fedge.edge_manager.serve import ManagerService
 from fedge.edge_manager.store import Store
 from fedge.protocols import pki
 from fedge.protocols.pki import Role, TlsFiles

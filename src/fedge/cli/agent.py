@@ -12,15 +12,15 @@ import typer
 
 from fedge.cli.common import console, friendly_errors, print_json, setup_logging
 from fedge.edge_agent.agent import EdgeAgent
-from fedge.edge_agent.enroll import enroll_device
+from fedge.edge_agent.config.privacy_budget import read_floor, set_local_floor
 from fedge.edge_agent.errors import AgentError
-from fedge.edge_agent.images import decode_image
-from fedge.edge_agent.local_api import add_label, bind_local_api, start_local_api
+from fedge.edge_agent.identity.enroll import enroll_device
+from fedge.edge_agent.inference.images import decode_image
+from fedge.edge_agent.inference.local_api import add_label, bind_local_api, start_local_api
+from fedge.edge_agent.inference.watcher import watch
 from fedge.edge_agent.lock import lock_data_dir
-from fedge.edge_agent.privacy_budget import read_floor, set_local_floor
-from fedge.edge_agent.service import UNIT_DIR, render_unit, service_for
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_agent.watcher import watch
+from fedge.edge_agent.systemd import UNIT_DIR, render_unit, service_for
 from fedge.privacy.floor import PrivacyFloor, default_floor
 from fedge.privacy.settings import PrivacyError
 

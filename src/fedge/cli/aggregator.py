@@ -1,7 +1,8 @@
 """``fedge aggregator``: run, watch, halt and resume federated training jobs.
 
 The commands only parse options and call :mod:`fedge.sim.jobs` (simulated jobs),
-:mod:`fedge.federation.fleet_job` (fleet jobs) and :mod:`fedge.aggregator.jobs`; a job lives in its
+:mod:`fedge.federation.fleet_job` (fleet jobs) and :mod:`fedge.aggregator.jobs.control`; a job
+lives in its
 directory (``--dir``), so any command can follow up on a job another one started.
 """
 
@@ -59,12 +60,12 @@ def run(
 
     Example: fedge aggregator run examples/jobs/tiered-digits.toml --dir jobs/tiered
     """
-    from fedge.aggregator.fleet_manifest import is_fleet_manifest
+    from fedge.aggregator.fleet.manifest import is_fleet_manifest
     from fedge.sim.jobs import run_job
 
     _quiet_flower(verbose)
     if manifest.is_file() and is_fleet_manifest(manifest.read_text(encoding="utf-8")):
-        from fedge.edge_manager.home import ManagerHome
+        from fedge.edge_manager.home.layout import ManagerHome
         from fedge.federation.fleet_job import run_fleet_job
 
         with _progress_bar("fleet rounds") as progress:
@@ -101,7 +102,7 @@ def resume(
     if manifest is not None:
         _amend(job_dir, manifest)
     if is_fleet_job(job_dir):
-        from fedge.edge_manager.home import ManagerHome
+        from fedge.edge_manager.home.layout import ManagerHome
         from fedge.federation.fleet_job import resume_fleet_job
 
         with _progress_bar("fleet rounds") as progress:
@@ -114,10 +115,10 @@ def resume(
 
 
 def _amend(job_dir: Path, manifest: Path) -> None:
-    from fedge.aggregator.amend import amend_job
-    from fedge.aggregator.fleet_manifest import parse_fleet_manifest
-    from fedge.aggregator.job_dir import JOB_MANIFEST, JOB_SCENARIO
-    from fedge.aggregator.jobs import require_job
+    from fedge.aggregator.fleet.manifest import parse_fleet_manifest
+    from fedge.aggregator.jobs.amend import amend_job
+    from fedge.aggregator.jobs.control import require_job
+    from fedge.aggregator.jobs.directory import JOB_MANIFEST, JOB_SCENARIO
     from fedge.federation.fleet_job import is_fleet_job
     from fedge.sim.job_manifest import parse_manifest
 
@@ -152,8 +153,8 @@ def halt(job_dir: DirOption = DEFAULT_DIR) -> None:
 
     Example: fedge aggregator halt --dir jobs/tiered
     """
-    from fedge.aggregator.jobs import halt_job
-    from fedge.aggregator.run_store import RunState
+    from fedge.aggregator.jobs.control import halt_job
+    from fedge.aggregator.jobs.run_store import RunState
 
     state = halt_job(job_dir)
     if state is RunState.HALTED:
@@ -172,7 +173,7 @@ def status(
 
     Example: fedge aggregator status --dir jobs/tiered --json
     """
-    from fedge.aggregator.jobs import job_status
+    from fedge.aggregator.jobs.control import job_status
 
     statuses = job_status(job_dir)
     if as_json:

@@ -16,8 +16,8 @@ from fedge.cli.common import (
     warn_if_not_serving,
     when,
 )
-from fedge.edge_manager import alert_store
-from fedge.edge_manager.alert_store import AlertView
+from fedge.edge_manager.monitor import alert_store
+from fedge.edge_manager.monitor.alert_store import AlertView
 
 app = typer.Typer(
     help=(

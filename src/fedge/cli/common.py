@@ -16,8 +16,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home.layout import ManagerHome
 from fedge.errors import FedgeError
 
 console = Console()
@@ -101,7 +101,7 @@ def warn_if_not_serving(home_path: Path, consequence: str) -> None:
     Still exit 0: the store has it, and serve publishes it once it runs (issue 15: with
     serve down, set-threshold said nothing).
     """
-    from fedge.edge_manager.run_dir import serve_notice
+    from fedge.edge_manager.home.run_dir import serve_notice
 
     notice = serve_notice(home_path, consequence)
     if notice is not None:

@@ -15,8 +15,8 @@ from fedge.cli.common import (
 )
 from fedge.console import accounts
 from fedge.console.address import DEFAULT_HOST, DEFAULT_PORT, is_loopback, wants_tls
-from fedge.edge_manager.fleet import opened
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.fleet.operations import opened
+from fedge.edge_manager.home.layout import ManagerHome
 
 app = typer.Typer(
     help="Serve the operator console (the fleet in a browser); manage its login tokens.",

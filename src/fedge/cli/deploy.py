@@ -14,9 +14,9 @@ from fedge.cli.common import (
     open_fleet,
     warn_if_not_serving,
 )
-from fedge.edge_manager import edge_store
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.registry import parse_ref
+from fedge.edge_manager.fleet import edge_store
+from fedge.edge_manager.registry.versions import parse_ref
 
 
 @friendly_errors

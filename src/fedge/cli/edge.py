@@ -19,12 +19,12 @@ from fedge.cli.common import (
     when,
     write_secret_file,
 )
-from fedge.edge_manager.enrollment import enroll as enroll_edge
-from fedge.edge_manager.enrollment import invite
-from fedge.edge_manager.enrollment import revoke as revoke_identity
-from fedge.edge_manager.fleet_views import ThresholdsSource
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.key_rotation import EdgeTrust, edge_trust
+from fedge.edge_manager.fleet.views import ThresholdsSource
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.security.enrollment import enroll as enroll_edge
+from fedge.edge_manager.security.enrollment import invite
+from fedge.edge_manager.security.enrollment import revoke as revoke_identity
+from fedge.edge_manager.security.key_rotation import EdgeTrust, edge_trust
 
 app = typer.Typer(help="Edges: enrolment, configuration, state.", no_args_is_help=True)
 

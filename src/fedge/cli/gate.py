@@ -54,9 +54,9 @@ def gate(
 
     Example: fedge model gate inspect:4 --show
     """
-    from fedge.edge_manager import gating
-    from fedge.edge_manager.gate import GatePolicy
-    from fedge.edge_manager.registry import parse_ref
+    from fedge.edge_manager.gate import run as gating
+    from fedge.edge_manager.gate.verdict import GatePolicy
+    from fedge.edge_manager.registry.versions import parse_ref
 
     name, version = parse_ref(model)
     _, fleet = open_fleet(home)

@@ -17,8 +17,8 @@ from fedge.cli.common import (
     friendly_errors,
     print_json,
 )
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.key_rotation import (
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.security.key_rotation import (
     fleet_root,
     key_since,
     make_root_key,

@@ -17,7 +17,7 @@ from fedge.cli.common import (
     warn_if_not_serving,
     when,
 )
-from fedge.edge_manager.labels import Applied
+from fedge.edge_manager.labels.current import Applied
 
 app = typer.Typer(help="Operator labels.", no_args_is_help=True)
 

@@ -17,8 +17,8 @@ from fedge.cli.common import (
     print_json,
     when,
 )
-from fedge.edge_manager import model_store
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.registry import store as model_store
 from fedge.edge_manager.store import Store
 
 app = typer.Typer(
@@ -56,9 +56,9 @@ def enable(
     Example: fedge loop enable inspect --job nightly.toml --min-new-labels 200
     --or-on-alert drift --canary st-03 --waves 25%,50%,100% --health-window 10m
     """
-    from fedge.aggregator.fleet_manifest import load_fleet_manifest
+    from fedge.aggregator.fleet.manifest import load_fleet_manifest
     from fedge.edge_manager.errors import ManagerError
-    from fedge.edge_manager.rollout_plan import parse_criteria, parse_duration, parse_waves
+    from fedge.edge_manager.rollout.plan import parse_criteria, parse_duration, parse_waves
     from fedge.loop import run_store
     from fedge.loop.policy import LoopPolicy, alert_kinds, job_for
 

@@ -19,11 +19,10 @@ from fedge.cli.common import (
     print_json,
     setup_logging,
 )
-from fedge.edge_manager import launcher
-from fedge.edge_manager.enrollment import managed_broker
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.run_dir import (
+from fedge.edge_manager.home import launcher
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.home.run_dir import (
     BrokerLink,
     Role,
     ServeState,
@@ -32,7 +31,8 @@ from fedge.edge_manager.run_dir import (
     log_path,
     write_serve_state,
 )
-from fedge.edge_manager.service import ManagerService
+from fedge.edge_manager.security.enrollment import managed_broker
+from fedge.edge_manager.serve import ManagerService
 
 app = typer.Typer(help="The fleet's control plane.", no_args_is_help=True)
 app.add_typer(operator.app, name="operator")
@@ -315,7 +315,7 @@ def superlink(home: HomeOption = DEFAULT_HOME) -> None:
 
     Example: fedge manager superlink --home ./fedge-home
     """
-    from fedge.edge_manager.superlink_access import KeySync, fleet_superlink
+    from fedge.edge_manager.security.superlink_access import KeySync, fleet_superlink
 
     manager_home = ManagerHome(home)
     settings = manager_home.settings()
@@ -359,8 +359,8 @@ def doctor(
     from dataclasses import asdict
 
     from fedge.cli.common import fitted_table
-    from fedge.edge_manager.doctor import counts, diagnose
-    from fedge.edge_manager.doctor_facts import gather
+    from fedge.edge_manager.doctor.facts import gather
+    from fedge.edge_manager.doctor.report import counts, diagnose
 
     findings = diagnose(gather(ManagerHome(home)))
     tally = counts(findings)

@@ -13,9 +13,9 @@ import typer
 
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, open_fleet
 from fedge.cli.model_publish import published_line
-from fedge.edge_manager.registry import parse_ref
+from fedge.datasets.defects import make_defect_images
+from fedge.edge_manager.registry.versions import parse_ref
 from fedge.sim.data import make_partitions
-from fedge.sim.defects import make_defect_images
 from fedge.sim.scenario import load_scenario
 
 

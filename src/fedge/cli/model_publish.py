@@ -6,7 +6,7 @@ from typing import Annotated
 import typer
 
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, open_fleet
-from fedge.edge_manager.registry import TrainableSource
+from fedge.edge_manager.registry.versions import TrainableSource
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, Thresholds
 

@@ -21,8 +21,9 @@ from fedge.cli.common import (
     write_secret_file,
 )
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.operators import (
+from fedge.edge_manager.fleet.watch import FleetWatcher
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.security.operators import (
     OperatorCredential,
     add_operator,
     list_operators,
@@ -30,7 +31,6 @@ from fedge.edge_manager.operators import (
     operator_credential,
     remove_operator,
 )
-from fedge.edge_manager.watch import FleetWatcher
 
 app = typer.Typer(
     help="Operator accounts: read-only broker users for people and tools.", no_args_is_help=True

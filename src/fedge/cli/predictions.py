@@ -15,7 +15,7 @@ from fedge.cli.common import (
     print_json,
     when,
 )
-from fedge.edge_manager.predictions import (
+from fedge.edge_manager.fleet.predictions import (
     PredictionFilter,
     PredictionView,
     get_prediction,

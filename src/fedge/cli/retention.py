@@ -7,8 +7,8 @@ from typing import Annotated
 import typer
 
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, print_json
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.retention import (
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.retention.policy import (
     DAY_S,
     HISTORY_TABLES,
     RECORD_TABLES,

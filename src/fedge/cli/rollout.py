@@ -18,11 +18,11 @@ from fedge.cli.common import (
     warn_if_not_serving,
     when,
 )
-from fedge.edge_manager import rollout_views
-from fedge.edge_manager.registry import parse_ref
-from fedge.edge_manager.rollout import Step
-from fedge.edge_manager.rollout_plan import RolloutError, make_plan
-from fedge.edge_manager.rollouts import Rollouts, default_edges
+from fedge.edge_manager.registry.versions import parse_ref
+from fedge.edge_manager.rollout import views as rollout_views
+from fedge.edge_manager.rollout.machine import Step
+from fedge.edge_manager.rollout.plan import RolloutError, make_plan
+from fedge.edge_manager.rollout.service import Rollouts, default_edges
 
 app = typer.Typer(
     help="Staged rollouts: canary first, waves, abort criteria, rollback.", no_args_is_help=True

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from fedge.console.errors import BadInput
-from fedge.edge_manager import alert_store
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.labels import Applied
-from fedge.edge_manager.rollouts import Rollouts
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.labels.current import Applied
+from fedge.edge_manager.monitor import alert_store
+from fedge.edge_manager.rollout.service import Rollouts
 from fedge.protocols.errors import ValidationError
 from fedge.protocols.thumbnails import ThumbnailPolicy
 

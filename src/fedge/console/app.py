@@ -34,10 +34,10 @@ from fedge.console.headers import SecurityHeaders
 from fedge.console.live import LiveFeed
 from fedge.console.security import security_page
 from fedge.console.sessions import COOKIE, Session, Sessions, csrf_ok
-from fedge.edge_manager import thumbnail_store
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.fleet import Fleet, opened
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.fleet.operations import Fleet, opened
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.ingest import thumbnail_store
 
 HERE = Path(__file__).parent
 LOGIN_CSRF_COOKIE = "fedge_console_login"

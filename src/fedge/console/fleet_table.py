@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 from fedge.console import fleet_table_store, views_store
 from fedge.console.views import EdgeFigures, FleetRow, table_row
-from fedge.edge_manager.edge_view_store import Gap
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.edge_view_store import Gap
+from fedge.edge_manager.fleet.operations import Fleet
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError

@@ -7,8 +7,8 @@ does the joining, filtering and sorting itself.
 
 from dataclasses import dataclass
 
-from fedge.edge_manager.desired_store import CONFIG
-from fedge.edge_manager.edge_view_store import Gap
+from fedge.edge_manager.desired.store import CONFIG
+from fedge.edge_manager.fleet.edge_view_store import Gap
 from fedge.edge_manager.store import Store
 
 

@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from fedge.console import views_store
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.operations import Fleet
 
 BINS = 20
 RECENT = 2000

@@ -2,7 +2,7 @@
 
 The manager records every fleet job prepared against it (``fleet_jobs``, written by
 ``federation.prepare``; continuous training's jobs go through the same call); each job's
-directory holds the aggregator's run store (aggregator/run_store.py), which says what
+directory holds the aggregator's run store (aggregator/jobs/run_store.py), which says what
 each round did: its tier, who was selected, on time, late or failed (and why), the
 round's time, whether the quorum was met, its metrics, and the privacy spent. The
 console opens those stores to read; it never writes them.
@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from fedge.aggregator.job_dir import RUNS_DB
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.directory import RUNS_DB
+from fedge.aggregator.jobs.run_store import RunStore
 from fedge.console import views_store
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.operations import Fleet
 
 ACCURACY_KEYS = ("accuracy", "eval_accuracy", "federated_evaluate_accuracy")
 

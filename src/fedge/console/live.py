@@ -12,7 +12,7 @@ from typing import Protocol, TypeVar
 
 from fedge.console.fleet_table import fleet_table
 from fedge.console.sessions import Sessions
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.operations import Fleet
 
 T = TypeVar("T")
 

@@ -4,8 +4,8 @@ from typing import Any
 
 from fedge.console import actions, audit, histograms, jobs, registry_views, views
 from fedge.console.fleet_table import STATES, TableQuery, fleet_table
-from fedge.edge_manager import alert_store
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.monitor import alert_store
 
 
 def context(fleet: Fleet, kind: str, key: str, params: dict[str, str]) -> dict[str, Any]:

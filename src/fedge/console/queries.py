@@ -7,7 +7,7 @@ the statements are in views_store.py, the decoding here.
 from dataclasses import dataclass
 
 from fedge.console import views_store
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.operations import Fleet
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError

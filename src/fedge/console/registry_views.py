@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedge.console import views_store
-from fedge.edge_manager import gating, rollout_views
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.gate import run as gating
+from fedge.edge_manager.rollout import views as rollout_views
 
 
 @dataclass(frozen=True)

@@ -4,11 +4,11 @@ rotations have reached, and what ``fedge manager doctor`` finds in the manager h
 import time
 from dataclasses import dataclass
 
-from fedge.edge_manager.doctor import Finding, counts, diagnose
-from fedge.edge_manager.doctor_facts import gather
+from fedge.edge_manager.doctor.facts import gather
+from fedge.edge_manager.doctor.report import Finding, counts, diagnose
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.key_rotation import TrustView, trust_view
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.security.key_rotation import TrustView, trust_view
 from fedge.protocols.pki import CertificateError
 
 

@@ -8,7 +8,7 @@ import uvicorn
 
 from fedge.console.address import DEFAULT_HOST, DEFAULT_PORT, is_loopback
 from fedge.console.app import create_app
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.home.layout import ManagerHome
 from fedge.transport.http_server import ClientCertH11
 
 

@@ -9,12 +9,12 @@ import datetime
 from dataclasses import dataclass
 
 from fedge.console.queries import ConfigVersion, config_at, config_history
-from fedge.edge_manager import thumbnail_store
-from fedge.edge_manager.edge_view_store import Gap
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.fleet_views import EdgeView
-from fedge.edge_manager.predictions import PredictionFilter, PredictionView, list_predictions
+from fedge.edge_manager.fleet.edge_view_store import Gap
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.fleet.predictions import PredictionFilter, PredictionView, list_predictions
+from fedge.edge_manager.fleet.views import EdgeView
+from fedge.edge_manager.ingest import thumbnail_store
 from fedge.protocols.config import EdgeConfig
 
 QUEUE_LIMIT = 50

@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fedge.edge_manager import model_store
-from fedge.edge_manager.desired_store import CONFIG
+from fedge.edge_manager.desired.store import CONFIG
+from fedge.edge_manager.registry import store as model_store
 from fedge.edge_manager.store import Store
 
 

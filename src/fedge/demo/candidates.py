@@ -17,10 +17,10 @@ from pathlib import Path
 
 import numpy as np
 
-from fedge.edge_manager.registry import Registry, TrainableSource
+from fedge.datasets.conditions import lighting_drift
+from fedge.datasets.defects import CLASSES, make_defect_images
+from fedge.edge_manager.registry.versions import Registry, TrainableSource
 from fedge.protocols.manifest import Lineage, Preprocess
-from fedge.sim.conditions import lighting_drift
-from fedge.sim.defects import CLASSES, make_defect_images
 
 IMAGE_SIZE = 32
 FAMILY, PARAMS = "inspection-cnn", {"width": 16}

@@ -26,23 +26,26 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from fedge.datasets.conditions import defocus, lighting_drift
+from fedge.datasets.defects import make_defect_images
 from fedge.demo.candidates import Candidate, train_central, train_flipped
 from fedge.demo.learning import JOB, decided_right_lines, score_at_station
 from fedge.demo.timeline import Mark, marks, plot
-from fedge.edge_manager import alert_store, gating, report_store, rollout_views
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.gate import GatePolicy, Verdict
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.registry import parse_ref
-from fedge.edge_manager.rollout_plan import make_plan
-from fedge.edge_manager.rollouts import Rollouts
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.gate import run as gating
+from fedge.edge_manager.gate.verdict import GatePolicy, Verdict
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.monitor import alert_store
+from fedge.edge_manager.registry.versions import parse_ref
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.rollout import views as rollout_views
+from fedge.edge_manager.rollout.plan import make_plan
+from fedge.edge_manager.rollout.service import Rollouts
 from fedge.edge_manager.store import Store
 from fedge.loop import run_store
 from fedge.loop.policy import LoopPolicy, alert_kinds
 from fedge.loop.runner import LoopRunner
 from fedge.loop.steps import manager_wiring
-from fedge.sim.conditions import defocus, lighting_drift
-from fedge.sim.defects import make_defect_images
 
 MODEL = "inspect"
 DRIFT_STATIONS = ("st-02", "st-03")

@@ -22,6 +22,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import Progress
 
+from fedge.datasets.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.demo.checks import CheckResult
 from fedge.demo.closed_loop import run_closed_loop
 from fedge.demo.learning import run_learning
@@ -30,16 +31,15 @@ from fedge.demo.report import write_report
 from fedge.demo.security import run_security
 from fedge.demo.self_check import check_story, raise_if_failed, recording_errors
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun, TrainedTeacher
-from fedge.edge_manager import report_store
-from fedge.edge_manager.enrollment import enroll, managed_broker
-from fedge.edge_manager.fleet import Fleet, opened
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
-from fedge.edge_manager.registry import TrainableSource
+from fedge.edge_manager.fleet.operations import Fleet, opened
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.registry.versions import TrainableSource
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.security.enrollment import enroll, managed_broker
+from fedge.edge_manager.security.superlink_access import KeySync, fleet_superlink
 from fedge.edge_manager.store import Store
-from fedge.edge_manager.superlink_access import KeySync, fleet_superlink
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.thumbnails import ThumbnailPolicy
-from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.sim.processes import FedgeProcess
 from fedge.transport.ports import free_port
 

@@ -1,7 +1,7 @@
 """The demo's last fleet chapter: the fleet learns from its own stations.
 
 Two stations start seeing a defect the central training data never showed (dents from
-another press, see :func:`fedge.sim.defects.make_defect_images`). Each station scores
+another press, see :func:`fedge.datasets.defects.make_defect_images`). Each station scores
 its new parts through its local HTTP API, which keeps every image on the station, and an
 operator labels them there. Training is switched on in every station's signed config,
 so each agent starts a Flower SuperNode; a fleet job (:mod:`fedge.federation.fleet_job`)
@@ -26,16 +26,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedge.aggregator.run_store import RunStore
-from fedge.edge_manager import report_store
-from fedge.edge_manager.fleet import Fleet, Pushed
-from fedge.edge_manager.home import ManagerHome
+from fedge.aggregator.jobs.run_store import RunStore
+from fedge.datasets.defects import CLASSES, make_defect_images
+from fedge.edge_manager.fleet.operations import Fleet, Pushed
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.reports import store as report_store
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.federation.publish import publish
 from fedge.protocols.config import TrainingPolicy
-from fedge.sim.defects import CLASSES, make_defect_images
 
 DENT_STATIONS = ("st-02", "st-03")
 DENT_FRACTION = 0.8  # of the defective parts at those stations

@@ -22,11 +22,11 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from fedge.aggregator.run_store import RunStore
+from fedge.aggregator.jobs.run_store import RunStore
 from fedge.demo.learning import config_applied
-from fedge.edge_agent.privacy_budget import set_local_floor
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_agent.config.privacy_budget import set_local_floor
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare

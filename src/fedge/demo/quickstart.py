@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedge.sim.defects import CLASSES, make_defect_images, write_png_dir
+from fedge.datasets.defects import CLASSES, make_defect_images, write_png_dir
 
 # Seeds apart from the demo's (1, 2, 3, 7, 8, 300+, 400+) and the student's (1000+, 2000+):
 # the starter model is never scored on its own training images.

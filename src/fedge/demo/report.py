@@ -13,8 +13,8 @@ from rich.table import Table
 from fedge.demo import closed_loop, privacy, security
 from fedge.demo.learning import DENT_STATIONS, plot, report_lines
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun
-from fedge.edge_manager import report_store
-from fedge.edge_manager.fleet import Fleet
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.reports import store as report_store
 from fedge.edge_manager.store import Store
 
 

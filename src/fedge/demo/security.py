@@ -20,11 +20,12 @@ from typing import Any
 
 from rich.console import Console
 
-from fedge.edge_agent.enroll import EnrollmentRefused, enroll_device
-from fedge.edge_manager import credentials, key_rotation, report_store
-from fedge.edge_manager.enrollment import invite, revoke
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_agent.identity.enroll import EnrollmentRefused, enroll_device
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.security import credentials, key_rotation
+from fedge.edge_manager.security.enrollment import invite, revoke
 from fedge.edge_manager.store import Store
 from fedge.protocols.pki import TlsFiles
 from fedge.sim.processes import FedgeProcess

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from fedge.edge_manager import timeline_store
+from fedge.edge_manager.reports import timeline_store
 from fedge.edge_manager.store import Store
 
 

@@ -16,28 +16,28 @@ from functools import partial
 import numpy as np
 
 from fedge import __version__
-from fedge.edge_agent import runtime
-from fedge.edge_agent.configs import Configs
-from fedge.edge_agent.deployments import Deployments
-from fedge.edge_agent.desired_poller import DesiredPoller
+from fedge.edge_agent.config.freshness import DesiredFreshness
+from fedge.edge_agent.config.labels import apply_labels
+from fedge.edge_agent.config.privacy_budget import write_floor
+from fedge.edge_agent.config.station import Configs
+from fedge.edge_agent.deploy.models import Deployments
 from fedge.edge_agent.errors import InferenceError
-from fedge.edge_agent.evaluations import Evaluations
-from fedge.edge_agent.freshness import DesiredFreshness
-from fedge.edge_agent.labels_down import apply_labels
-from fedge.edge_agent.local_store import LocalStore
-from fedge.edge_agent.outbox_sender import OutboxSender
-from fedge.edge_agent.privacy_budget import write_floor
-from fedge.edge_agent.publisher import Publisher
-from fedge.edge_agent.renewal import renewer_for
-from fedge.edge_agent.scorer import ImageFile as ImageFile
-from fedge.edge_agent.scorer import Scorer
-from fedge.edge_agent.scoring import Scored
+from fedge.edge_agent.identity.renewal import renewer_for
+from fedge.edge_agent.identity.trust import KeyTrust
+from fedge.edge_agent.inference import runtime
+from fedge.edge_agent.inference.batch import Scored
+from fedge.edge_agent.inference.evaluations import Evaluations
+from fedge.edge_agent.inference.scorer import ImageFile as ImageFile
+from fedge.edge_agent.inference.scorer import Scorer
 from fedge.edge_agent.settings import AgentSettings
-from fedge.edge_agent.statements import done_versions, in_force, liveness
-from fedge.edge_agent.supervisor import SupernodeSupervisor
-from fedge.edge_agent.telemetry import add_metric, emit_metrics
-from fedge.edge_agent.training import supernode_spec
-from fedge.edge_agent.trust import KeyTrust
+from fedge.edge_agent.store import LocalStore
+from fedge.edge_agent.training.spec import supernode_spec
+from fedge.edge_agent.training.supervisor import SupernodeSupervisor
+from fedge.edge_agent.uplink.outbox import OutboxSender
+from fedge.edge_agent.uplink.poller import DesiredPoller
+from fedge.edge_agent.uplink.publisher import Publisher
+from fedge.edge_agent.uplink.statements import done_versions, in_force, liveness
+from fedge.edge_agent.uplink.telemetry import add_metric, emit_metrics
 from fedge.party.station_store import StationData
 from fedge.protocols import codec, topics
 from fedge.protocols.config import EdgeConfig
@@ -337,7 +337,7 @@ class EdgeAgent:
         self.mqtt.publish(self._topic(kind), payload, retain=retained)
         self.desired_poller.offer_status(kind, payload, retained=retained)
 
-    # -- inference (see :mod:`fedge.edge_agent.scorer`)
+    # -- inference (see :mod:`fedge.edge_agent.inference.scorer`)
 
     def preprocess_for(self, model: runtime.LoadedModel) -> Preprocess:
         return self.scorer.preprocess_for(model)

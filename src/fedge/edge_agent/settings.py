@@ -43,7 +43,7 @@ holdout_percent = 20              # share kept for local evaluation, never train
 # more (predictions and labels always are; the station's disk is their only limit).
 telemetry_backlog_limit = 2000
 
-# A newly deployed model's probation (fedge.edge_agent.health): its first
+# A newly deployed model's probation (fedge.edge_agent.deploy.probation_verdict): its first
 # probation_images images or probation_s seconds, whichever comes first. It is rolled
 # back to the previous model if more than probation_max_error_rate of its images fail,
 # its p95 latency is over the manifest's latency budget, a score is NaN, or its defect
@@ -77,8 +77,8 @@ import tomllib
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 
+from fedge.edge_agent.deploy.probation_verdict import ProbationPolicy
 from fedge.edge_agent.errors import SettingsError
-from fedge.edge_agent.health import ProbationPolicy
 from fedge.party.station_store import Retention
 from fedge.privacy.floor import NO_FLOOR, PrivacyFloor, default_floor
 from fedge.privacy.settings import PrivacyError
@@ -135,7 +135,7 @@ class AgentSettings:
     # During a long outage telemetry stops being recorded once the outbox holds this
     # many batches; predictions and labels are always kept (they are the data).
     telemetry_backlog_limit: int = 2000
-    # A new model's probation after activation (see fedge.edge_agent.health).
+    # A new model's probation after activation (see fedge.edge_agent.deploy.probation_verdict).
     probation_images: int = 50
     probation_s: float = 600.0
     probation_min_images: int = 10

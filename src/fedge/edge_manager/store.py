@@ -115,7 +115,7 @@ CREATE TABLE IF NOT EXISTS evaluations (
     eval_id TEXT NOT NULL, edge TEXT NOT NULL, prediction_id TEXT NOT NULL,
     model TEXT NOT NULL, label TEXT NOT NULL, scores TEXT NOT NULL, stats TEXT NOT NULL,
     at REAL NOT NULL, PRIMARY KEY (eval_id, edge, prediction_id, model));
--- One row per station report of an evaluation (edge_manager/evaluations.py): done or
+-- One row per station report of an evaluation (edge_manager/gate/reports.py): done or
 -- failed (and why), how many held-out labelled images the station has, how many items it
 -- sent; the gate reads which stations answered here, their items in `evaluations`.
 CREATE TABLE IF NOT EXISTS evaluation_reports (
@@ -161,7 +161,7 @@ CREATE TABLE IF NOT EXISTS alert_acks (
     alert_id TEXT PRIMARY KEY, edge TEXT NOT NULL, model TEXT NOT NULL, kind TEXT NOT NULL,
     who TEXT NOT NULL, note TEXT NOT NULL, at REAL NOT NULL, rearmed_at REAL,
     published_at REAL);
--- Staged rollouts (edge_manager/rollouts.py, rollout.py): the plan is JSON
+-- Staged rollouts (edge_manager/rollout/service.py, rollout.py): the plan is JSON
 -- (rollout_plan.RolloutPlan); state pending|canary|wave|paused|completed|aborted|
 -- rolled_back, wave the last wave moved (-1: none yet, 0: the canary); finished_at is set
 -- once nothing more will happen. Per edge: its wave, state (waiting|moved|rolling_back|
@@ -182,7 +182,7 @@ CREATE TABLE IF NOT EXISTS rollout_events (
     rollout_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, edge TEXT NOT NULL,
     detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS rollout_events_id ON rollout_events (rollout_id, at);
--- The monitor's reads per tick (edge_manager/monitor.py) stay bounded as the store grows:
+-- The monitor's reads per tick (edge_manager/monitor/tick.py) stay bounded as the store grows:
 -- evaluation counts per (model, edge) from the index alone, open alerts, an (edge, model)'s
 -- acknowledgements and the unpublished ones without a table scan. Predictions get no new
 -- index (it would slow ingest): the monitor walks predictions_edge newest first. The

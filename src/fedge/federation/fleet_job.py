@@ -5,7 +5,7 @@
 1. **prepare** (:mod:`.prepare`) -- checked against the manager's store, then the job
    directory is written.
 2. **submit** -- ``flwr run`` sends the app to the fleet's SuperLink, which starts
-   fedge's ServerApp (:mod:`fedge.aggregator.fleet_server`) in a process of its own.
+   fedge's ServerApp (:mod:`fedge.aggregator.fleet.server`) in a process of its own.
 3. **wait** -- the run store shows the rounds as they end; a ServerApp that died
    (its job lock free while the run says running) is reported, and ``resume`` submits
    the job again to continue from its newest checkpoint.
@@ -27,20 +27,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedge.aggregator.checkpoint import atomic_write_text
-from fedge.aggregator.fleet_manifest import is_fleet_manifest, load_fleet_manifest
-from fedge.aggregator.job_dir import (
+from fedge.aggregator.fleet.manifest import is_fleet_manifest, load_fleet_manifest
+from fedge.aggregator.jobs.checkpoint import atomic_write_text
+from fedge.aggregator.jobs.directory import (
     JOB_MANIFEST,
     RUNS_DB,
     JobError,
     clear_halt,
     is_live,
 )
-from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.jobs.run_store import RunState, RunStore
 from fedge.aggregator.superlink.address import connection_toml
 from fedge.aggregator.superlink.link import control_address
 from fedge.aggregator.superlink.signed_apps import SignedApps
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.home.layout import ManagerHome
 from fedge.federation.prepare import APP_DIR, prepare
 from fedge.federation.publish import publish
 from fedge.protocols.app_signing import AppSignature, sign_fab

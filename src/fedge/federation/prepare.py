@@ -15,26 +15,26 @@ import time
 import uuid
 from pathlib import Path
 
-from fedge.aggregator.checkpoint import atomic_write_text
-from fedge.aggregator.fleet_manifest import (
+from fedge.aggregator.fleet.grids import NODE_ID_BASE
+from fedge.aggregator.fleet.manifest import (
     FleetJobManifest,
     load_fleet_manifest,
     validate_strategy,
 )
-from fedge.aggregator.fleet_server import INITIAL_WEIGHTS, MODEL_SPEC, PARTIES
-from fedge.aggregator.grids import NODE_ID_BASE
-from fedge.aggregator.job_dir import (
+from fedge.aggregator.fleet.server import INITIAL_WEIGHTS, MODEL_SPEC, PARTIES
+from fedge.aggregator.jobs.checkpoint import atomic_write_text
+from fedge.aggregator.jobs.directory import (
     JOB_MANIFEST,
     RUNS_DB,
     JobError,
 )
-from fedge.aggregator.job_spec import ManifestError
-from fedge.aggregator.run_store import RunState, RunStore
-from fedge.edge_manager import fleet_job_store
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.jobs.spec import ManifestError
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.fleet import Fleet
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.registry import PublishedModel, Registry, parse_ref
+from fedge.edge_manager.fleet import job_store as fleet_job_store
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.registry.versions import PublishedModel, Registry, parse_ref
 from fedge.party import families
 from fedge.party.errors import FamilyError
 from fedge.protocols.model_spec import ModelSpec
@@ -197,7 +197,7 @@ def _write_app(job_dir: Path) -> None:
                 'publisher = "fedge"',
                 "",
                 "[tool.flwr.app.components]",
-                'serverapp = "fedge.aggregator.fleet_server:app"',
+                'serverapp = "fedge.aggregator.fleet.server:app"',
                 'clientapp = "fedge.party.station_app:app"',
                 "",
                 "[tool.flwr.app.config]",

@@ -6,19 +6,19 @@ import json
 import time
 from pathlib import Path
 
-from fedge.aggregator.checkpoint import atomic_write_text, load_arrays
-from fedge.aggregator.fleet_manifest import load_fleet_manifest
-from fedge.aggregator.fleet_server import MODEL_SPEC
-from fedge.aggregator.job_dir import (
+from fedge.aggregator.fleet.manifest import load_fleet_manifest
+from fedge.aggregator.fleet.server import MODEL_SPEC
+from fedge.aggregator.jobs.checkpoint import atomic_write_text, load_arrays
+from fedge.aggregator.jobs.directory import (
     FINAL_MODEL,
     JOB_MANIFEST,
     RUNS_DB,
     JobError,
     job_lock,
 )
-from fedge.aggregator.run_store import RunState, RunStore
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.registry import TrainableSource, parse_ref
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.registry.versions import TrainableSource, parse_ref
 from fedge.federation.prepare import ManagerView
 from fedge.party import families
 from fedge.protocols.manifest import Lineage

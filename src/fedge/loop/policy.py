@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from fedge.loop.errors import LoopError
 
-# Alert kinds the monitor raises (edge_manager/monitor.py); "drift" names both drifts.
+# Alert kinds the monitor raises (edge_manager/monitor/tick.py); "drift" names both drifts.
 ALERT_KINDS = frozenset({"input_drift", "score_drift", "accuracy_estimate"})
 ALERT_GROUPS = {"drift": frozenset({"input_drift", "score_drift"})}
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol, TypeVar
 
-from fedge.aggregator.job_dir import RUNS_DB
+from fedge.aggregator.jobs.directory import RUNS_DB
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.fleet import opened
-from fedge.edge_manager.home import ManagerHome
+from fedge.edge_manager.fleet.operations import opened
+from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.store import Store
 from fedge.errors import FedgeError
 from fedge.federation import fleet_job

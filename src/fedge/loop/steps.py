@@ -1,8 +1,8 @@
 """The loop runner's gate and rollout, wired to the manager's own (no second copy).
 
-The gate is :func:`fedge.edge_manager.gating.run` -- the stations score their held-out
+The gate is :func:`fedge.edge_manager.gate.run.run` -- the stations score their held-out
 labelled images with the candidate and with what they serve, and the manager decides --
-and the rollout is a :class:`~fedge.edge_manager.rollouts.Rollouts` start that the
+and the rollout is a :class:`~fedge.edge_manager.rollout.service.Rollouts` start that the
 serve process's driver carries out; the runner only follows it.
 """
 
@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import time
 
-from fedge.edge_manager import gating, rollout_store, rollout_views
 from fedge.edge_manager.errors import ManagerError
-from fedge.edge_manager.fleet import opened
-from fedge.edge_manager.gate import GatePolicy
-from fedge.edge_manager.home import ManagerHome
-from fedge.edge_manager.registry import parse_ref
-from fedge.edge_manager.rollout_plan import make_plan
-from fedge.edge_manager.rollouts import Rollouts
+from fedge.edge_manager.fleet.operations import opened
+from fedge.edge_manager.gate import run as gating
+from fedge.edge_manager.gate.verdict import GatePolicy
+from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.registry.versions import parse_ref
+from fedge.edge_manager.rollout import store as rollout_store
+from fedge.edge_manager.rollout import views as rollout_views
+from fedge.edge_manager.rollout.plan import make_plan
+from fedge.edge_manager.rollout.service import Rollouts
 from fedge.edge_manager.store import Store
 from fedge.loop.policy import LoopPolicy
 from fedge.loop.runner import Wiring

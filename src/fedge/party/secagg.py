@@ -2,7 +2,7 @@
 
 Secure aggregation is Flower's SecAgg+ (Bell et al., "Secure Single-Server Aggregation
 with (Poly)Logarithmic Overhead", CCS 2020): ``secaggplus_mod`` on the party,
-``SecAggPlusWorkflow`` on the server (:mod:`fedge.aggregator.secagg`). We write no
+``SecAggPlusWorkflow`` on the server (:mod:`fedge.aggregator.privacy.secagg`). We write no
 cryptography; this module only lets our ClientApps take part.
 
 Two things stand between Flower's mod and our apps, and :func:`secagg_mod` bridges both:

@@ -1,6 +1,6 @@
 """What the manager tells operators when a serving model looks unwell: an alert.
 
-The manager's monitor (``edge_manager/monitor.py``) raises one per (edge, model, kind)
+The manager's monitor (``edge_manager/monitor/tick.py``) raises one per (edge, model, kind)
 while its condition holds and clears it when the condition stops holding or an operator
 acknowledges it; each change is published on ``fedge/v1/{fleet}/alerts`` (see
 :mod:`fedge.protocols.topics`), QoS 1, not retained: the store is the record, the topic

@@ -228,7 +228,7 @@ class FleetCA:
     ) -> bytes:
         """A CRL (PEM) listing ``revoked``, valid ``days``. Past its next-update a TLS stack
         (Mosquitto's OpenSSL) refuses every client, so the manager issues it again well
-        before (:mod:`fedge.edge_manager.credential_renewal`), not only on revocation."""
+        before (:mod:`fedge.edge_manager.security.renewal`), not only on revocation."""
         now = now or utcnow()
         builder = (
             x509.CertificateRevocationListBuilder()

@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import numpy as np
 import numpy.typing as npt
 
-from fedge.sim.defects import make_defect_images
+from fedge.datasets.defects import make_defect_images
 from fedge.sim.scenario import DATASETS, DataSpec, FleetSpec, Scenario, ScenarioError
 
 FloatArray = npt.NDArray[np.float32]
@@ -75,7 +75,7 @@ def load_dataset(name: str = "digits") -> Split:
 
     ``digits`` is scikit-learn's bundled 8x8 digits (1,797 images, 10 classes): offline,
     nothing is downloaded. ``inspection`` is :data:`INSPECTION_IMAGES` generated 8x8
-    brushed-metal surfaces, clean or scratched (:mod:`fedge.sim.defects`; labels 0/1 in
+    brushed-metal surfaces, clean or scratched (:mod:`fedge.datasets.defects`; labels 0/1 in
     the models' 10-way head): enough images for stations of over 1,000 each, which DP-SGD
     needs (its noise is amortised over a party's data; Abadi et al. 2016).
     """

@@ -42,7 +42,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 
-from fedge.aggregator.identity import PartitionOrderedGrid
+from fedge.aggregator.fleet.identity import PartitionOrderedGrid
 from fedge.sim.data import make_partitions
 from fedge.sim.runner import Curve, ProgressFn, drive, run_config
 from fedge.sim.scenario import Scenario

@@ -18,7 +18,7 @@ from uuid import uuid4
 from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedge.aggregator.grids import NODE_ID_BASE, LocalGrid, UserConfig
+from fedge.aggregator.fleet.grids import NODE_ID_BASE, LocalGrid, UserConfig
 
 # Flower's own code for "the ClientApp raised" (flwr.common.constant.ErrorCode).
 CLIENT_APP_RAISED_EXCEPTION = 2

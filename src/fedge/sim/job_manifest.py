@@ -45,15 +45,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.factory import KINDS, StrategyConfigError, build_strategy
-from fedge.aggregator.job_spec import (
+from fedge.aggregator.jobs.spec import (
     CheckpointSpec,
     JobSpec,
     ManifestError,
     check_tier_credits,
     take_privacy,
 )
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.strategies.factory import KINDS, StrategyConfigError, build_strategy
 from fedge.models.digits import ARCHITECTURES
 from fedge.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_path
 from fedge.toml_table import TomlTable
@@ -120,7 +120,7 @@ class JobManifest:
         return self.job.seed
 
     def strategy_params(self) -> dict[str, object]:
-        """The parameter table :func:`fedge.aggregator.factory.build_strategy` takes."""
+        """The parameter table :func:`fedge.aggregator.strategies.factory.build_strategy` takes."""
         return {"kind": self.strategy.kind, **self.strategy.params}
 
 

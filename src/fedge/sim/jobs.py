@@ -6,7 +6,7 @@ A job is a manifest (:mod:`fedge.sim.job_manifest`) run in a job directory::
         job.toml              the manifest, as submitted
         scenario.toml         a frozen copy of its scenario (the parties read this one)
         runs.db               the run store: the run's state and every round
-        checkpoints/          round-NNNNNN.npz, atomic (fedge.aggregator.checkpoint)
+        checkpoints/          round-NNNNNN.npz, atomic (fedge.aggregator.jobs.checkpoint)
         final.npz             the final model's arrays, once completed
         halt-request          present while a halt is requested
         .lock                 flock'd by the process running the job
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from fedge.aggregator.checkpoint import (
+from fedge.aggregator.jobs.checkpoint import (
     Checkpoint,
     atomic_write_text,
     checkpoint_round,
@@ -42,7 +42,8 @@ from fedge.aggregator.checkpoint import (
     restore_strategy,
     save_arrays,
 )
-from fedge.aggregator.job_dir import (
+from fedge.aggregator.jobs.control import ACCURACY_KEY, require_job, the_run
+from fedge.aggregator.jobs.directory import (
     FINAL_MODEL,
     JOB_MANIFEST,
     JOB_SCENARIO,
@@ -53,10 +54,9 @@ from fedge.aggregator.job_dir import (
     halt_requested,
     job_lock,
 )
-from fedge.aggregator.job_spec import ManifestError
-from fedge.aggregator.jobs import ACCURACY_KEY, require_job, the_run
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.run_store import RunState, RunStore
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.jobs.spec import ManifestError
+from fedge.aggregator.rounds.record import RoundRecord
 from fedge.sim.job_manifest import JobManifest, load_manifest, parse_manifest
 
 ProgressFn = Callable[[int, int, float | None], None]
@@ -193,11 +193,11 @@ def _train(
     from flwr.app import ArrayRecord, Message
     from flwr.serverapp import Grid
 
-    from fedge.aggregator.clock import ClockMode
     from fedge.aggregator.driver import start_rounds
-    from fedge.aggregator.factory import build_strategy
-    from fedge.aggregator.replies import arrays_of
-    from fedge.aggregator.tiered import TieredFedAvg
+    from fedge.aggregator.rounds.clock import ClockMode
+    from fedge.aggregator.rounds.replies import arrays_of
+    from fedge.aggregator.strategies.factory import build_strategy
+    from fedge.aggregator.strategies.tiered import TieredFedAvg
     from fedge.models import digits
     from fedge.sim.data import make_partitions
     from fedge.sim.grid import InProcessGrid

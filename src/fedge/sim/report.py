@@ -111,7 +111,7 @@ def architectures(scenario: Scenario, strategies: list[str]) -> list[Architectur
     scenario's ``device.seconds_per_example`` is for the reference ``mlp`` and scales with
     the parameter count (an MLP's FLOPs per example), as the party's clock does.
     """
-    from fedge.aggregator.feddf import DEFAULT_TIER_ARCHS
+    from fedge.aggregator.strategies.feddf import DEFAULT_TIER_ARCHS
     from fedge.models import digits
     from fedge.sim.party_app import REFERENCE_ARCH
 

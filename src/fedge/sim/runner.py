@@ -3,7 +3,7 @@
 Each run is one Flower strategy driving the scenario's parties (fedge's ClientApp) on a
 Grid: the in-process one by default, Flower's simulation runtime with ``backend="flower"``.
 The clock is virtual: a round lasts as long as its parties' reported device times say
-(see :mod:`fedge.aggregator.streaming`), so results are deterministic for a seed.
+(see :mod:`fedge.aggregator.strategies.streaming`), so results are deterministic for a seed.
 """
 
 import statistics
@@ -16,10 +16,10 @@ from uuid import uuid4
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
 
-from fedge.aggregator.clock import ClockMode
 from fedge.aggregator.driver import start_rounds
-from fedge.aggregator.factory import build_strategy
-from fedge.aggregator.rounds import RoundRecord
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.strategies.factory import build_strategy
 from fedge.models import digits
 from fedge.privacy.settings import PrivacyMode
 from fedge.sim.data import Partitions, make_partitions

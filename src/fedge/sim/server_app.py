@@ -35,7 +35,7 @@ The strategy runs on the wall clock: a round ends at its quorum or its deadline,
 parties still working are *late*, parties that answered with an error *failed*. Every
 round is recorded in the run store as it ends; the parties' latency profiles (and tiers)
 are saved when the run ends, however it ends. Nodes are shown to the strategy as
-``1000 + partition-id`` (:class:`~fedge.aggregator.identity.PartitionOrderedGrid`), so the
+``1000 + partition-id`` (:class:`~fedge.aggregator.fleet.identity.PartitionOrderedGrid`), so the
 store names parties the same way in deployment and in simulation.
 """
 
@@ -53,13 +53,13 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from fedge.aggregator.clock import ClockMode
-from fedge.aggregator.factory import build_strategy
-from fedge.aggregator.identity import PartitionOrderedGrid
-from fedge.aggregator.rounds import RoundRecord
-from fedge.aggregator.run_store import RunState, RunStore
-from fedge.aggregator.streaming import StreamingFedAvg
-from fedge.aggregator.tiered import TieredFedAvg
+from fedge.aggregator.fleet.identity import PartitionOrderedGrid
+from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.strategies.factory import build_strategy
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
+from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.sim.errors import SimError
 
 UserConfigValue = bool | int | float | str

@@ -21,7 +21,7 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedge.edge_manager.registry import PublishedModel, Registry
+from fedge.edge_manager.registry.versions import PublishedModel, Registry
 from fedge.models import digits
 from fedge.models.distill import ExportCheck, check_proxy, distill, export_student_onnx
 from fedge.protocols.manifest import Lineage
@@ -188,8 +188,8 @@ def load_job_teacher(job_dir: Path) -> Teacher:
 
     The job keeps its final model's arrays; the architecture is the one they fit.
     """
-    from fedge.aggregator.checkpoint import CheckpointError, load_arrays
-    from fedge.aggregator.job_dir import FINAL_MODEL
+    from fedge.aggregator.jobs.checkpoint import CheckpointError, load_arrays
+    from fedge.aggregator.jobs.directory import FINAL_MODEL
 
     path = job_dir / FINAL_MODEL
     if not path.is_file():

@@ -31,7 +31,8 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
-from fedge.edge_manager.registry import PublishedModel, Registry
+from fedge.datasets.defects import make_defect_images
+from fedge.edge_manager.registry.versions import PublishedModel, Registry
 from fedge.models.digits import count_parameters
 from fedge.models.distill import DistillStats, check_proxy, distill
 from fedge.models.inspection import (
@@ -46,7 +47,6 @@ from fedge.models.inspection import (
     new_model,
 )
 from fedge.protocols.manifest import Lineage, ModelManifest
-from fedge.sim.defects import make_defect_images
 from fedge.students.errors import StudentError
 
 IMAGE_SHAPE: tuple[int, int, int] = (1, IMAGE_SIZE, IMAGE_SIZE)
@@ -103,14 +103,14 @@ class ProxySet:
 
 
 def generated_proxy(n: int, seed: int) -> ProxySet:
-    """``n`` generated surfaces (:func:`fedge.sim.defects.make_defect_images`), labels dropped.
+    """``n`` generated surfaces (:func:`fedge.datasets.defects.make_defect_images`), labels dropped.
 
     Use a seed that neither the teacher's training set nor the held-out set uses.
     """
     images, _ = make_defect_images(n, seed=seed)  # the labels stop here: no one reads them
     return ProxySet(
         images_to_tensor(images).numpy(),
-        f"{n} unlabeled generated surfaces (fedge.sim.defects seed {seed})",
+        f"{n} unlabeled generated surfaces (fedge.datasets.defects seed {seed})",
     )
 
 

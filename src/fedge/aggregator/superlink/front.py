@@ -44,7 +44,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from fedge.aggregator.job_dir import JobError
+from fedge.aggregator.jobs.directory import JobError
 from fedge.aggregator.superlink.signed_apps import SignedApps
 from fedge.protocols.app_signing import VALID_LICENSE
 from fedge.protocols.pki import TlsFiles

@@ -46,7 +46,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedge.aggregator.job_dir import JobError
+from fedge.aggregator.jobs.directory import JobError
 from fedge.aggregator.superlink.address import (
     certificate_names_host,
     connection_toml,

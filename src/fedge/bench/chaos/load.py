@@ -8,7 +8,7 @@ is down, its disk is full) are expected under chaos and only counted; what the a
 and label was kept.
 
 :class:`OperatorLoad` plays the operator: threshold pushes and deployments through the
-manager's library API (:class:`~fedge.edge_manager.fleet.Fleet`), written to the store
+manager's library API (:class:`~fedge.edge_manager.fleet.operations.Fleet`), written to the store
 whether or not ``manager serve`` is up at that moment -- as an operator's CLI would.
 """
 

@@ -25,10 +25,12 @@ from fedge.bench.chaos.clock import clock_env, install_shim, set_offset
 from fedge.bench.chaos.proxy import FaultyProxy
 from fedge.bench.footprint import AgentProcess, fedge_command
 from fedge.bench.testbed import BenchError
-from fedge.edge_agent import local_store, restore
-from fedge.edge_manager import enrollment, report_store
-from fedge.edge_manager.fleet import Fleet, opened
-from fedge.edge_manager.home import ManagerHome, ManagerSettings
+from fedge.edge_agent import store as local_store
+from fedge.edge_agent.deploy import restore
+from fedge.edge_manager.fleet.operations import Fleet, opened
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.reports import store as report_store
+from fedge.edge_manager.security import enrollment
 from fedge.transport.broker import MosquittoBroker
 from fedge.transport.ports import free_port
 

@@ -32,8 +32,8 @@ from fedge.bench.chaos.report import build_report
 from fedge.bench.chaos.schedule import Fault, FaultKind, PlantShape, build_schedule
 from fedge.bench.machine import machine_info
 from fedge.bench.testbed import BenchError, wait_until
-from fedge.edge_agent import local_store
-from fedge.edge_manager import report_store
+from fedge.edge_agent import store as local_store
+from fedge.edge_manager.reports import store as report_store
 
 MODEL_VERSIONS = (1, 2, 3)
 # The streams whose records the end check counts (a batch announces how many it holds).

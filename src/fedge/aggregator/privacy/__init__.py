@@ -1,0 +1,1 @@
+"""Server-side privacy of a round: central DP (clipping + noise) and SecAgg+."""

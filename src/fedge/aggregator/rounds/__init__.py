@@ -1,0 +1,1 @@
+"""Round mechanics: push and pull, replies, streaming folds, deadlines, staleness, latency."""

@@ -1,0 +1,1 @@
+"""Flower strategies: streaming FedAvg, TiFL tiers, FedDF distillation, and their factory."""

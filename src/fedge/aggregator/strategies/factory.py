@@ -1,0 +1,200 @@
+"""Build a strategy from its kind and a parameter table (job manifests, scenarios).
+
+Unknown kinds and parameters are errors that name the offending key, raised before
+anything starts.
+"""
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from fedge.aggregator.errors import AggregatorError
+from fedge.aggregator.privacy import central_dp
+from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.deadline import DeadlineConfig
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
+from fedge.aggregator.strategies.tiered import TieredFedAvg
+from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# distill also needs the server's unlabeled proxy set (``proxy_X``): the simulator and jobs
+# pass their scenario's proxy split.
+KINDS = ("fedavg", "fedprox", "tiered", "distill")
+_DEADLINE: dict[str, type | tuple[type, ...]] = {
+    "over_selection": float,
+    "quorum_fraction": float,
+    "deadline_factor": float,
+    "late_policy": str,
+    "staleness_exponent": float,
+}
+_TIERED: dict[str, type | tuple[type, ...]] = {
+    "tiers": int,
+    "profiling_rounds": int,
+    "profiling_deadline_s": float,
+    "adaptive": bool,
+    "interval": int,
+    "credits_per_tier": (int, list),
+    "static_probabilities": list,
+    "retier_interval": int,
+    "dropout_threshold_s": float,
+}
+_FEDPROX: dict[str, type | tuple[type, ...]] = {"proximal_mu": float}
+# ``[strategies.<name>.privacy]``: DP-SGD, central DP, SecAgg+ (fedge.privacy.settings).
+_PRIVACY: dict[str, type | tuple[type, ...]] = {"privacy": dict}
+_DISTILL: dict[str, type | tuple[type, ...]] = {
+    "tier_archs": list,
+    "temperature": float,
+    "distill_epochs": int,
+    "distill_lr": float,
+    "distill_batch_size": int,
+}
+# Every kind but distill (whose architectures follow the tiers) may set the trained arch.
+_ARCH: dict[str, type | tuple[type, ...]] = {"arch": str}
+
+
+class StrategyConfigError(AggregatorError):
+    """A strategy table names an unknown kind or parameter, or a bad value."""
+
+
+def _typed(table: str, key: str, value: object, kind: type | tuple[type, ...]) -> Any:
+    if isinstance(kind, tuple):
+        for option in kind:
+            try:
+                return _typed(table, key, value, option)
+            except StrategyConfigError:
+                continue
+        names = " or ".join(k.__name__ for k in kind)
+        raise StrategyConfigError(
+            f"{table}.{key}: expected {names}, got {type(value).__name__} ({value!r})"
+        )
+    if kind is float and isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if kind is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if isinstance(value, kind):
+        return value
+    raise StrategyConfigError(
+        f"{table}.{key}: expected {kind.__name__}, got {type(value).__name__} ({value!r})"
+    )
+
+
+def build_strategy(
+    name: str,
+    params: Mapping[str, object],
+    *,
+    per_round: int,
+    seed: int,
+    clock: ClockMode,
+    proxy_X: "np.ndarray | None" = None,
+    rounds: int | None = None,
+) -> tuple[StreamingFedAvg, dict[str, float | str]]:
+    """The strategy and the extra train config it needs (e.g. FedProx's mu, the arch).
+
+    ``proxy_X`` is the server's unlabeled proxy set; kind ``distill`` needs it. When the
+    train config carries ``"arch"``, the initial and evaluated model must be that arch.
+    ``rounds``, when known (a job manifest), refuses central DP whose rounds would cost
+    more than its ``privacy.epsilon``; ``start_rounds`` checks it again before training.
+    """
+    table = f"strategies.{name}"
+    kind = str(params.get("kind", name))
+    if kind not in KINDS:
+        raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
+    allowed = dict(_DEADLINE) | _PRIVACY
+    if kind in ("tiered", "distill"):
+        allowed |= _TIERED
+    if kind == "distill":
+        allowed |= _DISTILL
+    else:
+        allowed |= _ARCH
+    if kind == "fedprox":
+        allowed |= _FEDPROX
+    values: dict[str, Any] = {}
+    for key, value in params.items():
+        if key == "kind":
+            continue
+        if key not in allowed:
+            raise StrategyConfigError(
+                f"{table}.{key}: not a parameter of {kind} (known: {sorted(allowed)})"
+            )
+        values[key] = _typed(table, key, value, allowed[key])
+    privacy = _privacy(table, values.pop("privacy", {}), kind=kind, per_round=per_round)
+    try:
+        deadline = DeadlineConfig(**{k: values.pop(k) for k in list(values) if k in _DEADLINE})
+        train_config: dict[str, float | str] = {}
+        if "arch" in values:
+            from fedge.models.digits import ARCHITECTURES  # torch: only when asked for
+
+            if values["arch"] not in ARCHITECTURES:
+                raise ValueError(
+                    f"arch: unknown architecture {values['arch']!r} "
+                    f"(known: {sorted(ARCHITECTURES)})"
+                )
+            train_config["arch"] = values.pop("arch")
+        if kind == "fedprox":
+            train_config["proximal-mu"] = values.pop("proximal_mu", 0.01)
+        if kind in ("tiered", "distill") and "tiers" in values:
+            values["n_tiers"] = values.pop("tiers")
+        if kind == "distill":
+            if proxy_X is None:
+                raise ValueError("distill needs the server's unlabeled proxy set (proxy_X)")
+            # The training stack (torch) is imported only for this kind.
+            from fedge.aggregator.strategies.feddf import DistillingTieredFedAvg
+
+            distilling = DistillingTieredFedAvg(
+                per_round=per_round,
+                seed=seed,
+                clock=clock,
+                deadline=deadline,
+                proxy_X=proxy_X,
+                **values,
+            )
+            train_config["arch"] = distilling.evaluation_arch
+            strategy: StreamingFedAvg = distilling
+        elif kind == "tiered":
+            strategy = TieredFedAvg(
+                per_round=per_round, seed=seed, clock=clock, deadline=deadline, **values
+            )
+        else:
+            strategy = StreamingFedAvg(
+                per_round=per_round, seed=seed, clock=clock, deadline=deadline
+            )
+    except (ValueError, TypeError) as exc:
+        raise StrategyConfigError(f"{table}: {exc}") from None
+    strategy.privacy = privacy
+    if privacy.mode is PrivacyMode.CENTRAL:
+        try:
+            central_dp.check_strategy(strategy)
+            if rounds is not None:
+                central_dp.check_rounds(privacy, rounds)
+        except PrivacyError as exc:
+            raise StrategyConfigError(f"{table}: {exc}") from None
+    return strategy, train_config
+
+
+def _privacy(table: str, values: dict[str, object], *, kind: str, per_round: int) -> PrivacySpec:
+    """The strategy's privacy table, validated before anything trains."""
+    try:
+        spec = PrivacySpec.from_table(values)
+        spec.check_parties(per_round)
+    except PrivacyError as exc:
+        raise StrategyConfigError(f"{table}: {exc}") from None
+    if spec.mode is PrivacyMode.LOCAL and kind == "fedprox":
+        # FedProx's proximal term is not a per-sample loss: DP-SGD's clipping cannot bound it.
+        raise StrategyConfigError(f"{table}.privacy: mode 'local' (DP-SGD) cannot train FedProx")
+    if spec.secagg and spec.mode is PrivacyMode.CENTRAL:
+        raise StrategyConfigError(
+            f"{table}.privacy: SecAgg+ with central DP is not supported (the server never "
+            "sees an update to clip); use mode 'local' (DP-SGD) with SecAgg+"
+        )
+    if spec.secagg and kind == "distill":
+        raise StrategyConfigError(
+            f"{table}.privacy: SecAgg+ yields one aggregate per round; distill folds one "
+            "model per tier architecture"
+        )
+    if spec.mode is PrivacyMode.CENTRAL and kind == "distill":
+        raise StrategyConfigError(
+            f"{table}.privacy: mode 'central' clips one model's updates; distill trains one "
+            "model per tier architecture"
+        )
+    return spec

@@ -1,0 +1,1 @@
+"""The station's signed configuration: verified, decided, kept, and what it carries."""

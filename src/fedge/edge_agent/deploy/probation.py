@@ -1,0 +1,270 @@
+"""Watching the serving model: the baseline of its scores, and a new model's probation.
+
+One :class:`Probation` per agent, fed by the scorer after every model call (scored
+images, or a batch the model failed on). It keeps the serving model's recent defect
+scores -- the baseline a next model's spread is compared with -- and, after a
+deployment activates, the new model's probation window. The verdict is
+:func:`fedge.edge_agent.deploy.probation_verdict.judge`'s; on ``failed`` the ``on_fail`` callback
+(the
+deployments' rollback) is started on its own thread, so scoring never waits for a swap;
+on ``passed`` the ``on_pass`` callback (the deployments' report) likewise.
+
+The trial is kept in the agent's store (``probation``), written by the deployments in
+the same transaction as the pointers that make the model active: an agent restarted
+during a probation starts the window again for the same model rather than trusting it
+unjudged, and counts the start in the trial. A model that kills the agent would
+otherwise be resumed forever; past ``max_restarts`` starts :meth:`Probation.resume`
+returns a failed verdict and the agent rolls back before it serves.
+"""
+
+import json
+import logging
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
+
+import numpy as np
+
+from fedge.edge_agent.deploy import probation_verdict as health
+from fedge.edge_agent.inference.runtime import LoadedModel
+from fedge.edge_agent.store import LocalStore
+
+log = logging.getLogger(__name__)
+
+KEY = "probation"
+
+
+@dataclass(frozen=True)
+class Trial:
+    """A model on probation: the deployment that activated it and the model it replaced."""
+
+    model: str
+    deployment_id: str
+    deployment_version: int
+    previous: str
+    latency_budget_ms: float | None = None
+    baseline_spread: float | None = None
+    # How many times the agent was started with this trial under way (health.restarted).
+    starts: int = 0
+
+
+def encode_trial(trial: Trial) -> str:
+    return json.dumps(asdict(trial), separators=(",", ":"))
+
+
+def decode_trial(raw: str | None) -> Trial | None:
+    """The stored trial; None when there is none or it is unreadable (nothing to judge)."""
+    if not raw:
+        return None
+    try:
+        data = json.loads(raw)
+        return Trial(
+            model=str(data["model"]),
+            deployment_id=str(data["deployment_id"]),
+            deployment_version=int(data["deployment_version"]),
+            previous=str(data["previous"]),
+            latency_budget_ms=_optional_float(data.get("latency_budget_ms")),
+            baseline_spread=_optional_float(data.get("baseline_spread")),
+            starts=int(data.get("starts", 0)),
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def _optional_float(value: object) -> float | None:
+    return None if value is None else float(str(value))
+
+
+# Called on its own thread with a judged trial (a failure: roll back; a pass: report).
+OnVerdict = Callable[[Trial, health.Verdict], None]
+
+
+class Probation:
+    def __init__(
+        self,
+        policy: health.ProbationPolicy,
+        store: LocalStore,
+        counters: Counter[str],
+        on_fail: OnVerdict,
+        on_pass: OnVerdict,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.store = store
+        self.counters = counters
+        self._on_fail = on_fail
+        self._on_pass = on_pass
+        self._clock = clock
+        self._lock = threading.Lock()
+        # The serving model's last defect scores (the baseline of the next model).
+        self._recent_model = ""
+        self._recent: deque[float] = deque(maxlen=policy.images)
+        self._trial: Trial | None = None
+        self._window = health.Window()
+        self._started = 0.0
+        self.last_verdict: health.Verdict | None = None
+
+    # -- starting and ending a trial
+
+    def trial_for(
+        self,
+        model: LoadedModel,
+        deployment_id: str,
+        deployment_version: int,
+        previous: str,
+        *,
+        baseline_trusted: bool,
+    ) -> Trial:
+        """The trial of ``model`` about to replace ``previous`` (stored by the caller).
+
+        The previous model's spread is the baseline only when ``baseline_trusted`` (it
+        passed a probation here, or was the station's first model): a model is never
+        judged against the scores of one that is itself unproven.
+        """
+        with self._lock:
+            baseline = None
+            if (
+                baseline_trusted
+                and self._recent_model == previous
+                and len(self._recent) >= self.policy.min_images
+            ):
+                baseline = health.spread(list(self._recent))
+        return Trial(
+            model.ref,
+            deployment_id,
+            deployment_version,
+            previous,
+            model.manifest.latency_budget_ms,
+            baseline,
+        )
+
+    def current(self) -> Trial | None:
+        with self._lock:
+            return self._trial
+
+    def start(self, trial: Trial | None) -> None:
+        """``trial`` is under way (None: no trial), as the caller just stored it.
+
+        Call it under the agent's lock, with the swap, so no image the new model scores
+        escapes the window. A trial of the model already on trial (the same model
+        deployed again) keeps its window: it is the same model's probation.
+        """
+        with self._lock:
+            if trial is None:
+                self._trial = None
+                return
+            if self._trial is not None and self._trial.model == trial.model:
+                self._trial = trial
+                return
+            self._start(trial)
+        log.info(
+            "%s on probation (%d images or %.0f s; previous %s)",
+            trial.model,
+            self.policy.images,
+            self.policy.seconds,
+            trial.previous,
+        )
+
+    def resume(self, serving: str) -> tuple[Trial, health.Verdict] | None:
+        """At start-up: a trial of the model now serving starts its window again and
+        counts the start; a trial of another model (the agent fell back at restore) is
+        dropped. A trial started more than ``max_restarts`` times is returned failed:
+        the caller rolls back before the model serves."""
+        trial = decode_trial(self.store.get(KEY))
+        if trial is None:
+            return None
+        with self._lock:
+            if trial.model != serving:
+                self.store.put(KEY, "")
+                return None
+            trial = replace(trial, starts=trial.starts + 1)
+            verdict = health.restarted(self.policy, trial.starts)
+            if verdict is not None:
+                self._trial = None
+                self.last_verdict = verdict
+            else:
+                self.store.put(KEY, encode_trial(trial))
+                self._start(trial)
+        if verdict is not None:
+            self.counters[f"probation.failed.{verdict.check}"] += 1
+            log.error("%s failed its probation: %s", trial.model, verdict.reason)
+            return trial, verdict
+        self.counters["probation.resumed"] += 1
+        return None
+
+    def _start(self, trial: Trial) -> None:
+        self._trial = trial
+        self._window = health.Window()
+        self._started = self._clock()
+        self.last_verdict = None
+
+    # -- what the scorer saw
+
+    def observe(
+        self, model: LoadedModel, rows: np.ndarray, latencies_ms: Sequence[float], errors: int
+    ) -> None:
+        """One model call: the raw score rows of the images it scored (and their
+        latencies), or ``errors`` images it failed on."""
+        indices = health.defect_indices(model.manifest.classes, model.manifest.positive_classes)
+        scores, non_finite = health.defect_scores(rows, indices)
+        with self._lock:
+            if self._recent_model != model.ref:
+                self._recent_model = model.ref
+                self._recent.clear()
+            self._recent.extend(scores)
+            trial = self._trial
+            if trial is None or trial.model != model.ref:
+                return
+            self._window = health.observe(
+                self._window,
+                latencies_ms=latencies_ms,
+                defect_scores=scores,
+                non_finite=non_finite,
+                errors=errors,
+            )
+            verdict = health.judge(
+                self.policy,
+                self._window,
+                self._clock() - self._started,
+                trial.latency_budget_ms,
+                trial.baseline_spread,
+            )
+            if verdict.outcome is health.Outcome.PENDING:
+                return
+            self.last_verdict = verdict
+            self._trial = None  # judged once: later images change nothing
+        if verdict.outcome is health.Outcome.PASSED:
+            self.counters["probation.passed"] += 1
+            log.info("%s passed its probation: %s", model.ref, verdict.note)
+            target, name = self._on_pass, "probation-passed"
+        else:
+            self.counters[f"probation.failed.{verdict.check}"] += 1
+            log.error("%s failed its probation: %s", model.ref, verdict.reason)
+            target, name = self._on_fail, "rollback"
+        # The trial leaves the store there, with what the verdict changes (one transaction).
+        threading.Thread(target=target, args=(trial, verdict), name=name, daemon=True).start()
+
+    def status(self) -> dict[str, object]:
+        """For the local API: the trial under way, or the last verdict."""
+        with self._lock:
+            trial, window, started = self._trial, self._window, self._started
+            last = self.last_verdict
+        if trial is None:
+            return {
+                "state": "none" if last is None else last.outcome.value,
+                "reason": "" if last is None else last.reason,
+            }
+        return {
+            "state": "on_probation",
+            "model": trial.model,
+            "previous": trial.previous,
+            "images": window.attempts,
+            "of_images": self.policy.images,
+            "elapsed_s": round(self._clock() - started, 3),
+            "of_seconds": self.policy.seconds,
+            "latency_budget_ms": trial.latency_budget_ms,
+            "baseline_spread": trial.baseline_spread,
+            "starts": trial.starts,
+        }

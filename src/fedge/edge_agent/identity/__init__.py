@@ -1,0 +1,1 @@
+"""The station's identity: enrolment, certificate renewal, the manager keys it trusts."""

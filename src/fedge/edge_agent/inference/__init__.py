@@ -1,0 +1,1 @@
+"""Scoring on the station: ONNX Runtime, image decoding, the scoring path and its entrances."""

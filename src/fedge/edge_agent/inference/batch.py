@@ -1,0 +1,138 @@
+"""Scoring prepared images with a loaded model: one ONNX Runtime call per batch.
+
+Pure apart from the model call: the agent hands in the model and config it snapshotted,
+gets back one :class:`Scored` per image, and commits the records together (one SQLite
+transaction per batch, see :mod:`fedge.edge_agent.group_commit`). Batching is what keeps
+the agent's path near bare ONNX Runtime: the per-prediction commit, not the model, was
+most of the agent's overhead (BENCHMARKS.md §3).
+"""
+
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from fedge.edge_agent.config.decisions import decide, thresholds_in_force
+from fedge.edge_agent.errors import InferenceError
+from fedge.edge_agent.inference.runtime import LoadedModel
+from fedge.monitoring.features import image_stats_many
+from fedge.protocols.config import EdgeConfig
+from fedge.protocols.records import PredictionRecord
+
+
+@dataclass(frozen=True)
+class Scored:
+    record: PredictionRecord
+    scores: np.ndarray
+
+
+def batch_axis_is_dynamic(model: LoadedModel) -> bool:
+    """Whether the model takes any batch size (else it is fed one image per call)."""
+    first = model.manifest.inputs[0].shape[0] if model.manifest.inputs[0].shape else 1
+    return not (isinstance(first, int) and first > 0)
+
+
+def _shaped(image: np.ndarray) -> np.ndarray:
+    """H x W -> 1 x H x W (one channel); C x H x W as it is."""
+    if image.ndim == 2:
+        return image[None, :, :]
+    if image.ndim == 3:
+        return image
+    raise InferenceError(f"an image must be H x W or C x H x W, got shape {image.shape}")
+
+
+def run(model: LoadedModel, images: Sequence[np.ndarray]) -> tuple[np.ndarray, float]:
+    """Class probabilities for ``images`` (N x classes) and the model's ms per image.
+
+    A model with a dynamic batch axis gets the whole batch in one call; one with a fixed
+    batch of 1 gets a call per image.
+    """
+    probs, per_image_ms, _ = _run(model, images)
+    return probs, per_image_ms
+
+
+def _run(
+    model: LoadedModel, images: Sequence[np.ndarray]
+) -> tuple[np.ndarray, float, np.ndarray | None]:
+    """:func:`run`, and the stacked batch (N x C x H x W) when it made one."""
+    if not images:
+        return np.empty((0, len(model.manifest.classes)), dtype=np.float32), 0.0, None
+    shaped = [_shaped(image) for image in images]
+    if len({image.shape for image in shaped}) != 1:
+        raise InferenceError("the images of one batch must have the same shape")
+    started = time.perf_counter()
+    batch = None
+    if batch_axis_is_dynamic(model) or len(shaped) == 1:
+        batch = np.stack(shaped)
+        probs = model.run(batch.astype(model.input_dtype, copy=False))
+    else:
+        probs = np.concatenate(
+            [model.run(image.astype(model.input_dtype, copy=False)[None]) for image in shaped]
+        )
+    per_image_ms = (time.perf_counter() - started) * 1000.0 / len(shaped)
+    if probs.ndim != 2 or probs.shape[0] != len(shaped):
+        raise InferenceError(
+            f"{model.ref} returned shape {probs.shape} for a batch of {len(shaped)}"
+        )
+    return probs, per_image_ms, batch
+
+
+def record_for(
+    model: LoadedModel,
+    config: EdgeConfig | None,
+    probs: np.ndarray,
+    latency_ms: float,
+    source: str,
+    at: float,
+    stats: dict[str, float] | None = None,
+) -> PredictionRecord:
+    """The prediction record of one image's probabilities under the config in force.
+
+    ``stats`` are the image's statistics (monitoring.features.image_stats): the manager
+    watches them for input drift and estimates accuracy from them without labels.
+    """
+    classes = model.manifest.classes
+    # Scores are clamped to [0, 1]: a model's float noise must not fail validation.
+    scores = {
+        name: min(1.0, max(0.0, float(p))) for name, p in zip(classes, probs.tolist(), strict=True)
+    }
+    # The config's thresholds, or the serving model's own when the config is tied to
+    # another model version (decisions.thresholds_in_force).
+    in_force = thresholds_in_force(config, model.manifest)
+    decision = decide(scores, model.manifest.positive_classes, in_force)
+    return PredictionRecord(
+        prediction_id=f"p-{uuid.uuid4().hex}",
+        at=at,
+        model=model.ref,
+        scores=scores,
+        decision=decision.decision,
+        threshold=decision.threshold,
+        config_version=0 if config is None else config.version,
+        latency_ms=latency_ms,
+        source=source[:512],
+        stats=stats,
+    )
+
+
+def score(
+    model: LoadedModel,
+    config: EdgeConfig | None,
+    images: Sequence[np.ndarray],
+    sources: Sequence[str],
+) -> list[Scored]:
+    """Score ``images`` (prepared: H x W or C x H x W) into records, not yet stored."""
+    if len(sources) != len(images):
+        raise InferenceError(f"{len(images)} images but {len(sources)} sources")
+    probs, latency_ms, batch = _run(model, images)
+    at = time.time()
+    # Computed on the prepared image (what the model saw), after the model call so that
+    # the measured latency stays the model's own.
+    if batch is None and images:
+        batch = np.stack([_shaped(np.asarray(image)) for image in images])
+    stats = [] if batch is None else image_stats_many(batch)
+    return [
+        Scored(record_for(model, config, row, latency_ms, source, at, image_stats), row)
+        for row, source, image_stats in zip(probs, sources, stats, strict=True)
+    ]

@@ -1,0 +1,1 @@
+"""What leaves the station: publisher, outbox sender, statements, telemetry, gRPC polling."""

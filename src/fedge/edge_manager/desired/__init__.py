@@ -1,0 +1,1 @@
+"""Desired documents: the next config and deployment decided, stored, published, kept fresh."""

@@ -1,0 +1,1 @@
+"""The fleet as operators run it: edges, deployments, predictions, views and watching."""

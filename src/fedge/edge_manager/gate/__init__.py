@@ -1,0 +1,1 @@
+"""The validation gate: stations evaluate a candidate, the gate decides whether it is blessed."""

@@ -1,0 +1,1 @@
+"""The manager's home directory and its long-running processes."""

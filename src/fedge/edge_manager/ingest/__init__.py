@@ -1,0 +1,1 @@
+"""Everything edges send up, checked and stored exactly once."""

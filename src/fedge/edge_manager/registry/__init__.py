@@ -1,0 +1,1 @@
+"""The model registry: immutable, signed model versions with lineage."""

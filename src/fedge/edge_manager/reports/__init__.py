@@ -1,0 +1,1 @@
+"""Reads of what happened: reports, benchmarks, the closed loop's timeline."""

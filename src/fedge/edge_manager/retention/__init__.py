@@ -1,0 +1,1 @@
+"""Retention: reports kept for a while, deleted in bounded batches."""

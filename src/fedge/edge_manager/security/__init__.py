@@ -1,0 +1,1 @@
+"""The fleet's PKI and trust: CA, credentials, enrolment, renewal, operators, key rotation."""

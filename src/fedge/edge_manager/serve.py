@@ -1,0 +1,383 @@
+"""``fedge manager serve``: the MQTT and gRPC adapters around the store.
+
+One worker thread owns the write connection. Everything that changes the store -- MQTT
+messages, gRPC uploads, publish acknowledgements -- is queued to it; it folds a burst of
+messages into one transaction and acks them to the broker only after the commit (QoS 1
+with manual acks: a SIGKILL between store and ack means redelivery, which the
+(edge, stream, seq) key absorbs). The same loop publishes desired documents that
+operators wrote to the store, signed and retained (desired_publisher.py).
+"""
+
+import datetime as dt
+import logging
+import queue
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import grpc
+
+from fedge.edge_manager.desired import store as desired_store
+from fedge.edge_manager.desired.publisher import DesiredPublisher
+from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.ingest.messages import Ingestor, Outcome, Verdict
+from fedge.edge_manager.ingest.store import IngestTransaction
+from fedge.edge_manager.monitor.tick import Monitor, policy_from
+from fedge.edge_manager.retention.policy import Pruner, RetentionPolicy
+from fedge.edge_manager.rollout.service import RolloutDriver
+from fedge.edge_manager.security import key_rotation
+from fedge.edge_manager.security.enroll_server import EnrollServer
+from fedge.edge_manager.security.renewal import CredentialKeeper
+from fedge.edge_manager.store import Store, StoreError
+from fedge.protocols import codec, pki, topics
+from fedge.protocols.alerts import Alert
+from fedge.protocols.pki import TlsFiles
+from fedge.protocols.signing import SigningKey
+from fedge.transport.errors import TransportError
+from fedge.transport.grpc.server import DesiredDocument, GrpcServices, SinkResult
+from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
+from fedge.transport.session import Session, SessionFactory
+
+log = logging.getLogger(__name__)
+ROLLOUT_TICK_S = 1.0
+
+
+@dataclass(frozen=True)
+class _Upload:
+    edge: str
+    payload: bytes
+    result: "Future[Outcome]"
+    # None: a record batch (ReportUpload); else the up/ topic of a status (DesiredSync).
+    kind: topics.Up | None = None
+
+
+@dataclass(frozen=True)
+class _Published:
+    result: PublishResult
+
+
+@dataclass(frozen=True)
+class _Republish:
+    pass
+
+
+_Item = Message | _Upload | _Published | _Republish
+
+
+def _ingest_upload(
+    ingestor: Ingestor, tx: IngestTransaction, upload: _Upload, now: float
+) -> Outcome:
+    if upload.kind is None:
+        return ingestor.handle_upload(tx, upload.edge, upload.payload, now)
+    return ingestor.handle_status(tx, upload.edge, upload.kind, upload.payload, now)
+
+
+class _ReadSide:
+    """Per-thread read connections for gRPC handler threads (sqlite objects are per thread)."""
+
+    def __init__(self, home: ManagerHome, settings: ManagerSettings, key: SigningKey) -> None:
+        self.home = home
+        self.settings = settings
+        self.key = key
+        self._local = threading.local()
+
+    def _fleet(self) -> Fleet:
+        fleet: Fleet | None = getattr(self._local, "fleet", None)
+        if fleet is None:
+            fleet = Fleet.open(self.home)
+            self._local.fleet = fleet
+        return fleet
+
+    def manifest_envelope(self, name: str, version: int) -> bytes:
+        return self._fleet().registry.manifest_envelope(name, version)
+
+    def artifact_path(self, name: str, version: int) -> Path:
+        return self._fleet().registry.artifact_path(name, version)
+
+    def artifact_sha256(self, name: str, version: int) -> str:
+        return self._fleet().registry.artifact_sha256(name, version)
+
+    def authenticate(self, edge: str, token: str) -> bool:
+        return self._fleet().authenticate(edge, token)
+
+    def latest_desired(self, edge: str) -> list[DesiredDocument]:
+        return [
+            DesiredDocument(doc.kind, doc.version, doc.envelope.encode())
+            for doc in desired_store.latest_desired(self._fleet().store, edge)
+        ]
+
+
+class ManagerService:
+    def __init__(
+        self,
+        home: ManagerHome,
+        *,
+        poll_interval_s: float = 0.05,
+        max_batch: int = 5000,
+        grpc_port: int | None = None,
+        grpc_tls: TlsFiles | None = None,
+        sessions: SessionFactory = MqttSession,
+        clock: Callable[[], dt.datetime] = pki.utcnow,
+    ) -> None:
+        self.home = home
+        self.settings = home.settings()
+        done = key_rotation.settle(home)  # a rotation a crash cut short
+        if done:
+            log.warning("signing key: %s", done)
+        self.key = home.signing_key()
+        self.poll_interval_s = poll_interval_s
+        self.max_batch = max_batch
+        self.grpc_port = self.settings.grpc_port if grpc_port is None else grpc_port
+        # gRPC: mutual TLS with the home's server certificate and CRL (stations are their
+        # certificates), unless the home is --insecure (tokens, development only).
+        if grpc_tls is None and not self.settings.insecure:
+            grpc_tls = home.pki().server_files("grpc")
+        self.grpc_tls = grpc_tls
+        self.counters: Counter[str] = Counter()
+        self.pruner = Pruner(RetentionPolicy.from_settings(self.settings))
+        self._rollouts_due = 0.0
+        self._monitor_due = 0.0
+        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._worker = threading.Thread(target=self._run, name="manager-worker", daemon=True)
+        self._grpc_server: grpc.Server | None = None
+        self.grpc_services: GrpcServices | None = None
+        self.enroll_server: EnrollServer | None = None
+        self.mqtt: Session = sessions(
+            MqttSettings(
+                host=self.settings.local_broker_host,
+                port=self.settings.broker_port,
+                client_id=self.settings.manager_user,
+                # Under TLS the manager is its certificate (role manager, CN manager_user).
+                username=self.settings.manager_user if self.settings.insecure else None,
+                password=home.manager_password() if self.settings.insecure else None,
+                tls=None if self.settings.insecure else home.pki().manager_files(),
+                manual_ack=True,
+                max_inflight=1000,
+            ),
+            on_message=self._queue.put,
+            on_connect=self._on_connect,
+            on_published=lambda result: self._queue.put(_Published(result)),
+        )
+        self.publisher = DesiredPublisher(home, self.settings.fleet, self.mqtt, self.counters)
+        # CRL, server and manager certificates issued again before they lapse (issue 24);
+        # ``clock`` is the credentials' time (tests move it), checked hourly.
+        self.credential_keeper = CredentialKeeper(
+            home,
+            clock=clock,
+            on_manager_renewed=self.mqtt.reload_certificate,
+            counters=self.counters,
+        )
+
+    # -- lifecycle
+
+    def start(self, timeout_s: float = 10.0) -> None:
+        self._worker.start()
+        if not self._ready.wait(timeout_s):
+            raise TimeoutError("manager worker did not start")
+        reader = _ReadSide(self.home, self.settings, self.key)
+        self.grpc_services = GrpcServices(
+            reader, self, reader.authenticate, desired=reader, status_sink=self, tls=self.grpc_tls
+        )
+        self._grpc_server, self.grpc_port = self.grpc_services.start(
+            self.settings.grpc_host, self.grpc_port
+        )
+        if not self.settings.insecure:
+            # Devices with no certificate yet enrol here (server-authenticated TLS).
+            # A busy port stops enrollment, not the control plane: said loudly, retried
+            # at the next start.
+            try:
+                self.enroll_server = EnrollServer(
+                    self.home, self.settings.grpc_host, self.settings.enroll_port
+                )
+            except OSError as exc:
+                self.counters["enroll_server.unavailable"] += 1
+                log.error(
+                    "enrollment endpoint not started on port %s (%s); devices cannot enrol "
+                    "or renew until `manager serve` restarts with the port free",
+                    self.settings.enroll_port,
+                    exc,
+                )
+            else:
+                self.enroll_server.start()
+        self.mqtt.start()
+
+    def stop(self) -> None:
+        if self.enroll_server is not None:
+            self.enroll_server.stop()
+        self.mqtt.stop()
+        if self._grpc_server is not None:
+            self._grpc_server.stop(grace=1.0)
+        self._stop.set()
+        self._worker.join(timeout=10)
+
+    def _on_connect(self, session_present: bool) -> None:
+        self.mqtt.subscribe(topics.fleet_up_subscription(self.settings.fleet), qos=1)
+        if not session_present:
+            # The broker may have lost retained documents (a wiped store): publish the
+            # latest again; edges ignore versions they already applied.
+            self._queue.put(_Republish())
+
+    # -- gRPC ReportSink (called on gRPC threads)
+
+    def ingest_payload(self, edge: str, payload: bytes) -> SinkResult:
+        future: Future[Outcome] = Future()
+        self._queue.put(_Upload(edge, payload, future))
+        outcome = future.result(timeout=30)
+        return SinkResult(
+            accepted=outcome.verdict in (Verdict.STORED, Verdict.DUPLICATE),
+            duplicate=outcome.verdict is Verdict.DUPLICATE,
+            error=outcome.detail or None if outcome.verdict is Verdict.REJECTED else None,
+        )
+
+    # -- gRPC StatusSink (called on gRPC threads): an edge's up/ statuses without MQTT
+
+    def ingest_status(self, edge: str, kind: str, payload: bytes) -> SinkResult:
+        future: Future[Outcome] = Future()
+        self._queue.put(_Upload(edge, payload, future, topics.Up(kind)))
+        outcome = future.result(timeout=30)
+        # A stale liveness (IGNORED) is no error: the edge need not send it again.
+        rejected = outcome.verdict is Verdict.REJECTED
+        return SinkResult(accepted=not rejected, error=outcome.detail or None if rejected else None)
+
+    # -- the worker
+
+    def _run(self) -> None:
+        fleet = Fleet.open(self.home)
+        store = fleet.store
+        ingestor = Ingestor(store, self.settings.fleet)
+        self.ingestor = ingestor
+        rollouts = RolloutDriver(fleet)  # staged rollouts step here, on the one writer
+        monitor = Monitor(
+            store,
+            self.settings.fleet,
+            policy_from(self.settings.monitor_min_window, self.settings.min_estimated_accuracy),
+        )
+        self.monitor = monitor
+        self._ready.set()
+        try:
+            while not self._stop.is_set():
+                items = self._drain()
+                if items:
+                    self._process(store, fleet, ingestor, items)
+                self._drive_rollouts(rollouts)
+                if self.publisher.follow_key(fleet):
+                    self.key = fleet.key
+                self.publisher.publish_pending(fleet)
+                self._prune(store)
+                self._watch(monitor)
+                self.credential_keeper.tick()
+        finally:
+            store.close()
+
+    def _drain(self) -> list[_Item]:
+        items: list[_Item] = []
+        try:
+            items.append(self._queue.get(timeout=self.poll_interval_s))
+            while len(items) < self.max_batch:
+                items.append(self._queue.get_nowait())
+        except queue.Empty:
+            pass
+        return items
+
+    def _process(self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[_Item]) -> None:
+        now = time.time()
+        to_ack: list[Message] = []
+        uploads: list[tuple[_Upload, Outcome]] = []
+        try:
+            with IngestTransaction.open(store) as tx:
+                for item in items:
+                    if isinstance(item, Message):
+                        handle = partial(ingestor.handle, tx, item.topic, item.payload, now)
+                        outcome = self._isolated(tx, ingestor, handle)
+                        self.counters[outcome.verdict.value] += 1
+                        to_ack.append(item)
+                    elif isinstance(item, _Upload):
+                        outcome = self._isolated(
+                            tx, ingestor, partial(_ingest_upload, ingestor, tx, item, now)
+                        )
+                        self.counters[outcome.verdict.value] += 1
+                        uploads.append((item, outcome))
+                    elif isinstance(item, _Published):
+                        self.publisher.mark_published(fleet, item.result, now)
+                    else:
+                        self.publisher.republish_latest(fleet)
+        except Exception as exc:
+            # Nothing is acked: the broker redelivers, and the cache may hold rolled-back state.
+            log.exception("ingest transaction failed; messages will be redelivered")
+            ingestor.forget_cache()
+            for upload in (i for i in items if isinstance(i, _Upload)):
+                upload.result.set_exception(exc)
+            return
+        for message in to_ack:
+            self.mqtt.ack(message)
+        for upload, outcome in uploads:
+            upload.result.set_result(outcome)
+
+    def _isolated(
+        self, tx: IngestTransaction, ingestor: Ingestor, handle: Callable[[], Outcome]
+    ) -> Outcome:
+        """One message's writes in a savepoint: a bug it triggers cannot take the batch
+        of other edges' messages down with it (they commit and are acked as usual)."""
+        try:
+            with tx.savepoint():
+                return handle()
+        except Exception as exc:
+            ingestor.forget_cache()
+            log.exception("internal error on one message; it is recorded and dropped")
+            self.counters["internal_error"] += 1
+            return Outcome(Verdict.REJECTED, "internal", f"{type(exc).__name__}: {exc}")
+
+    def _drive_rollouts(self, driver: RolloutDriver) -> None:
+        """Staged rollouts (rollouts.py): a tick about once a second; the desired documents
+        it writes are published right after, by this same thread (no paho lock held)."""
+        now = time.time()
+        if now < self._rollouts_due:
+            return
+        self._rollouts_due = now + ROLLOUT_TICK_S
+        try:
+            self.counters["rollout.steps"] += driver.tick(now)
+        except Exception:  # the worker outlives any one failed tick (it is rolled back)
+            log.exception("rollout tick failed; it is tried again in a second")
+
+    def _prune(self, store: Store) -> None:
+        """Retention (retention.py): one bounded step when due, between ingest batches."""
+        now = time.time()
+        if not self.pruner.due(now):
+            return
+        try:
+            pruned = self.pruner.run(store, now)
+        except StoreError:
+            log.exception("pruning failed; it is tried again at the next interval")
+            return
+        self.counters.update({f"pruned.{what}": n for what, n in pruned.items() if n})
+
+    def _watch(self, monitor: Monitor) -> None:
+        """The monitor (monitor.py): one tick when due; what it raised or cleared is
+        published on the fleet's alerts topic (QoS 1, not retained: the store keeps them)."""
+        now = time.time()
+        if now < self._monitor_due:
+            return
+        self._monitor_due = now + self.settings.monitor_interval_s
+        try:
+            monitor.tick(now, publish=self._publish_alert)
+        except Exception:  # the worker outlives any one failed tick (it is rolled back)
+            log.exception("monitor tick failed; it is tried again at the next interval")
+
+    def _publish_alert(self, alert: Alert) -> bool:
+        """Hand one alert to MQTT; False (the monitor offers an operator's clearing again
+        next tick) when the broker cannot take it now."""
+        self.counters[f"alerts.{alert.state.value}"] += 1
+        try:
+            self.mqtt.publish(topics.alerts(self.settings.fleet), codec.encode(alert), qos=1)
+        except TransportError:
+            log.exception("could not publish alert %s (it is in the store)", alert.alert_id)
+            return False
+        return True
