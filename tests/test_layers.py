@@ -1,6 +1,6 @@
 """Dependencies point one way: no package imports a package above it.
 
-Layers, bottom to top (issue "One-way layers"): protocols -> transport -> models,
+Layers, bottom to top (issue "One-way layers"): protocols and datasets -> transport -> models,
 monitoring and privacy -> party and aggregator -> edge_manager and edge_agent -> sim,
 federation and console (so the demo, bench and cli can all start it) -> loop (continuous
 training) and students (distilled edge models, published) -> demo -> bench -> cli. Every
@@ -19,6 +19,7 @@ LAYER = {
     "toml_table": 0,
     "pidlock": 0,
     "protocols": 1,
+    "datasets": 1,
     "transport": 2,
     "models": 3,
     "monitoring": 3,
@@ -81,3 +82,36 @@ def test_the_aggregator_and_the_party_never_import_the_simulator() -> None:
     """The aggregator knows federations and tasks; simulated ones are sim's, on top."""
     for relative, _target in upward_imports():
         assert not relative.startswith(("aggregator/", "party/", "federation/")), relative
+
+
+# The simulator sits on top of the aggregator, the party code and the data sets; only the
+# programs that run it (the demo, the benchmarks, the CLI) may import it (issue 26, item 5).
+SIM_DRIVERS = ("demo/", "bench/", "cli/")
+
+
+def sim_importers() -> set[str]:
+    found = set()
+    for path in ROOT.rglob("*.py"):
+        relative = path.relative_to(ROOT).as_posix()
+        if relative.startswith("sim/"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            else:
+                continue
+            if any(m == "fedge.sim" or m.startswith("fedge.sim.") for m in modules):
+                found.add(relative)
+    return found
+
+
+def test_only_the_programs_on_top_import_the_simulator() -> None:
+    outside = {m for m in sim_importers() if not m.startswith(SIM_DRIVERS)}
+    assert outside == set(), "move what they need below the simulator (e.g. fedge.datasets)"
+
+
+def test_the_sim_import_check_sees_an_import() -> None:
+    """The check is not vacuous: the CLI's sim commands do import the simulator."""
+    assert "cli/sim.py" in sim_importers()

@@ -12,6 +12,7 @@ from torch import nn
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
+from fedge.datasets.tables import load_dataset
 from fedge.edge_agent.inference import runtime
 from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
 from fedge.edge_manager.registry.versions import Registry
@@ -30,7 +31,7 @@ from fedge.models.distill import (
     teacher_logits,
 )
 from fedge.models.inspection import cpu_threads
-from fedge.sim.data import load_dataset
+from fedge.sim.data import source as data_source
 from fedge.sim.scenario import load_scenario
 from fedge.students.edge import (
     Teacher,
@@ -243,7 +244,7 @@ def test_teacher_files_round_trip_and_bad_specs_are_clear(tmp_path: Path) -> Non
     assert loaded.arch == "mlp" and loaded.description.startswith("a test teacher")
     for a, b in zip(model.state_dict().values(), loaded.model.state_dict().values(), strict=True):
         assert torch.equal(a, b)
-    scenario = load_scenario("tifl-digits")
+    scenario = data_source(load_scenario("tifl-digits"), 0)
     from fedge.students.edge import TeacherError
 
     with pytest.raises(TeacherError, match="does not exist"):
@@ -318,7 +319,7 @@ def test_a_finished_federated_job_is_a_teacher(tmp_path: Path) -> None:
         '[task]\nscenario = "tifl-digits"\narch = "mlp-large"\n'
         '[strategy]\nkind = "fedavg"\n'
     )
-    scenario = load_scenario("tifl-digits")
+    scenario = data_source(load_scenario("tifl-digits"), 0)
     with pytest.raises(TeacherError, match="holds no finished job"):
         resolve_teacher(str(tmp_path), scenario)  # a directory, but no job in it
     job_dir = tmp_path / "job"

@@ -7,9 +7,8 @@ import dataclasses
 import numpy as np
 import pytest
 
+from fedge.datasets.tables import Partitions, load_dataset
 from fedge.sim.data import (
-    Partitions,
-    load_dataset,
     make_partitions,
     party_sizes,
     validation_size,

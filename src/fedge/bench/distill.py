@@ -32,6 +32,7 @@ from typing import Any
 from fedge.bench import Progress, no_progress
 from fedge.bench.machine import machine_info
 from fedge.sim.data import make_partitions
+from fedge.sim.data import source as data_source
 from fedge.sim.runner import run_one
 from fedge.sim.scenario import load_scenario
 from fedge.students import edge as edge_student
@@ -52,15 +53,16 @@ def run_distill(
     started = time.perf_counter()
 
     progress(f"training teacher {edge_student.TEACHER_ARCH}")
-    teacher = edge_student.train_teacher(scenario, seed)
+    split = data_source(scenario, seed)
+    teacher = edge_student.train_teacher(split)
     teacher_s = time.perf_counter() - started
 
     progress(f"distilling {edge_student.STUDENT_ARCH}")
     t0 = time.perf_counter()
-    student, report = edge_student.distill_student(teacher, scenario, seed)
+    student, report = edge_student.distill_student(teacher, split)
     distill_s = time.perf_counter() - t0
     with tempfile.TemporaryDirectory() as tmp:
-        check = edge_student.export_student(student, Path(tmp) / "student.onnx", scenario, seed)
+        check = edge_student.export_student(student, Path(tmp) / "student.onnx", split)
 
     alone_scenario = scenario.with_rounds(rounds or scenario.rounds_for("fedavg"))
     alone_scenario = dataclasses.replace(

@@ -16,6 +16,7 @@ from fedge.cli.model_publish import published_line
 from fedge.datasets.defects import make_defect_images
 from fedge.edge_manager.registry.versions import parse_ref
 from fedge.sim.data import make_partitions
+from fedge.sim.data import source as data_source
 from fedge.sim.scenario import load_scenario
 
 
@@ -34,7 +35,7 @@ def train_teacher(
     from fedge.students import edge as edge_student
 
     loaded = load_scenario(scenario)
-    teacher = edge_student.train_teacher(loaded, seed, arch)
+    teacher = edge_student.train_teacher(data_source(loaded, seed), arch)
     edge_student.save_teacher(teacher, out)
     test_x, test_y = make_partitions(loaded, seed).test
     console.print(
@@ -140,12 +141,13 @@ def _distill_digits(
     if fleet is not None and version is None:
         version = (fleet.registry.latest_version(name) or 0) + 1
     loaded = load_scenario(scenario)
-    resolved = edge_student.resolve_teacher(teacher, loaded, seed)
+    split = data_source(loaded, seed)
+    resolved = edge_student.resolve_teacher(teacher, split)
     student, report = edge_student.distill_student(
-        resolved, loaded, seed, arch,
+        resolved, split, arch,
         temperature=edge_student.TEMPERATURE if temperature is None else temperature,
     )  # fmt: skip
-    check = edge_student.export_student(student, out, loaded, seed)
+    check = edge_student.export_student(student, out, split)
     console.print(
         f"teacher: {report.teacher}\n"
         f"  {report.teacher_arch}: {report.teacher_params} parameters, "

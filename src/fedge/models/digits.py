@@ -1,7 +1,7 @@
 """Small torch models for 8x8 digits and the local training step every party runs.
 
 The models take the flattened image (float32 ``[batch, 64]`` in [0, 1], as
-``fedge.sim.data.load_dataset`` returns it) and output logits over 10 classes. Three
+``fedge.datasets.tables.load_dataset`` returns it) and output logits over 10 classes. Three
 sizes exist so later work can distil between them (FedDF, Lin et al. 2020); register more
 in :data:`ARCHITECTURES`.
 

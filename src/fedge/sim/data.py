@@ -20,95 +20,27 @@ ClientApp call needs the partition of its party. The cached arrays are read-only
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 
-from fedge.datasets.defects import make_defect_images
-from fedge.sim.scenario import DATASETS, DataSpec, FleetSpec, Scenario, ScenarioError
-
-FloatArray = npt.NDArray[np.float32]
-LabelArray = npt.NDArray[np.int64]
-IndexArray = npt.NDArray[np.int64]
-Split = tuple[FloatArray, LabelArray]
-_ArrayT = TypeVar("_ArrayT", bound=npt.NDArray[Any])
+from fedge.datasets.tables import (
+    IndexArray,
+    LabelArray,
+    Partitions,
+    Source,
+    Split,
+    frozen,
+    load_dataset,
+)
+from fedge.sim.scenario import DataSpec, FleetSpec, Scenario, ScenarioError
 
 VALIDATION_FRACTION = 0.1
 """Share of each party's samples kept for local validation (TiFL's per-client test data)."""
 
 # Independent random streams, so changing one step never reshuffles another.
 _TEST_STREAM, _PROXY_STREAM, _LABEL_STREAM, _VALIDATION_STREAM = range(4)
-
-
-@dataclass(frozen=True, eq=False)
-class Partitions:
-    """One seed's split of a dataset. ``parties[i]`` and ``validation[i]`` are partition ``i``.
-
-    The ``*_indices`` arrays index the rows of :func:`load_dataset`'s output, so tests and
-    reports can check that the splits are disjoint and where each sample went.
-    """
-
-    test: Split
-    proxy_X: FloatArray
-    parties: tuple[Split, ...]
-    """Each party's local training data."""
-    validation: tuple[Split, ...]
-    """Each party's local validation split (possibly empty for a 1-sample party)."""
-    test_indices: IndexArray
-    proxy_indices: IndexArray
-    party_indices: tuple[IndexArray, ...]
-    validation_indices: tuple[IndexArray, ...]
-
-    @property
-    def num_parties(self) -> int:
-        return len(self.parties)
-
-    def party_size(self, partition_id: int) -> int:
-        """Training plus validation samples of one party."""
-        return len(self.party_indices[partition_id]) + len(self.validation_indices[partition_id])
-
-
-def load_dataset(name: str = "digits") -> Split:
-    """``(X, y)``: X float32 ``[n, features]`` scaled to [0, 1], y int64. Read-only arrays.
-
-    ``digits`` is scikit-learn's bundled 8x8 digits (1,797 images, 10 classes): offline,
-    nothing is downloaded. ``inspection`` is :data:`INSPECTION_IMAGES` generated 8x8
-    brushed-metal surfaces, clean or scratched (:mod:`fedge.datasets.defects`; labels 0/1 in
-    the models' 10-way head): enough images for stations of over 1,000 each, which DP-SGD
-    needs (its noise is amortised over a party's data; Abadi et al. 2016).
-    """
-    if name == "digits":
-        return _digits()
-    if name == "inspection":
-        return _inspection()
-    raise ScenarioError(f"data.dataset must be one of {list(DATASETS)}, got {name!r}")
-
-
-@functools.cache
-def _digits() -> Split:
-    from sklearn.datasets import load_digits
-
-    bunch = load_digits()
-    features = np.asarray(bunch.data, dtype=np.float32) / np.float32(16.0)
-    labels = np.asarray(bunch.target, dtype=np.int64)
-    return _frozen(features), _frozen(labels)
-
-
-INSPECTION_IMAGES = 16_000
-_INSPECTION_SEED = 20_201  # one fixed dataset; a run's seed only changes how it is split
-
-
-@functools.cache
-def _inspection() -> Split:
-    images, labels = make_defect_images(INSPECTION_IMAGES, size=8, seed=_INSPECTION_SEED)
-    flat = images.reshape(len(images), -1).astype(np.float32) / np.float32(255.0)
-    # Per-image standardisation: the scratch is a local contrast, the surface's brightness
-    # and gradient are not -- without it a small MLP stays near chance at 8x8.
-    centred = flat - flat.mean(axis=1, keepdims=True)
-    features = centred / (flat.std(axis=1, keepdims=True) + np.float32(1e-3))
-    return _frozen(features.astype(np.float32)), _frozen(labels.astype(np.int64))
 
 
 def make_partitions(scenario: Scenario, seed: int) -> Partitions:
@@ -159,21 +91,21 @@ def _partitions(data: DataSpec, fleet: FleetSpec, seed: int) -> Partitions:
     for shard in shards:
         shuffled = validation_rng.permutation(shard)
         n_validation = validation_size(len(shuffled))
-        validation_shards.append(_frozen(np.sort(shuffled[:n_validation])))
-        train_shards.append(_frozen(np.sort(shuffled[n_validation:])))
+        validation_shards.append(frozen(np.sort(shuffled[:n_validation])))
+        train_shards.append(frozen(np.sort(shuffled[n_validation:])))
 
     test_indices, proxy_indices = np.sort(test_indices), np.sort(proxy_indices)
 
     def rows(indices: IndexArray) -> Split:
-        return _frozen(features[indices]), _frozen(labels[indices])
+        return frozen(features[indices]), frozen(labels[indices])
 
     return Partitions(
         test=rows(test_indices),
-        proxy_X=_frozen(features[proxy_indices]),
+        proxy_X=frozen(features[proxy_indices]),
         parties=tuple(rows(indices) for indices in train_shards),
         validation=tuple(rows(indices) for indices in validation_shards),
-        test_indices=_frozen(test_indices),
-        proxy_indices=_frozen(proxy_indices),
+        test_indices=frozen(test_indices),
+        proxy_indices=frozen(proxy_indices),
         party_indices=tuple(train_shards),
         validation_indices=tuple(validation_shards),
     )
@@ -265,6 +197,6 @@ def _rng(seed: int, stream: int) -> np.random.Generator:
     return np.random.default_rng([seed, stream])
 
 
-def _frozen(array: _ArrayT) -> _ArrayT:
-    array.flags.writeable = False
-    return array
+def source(scenario: Scenario, seed: int) -> Source:
+    """``scenario``'s split for ``seed``, named for lineage: what students train on."""
+    return Source(make_partitions(scenario, seed), f"{scenario.name} seed {seed}", seed)

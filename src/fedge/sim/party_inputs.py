@@ -16,10 +16,11 @@ from dataclasses import dataclass, field
 import numpy as np
 from flwr.app import Context, Message
 
+from fedge.datasets.tables import Partitions, Split
 from fedge.party.errors import PartyError
 from fedge.party.messages import round_config
 from fedge.privacy.settings import PrivacyError, PrivacySpec
-from fedge.sim.data import Partitions, Split, make_partitions
+from fedge.sim.data import make_partitions
 from fedge.sim.profiles import DeviceProfile, profiles_for
 from fedge.sim.scenario import Scenario, load_scenario
 

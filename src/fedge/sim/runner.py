@@ -20,9 +20,10 @@ from fedge.aggregator.driver import start_rounds
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.aggregator.strategies.factory import build_strategy
+from fedge.datasets.tables import Partitions
 from fedge.models import digits
 from fedge.privacy.settings import PrivacyMode
-from fedge.sim.data import Partitions, make_partitions
+from fedge.sim.data import make_partitions
 from fedge.sim.scenario import Scenario
 
 ProgressFn = Callable[[str, int, int], None]  # (run label, round, total rounds)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from fedge.datasets.tables import DATASETS
 from fedge.sim.errors import SimError
 from fedge.toml_table import TomlTable
 
@@ -30,7 +31,6 @@ SCENARIO_DIR = Path(__file__).parent / "scenarios"
 """Where the shipped scenarios live (installed as package data)."""
 ROUNDS_KEY = "rounds"  # [strategies.<name>] rounds: that strategy's own number of rounds
 
-DATASETS: tuple[str, ...] = ("digits", "inspection")
 SpeedDistribution = Literal["groups", "lognormal"]
 _SHARE_TOLERANCE = 1e-6
 

@@ -21,12 +21,11 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from fedge.datasets.tables import Partitions, Source, Split
 from fedge.edge_manager.registry.versions import PublishedModel, Registry
 from fedge.models import digits
 from fedge.models.distill import ExportCheck, check_proxy, distill, export_student_onnx
 from fedge.protocols.manifest import Lineage
-from fedge.sim.data import Partitions, Split, make_partitions
-from fedge.sim.scenario import Scenario
 from fedge.students.errors import StudentError
 
 TEACHER_ARCH = "mlp-large"
@@ -127,21 +126,21 @@ def pooled_party_data(partitions: Partitions) -> Split:
 
 
 def train_teacher(
-    scenario: Scenario,
-    seed: int = 0,
+    source: Source,
     arch: str = TEACHER_ARCH,
     *,
     epochs: int = TEACHER_EPOCHS,
 ) -> Teacher:
-    """Train ``arch`` centrally on the scenario's pooled party data (CPU, deterministic)."""
-    X, y = pooled_party_data(make_partitions(scenario, seed))
+    """Train ``arch`` centrally on the source's pooled party data (CPU, deterministic)."""
+    seed = source.seed
+    X, y = pooled_party_data(source.partitions)
     model = digits.make_model(arch, seed)
     digits.train_local(
         model, X, y, epochs=epochs, lr=TEACHER_LR, batch_size=TEACHER_BATCH, seed=seed,
         device="cpu",
     )  # fmt: skip
     model.eval()
-    description = f"{arch} trained on pooled parties of {scenario.name} seed {seed}"
+    description = f"{arch} trained on pooled parties of {source.name}"
     return Teacher(model, arch, description)
 
 
@@ -214,11 +213,11 @@ def load_job_teacher(job_dir: Path) -> Teacher:
     raise TeacherError(f"{path} fits none of the known architectures ({known})")
 
 
-def resolve_teacher(spec: str, scenario: Scenario, seed: int = 0) -> Teacher:
+def resolve_teacher(spec: str, source: Source) -> Teacher:
     """``spec`` is a finished job's directory (a federated teacher), a ``.pt`` file from
     :func:`save_teacher`, or an architecture to train centrally here."""
     if spec in digits.ARCHITECTURES:
-        return train_teacher(scenario, seed, spec)
+        return train_teacher(source, spec)
     path = Path(spec)
     if path.is_dir():
         return load_job_teacher(path)
@@ -233,8 +232,7 @@ def resolve_teacher(spec: str, scenario: Scenario, seed: int = 0) -> Teacher:
 
 def distill_student(
     teacher: Teacher,
-    scenario: Scenario,
-    seed: int = 0,
+    source: Source,
     arch: str = STUDENT_ARCH,
     *,
     epochs: int | None = None,
@@ -242,7 +240,7 @@ def distill_student(
     temperature: float = TEMPERATURE,
     augment: bool = True,
 ) -> tuple[nn.Module, StudentReport]:
-    """Distil ``teacher`` into a fresh ``arch`` on the scenario's proxy split; measure both.
+    """Distil ``teacher`` into a fresh ``arch`` on the source's proxy split; measure both.
 
     With ``augment`` the transfer set is the proxy split plus its one-pixel shifts
     (:func:`shifted_proxy`). ``epochs`` defaults to :data:`DISTILL_EPOCHS` with
@@ -252,7 +250,7 @@ def distill_student(
         epochs = DISTILL_EPOCHS if augment else DISTILL_EPOCHS_PLAIN
     from fedge.models.distill import DistillStats
 
-    partitions = make_partitions(scenario, seed)
+    partitions, seed = source.partitions, source.seed
     test_X, test_y = partitions.test
     student = digits.make_model(arch, seed)
     init_accuracy = digits.accuracy(student, test_X, test_y, device="cpu")
@@ -281,19 +279,16 @@ def distill_student(
         student_init_accuracy=init_accuracy,
         proxy_samples=len(partitions.proxy_X),
         temperature=temperature,
-        data=f"proxy split of {scenario.name} seed {seed}"
-        + (" with one-pixel shifts" if augment else ""),
+        data=f"proxy split of {source.name}" + (" with one-pixel shifts" if augment else ""),
         first_epoch_loss=stats[0].first_epoch_loss,
         last_epoch_loss=stats[0].last_epoch_loss,
     )
     return student, report
 
 
-def export_student(
-    student: nn.Module, path: Path, scenario: Scenario, seed: int = 0
-) -> ExportCheck:
-    """Export to ONNX and verify against torch on the scenario's proxy split."""
-    return export_student_onnx(student, path, verify_X=make_partitions(scenario, seed).proxy_X)
+def export_student(student: nn.Module, path: Path, source: Source) -> ExportCheck:
+    """Export to ONNX and verify against torch on the source's proxy split."""
+    return export_student_onnx(student, path, verify_X=source.partitions.proxy_X)
 
 
 def publish_student(

@@ -25,7 +25,7 @@ it leaves months to restart a process that cannot reload its certificate.
 Who picks up the new files, and how:
 
 - Mosquitto (2.0.11 here) re-reads its ``certfile``/``keyfile`` and ``crlfile`` on
-  SIGHUP (man mosquitto.conf; tests/edge_manager/test_credential_renewal.py checks it
+  SIGHUP (man mosquitto.conf; tests/edge_manager/security/test_renewal.py checks it
   against the real broker): the manager signals the broker as it does on revocation
   (:func:`fedge.edge_manager.security.enrollment.reload_broker`); open sessions carry on;
 - fedge's gRPC server takes the new certificate at the next handshake after the files

@@ -20,7 +20,7 @@ from fedge.cli.main import app
 from fedge.sim.job_manifest import load_manifest, parse_manifest
 from fedge.sim.jobs import resume_job, run_job
 
-EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "jobs"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples" / "jobs"
 # A small fleet and short rounds: a job of a few rounds takes seconds.
 SCENARIO = """
 name = "tiny-credits"

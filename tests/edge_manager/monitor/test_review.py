@@ -29,7 +29,7 @@ from fedge.edge_manager.store import Store
 from fedge.protocols.alerts import Alert, AlertKind, AlertState
 from fedge.protocols.errors import ValidationError
 
-from .test_monitor import EDGE, FLEET, MODEL, WINDOW, Camera
+from .test_tick import EDGE, FLEET, MODEL, WINDOW, Camera
 
 
 @pytest.fixture
