@@ -15,6 +15,7 @@ from fedge.aggregator.errors import AggregatorError
 from fedge.bench.testbed import BenchError
 from fedge.cli.common import friendly_errors
 from fedge.console.errors import ConsoleError
+from fedge.datasets.errors import DatasetError
 from fedge.demo.errors import DemoError
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_manager.errors import ManagerError
@@ -34,6 +35,7 @@ PACKAGE_BASE: dict[str, type[Exception]] = {
     "aggregator": AggregatorError,
     "bench": BenchError,
     "console": ConsoleError,
+    "datasets": DatasetError,
     "demo": DemoError,
     "edge_agent": AgentError,
     "edge_manager": ManagerError,

@@ -9,6 +9,8 @@ first; ``tests/test_errors.py`` checks that every class a package defines is und
     │   │   └── OversizedError                over the size limit, rejected before parsing
     │   ├── ValidationError                   well-formed but a value is out of range
     │   └── SignatureError                    forged, tampered or signed by an unpinned key
+    ├── datasets.errors.DatasetError         a generated data set cannot be made or split
+    │   └── tables.UnknownDataset             a data set name that is not one of DATASETS
     ├── transport.errors.TransportError      the broker or the network failed
     │   ├── BrokerError                       our local Mosquitto would not configure or start
     │   └── transport.grpc.client.*Error      Download/Upload/SyncError of the gRPC client
@@ -29,10 +31,10 @@ first; ``tests/test_errors.py`` checks that every class a package defines is und
     │   ├── secagg.SecAggPartyError           a SecAgg+ message or reply that cannot be translated
     │   └── sim.party_inputs.PartyConfigError a simulated party's unusable run/node config
     ├── aggregator.errors.AggregatorError    a strategy, job or checkpoint cannot be used
-    │   ├── factory.StrategyConfigError       unknown strategy kind or parameter, a bad value
-    │   ├── job_spec.ManifestError            a job manifest missing, malformed, out of range
-    │   ├── checkpoint.CheckpointError        a checkpoint cannot be written, read or applied
-    │   └── job_dir.JobError                  a job cannot start, resume or halt, or it failed
+    │   ├── strategies.factory.StrategyConfigError unknown strategy kind or parameter, a bad value
+    │   ├── jobs.spec.ManifestError           a job manifest missing, malformed, out of range
+    │   ├── jobs.checkpoint.CheckpointError  a checkpoint cannot be written, read or applied
+    │   └── jobs.directory.JobError           a job cannot start, resume or halt, or it failed
     │       ├── BusyError                     another process holds the job's lock
     │       └── superlink.SuperLinkError      the fleet's SuperLink process would not run
     ├── edge_manager.errors.ManagerError     registry, store, fleet, gate and rollout operations

@@ -16,7 +16,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge.datasets.defects import make_defect_images
-from fedge.errors import FedgeError
+from fedge.datasets.errors import DatasetError
 
 FloatArray = npt.NDArray[np.float32]
 LabelArray = npt.NDArray[np.int64]
@@ -27,7 +27,7 @@ _ArrayT = TypeVar("_ArrayT", bound=npt.NDArray[Any])
 DATASETS: tuple[str, ...] = ("digits", "inspection")
 
 
-class UnknownDataset(FedgeError, ValueError):
+class UnknownDataset(DatasetError, ValueError):
     """A data set name none of :data:`DATASETS`."""
 
 
