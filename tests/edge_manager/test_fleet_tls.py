@@ -19,7 +19,8 @@ from fedge.protocols import pki, topics
 from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import Role, TlsFiles
 from fedge.transport.broker import MosquittoBroker
-from fedge.transport.mqtt import MqttSession, MqttSettings
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import MqttSettings
 
 FLEET = "plant-a"
 NOT_AUTHORIZED = 0x87

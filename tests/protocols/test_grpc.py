@@ -22,11 +22,11 @@ from fedge.transport.grpc.client import (
     UploadError,
     download_artifact,
 )
+from fedge.transport.grpc.contract import SinkResult
 from fedge.transport.grpc.server import (
     EDGE_KEY,
     TOKEN_KEY,
     GrpcServices,
-    SinkResult,
     start_grpc_server,
 )
 

@@ -11,14 +11,8 @@ import pytest
 
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 from fedge.transport.grpc.client import DesiredClient, SyncError
-from fedge.transport.grpc.server import (
-    EDGE_KEY,
-    TOKEN_KEY,
-    DesiredDocument,
-    GrpcServices,
-    SinkResult,
-    newer_than,
-)
+from fedge.transport.grpc.contract import DesiredDocument, SinkResult, newer_than
+from fedge.transport.grpc.server import EDGE_KEY, TOKEN_KEY, GrpcServices
 
 pytestmark = pytest.mark.integration
 

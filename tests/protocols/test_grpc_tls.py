@@ -38,8 +38,9 @@ from fedge.transport.grpc.client import (
     UploadError,
     download_artifact,
 )
+from fedge.transport.grpc.contract import DesiredDocument, SinkResult
 from fedge.transport.grpc.identity import EDGE_KEY, CertificateIdentity, Refused
-from fedge.transport.grpc.server import DesiredDocument, GrpcServices, SinkResult
+from fedge.transport.grpc.server import GrpcServices
 
 pytestmark = pytest.mark.integration
 

@@ -11,7 +11,8 @@ import pytest
 from conftest import make_fleet_home, wait_until
 
 from fedge.transport.link import REMIND_EVERY, LinkEvent, LinkState, advance
-from fedge.transport.mqtt import MqttSession, MqttSettings
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import MqttSettings
 
 
 def _fold(events: list[tuple[LinkEvent, float]]) -> tuple[LinkState, list[str]]:

@@ -18,8 +18,8 @@ from fedge.protocols import topics
 from fedge.transport.acl import fleet_acl, matches
 from fedge.transport.broker import FleetAccess, MosquittoBroker
 from fedge.transport.memory import MemoryBroker
-from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult, Will
-from fedge.transport.session import Session
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import Message, MqttSettings, PublishResult, Session, Will
 
 FLEET = "plant-a"
 ACCESS = FleetAccess(FLEET, "manager", "m-secret", {"st-01": "one-secret", "st-02": "two-secret"})

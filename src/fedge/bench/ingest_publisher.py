@@ -27,7 +27,8 @@ from dataclasses import dataclass
 from fedge.bench.edge_login import EdgeLogin
 from fedge.protocols import codec, topics
 from fedge.protocols.records import MetricRecord, RecordBatch, Stream
-from fedge.transport.mqtt import MqttSession, MqttSettings, PublishResult
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import MqttSettings, PublishResult
 
 REDELIVERY_LAG = 3  # a duplicate follows its original this many batches later
 

@@ -30,7 +30,8 @@ from fedge.edge_manager.store import Store
 from fedge.protocols.pki import TlsFiles
 from fedge.sim.processes import FedgeProcess
 from fedge.transport import mqtt
-from fedge.transport.mqtt import MqttSession, MqttSettings
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import MqttSettings
 
 NEW_EDGE = "st-09"
 

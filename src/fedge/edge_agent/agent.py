@@ -45,8 +45,8 @@ from fedge.protocols.errors import ProtocolError
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
 from fedge.transport.grpc.client import DesiredClient, ReportUploader
-from fedge.transport.mqtt import Message, MqttSession, PublishResult, Will
-from fedge.transport.session import Session, SessionFactory
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import Message, PublishResult, Session, SessionFactory, Will
 
 log = logging.getLogger(__name__)
 

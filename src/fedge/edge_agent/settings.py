@@ -86,7 +86,7 @@ from fedge.protocols import validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import PublicKey
-from fedge.transport.mqtt import MqttSettings
+from fedge.transport.session import MqttSettings
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,16 @@ from fedge.protocols.alerts import Alert
 from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
-from fedge.transport.grpc.server import DesiredDocument, GrpcServices, SinkResult
-from fedge.transport.mqtt import Message, MqttSession, MqttSettings, PublishResult
-from fedge.transport.session import Session, SessionFactory
+from fedge.transport.grpc.contract import DesiredDocument, SinkResult
+from fedge.transport.grpc.server import GrpcServices
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import (
+    Message,
+    MqttSettings,
+    PublishResult,
+    Session,
+    SessionFactory,
+)
 
 log = logging.getLogger(__name__)
 ROLLOUT_TICK_S = 1.0

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from fedge.transport.acl import Acl, matches
 from fedge.transport.errors import TransportError
 from fedge.transport.link import LinkEvent, LinkState, advance
-from fedge.transport.mqtt import (
+from fedge.transport.session import (
     Message,
     MqttSettings,
     OnConnect,

@@ -1,10 +1,11 @@
 """A thin MQTT v5 session over paho-mqtt that speaks plain values.
 
-Nothing of paho leaks out: callers get :class:`Message` (topic, payload, retained, ...)
-and publish with plain arguments. The session is persistent (clean start off, a session
-expiry), reconnects forever with capped exponential backoff (paho's own 1 s -> 30 s), and
-can hand acknowledgements to the caller (``manual_ack``) so a consumer acks a QoS 1
-message only after it is safely stored.
+Nothing of paho leaks out: callers get a :class:`~fedge.transport.session.Message`
+(topic, payload, retained, ...) and publish with plain arguments; those values and the
+session's Protocol are in :mod:`fedge.transport.session`. The session is persistent
+(clean start off, a session expiry), reconnects forever with capped exponential backoff
+(paho's own 1 s -> 30 s), and can hand acknowledgements to the caller (``manual_ack``)
+so a consumer acks a QoS 1 message only after it is safely stored.
 """
 
 import logging
@@ -12,7 +13,6 @@ import ssl
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion
@@ -20,66 +20,20 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import TransportError
 from fedge.transport.link import LinkEvent, LinkState, advance
+from fedge.transport.session import (
+    Message,
+    MqttSettings,
+    OnConnect,
+    OnDisconnect,
+    OnMessage,
+    OnPublished,
+    PublishResult,
+    Will,
+)
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Will:
-    topic: str
-    payload: bytes
-    qos: int = 1
-    retain: bool = True
-    # MQTT 5 Will Delay: a quick reconnect does not flap the edge to "lost".
-    delay_s: int = 0
-
-
-@dataclass(frozen=True)
-class MqttSettings:
-    host: str
-    port: int
-    client_id: str
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    keepalive_s: int = 30
-    session_expiry_s: int = 7 * 24 * 3600
-    clean_start: bool = False
-    max_inflight: int = 100
-    reconnect_min_s: int = 1
-    reconnect_max_s: int = 30
-    manual_ack: bool = False
-    # Mutual TLS with the fleet's certificates (issue 13): the broker takes the
-    # certificate's name as the username, so ``username``/``password`` stay None.
-    tls: TlsFiles | None = None
-
-
-@dataclass(frozen=True)
-class Message:
-    topic: str
-    payload: bytes
-    qos: int
-    retained: bool
-    mid: int
-
-
-@dataclass(frozen=True)
-class PublishResult:
-    mid: int
-    reason_code: int
-    reason: str
-
-    @property
-    def ok(self) -> bool:
-        return self.reason_code < 0x80
-
-
-OnMessage = Callable[[Message], None]
-OnConnect = Callable[[bool], None]  # session_present
-OnPublished = Callable[[PublishResult], None]
-OnDisconnect = Callable[[str], None]
 
 
 def _noop(*_: object) -> None:

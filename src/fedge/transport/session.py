@@ -1,25 +1,76 @@
-"""What the agent and the manager need of an MQTT connection, as a Protocol.
+"""What the agent and the manager need of an MQTT connection: plain values and a Protocol.
 
-Two implementations ship: :class:`fedge.transport.mqtt.MqttSession` (paho, a real
-broker) and :class:`fedge.transport.memory.MemorySession` (an in-memory broker for fast
-behaviour tests and the simulator). Both call back on a thread of their own, never on
-the caller's: a callback may publish, and must not find the caller's locks held.
+The contract lives here, not in an adapter: :class:`Message`, :class:`PublishResult`,
+:class:`Will` and :class:`MqttSettings` are what callers hand over and get back, and
+:class:`Session` is what they call. Two implementations ship:
+:class:`fedge.transport.mqtt.MqttSession` (paho, a real broker; the only module that
+imports paho) and :class:`fedge.transport.memory.MemorySession` (an in-memory broker for
+fast behaviour tests and the simulator). Both call back on a thread of their own, never
+on the caller's: a callback may publish, and must not find the caller's locks held.
 """
 
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from threading import Event
 from typing import Protocol
 
+from fedge.protocols.pki import TlsFiles
 from fedge.transport.link import LinkState
-from fedge.transport.mqtt import (
-    Message,
-    MqttSettings,
-    OnConnect,
-    OnDisconnect,
-    OnMessage,
-    OnPublished,
-    Will,
-)
+
+
+@dataclass(frozen=True)
+class Will:
+    topic: str
+    payload: bytes
+    qos: int = 1
+    retain: bool = True
+    # MQTT 5 Will Delay: a quick reconnect does not flap the edge to "lost".
+    delay_s: int = 0
+
+
+@dataclass(frozen=True)
+class MqttSettings:
+    host: str
+    port: int
+    client_id: str
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    keepalive_s: int = 30
+    session_expiry_s: int = 7 * 24 * 3600
+    clean_start: bool = False
+    max_inflight: int = 100
+    reconnect_min_s: int = 1
+    reconnect_max_s: int = 30
+    manual_ack: bool = False
+    # Mutual TLS with the fleet's certificates (issue 13): the broker takes the
+    # certificate's name as the username, so ``username``/``password`` stay None.
+    tls: TlsFiles | None = None
+
+
+@dataclass(frozen=True)
+class Message:
+    topic: str
+    payload: bytes
+    qos: int
+    retained: bool
+    mid: int
+
+
+@dataclass(frozen=True)
+class PublishResult:
+    mid: int
+    reason_code: int
+    reason: str
+
+    @property
+    def ok(self) -> bool:
+        return self.reason_code < 0x80
+
+
+OnMessage = Callable[[Message], None]
+OnConnect = Callable[[bool], None]  # session_present
+OnPublished = Callable[[PublishResult], None]
+OnDisconnect = Callable[[str], None]
 
 
 class Session(Protocol):

@@ -29,7 +29,8 @@ from fedge.protocols import codec, pki
 from fedge.protocols.enrollment import RenewRequest
 from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import Role, TlsFiles
-from fedge.transport.mqtt import MqttSession, MqttSettings
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import MqttSettings
 
 EDGE = "st-01"
 

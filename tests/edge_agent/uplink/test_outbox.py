@@ -17,7 +17,7 @@ import pytest
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.settings import AgentSettings
 from fedge.protocols.signing import SigningKey
-from fedge.transport.mqtt import OnPublished, PublishResult
+from fedge.transport.session import OnPublished, PublishResult
 
 EDGE = "st-01"
 # How long publish() waits for the network thread's callback before calling it a deadlock.

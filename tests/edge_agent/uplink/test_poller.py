@@ -20,7 +20,7 @@ from fedge.edge_agent.uplink.poller import (
 from fedge.protocols.signing import SigningKey
 from fedge.protocols.topics import Up
 from fedge.transport.grpc.client import SyncError
-from fedge.transport.grpc.server import DesiredDocument, SinkResult, newer_than
+from fedge.transport.grpc.contract import DesiredDocument, SinkResult, newer_than
 
 BIRTH = b'{"birth": 1}'
 REPORT = b'{"config report": 1}'

@@ -42,7 +42,8 @@ from fedge.protocols.enrollment import RenewRequest
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.broker import MosquittoBroker
 from fedge.transport.grpc.tls import ServerFiles
-from fedge.transport.mqtt import MqttSession, MqttSettings
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import MqttSettings
 
 T0 = dt.datetime(2030, 1, 1, tzinfo=dt.UTC)
 DAY = dt.timedelta(days=1)

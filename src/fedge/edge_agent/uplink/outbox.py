@@ -17,7 +17,7 @@ from collections.abc import Callable
 from fedge.edge_agent.store import LocalStore
 from fedge.protocols.records import Stream
 from fedge.transport.grpc.client import ReportUploader, UploadError
-from fedge.transport.mqtt import PublishResult
+from fedge.transport.session import PublishResult
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from typing import Protocol
 
 from fedge.protocols.topics import Up
 from fedge.transport.grpc.client import SyncError
-from fedge.transport.grpc.server import DesiredDocument, SinkResult
+from fedge.transport.grpc.contract import DesiredDocument, SinkResult
 
 log = logging.getLogger(__name__)
 

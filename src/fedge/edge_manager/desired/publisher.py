@@ -27,8 +27,7 @@ from fedge.edge_manager.security import key_rotation
 from fedge.protocols import topics
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.signing import signer_of
-from fedge.transport.mqtt import PublishResult
-from fedge.transport.session import Session
+from fedge.transport.session import PublishResult, Session
 
 log = logging.getLogger(__name__)
 DocumentKey = tuple[str, str, int]  # edge, kind, version

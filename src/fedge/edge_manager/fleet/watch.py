@@ -19,7 +19,8 @@ from fedge.protocols.deployment import DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.records import RecordBatch
-from fedge.transport.mqtt import Message, MqttSession
+from fedge.transport.mqtt import MqttSession
+from fedge.transport.session import Message
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from fedge.edge_manager.store import Store
 from fedge.protocols import pki, validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.pki import Role, TlsFiles
-from fedge.transport.mqtt import MqttSettings
+from fedge.transport.session import MqttSettings
 
 
 @dataclass(frozen=True)

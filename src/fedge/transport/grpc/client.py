@@ -25,7 +25,8 @@ import grpc
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import TransportError
-from fedge.transport.grpc.server import EDGE_KEY, TOKEN_KEY, DesiredDocument, SinkResult
+from fedge.transport.grpc.contract import DesiredDocument, SinkResult
+from fedge.transport.grpc.identity import EDGE_KEY, TOKEN_KEY
 from fedge.transport.grpc.tls import ChannelOptions, ClientChannel
 
 PART_SUFFIX = ".part"

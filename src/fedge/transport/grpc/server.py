@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,10 +20,16 @@ from typing import NoReturn, Protocol
 
 import grpc
 
-from fedge.protocols import topics
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.grpc import identity
+from fedge.transport.grpc.contract import (
+    DESIRED_KINDS,
+    STATUS_KINDS,
+    DesiredDocument,
+    SinkResult,
+    newer_than,
+)
 from fedge.transport.grpc.identity import EDGE_KEY as EDGE_KEY
 from fedge.transport.grpc.identity import TOKEN_KEY as TOKEN_KEY
 from fedge.transport.grpc.identity import EdgeAuthenticator as EdgeAuthenticator
@@ -43,21 +49,8 @@ COUNTER_NAMES = (
     "source_errors",
 )
 
-# What DesiredSync carries: the kinds of the down/ topics, and the retained up/ topics
-# (record batches go through ReportUpload instead).
-DESIRED_KINDS = tuple(kind.value for kind in topics.Down)
-STATUS_KINDS = tuple(kind.value for kind in topics.STATUS)
 # A real Fetch request is an edge name and three versions, well under 300 bytes.
 MAX_DESIRED_REQUEST = 4096
-
-
-@dataclass(frozen=True)
-class SinkResult:
-    """What became of one uploaded payload."""
-
-    accepted: bool
-    duplicate: bool = False
-    error: str | None = None
 
 
 class ArtifactSource(Protocol):
@@ -68,27 +61,6 @@ class ArtifactSource(Protocol):
     def artifact_path(self, name: str, version: int) -> Path: ...
 
     def artifact_sha256(self, name: str, version: int) -> str: ...
-
-
-@dataclass(frozen=True)
-class DesiredDocument:
-    """One signed desired document, exactly as its retained down/ topic carries it."""
-
-    kind: str  # one of DESIRED_KINDS
-    version: int
-    envelope: bytes
-
-
-def newer_than(
-    latest: Iterable[DesiredDocument], known: Mapping[str, int]
-) -> list[DesiredDocument]:
-    """What an edge lacks: the documents above the version it has of their kind.
-
-    In DESIRED_KINDS order (config, deploy, labels), the order a new MQTT session
-    receives them in, so a threshold is in force before a deployment starts.
-    """
-    missing = [doc for doc in latest if doc.version > known.get(doc.kind, 0)]
-    return sorted(missing, key=lambda doc: DESIRED_KINDS.index(doc.kind))
 
 
 class DesiredSource(Protocol):
