@@ -45,6 +45,9 @@ def test_up_status_down_and_one_of_each_per_home(fh: FleetHome, processes: Proce
 
         status = json.loads(processes.cli("manager", "status", "--json").stdout)
         assert status["processes"]["serve"]["pid"] == serve.pid
+        # `up` started it, so its output is the log `up` named (issue 26)
+        assert status["processes"]["serve"]["output"] == "log"
+        assert status["processes"]["serve"]["logs"] == [str(root / "logs" / "serve.log")]
         assert status["broker_link"] == "connected"
         assert status["processes"]["superlink"]["running"] is False
     finally:

@@ -269,7 +269,8 @@ def status(
     home: HomeOption = DEFAULT_HOME,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Which of the manager's processes run, and whether serve reaches the broker.
+    """Which of the manager's processes run, where their logs are, and whether serve
+    reaches the broker. A process started by hand logs to its own terminal.
 
     Example: fedge manager status --home ./fedge-home
     """
@@ -280,7 +281,12 @@ def status(
         print_json(
             {
                 "processes": {
-                    r.role.value: {"pid": r.pid, "running": r.pid is not None, "log": str(r.log)}
+                    r.role.value: {
+                        "pid": r.pid,
+                        "running": r.pid is not None,
+                        "output": r.output.value,  # log | terminal | none
+                        "logs": [str(p) for p in r.logs],  # only files that exist
+                    }
                     for r in roles
                 },
                 "broker_link": None if state is None else state.broker.value,
@@ -289,8 +295,7 @@ def status(
         )
         return
     for r in roles:
-        running_text = "stopped" if r.pid is None else f"running (pid {r.pid})"
-        console.print(f"{r.role.value:<10} {running_text}; log {r.log}")
+        console.print(escape(f"{r.role.value:<10} {launcher.describe(r)}"), highlight=False)
     _print_broker_link(root)
 
 

@@ -1,19 +1,22 @@
 """``fedge manager up/down/status``: the manager's processes in the background, in order.
 
 Each role runs as its own ``fedge manager <role> --home H`` process in a session of its
-own, its output appended to ``<home>/logs/<role>.log``; the role's lock
+own, its output appended to ``<home>/logs/<role>.log`` (and its pid noted in
+``<home>/run/<role>.up``, so ``status`` names that log only for the process ``up``
+started: one started by hand writes to its terminal); the role's lock
 (:mod:`fedge.edge_manager.home.run_dir`) is its pid file, so "running" is what the kernel
 says, never a stale pid. Up: the broker, then serve (which reports whether it reached the
 broker), then optionally the SuperLink. Down: the reverse, SIGTERM then SIGKILL.
 """
 
+import enum
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,9 +24,12 @@ from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.home.run_dir import (
     Role,
     ServeState,
+    engine_log_paths,
     log_path,
     read_serve_state,
+    read_up_marker,
     running,
+    write_up_marker,
 )
 
 UP_ORDER = (Role.BROKER, Role.SERVE, Role.SUPERLINK)
@@ -39,11 +45,57 @@ def fedge_command() -> list[str]:
     return [sys.executable, "-c", "from fedge.cli.main import app; app()"]
 
 
+class Output(enum.Enum):
+    """Where a role's own output (its stdout and stderr) goes."""
+
+    LOG = "log"  # `manager up` started it: <home>/logs/<role>.log
+    TERMINAL = "terminal"  # started outside `manager up`: whatever it was started from
+    NONE = "none"  # not running
+
+
 @dataclass(frozen=True)
 class RoleStatus:
     role: Role
     pid: int | None  # None: not running
-    log: Path
+    output: Output
+    logs: tuple[Path, ...]  # the role's log files that exist and belong to what runs
+
+
+def role_status(
+    root: Path, role: Role, pid: int | None, up_pid: int | None, existing: Collection[Path]
+) -> RoleStatus:
+    """The role's status from its running pid, the pid `up` last started it as and the log
+    files that exist (issue 26: status used to name ``logs/<role>.log`` for a process
+    started by hand, which writes to its terminal and has no such file).
+
+    An output log left by an earlier `up` is named only while nothing else runs the role:
+    it is then the newest output there is, and never that of a process started by hand.
+    """
+    output_log = log_path(root, role)
+    if pid is None:
+        output = Output.NONE
+    elif pid == up_pid:
+        output = Output.LOG
+    else:
+        output = Output.TERMINAL
+    candidates = engine_log_paths(root, role)
+    if output is not Output.TERMINAL:
+        candidates = (output_log, *candidates)
+    return RoleStatus(role, pid, output, tuple(p for p in candidates if p in existing))
+
+
+def describe(status: RoleStatus) -> str:
+    """One line for `fedge manager status`: running or not, and where its logs are."""
+    logs = ", ".join(str(p) for p in status.logs)
+    if status.pid is None:
+        return "stopped; " + (f"logs of its last run: {logs}" if logs else "no log")
+    line = f"running (pid {status.pid})"
+    if status.output is Output.LOG:
+        if not logs:
+            return f"{line}; no log (its log file was removed)"
+        return f"{line}; {'logs' if len(status.logs) > 1 else 'log'} {logs}"
+    line += ", started outside `manager up`: its output goes to its terminal"
+    return f"{line}; also {logs}" if logs else line
 
 
 def status(root: Path) -> list[RoleStatus]:
@@ -51,7 +103,9 @@ def status(root: Path) -> list[RoleStatus]:
     for role in UP_ORDER:
         held = running(root, role)
         pid = None if held is None else (held.pid or 0)
-        result.append(RoleStatus(role, pid, log_path(root, role)))
+        candidates = (log_path(root, role), *engine_log_paths(root, role))
+        existing = [p for p in candidates if p.is_file()]
+        result.append(role_status(root, role, pid, read_up_marker(root, role), existing))
     return result
 
 
@@ -120,6 +174,7 @@ def start(
             env=env,
             start_new_session=True,  # a Ctrl-C in the operator's shell does not reach it
         )
+    write_up_marker(root, role, popen.pid)
 
     def holds() -> bool:
         now = running(root, role)

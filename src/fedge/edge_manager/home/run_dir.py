@@ -2,7 +2,13 @@
 
     <home>/run/<role>.pid   the role's lock, naming its pid (held while it runs; fedge.pidlock)
     <home>/run/serve.json   what ``manager serve`` knows of its broker connection, kept current
+    <home>/run/<role>.up    the pid ``fedge manager up`` last started the role as
     <home>/logs/<role>.log  the output of a process ``fedge manager up`` started
+    <home>/broker/mosquitto.log, mosquitto.stderr   Mosquitto's own log, however started
+    <home>/superlink/superlink.log                  flower-superlink's, however started
+
+A role started by hand (``fedge manager serve &``) writes its output to its terminal,
+not to ``logs/``: ``fedge manager status`` tells the two apart by ``run/<role>.up``.
 
 One ``manager serve`` (or broker) per home (issue 15: a second serve on the same home
 kept knocking the first off the broker, both logging in as the manager). Commands that
@@ -37,6 +43,37 @@ def pid_path(root: Path, role: Role) -> Path:
 
 def log_path(root: Path, role: Role) -> Path:
     return root / "logs" / f"{role.value}.log"
+
+
+def up_marker_path(root: Path, role: Role) -> Path:
+    return root / "run" / f"{role.value}.up"
+
+
+def engine_log_paths(root: Path, role: Role) -> tuple[Path, ...]:
+    """The logs the role's engine writes itself, whoever started the role: Mosquitto's
+    (``MosquittoBroker`` in ``<home>/broker``) and flower-superlink's (``SuperLink`` in
+    ``<home>/superlink``); serve has none of its own."""
+    if role is Role.BROKER:
+        return (root / "broker" / "mosquitto.log", root / "broker" / "mosquitto.stderr")
+    if role is Role.SUPERLINK:
+        return (root / "superlink" / "superlink.log",)
+    return ()
+
+
+def write_up_marker(root: Path, role: Role, pid: int) -> None:
+    """Note that ``manager up`` started ``role`` as ``pid`` (its output: ``logs/``)."""
+    path = up_marker_path(root, role)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staged = path.with_name(path.name + ".tmp")  # not serve.tmp: serve.json's
+    staged.write_text(f"{pid}\n")
+    os.replace(staged, path)
+
+
+def read_up_marker(root: Path, role: Role) -> int | None:
+    try:
+        return int(up_marker_path(root, role).read_text().strip())
+    except (OSError, ValueError):
+        return None
 
 
 def state_path(root: Path) -> Path:
