@@ -269,8 +269,9 @@ def status(
     home: HomeOption = DEFAULT_HOME,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Which of the manager's processes run, where their logs are, and whether serve
-    reaches the broker. A process started by hand logs to its own terminal.
+    """Which manager processes run, where their logs are, whether serve reaches the broker.
+
+    A process started by hand (not by `manager up`) writes its output to its terminal.
 
     Example: fedge manager status --home ./fedge-home
     """
