@@ -1,25 +1,28 @@
-"""Who drives a job's rounds: our loop, Flower's central-DP wrapper, or SecAgg+.
+"""Who plays a job's rounds: our strategy, Flower's central-DP wrapper, or SecAgg+.
 
 A strategy's ``privacy`` (``[privacy]`` of a scenario or manifest) decides:
 
-- nothing private, or DP-SGD on the parties: our own loop (``StreamingFedAvg.start``),
+- nothing private, or DP-SGD on the parties: our own round (``StreamingFedAvg.start``),
   with streaming folds, deadlines and quorum;
 - ``mode = "central"``: Flower's ``DifferentialPrivacyServerSideFixedClipping`` around
   the strategy (:mod:`fedge.aggregator.privacy.central_dp`);
 - ``secagg = true``: Flower's SecAgg+ workflow, planned and recorded by the strategy
   (:mod:`fedge.aggregator.privacy.secagg`), DP-SGD on the parties or not.
 
+Each plays only its round; what surrounds a round (round 0 evaluation, metrics,
+evaluation, observers, checkpoints) is the one loop,
+:func:`fedge.aggregator.rounds.loop.run_rounds`.
+
 The simulator, simulated jobs and fleet jobs all start their rounds here, so a privacy
 setting means the same thing wherever it is given.
 """
 
-from collections.abc import Callable
-
-from flwr.app import ArrayRecord, ConfigRecord, MetricRecord
+from flwr.app import ArrayRecord, ConfigRecord
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 
 from fedge.aggregator.privacy import central_dp, secagg
+from fedge.aggregator.rounds.loop import CheckpointFn, EvaluateFn
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.privacy.settings import PrivacyMode
 
@@ -32,9 +35,9 @@ def start_rounds(
     num_rounds: int,
     timeout: float,
     train_config: ConfigRecord | None = None,
-    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+    evaluate_fn: EvaluateFn | None = None,
     first_round: int = 1,
-    checkpoint_fn: Callable[[int, ArrayRecord], None] | None = None,
+    checkpoint_fn: CheckpointFn | None = None,
     max_weight: float = secagg.DEFAULT_MAX_WEIGHT,
 ) -> tuple[Result, central_dp.CentralDP | None]:
     """Run rounds ``first_round..num_rounds``; the central-DP wrapper when one was used.

@@ -32,7 +32,7 @@ observer (the run store) sees it.
 
 import dataclasses
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from logging import INFO, WARNING
 
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord
@@ -41,6 +41,7 @@ from flwr.serverapp.strategy import DifferentialPrivacyServerSideFixedClipping, 
 from flwr.supercore import log
 
 from fedge.aggregator.jobs.run_store import RELEASED_KEY, STATION_EPSILON_KEY
+from fedge.aggregator.rounds.loop import CheckpointFn, EvaluateFn, RoundOutcome, run_rounds
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.aggregator.rounds.replies import NUM_EXAMPLES, layout
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
@@ -99,61 +100,53 @@ class CentralDP(DifferentialPrivacyServerSideFixedClipping):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        evaluate_fn: EvaluateFn | None = None,
         *,
         first_round: int = 1,
-        checkpoint_fn: Callable[[int, ArrayRecord], None] | None = None,
+        checkpoint_fn: CheckpointFn | None = None,
     ) -> Result:
-        """Flower's round (configure, send and wait for all, aggregate), resumable like ours.
+        """Flower's round (configure, send and wait for all, aggregate) in the one round
+        loop (:func:`~fedge.aggregator.rounds.loop.run_rounds`), resumable like ours.
 
         A resumed job accounts the releases its checkpoint holds; a checkpoint from before
         they were kept counts every earlier round as released at the full sigma.
         """
         config = train_config or ConfigRecord()
-        result = Result()
-        arrays = initial_arrays
         for earlier in [r for r in self.releases if r >= first_round]:
             del self.releases[earlier]  # replayed rounds are accounted again
         if first_round > 1 and not self.releases:
             assert self.spec.noise_multiplier is not None
             self.releases.update(dict.fromkeys(range(1, first_round), self.spec.noise_multiplier))
-        if evaluate_fn is not None and first_round == 1:
-            initial = evaluate_fn(0, arrays)
-            if initial is not None:
-                result.evaluate_metrics_serverapp[0] = initial
-        # aggregate_train hands our strategy's records on with the DP keys; hold them here
-        # until evaluated, as our own loop reports a round with its evaluation.
+        # aggregate_train hands our strategy's record on with the DP keys; hold it until
+        # the loop has evaluated the round, as our own loop reports a round with its
+        # evaluation.
         observers, held = self.inner.observers, list[RoundRecord]()
+
+        def play(server_round: int, arrays: ArrayRecord) -> RoundOutcome | None:
+            if self._out_of_budget(server_round):
+                return None
+            messages = self.configure_train(server_round, arrays, config, grid)
+            replies = grid.send_and_receive(messages, timeout=timeout)
+            new_arrays, metrics = self.aggregate_train(server_round, replies)
+            (record,) = held
+            held.clear()
+            # Nothing released: the model stays as it was.
+            kept = arrays if new_arrays is None else new_arrays
+            return RoundOutcome(kept, record, metrics, last=bool(self.stopped))
+
         self.inner.observers = [held.append]
         try:
-            for server_round in range(first_round, num_rounds + 1):
-                if self._out_of_budget(server_round):
-                    break
-                messages = self.configure_train(server_round, arrays, config, grid)
-                replies = grid.send_and_receive(messages, timeout=timeout)
-                new_arrays, metrics = self.aggregate_train(server_round, replies)
-                if new_arrays is not None:
-                    arrays = new_arrays
-                if metrics is not None:
-                    result.train_metrics_clientapp[server_round] = metrics
-                evaluated = evaluate_fn(server_round, arrays) if evaluate_fn else None
-                if evaluated is not None:
-                    result.evaluate_metrics_serverapp[server_round] = evaluated
-                for record in held:
-                    if evaluated is not None:
-                        scores = {k: float(v) for k, v in evaluated.items()}  # type: ignore[arg-type]
-                        record = dataclasses.replace(record, eval_metrics=scores)
-                    for observer in observers:
-                        observer(record)
-                held.clear()
-                if checkpoint_fn is not None:
-                    checkpoint_fn(server_round, arrays)
-                if self.stopped:
-                    break
+            return run_rounds(
+                play,
+                initial_arrays,
+                num_rounds=num_rounds,
+                first_round=first_round,
+                observers=observers,
+                evaluate_fn=evaluate_fn,
+                checkpoint_fn=checkpoint_fn,
+            )
         finally:
             self.inner.observers = observers
-        result.arrays = arrays
-        return result
 
     def _out_of_budget(self, server_round: int) -> bool:
         """Whether even a full-sigma release this round would pass ``privacy.epsilon``."""

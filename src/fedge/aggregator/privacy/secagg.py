@@ -36,20 +36,20 @@ Error, dropout and quantisation:
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from logging import INFO, WARNING
+from logging import WARNING
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, RecordDict
 from flwr.serverapp import Grid
 from flwr.serverapp.strategy import Result
 from flwr.supercore import log
 
 from fedge.aggregator.fleet.identity import IdentifiedGrid
 from fedge.aggregator.privacy.secagg_round import NodeMap, SecAggRound, StageRecorder
+from fedge.aggregator.rounds.loop import CheckpointFn, EvaluateFn, RoundOutcome, run_rounds
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.privacy.settings import SECAGG_MIN_PARTIES, PrivacyError, PrivacySpec
@@ -214,8 +214,8 @@ def run_secagg(
     train_config: ConfigRecord | None = None,
     timeout: float = 600.0,
     first_round: int = 1,
-    evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
-    checkpoint_fn: Callable[[int, ArrayRecord], None] | None = None,
+    evaluate_fn: EvaluateFn | None = None,
+    checkpoint_fn: CheckpointFn | None = None,
     recorder: Callable[[Grid], Grid] | None = None,
 ) -> Result:
     """Rounds ``first_round..num_rounds`` of SecAgg+, planned and recorded by ``strategy``.
@@ -248,39 +248,29 @@ def run_secagg(
     settings.check_round(min(parties, strategy.per_round))
     nodes = _node_map(grid)
     wire = recorder(nodes.wire) if recorder is not None else nodes.wire
-    result = Result()
-    arrays = initial_arrays
     config = train_config or ConfigRecord()
-    if evaluate_fn is not None and first_round == 1:
-        initial = evaluate_fn(0, arrays)
-        if initial is not None:
-            result.evaluate_metrics_serverapp[0] = initial
-    _check_range(initial_arrays, settings)
-    for server_round in range(first_round, num_rounds + 1):
-        if not strategy.trainable(grid):
-            log(INFO, "round %d: every party is out of privacy budget; stopping", server_round)
-            break
+
+    def play(server_round: int, arrays: ArrayRecord) -> RoundOutcome | None:
+        if server_round == first_round:
+            _check_range(arrays, settings)  # the starting model: refused, not clipped
+        if not strategy.can_train(server_round, grid):
+            return None
         _check_range(arrays, settings, warn_only=True)
         stages = StageRecorder(wire)
         round_ = SecAggRound(
             strategy, grid, nodes, stages, settings, arrays, config, timeout=timeout
         )
-        arrays, record = round_.run(server_round, _context(grid))
-        if record.train_metrics:
-            result.train_metrics_clientapp[server_round] = MetricRecord(dict(record.train_metrics))
-        if evaluate_fn is not None:
-            evaluated = evaluate_fn(server_round, arrays)
-            if evaluated is not None:
-                result.evaluate_metrics_serverapp[server_round] = evaluated
-                # Observers see the round's evaluation, as in our own loop.
-                scores = {k: float(v) for k, v in evaluated.items()}  # type: ignore[arg-type]
-                record = dataclasses.replace(record, eval_metrics=scores)
-        for observer in strategy.observers:
-            observer(record)
-        if checkpoint_fn is not None:
-            checkpoint_fn(server_round, arrays)
-    result.arrays = arrays
-    return result
+        return RoundOutcome.of(*round_.run(server_round, _context(grid)))
+
+    return run_rounds(
+        play,
+        initial_arrays,
+        num_rounds=num_rounds,
+        first_round=first_round,
+        observers=strategy.observers,
+        evaluate_fn=evaluate_fn,
+        checkpoint_fn=checkpoint_fn,
+    )
 
 
 def _check_range(arrays: ArrayRecord, settings: SecAggSettings, *, warn_only: bool = False) -> None:

@@ -43,6 +43,7 @@ from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.rounds.collect import ReplyStream, collect_all
 from fedge.aggregator.rounds.deadline import DeadlineConfig
 from fedge.aggregator.rounds.fold import StreamingMean
+from fedge.aggregator.rounds.loop import CheckpointFn, EvaluateFn, RoundOutcome, run_rounds
 from fedge.aggregator.rounds.record import RoundObserver, RoundRecord, settled_record, summary
 from fedge.aggregator.rounds.replies import Collected, fold_reply, weighted_metrics
 from fedge.aggregator.rounds.settled import Configured, flower_collected, settle_all
@@ -226,43 +227,37 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         timeout: float = 3600,
         train_config: ConfigRecord | None = None,
         evaluate_config: ConfigRecord | None = None,
-        evaluate_fn: Callable[[int, ArrayRecord], MetricRecord | None] | None = None,
+        evaluate_fn: EvaluateFn | None = None,
         *,
         first_round: int = 1,
-        checkpoint_fn: Callable[[int, ArrayRecord], None] | None = None,
+        checkpoint_fn: CheckpointFn | None = None,
     ) -> Result:
-        """Run rounds ``first_round..num_rounds`` (a resumed job starts past round 1)."""
-        train_config = train_config or ConfigRecord()
+        """Run rounds ``first_round..num_rounds`` (a resumed job starts past round 1) in
+        the one round loop (:func:`~fedge.aggregator.rounds.loop.run_rounds`)."""
+        config = train_config or ConfigRecord()
         self.plan_privacy(num_rounds)
-        result = Result()
-        arrays = initial_arrays
-        if evaluate_fn is not None and first_round == 1:
-            initial = evaluate_fn(0, arrays)
-            if initial is not None:
-                result.evaluate_metrics_serverapp[0] = initial
-        for server_round in range(first_round, num_rounds + 1):
-            if not self.trainable(grid):
-                log(INFO, "round %d: every party is out of privacy budget; stopping", server_round)
-                break
-            arrays, record = self.run_round(server_round, arrays, train_config, grid, timeout)
-            if record.train_metrics:
-                result.train_metrics_clientapp[server_round] = MetricRecord(
-                    dict(record.train_metrics)
-                )
-            if evaluate_fn is not None:
-                evaluated = evaluate_fn(server_round, arrays)
-                if evaluated is not None:
-                    result.evaluate_metrics_serverapp[server_round] = evaluated
-                    record = dataclasses.replace(
-                        record,
-                        eval_metrics={k: float(v) for k, v in evaluated.items()},  # type: ignore[arg-type]
-                    )
-            for observer in self.observers:
-                observer(record)
-            if checkpoint_fn is not None:
-                checkpoint_fn(server_round, arrays)
-        result.arrays = arrays
-        return result
+
+        def play(server_round: int, arrays: ArrayRecord) -> RoundOutcome | None:
+            if not self.can_train(server_round, grid):
+                return None
+            return RoundOutcome.of(*self.run_round(server_round, arrays, config, grid, timeout))
+
+        return run_rounds(
+            play,
+            initial_arrays,
+            num_rounds=num_rounds,
+            first_round=first_round,
+            observers=self.observers,
+            evaluate_fn=evaluate_fn,
+            checkpoint_fn=checkpoint_fn,
+        )
+
+    def can_train(self, server_round: int, grid: Grid) -> bool:
+        """Whether any party may train in ``server_round`` (else the run stops, logged)."""
+        if self.trainable(grid):
+            return True
+        log(INFO, "round %d: every party is out of privacy budget; stopping", server_round)
+        return False
 
     def plan_privacy(self, num_rounds: int) -> None:
         """DP-SGD without a planned participation plans for every round of the job."""
