@@ -141,7 +141,7 @@ class _Events(threading.Thread):
                 for line in response.iter_lines():
                     if not line.startswith("data: "):
                         continue
-                    cells = json.loads(line[6:]).get(LIVE_EDGE, {})
+                    cells = json.loads(line[6:])["edges"].get(LIVE_EDGE, {})
                     with self.lock:
                         self.seen.setdefault(
                             str(cells.get("config")), (time.perf_counter(), time.time())

@@ -16,7 +16,10 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from fedge.console import views_store
+from fedge.console.deciding import deciding, override_warning
 from fedge.console.errors import BadInput
+from fedge.console.views import manifest_of
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.labels.current import Applied
 from fedge.edge_manager.monitor import alert_store
@@ -75,13 +78,20 @@ def parse_label(form: Mapping[str, str]) -> LabelChange:
 
 
 def set_threshold(fleet: Fleet, change: ThresholdChange) -> str:
-    """Push the threshold; returns what was done, for the page and the audit log."""
+    """Push the threshold; returns what was done, for the page and the audit log, with a
+    warning when something else keeps deciding (a per-class threshold, or the serving
+    model's own recommendation: deciding.py)."""
     pushed = fleet.set_threshold([change.edge], change.threshold, change.class_name)
     scope = f" for {change.class_name}" if change.class_name else ""
-    return ", ".join(
-        f"{p.edge}: desired config v{p.version} (threshold {change.threshold:g}{scope})"
-        for p in pushed
-    )
+    done = []
+    for p in pushed:
+        text = f"{p.edge}: desired config v{p.version} (threshold {change.threshold:g}{scope})"
+        manifest = manifest_of(fleet, views_store.serving_of(fleet.store, p.edge))
+        warning = override_warning(
+            deciding(fleet.desired_config(p.edge), manifest), change.class_name
+        )
+        done.append(text + (f". Warning: {warning}" if warning else ""))
+    return ", ".join(done)
 
 
 THUMBNAIL_FIELDS = frozenset({"csrf", "images", "size", "per_minute"})

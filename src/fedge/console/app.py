@@ -20,7 +20,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from fedge.console import accounts, actions, audit, pages, views
+from fedge.console import accounts, actions, audit, health, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.cert_login import (
@@ -51,7 +51,7 @@ class Console:
         self.https = https  # served over TLS: cookies are Secure (never sent over plain HTTP)
         self.sessions = Sessions()
         self.crl = Revocations(home.pki().crl_path)  # certificate logins (cert_login.py)
-        self.live = LiveFeed(self.run, self.sessions, poll_s)
+        self.live = LiveFeed(self.run, self.sessions, poll_s, lambda: health.notice(home.root))
         env = Environment(
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
         )
@@ -180,10 +180,15 @@ class Console:
             return self.refuse(request, who, f"only an admin can read the {ADMIN_PAGES[kind]}")
         try:
             params = dict(request.query_params)
+            notice = await run_in_threadpool(health.notice, self.home.root)
+            context: dict[str, Any]
             if kind == "security":  # the home's files and keys, not the store alone
                 context = {"security": await run_in_threadpool(security_page, self.home)}
             else:
-                context = await self.run(lambda fleet: pages.context(fleet, kind, edge, params))
+                context = await self.run(
+                    lambda fleet: pages.context(fleet, kind, edge, params, notice)
+                )
+            context["serve_notice"] = notice
         except ManagerError as exc:  # an edge that is not enrolled, an unknown rollout
             return self.render(request, "message.html", who, 404, title="Not found", error=str(exc))
         return self.render(request, f"{kind}.html", who, status, **context, **extra)

@@ -12,16 +12,20 @@ any size of fleet.
 """
 
 import functools
+import time
 from collections import defaultdict
 from dataclasses import dataclass
 
-from fedge.console import fleet_table_store, views_store
-from fedge.console.views import EdgeFigures, FleetRow, table_row
+from fedge.console import fleet_table_store, freshness, views_store
+from fedge.console.fleet_table_store import NewestDesired
+from fedge.console.health import Health, fleet_health
+from fedge.console.views import EdgeFigures, FleetRow, manifest_of, table_row
 from fedge.edge_manager.fleet.edge_view_store import Gap
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError
+from fedge.protocols.manifest import ModelManifest
 
 # What a column sorts by: the raw value, not its display text.
 SORT_KEYS = (
@@ -35,7 +39,8 @@ SORT_KEYS = (
     "agreement",
     "gaps",
 )
-STATES = ("online", "lost", "offline", "never-seen", "revoked")
+# As shown: "stale" is an online edge not heard from lately (freshness.py).
+STATES = ("online", freshness.STALE, "lost", "offline", "never-seen", "revoked")
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,7 @@ class Table:
     total: int  # edges in the fleet, before filtering
     models: list[str]  # what the model filter offers
     query: TableQuery
+    health: Health  # of the whole fleet, not only the filtered rows
 
 
 @functools.lru_cache(maxsize=8192)
@@ -79,7 +85,7 @@ def _decoded(document: str) -> EdgeConfig | None:
         return None  # shown as '?', as on the edge's page
 
 
-def _configs(fleet: Fleet) -> tuple[dict[str, EdgeConfig], dict[str, int]]:
+def _configs(fleet: Fleet) -> tuple[dict[str, EdgeConfig], dict[str, NewestDesired]]:
     """Each edge's config in force (the desired document of the version it applied) and
     its newest desired config version."""
     in_force: dict[str, EdgeConfig] = {}
@@ -104,8 +110,17 @@ def _agreement(fleet: Fleet) -> dict[str, float]:
     return {edge: agree[edge] / n for edge, n in total.items()}
 
 
-def fleet_table(fleet: Fleet, query: TableQuery = TableQuery()) -> Table:
+def fleet_table(
+    fleet: Fleet,
+    query: TableQuery = TableQuery(),
+    now: float | None = None,
+    serve_notice: str | None = None,
+) -> Table:
+    """The table as of ``now`` (default: the clock), states aged against it;
+    ``serve_notice``: what is wrong with ``manager serve`` (health.py), None if nothing."""
+    now = time.time() if now is None else now
     edges = fleet_table_store.edge_rows(fleet.store)
+    manifests: dict[str, ModelManifest | None] = {}
     in_force, newest = _configs(fleet)
     counts = fleet_table_store.prediction_counts(fleet.store)
     gaps: dict[str, list[Gap]] = defaultdict(list)
@@ -117,17 +132,22 @@ def fleet_table(fleet: Fleet, query: TableQuery = TableQuery()) -> Table:
     # Rows without a value (never seen, nothing labelled) go last either way.
     present: list[tuple[str | float, FleetRow]] = []
     absent: list[FleetRow] = []
+    shown: list[FleetRow] = []  # every edge's row, for the fleet's health
     for edge_row in edges:
         edge = edge_row.edge
-        if query.state and edge_row.state != query.state:
-            continue
-        if query.model and edge_row.serving != query.model:
-            continue
-        if text and text not in edge.lower():
-            continue
         predictions, rejects = counts.get(edge, (0, 0))
         applied = edge_row.config_applied
-        desired = newest.get(edge, 0)
+        newest_desired = newest.get(edge)
+        desired = 0 if newest_desired is None else newest_desired.version
+        pending = None
+        if newest_desired is not None and desired != applied:
+            pending = freshness.pending(
+                desired,
+                newest_desired.created_at,
+                newest_desired.published_at,
+                edge_row.config_status,
+                edge_row.config_reason,
+            )
         figures = EdgeFigures(
             edge=edge,
             state=edge_row.state,
@@ -140,16 +160,28 @@ def fleet_table(fleet: Fleet, query: TableQuery = TableQuery()) -> Table:
             rejects=rejects,
             gaps=tuple(gaps.get(edge, ())),
             label_agreement=agreement.get(edge),
+            pending=pending,
         )
         default = EdgeConfig(fleet.fleet, edge, version=1) if applied == 0 else None
-        row = table_row(figures, in_force.get(edge, default))
+        if edge_row.serving not in manifests:
+            manifests[edge_row.serving] = manifest_of(fleet, edge_row.serving)
+        row = table_row(figures, in_force.get(edge, default), manifests[edge_row.serving], now)
+        shown.append(row)
+        if query.state and row.state != query.state:
+            continue
+        if query.model and edge_row.serving != query.model:
+            continue
+        if text and text not in edge.lower():
+            continue
         value = _sort_value(query.sort, figures)
         if value is None:
             absent.append(row)
         else:
             present.append((value, row))
     present.sort(key=lambda k: k[0], reverse=query.desc)
-    return Table([r for _, r in present] + absent, len(edges), models, query)
+    seen = [e.last_seen for e in edges if e.last_seen is not None]
+    health = fleet_health(serve_notice, shown, max(seen, default=None), now)
+    return Table([r for _, r in present] + absent, len(edges), models, query, health)
 
 
 def _sort_value(sort: str, edge: EdgeFigures) -> str | float | None:

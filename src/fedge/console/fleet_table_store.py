@@ -21,6 +21,17 @@ class EdgeRow:
     serving: str  # a model reference, '' when it serves none
     last_seen: float | None
     config_applied: int
+    config_status: str = ""  # '<applied|rejected>:<offered version>' of its last report
+    config_reason: str = ""
+
+
+@dataclass(frozen=True)
+class NewestDesired:
+    """An edge's newest desired config version: when it was made and published."""
+
+    version: int
+    created_at: float
+    published_at: float | None
 
 
 @dataclass(frozen=True)
@@ -36,9 +47,10 @@ class LabelledPrediction:
 def edge_rows(store: Store) -> list[EdgeRow]:
     """Every enrolled edge, by name."""
     return [
-        EdgeRow(str(edge), str(state), str(serving), last_seen, int(applied))
-        for edge, state, serving, last_seen, applied in store.conn.execute(
-            "SELECT edge, state, serving, last_seen, config_applied FROM edges ORDER BY edge"
+        EdgeRow(str(edge), str(state), str(serving), last_seen, int(applied), str(status), str(why))
+        for edge, state, serving, last_seen, applied, status, why in store.conn.execute(
+            "SELECT edge, state, serving, last_seen, config_applied, "
+            "coalesce(config_status, ''), coalesce(config_reason, '') FROM edges ORDER BY edge"
         )
     ]
 
@@ -56,13 +68,17 @@ def in_force_documents(store: Store) -> list[tuple[str, str]]:
     ]
 
 
-def newest_config_versions(store: Store) -> dict[str, int]:
+def newest_config_versions(store: Store) -> dict[str, NewestDesired]:
     """Each edge's newest desired config version (an edge with none is left out)."""
-    return dict(
-        store.conn.execute(
-            "SELECT edge, max(version) FROM desired WHERE kind = ? GROUP BY edge", (CONFIG,)
-        ).fetchall()
-    )
+    # SQLite's bare columns beside max() come from the row that has the max.
+    return {
+        str(edge): NewestDesired(int(version), float(created), published)
+        for edge, version, created, published in store.conn.execute(
+            "SELECT edge, max(version), created_at, published_at FROM desired WHERE kind = ? "
+            "GROUP BY edge",
+            (CONFIG,),
+        )
+    }
 
 
 def prediction_counts(store: Store) -> dict[str, tuple[int, int]]:

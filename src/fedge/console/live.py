@@ -24,10 +24,19 @@ class Run(Protocol):
 
 
 class LiveFeed:
-    """The fleet's cells as JSON, shared by every open stream."""
+    """The fleet's cells and health as JSON (``{"edges": {edge: cells}, "health":
+    {"live", "banner"}}``), shared by every open stream. Rebuilt every poll even when the
+    store did not change: a state ages into "stale" with nothing written."""
 
-    def __init__(self, run: Run, sessions: Sessions, poll_s: float) -> None:
+    def __init__(
+        self,
+        run: Run,
+        sessions: Sessions,
+        poll_s: float,
+        notice: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._run = run
+        self._notice = notice  # what is wrong with `manager serve` (health.notice)
         self.sessions = sessions
         self.poll_s = poll_s
         self._snapshot: tuple[float, str] | None = None  # (monotonic time, JSON)
@@ -41,8 +50,10 @@ class LiveFeed:
             if self._snapshot is None or now - self._snapshot[0] >= self.poll_s / 4:
 
                 def build(fleet: Fleet) -> str:
-                    rows = fleet_table(fleet).rows
-                    return json.dumps({row.edge: row.cells for row in rows}, sort_keys=True)
+                    table = fleet_table(fleet, serve_notice=self._notice())
+                    edges = {row.edge: row.cells for row in table.rows}
+                    payload = {"edges": edges, "health": table.health.to_json()}
+                    return json.dumps(payload, sort_keys=True)
 
                 self._snapshot = (now, await self._run(build))
             return self._snapshot[1]

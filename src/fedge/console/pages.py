@@ -8,11 +8,13 @@ from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.monitor import alert_store
 
 
-def context(fleet: Fleet, kind: str, key: str, params: dict[str, str]) -> dict[str, Any]:
+def context(
+    fleet: Fleet, kind: str, key: str, params: dict[str, str], serve_notice: str | None = None
+) -> dict[str, Any]:
     """What page ``kind`` shows (``key``: its edge, job or rollout id; ``params``: the
-    query string)."""
+    query string; ``serve_notice``: what is wrong with ``manager serve``, health.py)."""
     if kind == "fleet":
-        table = fleet_table(fleet, TableQuery.parse(params))
+        table = fleet_table(fleet, TableQuery.parse(params), serve_notice=serve_notice)
         return {"table": table, "rows": table.rows, "states": STATES}
     if kind == "edge":
         return {

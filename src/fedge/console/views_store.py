@@ -133,3 +133,9 @@ def deploy_events(store: Store, edge: str, limit: int) -> list[dict[str, Any]]:
 def serving_refs(store: Store) -> list[str]:
     """The model each edge serves (one entry an edge; edges serving none are left out)."""
     return [str(r["serving"]) for r in store.query("SELECT serving FROM edges WHERE serving != ''")]
+
+
+def serving_of(store: Store, edge: str) -> str:
+    """The model ``edge`` last reported serving ('' : none, or not enrolled)."""
+    row = store.one("SELECT serving FROM edges WHERE edge=?", (edge,))
+    return "" if row is None else str(row["serving"])
