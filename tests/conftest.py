@@ -285,7 +285,10 @@ class FleetHome:
         """Change (or add) one scalar setting in the edge's agent.toml."""
         path = self.agents[edge]
         lines = [ln for ln in path.read_text().splitlines() if not ln.startswith(f"{key} =")]
-        path.write_text("\n".join([*lines, f"{key} = {value}", ""]))
+        # Before the first table ([privacy_floor]), or the key would land inside it.
+        tables = [i for i, ln in enumerate(lines) if ln.startswith("[")]
+        at = tables[0] if tables else len(lines)
+        path.write_text("\n".join([*lines[:at], f"{key} = {value}", *lines[at:], ""]))
 
     @contextmanager
     def fleet(self) -> Iterator[Fleet]:

@@ -115,6 +115,8 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
     fh = make_fleet_home(root, edges=EDGES)
     for edge in EDGES:
         fh.set_agent_option(edge, "holdout_percent", 90)
+        # A rollout's waves wait for each station's probation verdict: 2 s, not 10 min.
+        fh.set_agent_option(edge, "probation_s", 2.0)
     # st-02's broker port has no broker: it only ever reaches the manager over gRPC.
     fh.set_agent_option(GRPC_EDGE, "broker_port", free_port())
     fh.set_agent_option(GRPC_EDGE, "grpc_fallback_after_s", 0.3)

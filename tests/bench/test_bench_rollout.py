@@ -30,4 +30,6 @@ def test_bench_rollout_keeps_the_bad_model_on_the_canary(tmp_path: Path) -> None
     assert data["good_model_completed_s"] > 3 * data["health_window_s"]  # three waves watched
     assert data["false_aborts"] == 0
     assert data["met_target"] is (data["rollback_s"] <= data["health_window_s"] + 5.0)
+    # The good rollout's waves waited for every station's own probation verdict.
+    assert data["waits_for_probation"] is True
     assert data["machine"]["cpu_count"] >= 1

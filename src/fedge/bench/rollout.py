@@ -44,6 +44,7 @@ FLEET = "bench"
 PREVIOUS, GOOD, BAD = 1, 2, 3
 WAVES = "25%,50%,100%"
 ABORT_IF = "failed_activation>0,error_rate>0.01"
+PROBATION_S = 2.0  # the agents' probation: a wave waits for each station's verdict
 
 
 def run_rollout_bench(
@@ -107,6 +108,9 @@ def run_rollout_bench(
             round(good["elapsed_s"], 3) if good["state"] == "completed" else None
         ),
         "false_aborts": false_aborts,
+        # Waves wait for the stations' own probation verdicts (the plan's default).
+        "waits_for_probation": good["waits_for_probation"],
+        "agent_probation_s": PROBATION_S,
         "met_target": (
             exposed <= len(canary)
             and rollback_s is not None
@@ -126,7 +130,12 @@ def _enroll(home: ManagerHome, root: Path, edges: list[str]) -> dict[str, Path]:
             path = station / "agent.toml"
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as handle:
-                handle.write(enroll(home, fleet, edge, (station / "data").resolve()))
+                # The bench's stations score nothing: a new model's probation ends on its
+                # timer, and each wave waits for those verdicts (PROBATION_S).
+                text = enroll(home, fleet, edge, (station / "data").resolve())
+                handle.write(
+                    text.replace("http_port = 0", f"http_port = 0\nprobation_s = {PROBATION_S}")
+                )
             configs[edge] = path
     return configs
 
@@ -217,4 +226,5 @@ def _rollout(
         "reason": str(row.reason),
         "exposed": exposed,
         "elapsed_s": float(row.finished_at) - float(row.created_at),
+        "waits_for_probation": plan.wait_for_probation,
     }

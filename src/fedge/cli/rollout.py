@@ -29,7 +29,13 @@ app = typer.Typer(
 )
 
 _SERVE = "the rollout is stored and moves once `fedge manager serve` runs"
-_COLOURS = {"completed": "green", "aborted": "red", "rolled_back": "red", "paused": "yellow"}
+_COLOURS = {
+    "completed": "green",
+    "degraded": "red",
+    "aborted": "red",
+    "rolled_back": "red",
+    "paused": "yellow",
+}
 
 
 def _when(ts: Any) -> str:
@@ -68,6 +74,17 @@ def start(
     rollback_timeout: Annotated[
         str, typer.Option(help="An edge sent back not confirmed by then is given up on: 10m.")
     ] = "10m",
+    wait_for_probation: Annotated[
+        bool,
+        typer.Option(
+            help="A wave completes only once each moved station reported its own probation "
+            "passed (the agent's probation_images / probation_s)."
+        ),
+    ] = True,
+    probation_timeout: Annotated[
+        str,
+        typer.Option(help="A station with no probation verdict by then counts as failed: 15m."),
+    ] = "15m",
     force_unblessed: Annotated[
         bool,
         typer.Option(
@@ -82,7 +99,8 @@ def start(
     --health-window 10m --abort-if "agreement_drop>0.02,failed_activation>0"
 
     A failed activation (or none within --activation-timeout) always aborts the rollout,
-    whatever --abort-if says.
+    whatever --abort-if says; so does a station whose probation verdict has not come
+    within --probation-timeout of its activation (unless --no-wait-for-probation).
     """
     name, _ = parse_ref(model)
     _, fleet = open_fleet(home)
@@ -105,6 +123,8 @@ def start(
         abort_if=abort_if,
         activation_timeout=activation_timeout,
         rollback_timeout=rollback_timeout,
+        wait_for_probation=wait_for_probation,
+        probation_timeout=probation_timeout,
     )
     rollout_id = Rollouts(fleet).start(
         model, plan, now=time.time(), force_unblessed=force_unblessed
@@ -145,6 +165,11 @@ def status(
         f"waves {', '.join(f'{w * 100:g}%' for w in plan['waves'])}; health window "
         f"{plan['health_window_s']:g}s; abort if {', '.join(plan['abort_if'])}; timeouts: "
         f"activation {plan['activation_timeout_s']:g}s, rollback {plan['rollback_timeout_s']:g}s"
+        + (
+            f", probation {plan['probation_timeout_s']:g}s (waves wait for the verdicts)"
+            if plan.get("wait_for_probation", True)
+            else "; waves do not wait for the stations' probation verdicts"
+        )
         + ("; [yellow]forced unblessed[/yellow]" if view["forced_unblessed"] else "")
     )
     table = fitted_table("edge", "wave", "state", "serving", "previous", "moved", whole=("edge",))

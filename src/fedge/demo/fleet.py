@@ -116,7 +116,10 @@ def _run_demo(out: Path, console_port: int | None, own_errors: list[str]) -> int
         # The learning chapter trains without DP-SGD: the stations start without a privacy
         # floor (explicitly); the privacy chapter gives each its own floor before its job.
         text = enroll(home, fleet, edge, out / edge / "data", privacy_floor=False)
-        path.write_text(text.replace("http_port = 0", f"http_port = {ports[edge]}"))
+        # A new model's probation ends after 20 s (or 50 images): the stations score tens
+        # of parts, and a staged rollout's waves wait for each station's verdict.
+        text = text.replace("http_port = 0", f"http_port = {ports[edge]}\nprobation_s = 20.0")
+        path.write_text(text)
         path.chmod(0o600)
         configs[edge] = path
 

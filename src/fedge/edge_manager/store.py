@@ -162,8 +162,8 @@ CREATE TABLE IF NOT EXISTS alert_acks (
     who TEXT NOT NULL, note TEXT NOT NULL, at REAL NOT NULL, rearmed_at REAL,
     published_at REAL);
 -- Staged rollouts (edge_manager/rollout/service.py, rollout.py): the plan is JSON
--- (rollout_plan.RolloutPlan); state pending|canary|wave|paused|completed|aborted|
--- rolled_back, wave the last wave moved (-1: none yet, 0: the canary); finished_at is set
+-- (rollout/plan.RolloutPlan); state pending|canary|wave|paused|completed|degraded|
+-- aborted|rolled_back, wave the last wave moved (-1: none yet, 0: the canary); finished_at is set
 -- once nothing more will happen. Per edge: its wave, state (waiting|moved|rolling_back|
 -- rolled_back|unconfirmed: did not confirm its rollback in time), what it ran before it
 -- moved (model ref, desired config JSON or NULL) to go back to, and the deployment and
@@ -182,6 +182,8 @@ CREATE TABLE IF NOT EXISTS rollout_events (
     rollout_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, edge TEXT NOT NULL,
     detail TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS rollout_events_id ON rollout_events (rollout_id, at);
+-- A rollout reads each moved edge's deploy events every tick (settled, failed, passed).
+CREATE INDEX IF NOT EXISTS deploy_events_edge ON deploy_events (edge, deployment_id);
 -- The monitor's reads per tick (edge_manager/monitor/tick.py) stay bounded as the store grows:
 -- evaluation counts per (model, edge) from the index alone, open alerts, an (edge, model)'s
 -- acknowledgements and the unpublished ones without a table scan. Predictions get no new

@@ -351,3 +351,31 @@ def test_rolled_back_deployments_are_remembered_newest_last_and_bounded() -> Non
     decoded = restore.decode_rolled_back(restore.encode_rolled_back(remembered))
     assert list(decoded) == [f"d-{i}" for i in range(4, 20)]
     assert restore.decode_rolled_back("not json") == {} == restore.decode_rolled_back(None)
+
+
+def test_an_idle_lines_probation_ends_on_time_without_an_image(tmp_path: Path) -> None:
+    """The verdict a staged rollout waits for comes when the window's time is up, even
+    when no image arrives to be judged on (issue 32, item 1)."""
+    policy = ProbationPolicy(images=4, min_images=2, seconds=0.3)
+    store = LocalStore(tmp_path / "agent.db")
+    passed: list[tuple[Trial, Verdict]] = []
+    done = threading.Event()
+
+    def on_pass(trial: Trial, verdict: Verdict) -> None:
+        passed.append((trial, verdict))
+        done.set()
+
+    def on_fail(trial: Trial, verdict: Verdict) -> None:
+        raise AssertionError(f"{trial.model} failed: {verdict}")
+
+    counters: Counter[str] = Counter()
+    probation = Probation(policy, store, counters, on_fail, on_pass)
+    v2 = _loaded(tmp_path, 2)
+    probation.start(probation.trial_for(v2, "d-2", 2, "inspect:1", baseline_trusted=False))
+    assert done.wait(5), "no verdict after the probation's time ran out"
+    trial, verdict = passed[0]
+    assert (trial.model, verdict.outcome, verdict.images) == ("inspect:2", Outcome.PASSED, 0)
+    assert "too few to judge" in verdict.note and counters["probation.passed"] == 1
+    probation.observe(v2, np.array([[0.9, 0.1]]), [1.0], 0)  # judged once: nothing more
+    assert len(passed) == 1 and probation.status()["state"] != "on_probation"
+    store.close()

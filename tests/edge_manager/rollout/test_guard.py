@@ -130,3 +130,62 @@ def test_rollout_start_targets_the_edges_of_the_models_line_by_default(
     assert [r["edge"] for r in rows] == ["st-01", "st-02"]  # st-03 runs nothing: left out
     refused = processes.cli("rollout", "start", "other:1", expect=1)
     assert "no edge is deployed with a version of other" in " ".join(refused.stderr.split())
+
+
+def _deploy_event(fh: FleetHome, rollout_id: str, edge: str, stage: str, at: float) -> None:
+    """What the edge's agent reports on up/deploy, as ingest stores it."""
+    deployment = fh.db.scalar(
+        "SELECT deployment_id FROM rollout_edges WHERE rollout_id=? AND edge=?", (rollout_id, edge)
+    )
+    fh.db.conn.execute(
+        "INSERT INTO deploy_events (edge, deployment_id, stage, reason, serving, at) "
+        "VALUES (?,?,?,?,?,?)",
+        (edge, deployment, stage, f"{stage} by the test", "inspect:2", at),
+    )
+
+
+def test_waves_wait_for_the_stations_verdicts_and_a_later_local_rollback_degrades(
+    fh: FleetHome,
+) -> None:
+    """Issue 32, item 1, through the store: the wave completes only after the station's
+    ``passed``; a rollback the station makes after completion turns the rollout
+    ``degraded`` with a ``local_rollback`` alert the monitor leaves open."""
+    from fedge.edge_manager.monitor.tick import Monitor, policy_from
+    from fedge.edge_manager.rollout.service import DEGRADED_WATCH_S
+
+    t0 = time.time()
+    with fh.fleet() as fleet:
+        plan = make_plan(["st-01"], health_window="1s")
+        rollout_id = Rollouts(fleet).start("inspect:2", plan, now=t0)
+        driver = RolloutDriver(fleet)
+        assert driver.tick(t0) == 1  # st-01 moved
+        _deploy_event(fh, rollout_id, "st-01", "active", t0 + 1)
+        driver.tick(t0 + 5)  # its window is over, its probation is not
+        state = fh.db.scalar("SELECT state FROM rollouts WHERE rollout_id=?", (rollout_id,))
+        assert state == "wave"
+        _deploy_event(fh, rollout_id, "st-01", "passed", t0 + 6)
+        assert driver.tick(t0 + 7) == 1
+        state = fh.db.scalar("SELECT state FROM rollouts WHERE rollout_id=?", (rollout_id,))
+        assert state == "completed"
+        assert driver.tick(t0 + 8) == 0  # completed and quiet: nothing to do
+
+        _deploy_event(fh, rollout_id, "st-01", "rolled_back", t0 + 9)
+        assert driver.tick(t0 + 10) == 1
+        row = fh.db.query("SELECT state, reason FROM rollouts WHERE rollout_id=?", (rollout_id,))
+        assert row[0]["state"] == "degraded" and "st-01" in row[0]["reason"]
+        assert ("degraded", "rolled inspect:2 back on its own: rolled_back by the test") in (
+            _events(fh, rollout_id)
+        )
+        assert driver.tick(t0 + 11) == 0  # degraded once, one alert
+        alerts = fh.db.query(
+            "SELECT edge, model, kind, detail FROM alerts WHERE cleared_at IS NULL"
+        )
+        assert [(a["edge"], a["model"], a["kind"]) for a in alerts] == [
+            ("st-01", "inspect:2", "local_rollback")
+        ]
+        assert json.loads(alerts[0]["detail"])["rollout"] == rollout_id
+        # st-01 serves no inspect:2 now: the monitor's "unserved" clearing leaves it open.
+        Monitor(fleet.store, fleet.fleet, policy_from(40, 0.8)).tick(t0 + 12)
+        assert fh.db.scalar("SELECT count(*) FROM alerts WHERE cleared_at IS NULL") == 1
+        # A rollout completed longer ago than the watch is not looked at again.
+        assert driver.tick(t0 + 12 + DEGRADED_WATCH_S) == 0

@@ -32,10 +32,13 @@ def advance(rollout: Rollout, result: machine.Step, now: float) -> Rollout:
     return machine.apply(rollout, result, now)
 
 
-def settled(rollout: Rollout, at: float, **metrics: float) -> dict[str, EdgeHealth]:
-    """Every moved edge settled at ``at``, reporting ``metrics``."""
+def settled(
+    rollout: Rollout, at: float, *, passed: bool = True, **metrics: float
+) -> dict[str, EdgeHealth]:
+    """Every moved edge settled at ``at``, reporting ``metrics`` (and, with ``passed``, its
+    probation passed at once: the stations' verdicts are tested on their own below)."""
     return {
-        e.edge: EdgeHealth(settled_at=at, metrics=dict(metrics))
+        e.edge: EdgeHealth(settled_at=at, metrics=dict(metrics), passed_at=at if passed else None)
         for e in rollout.edges
         if e.state is EdgeState.MOVED
     }
@@ -182,9 +185,14 @@ def test_moving_ties_the_recommended_thresholds_to_the_model() -> None:
     assert (fresh.default_threshold, fresh.class_thresholds) == (0.5, {})
 
 
-def _on_canary(abort_if: str = "error_rate>0.01", **timeouts: str) -> Rollout:
+def _on_canary(abort_if: str = "error_rate>0.01", activation_timeout: str = "10m") -> Rollout:
     plan = make_plan(
-        EDGES, canary=["st-03"], waves="50%,100%", health_window="2s", abort_if=abort_if, **timeouts
+        EDGES,
+        canary=["st-03"],
+        waves="50%,100%",
+        health_window="2s",
+        abort_if=abort_if,
+        activation_timeout=activation_timeout,
     )
     rollout = Rollout(
         "r-1", "inspect:4", plan, RolloutState.PENDING, -1, machine.initial_edges(plan)
@@ -269,3 +277,60 @@ def test_a_rollout_whose_step_fails_is_paused_with_the_reason() -> None:
     assert [(e.kind, e.detail) for e in stopped.events] == [(EventKind.ERROR, "KeyError: 'x'")]
     # An aborted one keeps rolling back (pausing it would let resume move edges again).
     assert machine.halted(RolloutState.ABORTED, 1, "x").state is RolloutState.ABORTED
+
+
+# -- the stations' own probation verdicts (issue 32, item 1)
+
+
+def _canary_settled() -> Rollout:
+    rollout = new_rollout()
+    return advance(rollout, machine.step(rollout, {}, 100.0), 100.0)
+
+
+def test_a_wave_waits_for_every_station_to_pass_its_probation() -> None:
+    rollout = _canary_settled()
+    # Settled at 101 and the window is over at 103, but the canary's verdict is out.
+    waiting = machine.step(rollout, settled(rollout, 101.0, passed=False), 150.0)
+    assert waiting.state is RolloutState.CANARY and not waiting.move and not waiting.events
+    passed = {"st-03": EdgeHealth(settled_at=101.0, passed_at=140.0)}
+    moved = machine.step(rollout, passed, 150.0)
+    assert moved.state is RolloutState.WAVE and moved.move == ("st-01", "st-02")
+
+
+def test_no_verdict_within_the_probation_timeout_aborts() -> None:
+    plan = dataclasses.replace(new_rollout().plan, probation_timeout_s=60.0)
+    rollout = dataclasses.replace(_canary_settled(), plan=plan)
+    quiet = settled(rollout, 101.0, passed=False)
+    assert machine.step(rollout, quiet, 160.9).state is RolloutState.CANARY
+    late = machine.step(rollout, quiet, 161.0)
+    assert late.state is RolloutState.ABORTED and late.roll_back == ("st-03",)
+    assert "st-03: probation_timeout (no probation verdict within 60s" in str(late.reason)
+
+
+def test_a_plan_that_does_not_wait_completes_on_the_health_window_alone() -> None:
+    plan = dataclasses.replace(new_rollout().plan, wait_for_probation=False)
+    rollout = dataclasses.replace(_canary_settled(), plan=plan)
+    quiet = settled(rollout, 101.0, passed=False)
+    assert machine.step(rollout, quiet, 103.0).move == ("st-01", "st-02")
+    # ... and the missing verdict never times out: it is not asked for.
+    assert machine.step(rollout, quiet, 10_000.0).state is RolloutState.WAVE
+
+
+def test_a_station_rolling_back_after_completion_degrades_the_rollout() -> None:
+    done = dataclasses.replace(
+        _canary_settled(),
+        state=RolloutState.COMPLETED,
+        edges=tuple(dataclasses.replace(e, state=EdgeState.MOVED) for e in new_rollout().edges),
+    )
+    result = machine.degrade(done, {"st-04": "error rate 0.2 > 0.05"})
+    assert result.state is RolloutState.DEGRADED and result.finished and not result.roll_back
+    (event,) = result.events
+    assert (event.kind, event.edge) == (EventKind.DEGRADED, "st-04")
+    assert "error rate 0.2" in event.detail and "st-04" in str(result.reason)
+    degraded = machine.apply(done, result, 500.0)
+    assert machine.step(degraded, {}, 600.0).finished  # nothing moves by itself
+    # An operator resolves it: abort sends every moved edge back to its previous model.
+    back = machine.abort(degraded, "by operator")
+    assert back.state is RolloutState.ABORTED and set(back.roll_back) == set(EDGES)
+    with pytest.raises(RolloutError, match="only a completed one degrades"):
+        machine.degrade(degraded, {"st-04": "again"})

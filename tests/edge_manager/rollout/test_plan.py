@@ -181,6 +181,19 @@ def test_the_timeouts_are_part_of_the_plan_and_old_stored_plans_get_the_defaults
         make_plan(["st-01"], rollback_timeout="0s")
 
 
+def test_waiting_for_the_stations_verdicts_is_the_default_and_is_stored() -> None:
+    defaults = make_plan(["st-01"])
+    assert defaults.wait_for_probation and defaults.probation_timeout_s == 900.0
+    plan = make_plan(["st-01"], wait_for_probation=False, probation_timeout="2m")
+    assert (plan.wait_for_probation, plan.probation_timeout_s) == (False, 120.0)
+    assert RolloutPlan.from_json_dict(plan.to_json_dict()) == plan
+    with pytest.raises(RolloutError, match="probation timeout '0s' must be longer than 0"):
+        make_plan(["st-01"], probation_timeout="0s")
+    stored = {**defaults.to_json_dict(), "wait_for_probation": "yes"}
+    with pytest.raises(RolloutError, match="damaged"):
+        RolloutPlan.from_json_dict(stored)
+
+
 @pytest.mark.parametrize(
     "damaged",
     [

@@ -142,6 +142,8 @@ def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Plant]:
         publish_model(fh, BROKEN, broken=True)
         publish_model(fh, DISAGREES, seed=4)
         publish_model(fh, UNBLESSED, seed=5)
+        for edge in EDGES:  # a new model's probation ends in 2 s: each wave waits for it
+            fh.set_agent_option(edge, "probation_s", 2.0)
         agents = [processes.start(e, "agent", "run", "--config", str(fh.agents[e])) for e in EDGES]
         deployment = deploy(fh, 1, EDGES)
         for edge, agent in zip(EDGES, agents, strict=True):

@@ -7,7 +7,9 @@ deployment activates, the new model's probation window. The verdict is
 :func:`fedge.edge_agent.deploy.probation_verdict.judge`'s; on ``failed`` the ``on_fail`` callback
 (the
 deployments' rollback) is started on its own thread, so scoring never waits for a swap;
-on ``passed`` the ``on_pass`` callback (the deployments' report) likewise.
+on ``passed`` the ``on_pass`` callback (the deployments' report) likewise. A trial whose
+time runs out while no image comes (an idle line) is judged by a timer at its end, so the
+verdict -- which a staged rollout waits for -- comes on time whatever the line does.
 
 The trial is kept in the agent's store (``probation``), written by the deployments in
 the same transaction as the pointers that make the model active: an agent restarted
@@ -104,6 +106,7 @@ class Probation:
         self._trial: Trial | None = None
         self._window = health.Window()
         self._started = 0.0
+        self._timer: threading.Timer | None = None
         self.last_verdict: health.Verdict | None = None
 
     # -- starting and ending a trial
@@ -199,6 +202,32 @@ class Probation:
         self._window = health.Window()
         self._started = self._clock()
         self.last_verdict = None
+        if self._timer is not None:
+            self._timer.cancel()
+        # A little after the window's end, so a last image at the edge is counted first.
+        self._timer = threading.Timer(self.policy.seconds + 0.5, self._expire, args=(trial,))
+        self._timer.daemon = True
+        self._timer.name = "probation-timer"
+        self._timer.start()
+
+    def _expire(self, trial: Trial) -> None:
+        """The trial's time is up with no image since: judge it on what it saw."""
+        with self._lock:
+            current = self._trial
+            if current is None or current.model != trial.model:
+                return  # judged by an image already, or replaced by another model's trial
+            verdict = health.judge(
+                self.policy,
+                self._window,
+                self._clock() - self._started,
+                current.latency_budget_ms,
+                current.baseline_spread,
+            )
+            if verdict.outcome is health.Outcome.PENDING:
+                return  # an injected clock that has not moved (tests); images judge it
+            self.last_verdict = verdict
+            self._trial = None
+        self._conclude(current, verdict)
 
     # -- what the scorer saw
 
@@ -235,13 +264,17 @@ class Probation:
                 return
             self.last_verdict = verdict
             self._trial = None  # judged once: later images change nothing
+        self._conclude(trial, verdict)
+
+    def _conclude(self, trial: Trial, verdict: health.Verdict) -> None:
+        """Hand a judged trial to its callback, on its own thread (outside the lock)."""
         if verdict.outcome is health.Outcome.PASSED:
             self.counters["probation.passed"] += 1
-            log.info("%s passed its probation: %s", model.ref, verdict.note)
+            log.info("%s passed its probation: %s", trial.model, verdict.note)
             target, name = self._on_pass, "probation-passed"
         else:
             self.counters[f"probation.failed.{verdict.check}"] += 1
-            log.error("%s failed its probation: %s", model.ref, verdict.reason)
+            log.error("%s failed its probation: %s", trial.model, verdict.reason)
             target, name = self._on_fail, "rollback"
         # The trial leaves the store there, with what the verdict changes (one transaction).
         threading.Thread(target=target, args=(trial, verdict), name=name, daemon=True).start()

@@ -64,7 +64,7 @@ from fedge.edge_manager.monitor.rules import (
 from fedge.edge_manager.monitor.windows import Windows, row
 from fedge.edge_manager.store import Store, Transaction
 from fedge.monitoring.drift import DriftPolicy
-from fedge.protocols.alerts import Alert, AlertKind
+from fedge.protocols.alerts import MONITOR_KINDS, Alert, AlertKind
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Monitor:
             unserved = [
                 alert
                 for edge, model, alert in alert_store.open_pairs(self.store)
-                if (edge, model) not in set(serving)
+                if (edge, model) not in set(serving) and alert.kind in MONITOR_KINDS
             ]
             if unserved:
                 with self.store.transaction() as conn:

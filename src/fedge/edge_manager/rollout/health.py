@@ -116,7 +116,10 @@ def moved_health(
         if value is not None:
             observed[metric.value] = value
     return EdgeHealth(
-        settled_at=settled_at(conn, edge, deployment_id), metrics=observed, failed=failed > 0
+        settled_at=settled_at(conn, edge, deployment_id),
+        metrics=observed,
+        failed=failed > 0,
+        passed_at=reports.passed_at(conn, edge, deployment_id),
     )
 
 

@@ -22,6 +22,31 @@ def first_settled_at(conn: sqlite3.Connection, edge: str, deployment_id: str) ->
     return None if value is None else float(value)
 
 
+def passed_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
+    """When ``edge`` first reported ``deployment_id`` passed its probation (None: not yet)."""
+    value = conn.execute(
+        "SELECT min(at) FROM deploy_events WHERE edge=? AND deployment_id=? AND stage='passed'",
+        (edge, deployment_id),
+    ).fetchone()[0]
+    return None if value is None else float(value)
+
+
+def rolled_back_after_completion(
+    conn: sqlite3.Connection, since: float
+) -> list[tuple[str, str, str]]:
+    """(rollout, edge, the agent's reason) for each edge of a rollout completed at or after
+    ``since`` that rolled the rollout's deployment back on its own: oldest rollout first."""
+    rows = conn.execute(
+        "SELECT r.rollout_id, e.edge, min(d.reason) FROM rollouts r "
+        "JOIN rollout_edges e ON e.rollout_id = r.rollout_id "
+        "JOIN deploy_events d ON d.edge = e.edge AND d.deployment_id = e.deployment_id "
+        "WHERE r.state = 'completed' AND r.finished_at >= ? AND d.stage = 'rolled_back' "
+        "GROUP BY r.rollout_id, e.edge ORDER BY r.finished_at, e.edge",
+        (since,),
+    ).fetchall()
+    return [(str(r[0]), str(r[1]), str(r[2])) for r in rows]
+
+
 def activation_failed(conn: sqlite3.Connection, edge: str, deployment_id: str) -> bool:
     """Whether ``edge`` reported ``deployment_id`` failed or rolled back (by the agent)."""
     row = conn.execute(

@@ -12,10 +12,17 @@ store (the AWS IoT Jobs model of rollout and abort configs; issue "The closed lo
 
 States::
 
-    pending -> canary -> wave 1 -> ... -> wave N -> completed
+    pending -> canary -> wave 1 -> ... -> wave N -> completed -> degraded
        \\________\\_________\\__ paused (resume returns to the wave) __/
     any of the above -> aborted -> rolled_back (every moved edge back; or stays
                                                 aborted when nothing had moved)
+
+A wave's window ends only when each of its edges also reported its own probation
+``passed`` (``plan.wait_for_probation``, the default; an edge with no verdict
+``plan.probation_timeout_s`` after it settled aborts the rollout). A station that rolls
+the model back on its own after the rollout completed (possible without the wait) turns
+it ``degraded``: the fleet serves two versions, which an operator resolves (``abort``
+sends the others back too).
 
 Nothing waits forever. A moved edge that fails to activate, rolls the model back on its
 own, or has not settled ``plan.activation_timeout_s`` after its move aborts the rollout
@@ -43,6 +50,7 @@ class RolloutState(StrEnum):
     WAVE = "wave"
     PAUSED = "paused"
     COMPLETED = "completed"
+    DEGRADED = "degraded"  # completed, then a station rolled the model back on its own
     ABORTED = "aborted"
     ROLLED_BACK = "rolled_back"
 
@@ -68,6 +76,7 @@ class EventKind(StrEnum):
     ROLLBACK = "rollback"
     ROLLED_BACK = "rolled_back"
     COMPLETED = "completed"
+    DEGRADED = "degraded"
     FORCED = "forced"
     UNCONFIRMED = "unconfirmed"
     ERROR = "error"
@@ -121,12 +130,14 @@ class EdgeHealth:
     ``back``: it serves its previous model with its restored thresholds.
     ``failed``: it reported the rollout's deployment failed or rolled back locally (an
     abort whatever the criteria say).
+    ``passed_at``: when it reported the new model passed its probation (None: not yet).
     """
 
     settled_at: float | None = None
     metrics: Mapping[str, float] = field(default_factory=dict)
     back: bool = False
     failed: bool = False
+    passed_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -159,7 +170,7 @@ def step(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth], now: float)
     state, wave = rollout.state, rollout.wave
     if state is RolloutState.ABORTED:
         return _confirm_back(rollout, health_by_edge, now)
-    if state in (RolloutState.COMPLETED, RolloutState.ROLLED_BACK):
+    if state in (RolloutState.COMPLETED, RolloutState.ROLLED_BACK, RolloutState.DEGRADED):
         return Step(state, wave, finished=True)
     tripped = _tripped(rollout, health_by_edge, now)
     if tripped:
@@ -175,6 +186,10 @@ def step(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth], now: float)
     last = max((at for at in settled if at is not None), default=now)
     if now - last < rollout.plan.health_window_s:
         return Step(state, wave)
+    if rollout.plan.wait_for_probation and any(
+        health_by_edge.get(e.edge, EdgeHealth()).passed_at is None for e in edges
+    ):
+        return Step(state, wave)  # a station's own verdict is still out
     return _next_wave(rollout, now, started=False)
 
 
@@ -223,7 +238,33 @@ def _tripped(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth], now: fl
                 f"{edge.edge}: failed_activation=1 (not settled within the {timeout:g}s "
                 "activation timeout)"
             )
+        elif (
+            rollout.plan.wait_for_probation
+            and health.settled_at is not None
+            and health.passed_at is None
+            and now - health.settled_at >= rollout.plan.probation_timeout_s
+        ):
+            found.append(
+                f"{edge.edge}: probation_timeout (no probation verdict within "
+                f"{rollout.plan.probation_timeout_s:g}s of activation)"
+            )
     return found
+
+
+def degrade(rollout: Rollout, rolled_back: Mapping[str, str]) -> Step:
+    """A completed rollout some of whose edges rolled the model back on their own
+    (``rolled_back``: edge -> the agent's reason): it is ``degraded``, the fleet serves two
+    versions. Nothing is sent anywhere; an operator decides (``abort`` sends the rest back)."""
+    if rollout.state is not RolloutState.COMPLETED:
+        raise RolloutError(
+            f"rollout {rollout.rollout_id} is {rollout.label}; only a completed one degrades"
+        )
+    events = tuple(
+        Event(EventKind.DEGRADED, f"rolled {rollout.model} back on its own: {why}", edge)
+        for edge, why in sorted(rolled_back.items())
+    )
+    reason = f"{', '.join(sorted(rolled_back))} rolled {rollout.model} back after completion"
+    return Step(RolloutState.DEGRADED, rollout.wave, events=events, finished=True, reason=reason)
 
 
 def abort(rollout: Rollout, reason: str) -> Step:
@@ -235,10 +276,10 @@ def abort(rollout: Rollout, reason: str) -> Step:
             " to confirm the previous model; `fedge rollout abort "
             f"{rollout.rollout_id} --force` ends it without that confirmation (recorded)"
         )
-    if rollout.state not in MOVING | {RolloutState.PAUSED}:
+    if rollout.state not in MOVING | {RolloutState.PAUSED, RolloutState.DEGRADED}:
         raise RolloutError(
-            f"rollout {rollout.rollout_id} is {rollout.label}; only a running or paused "
-            "rollout can be aborted"
+            f"rollout {rollout.rollout_id} is {rollout.label}; only a running, paused or "
+            "degraded rollout can be aborted"
         )
     back = tuple(e.edge for e in rollout.edges if e.state is EdgeState.MOVED)
     events = [Event(EventKind.ABORTED, reason)]

@@ -13,6 +13,15 @@ previous model within ``rollback_timeout_s`` of the abort is given up on (marked
 unconfirmed) so that the rollout ends. Plans stored before these fields existed decode
 with the defaults.
 
+A wave also waits for the stations' own verdicts (``wait_for_probation``, the default):
+the agent keeps a newly activated model on probation (its first images or minutes) and
+reports ``passed`` or rolls it back itself. A wave completes only once every moved edge
+has said ``passed``; an edge whose verdict has not come ``probation_timeout_s`` after it
+settled counts as a failure (``probation_timeout``), so a silent station cannot hold a
+rollout forever. Without the wait, a wave shorter than the agents' probation can
+complete before a station rolls back, and the fleet then serves two versions (the
+driver marks such a rollout ``degraded``; see rollouts.py).
+
 ``failed_activation`` is also an implicit criterion: an edge that failed to activate the
 model, rolled it back on its own, or did not settle in time aborts the rollout whatever
 ``--abort-if`` says, and never counts as moved or healthy. Criteria that hold for every
@@ -53,6 +62,9 @@ NON_NEGATIVE = frozenset(
 )
 DEFAULT_ACTIVATION_TIMEOUT_S = 600.0
 DEFAULT_ROLLBACK_TIMEOUT_S = 600.0
+# Longer than the agent's default probation (probation_s = 600 in agent.toml): a verdict
+# not in by then is a station that cannot give one, not a slow one.
+DEFAULT_PROBATION_TIMEOUT_S = 900.0
 
 
 class Op(StrEnum):
@@ -80,7 +92,9 @@ class RolloutPlan:
     """``edges``: every target edge, canary included, sorted; ``waves``: cumulative
     fractions of the non-canary edges, increasing, the last 1.0. ``activation_timeout_s``:
     how long a moved edge may take to settle; ``rollback_timeout_s``: how long an edge sent
-    back may take to confirm its previous model (both from the manager's clock)."""
+    back may take to confirm its previous model (both from the manager's clock).
+    ``wait_for_probation``: a wave completes only once each of its edges reported its
+    probation ``passed``; ``probation_timeout_s``: how long after settling that may take."""
 
     edges: tuple[str, ...]
     canary: tuple[str, ...]
@@ -89,6 +103,8 @@ class RolloutPlan:
     abort_if: tuple[Criterion, ...]
     activation_timeout_s: float = DEFAULT_ACTIVATION_TIMEOUT_S
     rollback_timeout_s: float = DEFAULT_ROLLBACK_TIMEOUT_S
+    wait_for_probation: bool = True
+    probation_timeout_s: float = DEFAULT_PROBATION_TIMEOUT_S
 
     def __post_init__(self) -> None:
         if not self.edges:
@@ -106,6 +122,7 @@ class RolloutPlan:
         for what, seconds in (
             ("activation timeout", self.activation_timeout_s),
             ("rollback timeout", self.rollback_timeout_s),
+            ("probation timeout", self.probation_timeout_s),
         ):
             if not math.isfinite(seconds) or seconds <= 0:
                 raise RolloutError(f"the {what} must be > 0 s, got {seconds}")
@@ -133,6 +150,8 @@ class RolloutPlan:
             "abort_if": [str(c) for c in self.abort_if],
             "activation_timeout_s": self.activation_timeout_s,
             "rollback_timeout_s": self.rollback_timeout_s,
+            "wait_for_probation": self.wait_for_probation,
+            "probation_timeout_s": self.probation_timeout_s,
         }
 
     @classmethod
@@ -154,12 +173,16 @@ class RolloutPlan:
             ("health_window_s", None),
             ("activation_timeout_s", DEFAULT_ACTIVATION_TIMEOUT_S),
             ("rollback_timeout_s", DEFAULT_ROLLBACK_TIMEOUT_S),
+            ("probation_timeout_s", DEFAULT_PROBATION_TIMEOUT_S),
         ):
             value = data.get(key, default)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise damaged
             numbers[key] = float(value)
         if not all(isinstance(w, int | float) and not isinstance(w, bool) for w in waves):
+            raise damaged
+        wait = data.get("wait_for_probation", True)
+        if not isinstance(wait, bool):
             raise damaged
         return cls(
             edges=tuple(str(e) for e in edges),
@@ -169,6 +192,8 @@ class RolloutPlan:
             abort_if=parse_criteria(",".join(str(c) for c in abort_if)),
             activation_timeout_s=numbers["activation_timeout_s"],
             rollback_timeout_s=numbers["rollback_timeout_s"],
+            wait_for_probation=wait,
+            probation_timeout_s=numbers["probation_timeout_s"],
         )
 
 
@@ -181,6 +206,8 @@ def make_plan(
     abort_if: str = "failed_activation>0",
     activation_timeout: str = "10m",
     rollback_timeout: str = "10m",
+    wait_for_probation: bool = True,
+    probation_timeout: str = "15m",
 ) -> RolloutPlan:
     """A plan from what an operator typed (``--waves 25%,50%,100% --health-window 10m``)."""
     if _twice(canary):
@@ -195,6 +222,8 @@ def make_plan(
         abort_if=parse_criteria(abort_if),
         activation_timeout_s=parse_duration(activation_timeout, "activation timeout"),
         rollback_timeout_s=parse_duration(rollback_timeout, "rollback timeout"),
+        wait_for_probation=wait_for_probation,
+        probation_timeout_s=parse_duration(probation_timeout, "probation timeout"),
     )
 
 

@@ -22,6 +22,11 @@ paused with that reason (an operator resumes or aborts it).
 The statements are rollout_store.py's (the rollouts tables) and rollout_health_store.py's
 (what the edges reported).
 
+A completed rollout is watched for a day (:data:`DEGRADED_WATCH_S`): a station that rolls
+its model back on its own after completion (possible when the plan does not wait for
+the stations' probation verdicts) turns it ``degraded`` and raises a ``local_rollback``
+alert naming the station, which an operator acknowledges; ``abort`` sends the rest back.
+
 Not handled: the store's rollouts are driven by one serve process; two serves on one
 store would both step them (the write lock keeps each step whole, not single).
 """
@@ -33,8 +38,10 @@ from collections.abc import Callable
 
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.monitor import alert_store
 from fedge.edge_manager.registry.versions import parse_ref
 from fedge.edge_manager.rollout import health, machine
+from fedge.edge_manager.rollout import health_store as reports
 from fedge.edge_manager.rollout import store as rollout_store
 from fedge.edge_manager.rollout.guard import active_rollouts_of
 from fedge.edge_manager.rollout.machine import EventKind, RolloutState
@@ -42,11 +49,15 @@ from fedge.edge_manager.rollout.plan import RolloutError, RolloutPlan
 from fedge.edge_manager.rollout.store import record_event
 from fedge.edge_manager.rollout.writes import Loaded, halt, load, previous_model, write_step
 from fedge.edge_manager.store import Transaction
+from fedge.protocols.alerts import AlertKind
 
 log = logging.getLogger(__name__)
 
 # Created in the store, not by the machine (it never sees a rollout before it exists).
 CREATED = "created"
+# How long a completed rollout is watched for stations rolling its model back on their
+# own: the agents' probation lasts minutes (probation_s), a day leaves a wide margin.
+DEGRADED_WATCH_S = 86_400.0
 
 
 def blessed(conn: Transaction, name: str, version: int) -> bool | None:
@@ -133,7 +144,12 @@ class Rollouts:
                 f"{plan.health_window_s:g}s; abort if "
                 f"{', '.join(str(c) for c in plan.abort_if)} (and on any failed activation); "
                 f"activation timeout {plan.activation_timeout_s:g}s; rollback timeout "
-                f"{plan.rollback_timeout_s:g}s",
+                f"{plan.rollback_timeout_s:g}s; "
+                + (
+                    f"waits for the stations' probation verdicts ({plan.probation_timeout_s:g}s)"
+                    if plan.wait_for_probation
+                    else "does not wait for the stations' probation verdicts"
+                ),
             )
             if force_unblessed and verdict is not True:
                 record_event(
@@ -196,7 +212,49 @@ class RolloutDriver:
                 changed += self._tick_one(rollout_id, now)
             except Exception as exc:  # one broken rollout must not starve the others
                 changed += self._failed(rollout_id, exc, now)
+        try:
+            changed += self._watch_completed(now)
+        except Exception:
+            log.exception("cannot check completed rollouts for local rollbacks")
         return changed
+
+    def _watch_completed(self, now: float) -> int:
+        """Completed rollouts a station rolled back on its own since: ``degraded``, with a
+        ``local_rollback`` alert per station (one transaction per rollout)."""
+        found = reports.rolled_back_after_completion(self.fleet.store.conn, now - DEGRADED_WATCH_S)
+        by_rollout: dict[str, dict[str, str]] = {}
+        for rollout_id, edge, reason in found:
+            by_rollout.setdefault(rollout_id, {})[edge] = reason
+        for rollout_id, edges in by_rollout.items():
+            with self.fleet.store.transaction() as conn:
+                loaded = load(conn, rollout_id)
+                if loaded.rollout.state is not RolloutState.COMPLETED:
+                    continue
+                result = machine.degrade(loaded.rollout, edges)
+                write_step(self.fleet, loaded, result, now)
+                for edge, reason in sorted(edges.items()):
+                    alert_store.insert_alert(
+                        conn,
+                        alert_store.AlertView(
+                            alert_id=alert_store.new_alert_id(),
+                            edge=edge,
+                            model=loaded.rollout.model,
+                            kind=AlertKind.LOCAL_ROLLBACK.value,
+                            value=1.0,
+                            threshold=0.0,
+                            detail={"rollout": rollout_id, "reason": reason},
+                            raised_at=now,
+                            cleared_at=None,
+                            cleared_by="",
+                        ),
+                    )
+            log.warning(
+                "rollout %s degraded: %s rolled %s back on their own after it completed",
+                rollout_id,
+                ", ".join(sorted(edges)),
+                loaded.rollout.model,
+            )
+        return len(by_rollout)
 
     def _failed(self, rollout_id: str, exc: Exception, now: float) -> int:
         """A step that raised (its transaction rolled back). A move that cannot be written

@@ -84,14 +84,15 @@ def latest_id(store: Store) -> str | None:
 
 
 def outcome(store: Store, rollout_id: str) -> tuple[bool | None, str]:
-    """(True, '') completed; (False, why) aborted or rolled back; (None, state) running."""
+    """(True, '') completed; (False, why) aborted, rolled back or degraded (a station rolled
+    back on its own after completion); (None, state) running."""
     loaded = load(store.conn, rollout_id)
     state = loaded.rollout.state
     if state is RolloutState.COMPLETED:
         return True, ""
     row = rollout_store.rollout_row(store.conn, rollout_id)
     reason = str(None if row is None else row.reason)
-    if state is RolloutState.ROLLED_BACK:
+    if state in (RolloutState.ROLLED_BACK, RolloutState.DEGRADED):
         return False, reason
     if state is RolloutState.ABORTED:
         waiting = [e.edge for e in loaded.rollout.edges if e.state is EdgeState.ROLLING_BACK]
