@@ -21,8 +21,8 @@ from rich.table import Table
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, fitted_table, friendly_errors, when
 
 if TYPE_CHECKING:
+    from fedge.aggregator.jobs.runner import JobResult, ProgressFn
     from fedge.federation.fleet_job import FleetJobResult
-    from fedge.sim.jobs import JobResult, ProgressFn
 
 app = typer.Typer(
     help="Federated training jobs: run a job manifest, watch, halt and resume it.",

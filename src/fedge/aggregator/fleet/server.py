@@ -19,6 +19,9 @@ failed and why), then every party evaluates the new model on its held-out images
 (``evaluations`` in the run store; round 0 is the starting model), then the round is
 checkpointed (model, strategy and tier state). The process holds the job's lock while it
 runs; killed, it leaves the newest checkpoint, and a resubmitted run continues from it.
+That life (states, resume, records, checkpoints) is the job runner's
+(:mod:`fedge.aggregator.jobs.runner`), shared with simulated jobs; this module gives it
+the stations on the SuperLink's grid, their own evaluation and the registry's model.
 
 A job in which no station trained in any round (every one refused, for its privacy floor or
 budget, or failed) ends FAILED, saying why: its final weights are the starting ones, and
@@ -30,6 +33,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
@@ -46,43 +51,24 @@ from flwr.app import (
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
-from fedge.aggregator.driver import start_rounds
 from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
 from fedge.aggregator.fleet.manifest import FleetJobManifest, parse_fleet_manifest
-from fedge.aggregator.jobs.checkpoint import (
-    checkpoint_round,
-    latest_checkpoint,
-    load_arrays,
-    restore_strategy,
-    save_arrays,
-)
-from fedge.aggregator.jobs.control import the_run
-from fedge.aggregator.jobs.directory import (
-    FINAL_MODEL,
-    JOB_MANIFEST,
-    RUNS_DB,
-    JobError,
-    clear_halt,
-    job_lock,
-)
+from fedge.aggregator.jobs.checkpoint import load_arrays
+from fedge.aggregator.jobs.control import ACCURACY_KEY, the_run
+from fedge.aggregator.jobs.directory import JOB_MANIFEST, RUNS_DB, JobError, clear_halt, job_lock
 from fedge.aggregator.jobs.run_store import PartyEvaluation, RunState, RunStore
+from fedge.aggregator.jobs.runner import JobRounds, JobRun, execute_job
 from fedge.aggregator.rounds.clock import ClockMode
-from fedge.aggregator.rounds.record import RoundRecord
-from fedge.aggregator.rounds.replies import arrays_of, to_array_record
+from fedge.aggregator.rounds.loop import EvaluateFn
+from fedge.aggregator.rounds.replies import to_array_record
 from fedge.aggregator.strategies.factory import build_strategy
-from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.protocols.model_spec import MODEL_SPEC_KEY
 
 JOB_ID_KEY = "job-id"  # what stations account a job's releases to (as a train message)
 MODEL_SPEC = "model-spec.json"
 INITIAL_WEIGHTS = "initial.npz"
 PARTIES = "parties.json"
-ACCURACY_KEY = "accuracy"
 _LOCK_WAIT_S = 30.0  # a resubmitted run may start while the killed one's lock is released
-
-
-class _Halted(Exception):
-    pass
 
 
 def read_parties(job_dir: Path) -> dict[str, int]:
@@ -105,29 +91,38 @@ def run_fleet_job(grid: Grid, job_dir: Path) -> None:
                 return
             if run.get("state") == RunState.HALTED:
                 clear_halt(job_dir)  # resuming is the newer request
-            store.set_state(run_id, RunState.RUNNING)
             parties = read_parties(job_dir)
             store.name_parties(run_id, {party: edge for edge, party in parties.items()})
-            try:
-                _drive(grid, job_dir, manifest, store, run_id, parties)
-            except _Halted:
-                clear_halt(job_dir)
-                store.set_state(run_id, RunState.HALTED)
-                return
-            except BaseException as exc:
-                store.set_state(run_id, RunState.FAILED, f"{type(exc).__name__}: {exc}")
-                raise
-            untrained = no_training(
-                store.rounds(run_id),
-                bool(store.party_metrics(run_id)),
-                store.party_names(run_id),
+            job = JobRun(
+                job_dir=job_dir,
+                store=store,
+                run_id=run_id,
+                rounds=manifest.job.rounds,
+                checkpoint=manifest.checkpoint,
+                resume_state={
+                    "run_id": run_id,
+                    "kind": manifest.kind,
+                    "rounds": manifest.job.rounds,
+                },
             )
-            if untrained is not None:
-                store.set_state(run_id, RunState.FAILED, untrained)
-                log(WARNING, "fleet job %s failed: %s", run_id, untrained)
-                return
-            store.set_state(run_id, RunState.COMPLETED)
-            log(INFO, "fleet job %s completed: %d rounds", run_id, manifest.job.rounds)
+
+            def untrained() -> str | None:
+                reason = no_training(
+                    store.rounds(run_id),
+                    bool(store.party_metrics(run_id)),
+                    store.party_names(run_id),
+                )
+                if reason is not None:
+                    log(WARNING, "fleet job %s failed: %s", run_id, reason)
+                return reason
+
+            result = execute_job(
+                job,
+                lambda: _rounds(grid, job_dir, manifest, store, run_id, parties),
+                verdict=untrained,
+            )
+            if result.state is RunState.COMPLETED:
+                log(INFO, "fleet job %s completed: %d rounds", run_id, manifest.job.rounds)
         finally:
             store.close()
 
@@ -165,15 +160,15 @@ def no_training(
 FLEET_MAX_WEIGHT = 5_000.0
 
 
-def _drive(
+def _rounds(
     grid: Grid,
     job_dir: Path,
     manifest: FleetJobManifest,
     store: RunStore,
     run_id: str,
     parties: dict[str, int],
-) -> None:
-    total = manifest.job.rounds
+) -> JobRounds:
+    """The fleet's stations on ``grid``, the job's strategy, and their own evaluation."""
     strategy, _ = build_strategy(
         manifest.kind,
         manifest.strategy_params(),
@@ -181,23 +176,17 @@ def _drive(
         seed=manifest.job.seed,
         clock=ClockMode.WALL,
     )
-    checkpoint = latest_checkpoint(job_dir)
-    if checkpoint is None:
-        arrays = to_array_record(load_arrays(job_dir / INITIAL_WEIGHTS))
-        first_round = 1
-    else:
-        restore_strategy(strategy, checkpoint)
-        arrays = checkpoint.array_record()
-        first_round = checkpoint.round + 1
-        log(INFO, "fleet job %s resumes after round %d", run_id, checkpoint.round)
-    if first_round > total:  # killed after the last checkpoint, before completing
-        save_arrays(job_dir / FINAL_MODEL, arrays_of(arrays))
-        return
-
     spec_text = (job_dir / MODEL_SPEC).read_text(encoding="utf-8")
-    stations = IdentifiedGrid(grid, identify=identify_station(parties), unidentified="exclude")
-    _wait_for_parties(stations, manifest, len(parties))
     names = {party: edge for edge, party in parties.items()}
+
+    def initial_arrays() -> ArrayRecord:
+        return to_array_record(load_arrays(job_dir / INITIAL_WEIGHTS))
+
+    @contextmanager
+    def open_grid() -> Iterator[Grid]:
+        stations = IdentifiedGrid(grid, identify=identify_station(parties), unidentified="exclude")
+        _wait_for_parties(stations, manifest, len(parties))
+        yield stations
 
     # Stations account (and, under DP, limit) their evaluations per job: they need its id
     # and privacy settings, as a train message has them.
@@ -207,41 +196,21 @@ def _drive(
         **strategy.privacy.to_config(),
     }
 
-    def evaluate(server_round: int, model: ArrayRecord) -> MetricRecord:
-        results = _evaluate_on_stations(
-            stations, model, eval_config, manifest.federation.eval_timeout_s, names
-        )
-        store.record_evaluation(run_id, server_round, results)
-        scored = [(r.accuracy, r.examples) for r in results if r.accuracy is not None]
-        metrics: dict[str, float] = {"stations-evaluated": float(len(scored))}
-        examples = sum(n for _, n in scored)
-        if examples:
-            metrics[ACCURACY_KEY] = sum(acc * n for acc, n in scored) / examples
-        return MetricRecord(dict(metrics))
+    def evaluation(stations: Grid) -> EvaluateFn:
+        def evaluate(server_round: int, model: ArrayRecord) -> MetricRecord:
+            results = _evaluate_on_stations(
+                stations, model, eval_config, manifest.federation.eval_timeout_s, names
+            )
+            store.record_evaluation(run_id, server_round, results)
+            scored = [(r.accuracy, r.examples) for r in results if r.accuracy is not None]
+            metrics: dict[str, float] = {"stations-evaluated": float(len(scored))}
+            examples = sum(n for _, n in scored)
+            if examples:
+                metrics[ACCURACY_KEY] = sum(acc * n for acc, n in scored) / examples
+            return MetricRecord(dict(metrics))
 
-    def observe(record: RoundRecord) -> None:
-        store.record_round(run_id, record)
-        tiers = strategy.tiers if isinstance(strategy, TieredFedAvg) else None
-        store.save_profiles(run_id, strategy.profiles, tiers)
+        return evaluate
 
-    def observe_replies(record: RoundRecord, replies: dict[int, Message]) -> None:
-        store.record_replies(run_id, record.server_round, replies)
-
-    def checkpoint_fn(server_round: int, round_arrays: ArrayRecord) -> None:
-        if checkpoint_round(
-            job_dir,
-            server_round,
-            round_arrays,
-            strategy,
-            total=total,
-            every=manifest.checkpoint.every,
-            keep=manifest.checkpoint.keep,
-            sim={"run_id": run_id, "kind": manifest.kind, "rounds": total},
-        ):
-            raise _Halted()
-
-    strategy.observers.append(observe)
-    strategy.reply_observers.append(observe_replies)
     config = ConfigRecord(
         {
             MODEL_SPEC_KEY: spec_text,
@@ -250,21 +219,15 @@ def _drive(
             "batch-size": manifest.task.batch_size,
         }
     )
-    # Stations account their DP-SGD rounds under the job's run id (their ledgers).
-    strategy.job_id = run_id
-    result, _ = start_rounds(
-        strategy,
-        stations,
-        arrays,
-        num_rounds=total,
-        timeout=manifest.federation.round_timeout_s,
+    return JobRounds(
+        strategy=strategy,
+        initial_arrays=initial_arrays,
+        open_grid=open_grid,
+        evaluation=evaluation,
         train_config=config,
-        evaluate_fn=evaluate,
-        first_round=first_round,
-        checkpoint_fn=checkpoint_fn,
+        round_timeout_s=manifest.federation.round_timeout_s,
         max_weight=FLEET_MAX_WEIGHT,
     )
-    save_arrays(job_dir / FINAL_MODEL, arrays_of(result.arrays))
 
 
 def _wait_for_parties(grid: IdentifiedGrid, manifest: FleetJobManifest, parties: int) -> None:
