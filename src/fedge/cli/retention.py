@@ -49,20 +49,23 @@ def prune(
     finally:
         store.close()
     limits = _limits(policy)
+    kinds = [*limits, "evaluations"]  # the gate's items are kept by count, not age
     if as_json:
         print_json(
             {
                 "dry_run": dry_run,
                 "limit_days": {k: None if math.isinf(v) else v / DAY_S for k, v in limits.items()},
-                "due" if dry_run else "pruned": {k: int(counts.get(k, 0)) for k in limits},
-                "pruned_so_far": {k: so_far.get(k, 0) for k in limits},
+                "keep_gates_per_model": policy.gates_per_model,
+                "due" if dry_run else "pruned": {k: int(counts.get(k, 0)) for k in kinds},
+                "pruned_so_far": {k: so_far.get(k, 0) for k in kinds},
             }
         )
         return
     header = "past limit" if dry_run else "pruned now"
     console.print(f"{'kind':<14} {'keep':>10} {header:>11} {'pruned so far':>14}")
-    for kind, keep_s in limits.items():
-        keep = "forever" if math.isinf(keep_s) else f"{keep_s / DAY_S:g} days"
+    keeps = {k: "forever" if math.isinf(v) else f"{v / DAY_S:g} days" for k, v in limits.items()}
+    keeps["evaluations"] = f"{policy.gates_per_model} gates"  # per model; served: all
+    for kind, keep in keeps.items():
         console.print(
             f"{kind:<14} {keep:>10} {int(counts.get(kind, 0)):>11} {so_far.get(kind, 0):>14}",
             highlight=False,

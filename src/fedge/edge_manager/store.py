@@ -151,6 +151,8 @@ CREATE TABLE IF NOT EXISTS estimates (
 -- The MPP predictor of a model (monitoring.mpp.MppPredictor JSON), fitted on the model's
 -- `evaluations` rows; refitted when their number changes (a new gate evaluation).
 CREATE INDEX IF NOT EXISTS evaluations_model ON evaluations (model, edge);
+-- Retention keeps each model's newest evaluations (retention/store.py): grouped by this.
+CREATE INDEX IF NOT EXISTS evaluations_gates ON evaluations (model, eval_id, at);
 CREATE TABLE IF NOT EXISTS mpp_models (
     model TEXT PRIMARY KEY, predictor TEXT NOT NULL, n_rows INTEGER NOT NULL,
     accuracy REAL NOT NULL, fitted_at REAL NOT NULL);

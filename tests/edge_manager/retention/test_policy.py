@@ -336,3 +336,50 @@ def test_prune_command_counts_then_prunes(fleet_home: FleetHome, processes: Proc
     assert table[0].split() == ["kind", "keep", "past", "limit", "pruned", "so", "far"]
     assert "telemetry 30 days 0 3" in [" ".join(line.split()) for line in table]
     assert "labels forever 0 0" in [" ".join(line.split()) for line in table]
+
+
+def _evaluation_rows(store: Store, model: str, gates: int, items: int) -> None:
+    """``gates`` evaluations of ``model`` at st-01, ``items`` labelled items each (gate k at
+    time k), as the gate stores what a station scored."""
+    for gate in range(1, gates + 1):
+        for item in range(items):
+            store.conn.execute(
+                "INSERT INTO evaluations (eval_id, edge, prediction_id, model, label, scores, "
+                "stats, at) VALUES (?, ?, ?, ?, 'scratch', ?, '{}', ?)",
+                (f"e-{gate}", EDGE, f"h-{item}", model, json.dumps({"scratch": 0.1 * item}), gate),
+            )
+            store.conn.execute(
+                "INSERT OR IGNORE INTO labels (label_id, prediction_id, edge, label, who, at, "
+                "origin) VALUES (?, ?, ?, 'scratch', 'op', 0, 'manager')",
+                (f"l-{item}", f"h-{item}", EDGE),
+            )
+
+
+def test_evaluation_items_keep_the_newest_gates_and_every_item_of_a_served_model(
+    store: Store,
+) -> None:
+    """Issue 32, item 3: the gate's items are pruned by count, never those an MPP fit in
+    use reads; the verdicts stay."""
+    from fedge.edge_manager.gate import store as gate_store
+    from fedge.edge_manager.monitor import store as monitor_store
+
+    store.conn.execute("UPDATE edges SET serving='inspect:3' WHERE edge=?", (EDGE,))
+    _evaluation_rows(store, "inspect:1", gates=7, items=3)  # retired: 2 gates too many
+    _evaluation_rows(store, "inspect:3", gates=7, items=3)  # served: its fit reads them all
+    store.conn.execute("INSERT INTO gate_results VALUES ('inspect', 1, 1, '{}', 'e-1', 1)")
+    fit_before = monitor_store.fit_rows(store, "inspect:3")
+    assert len(fit_before) == 21
+
+    assert due(store, POLICY, NOW)["evaluations"] == 2 * 3
+    with store.transaction() as conn:
+        pruned, more = prune_step(conn, POLICY, NOW, chunk=4)  # bounded: 4 of the 6
+    assert pruned["evaluations"] == 4 and more
+    assert _prune(store)["evaluations"] == 2
+    assert _prune(store)["evaluations"] == 0  # nothing more to do
+
+    kept = store.query("SELECT DISTINCT eval_id FROM evaluations WHERE model='inspect:1'")
+    assert sorted(r["eval_id"] for r in kept) == ["e-3", "e-4", "e-5", "e-6", "e-7"]
+    assert monitor_store.fit_rows(store, "inspect:3") == fit_before  # the fit's input
+    assert len(gate_store.scored_items(store, "e-7", EDGE)) == 2 * 3  # the last gate reads
+    assert store.scalar("SELECT count(*) FROM gate_results") == 1  # the verdict stays
+    assert totals(store)["evaluations"] == 6

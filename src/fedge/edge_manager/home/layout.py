@@ -54,6 +54,9 @@ class ManagerSettings:
     keep_batches_days: float = 30.0
     # Deploy events, rejected messages and desired documents older than the published one.
     keep_history_days: float = 90.0
+    # The gate's evaluation items, by count: each model's newest evaluations (and every
+    # item of a model an edge serves: its MPP fit reads them), issue 32.
+    keep_gates_per_model: int = 5
     # The host agents reach the broker, gRPC and the SuperLink at (issue 15), written into
     # enrolled agents' configs and deployments instead of the bind hosts above, which may
     # be a wildcard (0.0.0.0) no agent can connect to. Empty: the bind hosts are reachable
@@ -86,7 +89,17 @@ class ManagerSettings:
             )
         if not all(c.isalnum() or c in ".-:_" for c in self.advertise_host):
             raise ManagerError(f"advertise_host {self.advertise_host!r} is not a host name")
+        if (
+            isinstance(self.keep_gates_per_model, bool)
+            or not isinstance(self.keep_gates_per_model, int)
+            or self.keep_gates_per_model < 1
+        ):
+            raise ManagerError(
+                f"keep_gates_per_model must be a whole number >= 1, got "
+                f"{self.keep_gates_per_model!r}"
+            )
         _check_monitor_settings(self)
+        _check_space_settings(self)
 
     @property
     def enroll_url(self) -> str:
@@ -268,8 +281,12 @@ class ManagerHome:
                     f"min_estimated_accuracy = {float(settings.min_estimated_accuracy)}",
                     f"insecure = {'true' if settings.insecure else 'false'}",
                     f"enroll_port = {settings.enroll_port}",
+                    f"low_space_percent = {float(settings.low_space_percent)}",
+                    f"low_space_mib = {float(settings.low_space_mib)}",
+                    f"broker_persistence = {json.dumps(settings.broker_persistence)}",
                     # float() so `inf` is written as TOML's inf
                     *(f"{name} = {float(getattr(settings, name))}" for name in RETENTION_FIELDS),
+                    f"keep_gates_per_model = {settings.keep_gates_per_model}",
                     "",
                 ]
             )

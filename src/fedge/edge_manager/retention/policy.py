@@ -18,6 +18,10 @@ batch at or below ``through_seq`` and in no gap is a duplicate whether its key i
 there or not (:func:`fedge.edge_manager.ingest.gaps.received`), and a late batch that fills a
 gap is still new. ``streams`` (the high-water marks) and ``gaps`` are never pruned.
 
+The gate's evaluation items are kept by count, not age (issue 32, item 3): each model's
+newest ``keep_gates_per_model`` evaluations, and every item of a model an edge serves
+(its MPP fit and drift reference read them all, so pruning never changes a fit in use).
+
 What is past its limit is decided here; the statements are in retention_store.py.
 """
 
@@ -47,6 +51,7 @@ class RetentionPolicy:
     labels_s: float
     batches_s: float
     history_s: float
+    gates_per_model: int = 5
 
     @classmethod
     def from_settings(cls, settings: ManagerSettings) -> "RetentionPolicy":
@@ -56,6 +61,7 @@ class RetentionPolicy:
             labels_s=settings.keep_labels_days * DAY_S,
             batches_s=settings.keep_batches_days * DAY_S,
             history_s=settings.keep_history_days * DAY_S,
+            gates_per_model=settings.keep_gates_per_model,
         )
 
     def records_s(self, table: str) -> float:
@@ -94,6 +100,9 @@ def prune_step(
         pruned["desired"] = retention_store.delete_obsolete_desired(conn, cutoff, chunk)
         for table, n in retention_store.delete_monitor_history(conn, cutoff, chunk).items():
             pruned[table] = n
+    pruned["evaluations"] = retention_store.delete_old_evaluations(
+        conn, policy.gates_per_model, chunk
+    )
     retention_store.add_totals(conn, pruned, now)
     return pruned, any(n >= chunk for n in pruned.values())
 
@@ -120,6 +129,7 @@ def due(store: Store, policy: RetentionPolicy, now: float) -> dict[str, int]:
         counts.update(dict.fromkeys(MONITOR_HISTORY_TABLES, 0))
     else:
         counts.update(retention_store.count_monitor_history(store, cutoff))
+    counts["evaluations"] = retention_store.count_old_evaluations(store, policy.gates_per_model)
     return counts
 
 

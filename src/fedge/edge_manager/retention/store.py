@@ -36,6 +36,20 @@ _MONITOR_HISTORY = {
     ),
 }
 MONITOR_HISTORY_TABLES = tuple(_MONITOR_HISTORY)
+# Evaluation items (issue 32, item 3): what stations scored for the gate, one row per
+# (evaluation, edge, image, model), which also train the MPP predictor and the drift
+# reference. Kept: every row of a model an edge serves (its MPP fit and drift reference
+# read them all, so pruning never changes a fit in use), and each model's newest
+# :keep evaluations; the others go. Verdicts (gate_results) and the stations' reports
+# (evaluation_reports) stay: lineage, one small row each.
+_OLD_EVALUATIONS = (
+    "SELECT e.rowid FROM evaluations e JOIN ("
+    "  SELECT model, eval_id FROM ("
+    "    SELECT model, eval_id, row_number() OVER (PARTITION BY model ORDER BY max(at) DESC) AS k"
+    "    FROM evaluations GROUP BY model, eval_id)"
+    "  WHERE k > :keep AND model NOT IN (SELECT serving FROM edges WHERE serving != '')"
+    ") o ON e.model = o.model AND e.eval_id = o.eval_id"
+)
 
 
 # -- one bounded step, in the caller's transaction
@@ -135,6 +149,14 @@ def delete_monitor_history(conn: sqlite3.Connection, cutoff: float, chunk: int) 
     }
 
 
+def delete_old_evaluations(conn: sqlite3.Connection, keep: int, chunk: int) -> int:
+    """At most ``chunk`` evaluation items outside what :data:`_OLD_EVALUATIONS` keeps."""
+    return conn.execute(
+        f"DELETE FROM evaluations WHERE rowid IN ({_OLD_EVALUATIONS} LIMIT :chunk)",
+        {"keep": keep, "chunk": chunk},
+    ).rowcount
+
+
 def add_totals(conn: sqlite3.Connection, pruned: Mapping[str, int], now: float) -> None:
     """Add a step's deletions (kind -> rows) to the running totals."""
     conn.executemany(
@@ -171,6 +193,12 @@ def count_monitor_history(store: Store, cutoff: float) -> dict[str, int]:
         )
         for table, doomed in _MONITOR_HISTORY.items()
     }
+
+
+def count_old_evaluations(store: Store, keep: int) -> int:
+    return int(
+        (store.one(f"SELECT count(*) AS n FROM ({_OLD_EVALUATIONS})", {"keep": keep}) or {})["n"]
+    )
 
 
 def totals(store: Store) -> dict[str, int]:
