@@ -37,14 +37,16 @@ lint: setup
 typecheck: setup
 	$(BIN)/mypy
 
+# The fast tier (pure logic, under 3 minutes on 2 cores): no process, no socket server, no
+# training over a second. `integration` and `slow` are the rest; `test` runs everything.
 unit: setup
-	$(BIN)/pytest -m "not integration" -q
+	$(BIN)/pytest -m "not integration and not slow" -q
 
 integration: setup
-	$(BIN)/pytest -m integration -q
+	$(BIN)/pytest -m "integration or slow" -q --durations=25
 
 test: setup lint typecheck
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q --durations=25
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache
