@@ -9,6 +9,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration
+
 TRAINING = ("torch", "flwr", "onnx", "ray", "sklearn", "matplotlib")
 BLOCK = "import sys\n" + "".join(f"sys.modules[{name!r}] = None\n" for name in TRAINING)
 HELP = [

@@ -22,6 +22,8 @@ from fedge.transport.broker import MosquittoBroker
 from fedge.transport.mqtt import MqttSession
 from fedge.transport.session import MqttSettings
 
+pytestmark = pytest.mark.integration
+
 FLEET = "plant-a"
 NOT_AUTHORIZED = 0x87
 

@@ -37,6 +37,10 @@ _SCRATCH_LENGTH = (0.25, 0.8)  # fraction of the image side
 _SECOND_SCRATCH_PROBABILITY = 0.3
 _DENT_SIGMA = (2.5, 4.0)  # pixels: far broader than any scratch
 _DENT_CONTRAST = (0.08, 0.2)
+_PIT_COUNT = (3, 7)  # pits per cluster, upper bound exclusive
+_PIT_SIGMA = (0.6, 1.0)  # pixels: point-like, unlike a scratch's line
+_PIT_SPREAD = (1.5, 3.0)  # pixels: how far pits scatter around the cluster's center
+_PIT_CONTRAST = (0.1, 0.3)
 
 
 def make_defect_images(
@@ -46,6 +50,7 @@ def make_defect_images(
     seed: int,
     scratch_fraction: float = 0.5,
     dent_fraction: float = 0.0,
+    pit_fraction: float = 0.0,
 ) -> tuple[npt.NDArray[np.uint8], npt.NDArray[np.int64]]:
     """Generate ``n`` grayscale inspection images and their labels.
 
@@ -55,8 +60,12 @@ def make_defect_images(
     ``dent_fraction`` of the defective images carry a *dent* instead of a scratch: a
     broad, shallow bright or dark blob (a defect shape the scratch data never shows, as
     a station with another press or fixture sees it); they are labelled as defects (1).
+    ``pit_fraction`` of them carry *pits* instead: a small cluster of 3-6 dark, point-like
+    pits (corrosion or weld spatter), a second shape no scratch data shows; dents and pits
+    never share an image (``dent_fraction + pit_fraction <= 1``).
     The result depends only on the arguments: the same seed gives the same bytes, and
-    ``dent_fraction = 0`` gives the bytes this function always gave.
+    ``dent_fraction = pit_fraction = 0`` gives the bytes this function always gave (as
+    does ``pit_fraction = 0`` for any ``dent_fraction``).
     """
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
@@ -71,15 +80,27 @@ def make_defect_images(
     labels[:n_scratch] = 1
     labels = rng.permutation(labels)
 
+    for name, fraction in (("dent_fraction", dent_fraction), ("pit_fraction", pit_fraction)):
+        if not 0.0 <= fraction <= 1.0:
+            raise ValueError(f"{name} must be in [0, 1], got {fraction}")
+    if dent_fraction + pit_fraction > 1.0:
+        raise ValueError(
+            f"dent_fraction + pit_fraction must be <= 1, got {dent_fraction + pit_fraction}"
+        )
+
     surface = _brushed_metal(rng, n, size)
     dented = np.zeros(n, dtype=bool)
-    if dent_fraction > 0:
-        if not 0.0 <= dent_fraction <= 1.0:
-            raise ValueError(f"dent_fraction must be in [0, 1], got {dent_fraction}")
-        dented = (labels == 1) & (rng.random(size=n) < dent_fraction)
-    surface += _scratches(rng, np.where(dented, 0, labels), size)
+    pitted = np.zeros(n, dtype=bool)
+    if dent_fraction > 0 or pit_fraction > 0:
+        # One draw per image picks its shape; with no pits it is the draw dents always used.
+        shape_draw = rng.random(size=n)
+        dented = (labels == 1) & (shape_draw < dent_fraction)
+        pitted = (labels == 1) & ~dented & (shape_draw < dent_fraction + pit_fraction)
+    surface += _scratches(rng, np.where(dented | pitted, 0, labels), size)
     if dent_fraction > 0:
         surface += _dents(rng, dented, size)
+    if pit_fraction > 0:
+        surface += _pits(rng, pitted, size)
     # Sensor noise goes on last so it also masks the faint scratches, as a camera would.
     noise_sigma = rng.uniform(*_SENSOR_NOISE, size=(n, 1, 1))
     surface += rng.normal(size=(n, size, size)) * noise_sigma
@@ -147,6 +168,31 @@ def _dents(
     d2 = (xs - center[:, 0]) ** 2 + (ys - center[:, 1]) ** 2
     blob = sign * contrast * np.exp(-d2 / (2.0 * sigma**2))
     layer: npt.NDArray[np.float64] = blob * dented[:, None, None]
+    return layer
+
+
+def _pits(
+    rng: np.random.Generator, pitted: npt.NDArray[np.bool_], size: int
+) -> npt.NDArray[np.float64]:
+    """Additive pit layer: a cluster of small dark Gaussian spots where ``pitted``.
+
+    Parameters for the largest cluster are drawn for every image and masked (as
+    :func:`_scratches` does), so the stream consumed does not depend on which are pitted.
+    """
+    n = pitted.shape[0]
+    most = _PIT_COUNT[1] - 1
+    coords = np.arange(size, dtype=np.float64)
+    ys, xs = np.meshgrid(coords, coords, indexing="ij")
+    center = rng.uniform(0.2 * size, 0.8 * size, size=(n, 1, 2, 1, 1))
+    spread = rng.uniform(*_PIT_SPREAD, size=(n, 1, 1, 1, 1))
+    spots = center + spread * rng.normal(size=(n, most, 2, 1, 1))
+    sigma = rng.uniform(*_PIT_SIGMA, size=(n, most, 1, 1))
+    contrast = rng.uniform(*_PIT_CONTRAST, size=(n, most, 1, 1))
+    count = np.asarray(rng.integers(_PIT_COUNT[0], _PIT_COUNT[1], size=n), dtype=np.int64)
+    present = (np.arange(most)[None, :] < count[:, None]) & pitted[:, None]
+    d2 = (xs - spots[:, :, 0]) ** 2 + (ys - spots[:, :, 1]) ** 2  # (n, most, size, size)
+    blobs = -contrast * np.exp(-d2 / (2.0 * sigma**2))  # pits are dark: they shade
+    layer: npt.NDArray[np.float64] = np.einsum("nk,nkhw->nhw", present.astype(np.float64), blobs)
     return layer
 
 
