@@ -121,7 +121,8 @@ def test_the_agent_scores_exactly_the_tensor_the_trainer_trains_on(tmp_path: Pat
     agent = EdgeAgent(fh.agent_settings("st-01"))
     seen: list[np.ndarray] = []
     try:
-        agent.model = runtime.load(onnx, manifest)
+        agent.serving_state.install(runtime.load(onnx, manifest))
+        assert agent.model is not None
         real_run = agent.model.session.run
 
         def spy(names: object, feeds: dict[str, np.ndarray]) -> object:

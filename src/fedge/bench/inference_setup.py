@@ -195,8 +195,8 @@ def make_agent(data_dir: Path, model_path: Path, image_size: int) -> EdgeAgent:
     agent = EdgeAgent(settings)
     model = runtime.load(model_path, manifest)
     runtime.smoke_test(model)
-    agent.model = model
-    agent.config = EdgeConfig(fleet="bench", edge="bench-edge", version=1, default_threshold=0.5)
+    config = EdgeConfig(fleet="bench", edge="bench-edge", version=1, default_threshold=0.5)
+    agent.serving_state.install(model, config)
     return agent
 
 

@@ -4,7 +4,9 @@ Threads: paho's network thread (callbacks only enqueue or do short work), a depl
 (downloads never block MQTT), and a publisher thread that seals pending records into
 numbered batches and drains the outbox, deleting a batch only on the broker's PUBACK
 (publisher.py). What a session states about the agent is assembled in statements.py;
-whether the station trains is decided in training.py.
+whether the station trains is decided in training.py. What the station serves now (the
+model, the config in force, the session number) is one :class:`ServingState`
+(serving.py), handed to the parts that read or change it.
 """
 
 import logging
@@ -29,11 +31,12 @@ from fedge.edge_agent.inference.batch import Scored
 from fedge.edge_agent.inference.evaluations import Evaluations
 from fedge.edge_agent.inference.scorer import ImageFile as ImageFile
 from fedge.edge_agent.inference.scorer import Scorer
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.store import LocalStore
 from fedge.edge_agent.training.spec import supernode_spec
 from fedge.edge_agent.training.supervisor import SupernodeSupervisor
-from fedge.edge_agent.uplink.outbox import OutboxSender
+from fedge.edge_agent.uplink.outbox import OutboxSender, stream_topic
 from fedge.edge_agent.uplink.poller import DesiredPoller
 from fedge.edge_agent.uplink.publisher import Publisher
 from fedge.edge_agent.uplink.statements import done_versions, in_force, liveness
@@ -67,7 +70,7 @@ class EdgeAgent:
             settings.public_key(),
             self.store,
             self.counters,
-            report=lambda kind, payload, retained: self._report_status(kind, payload, retained),
+            report=self._report_status,
             handlers=self._handlers,
             freshness=self.freshness,
             root=settings.root_key(),
@@ -79,46 +82,42 @@ class EdgeAgent:
         # checks (issue 24): before any SuperNode can start a round.
         write_floor(settings.data_dir, settings.privacy_floor)
         self.supervisor: SupernodeSupervisor | None = None
-        self.scorer = Scorer(
-            settings,
-            self.store,
-            self.station,
-            self.counters,
-            model=lambda: self.model,
-            config=lambda: self.config,
-            observe=lambda *seen: self.deployments.probation.observe(*seen),
+        self.session = self.store.get("session")
+        # What the station serves now; its parts read and change it there (serving.py).
+        self.serving_state = ServingState(
+            threading.Lock(),
+            config=self._load_config(),
+            session=int(self.session) if self.session is not None else -1,
         )
-        self._commits = self.scorer.commits  # one commit group per agent
-        self._lock = threading.Lock()
-        self.config: EdgeConfig | None = self._load_config()
-        self.model: runtime.LoadedModel | None = None
         self.deployments = Deployments(
             settings,
             self.store,
             self.keys,
             self.counters,
-            lock=self._lock,
-            install=self._install_model,
-            serving=lambda: self.serving,
-            config=lambda: self.config,
+            serving=self.serving_state,
             report=self._report_status,
         )
-        self.model = self.deployments.restore_active()
+        self.serving_state.install(self.deployments.restore_active())
+        self.scorer = Scorer(
+            settings,
+            self.store,
+            self.station,
+            self.counters,
+            serving=self.serving_state,
+            observe=self.deployments.probation.observe,
+        )
+        self._commits = self.scorer.commits  # one commit group per agent
         # The gate's evaluations of candidate models on the station's held-out images.
         self.evaluations = Evaluations(
             settings, self.store, self.station, self.keys, self.counters, report=self._report_status
         )
-        self.session = self.store.get("session")
-        self._session = int(self.session) if self.session is not None else -1
         self.configs = Configs(
             settings,
             self.store,
             self.keys,
             self.counters,
-            lock=self._lock,
-            deployments=lambda: self.deployments,
-            current=lambda: self.config,
-            commit=self._commit_config,
+            serving=self.serving_state,
+            deployments=self.deployments,
             applied=self._apply_training,
             report=self._report_status,
             freshness=self.freshness,
@@ -133,15 +132,19 @@ class EdgeAgent:
             lazy_will=True,
         )
         # Renews the station's certificate before it expires (None: --insecure).
-        self.renewer = renewer_for(settings, lambda: self.mqtt.reload_certificate())
-        # Resolved at each send (tests replace self.mqtt with a paho-like twin).
+        self.renewer = renewer_for(settings, self.mqtt.reload_certificate)
+        # ``publish`` is resolved at each send (tests replace self.mqtt with a paho-like twin).
         self.outbox = OutboxSender(
             self.store,
             self.counters,
             publish=lambda topic, payload: self.mqtt.publish(topic, payload, qos=1),
-            topic=lambda stream: self._topic(topics.Up(stream.value)),
-            uploader_factory=lambda: ReportUploader(
-                settings.grpc_target, settings.edge, settings.password, tls=settings.tls()
+            topic=partial(stream_topic, settings.fleet, settings.edge),
+            uploader_factory=partial(
+                ReportUploader,
+                settings.grpc_target,
+                settings.edge,
+                settings.password,
+                tls=settings.tls(),
             ),
         )
         # Configs, deployments and labels (and status reports) over gRPC where MQTT is
@@ -150,10 +153,14 @@ class EdgeAgent:
             report_via_grpc=settings.report_via == "grpc",
             fallback_after_s=settings.grpc_fallback_after_s,
             poll_interval_s=settings.grpc_poll_interval_s,
-            connect=lambda: DesiredClient(
-                settings.grpc_target, settings.edge, settings.password, tls=settings.tls()
+            connect=partial(
+                DesiredClient,
+                settings.grpc_target,
+                settings.edge,
+                settings.password,
+                tls=settings.tls(),
             ),
-            mqtt_connected=lambda: self.mqtt.connected.is_set(),
+            mqtt_connected=self.mqtt.connected.is_set,
             known_versions=self._known_versions,
             handlers={kind.value: partial(self._route, kind) for kind in topics.Down},
             statements=self._statements,
@@ -165,9 +172,8 @@ class EdgeAgent:
             self.counters,
             outbox=self.outbox,
             poller=self.desired_poller,
-            connected=lambda: self.mqtt.connected.is_set(),
-            config=lambda: self.config,
-            session=lambda: self._session,
+            serving=self.serving_state,
+            connected=self.mqtt.connected.is_set,
             emit_metrics=self._emit_metrics,
         )
 
@@ -177,15 +183,23 @@ class EdgeAgent:
         raw = self.store.get("applied_config")
         return None if raw is None else codec.decode(raw.encode(), EdgeConfig)
 
+    # What serves now, read from the serving state (install and commit change it there).
+
+    @property
+    def model(self) -> runtime.LoadedModel | None:
+        return self.serving_state.model
+
+    @property
+    def config(self) -> EdgeConfig | None:
+        return self.serving_state.config
+
     @property
     def serving(self) -> str:
-        model = self.model
-        return "" if model is None else model.ref
+        return self.serving_state.ref
 
     @property
     def applied_version(self) -> int:
-        config = self.config
-        return 0 if config is None else config.version
+        return self.serving_state.applied_version
 
     # -- lifecycle
 
@@ -206,7 +220,7 @@ class EdgeAgent:
         self._publisher.join(timeout=5)
         goodbye = liveness(
             self.settings.edge,
-            max(self._session, 0),
+            max(self.serving_state.session, 0),
             EdgeState.OFFLINE,
             self.serving,
             self.applied_version,
@@ -231,8 +245,8 @@ class EdgeAgent:
         return topics.up(self.settings.fleet, self.settings.edge, kind)
 
     def _next_will(self) -> Will:
-        self._session = self.store.next_session()
-        will = Liveness(self.settings.edge, self._session, EdgeState.LOST, __version__, at=0.0)
+        session = self.serving_state.session = self.store.next_session()
+        will = Liveness(self.settings.edge, session, EdgeState.LOST, __version__, at=0.0)
         return Will(self._topic(topics.Up.STATE), codec.encode(will), qos=1, retain=True)
 
     def _on_connect(self, session_present: bool) -> None:
@@ -244,7 +258,7 @@ class EdgeAgent:
 
     def _statements(self) -> list[tuple[topics.Up, bytes]]:
         """What a new session states, in order: the birth, then what is in force."""
-        edge, session = self.settings.edge, self._session
+        edge, session = self.settings.edge, self.serving_state.session
         birth = liveness(edge, session, EdgeState.ONLINE, self.serving, self.applied_version)
         return in_force(
             birth,
@@ -318,19 +332,11 @@ class EdgeAgent:
     def handle_config(self, envelope: bytes) -> None:
         self.configs.handle(envelope)
 
-    def _commit_config(self, config: EdgeConfig) -> None:
-        self.config = config
-
     def handle_deploy(self, envelope: bytes) -> None:
         self.deployments.handle(envelope)
 
     def handle_evaluate(self, envelope: bytes) -> None:
         self.evaluations.handle(envelope)
-
-    def _install_model(self, model: runtime.LoadedModel, config: EdgeConfig | None) -> None:
-        self.model = model
-        if config is not None:  # a local rollback's: the previous model's config
-            self.config = config
 
     def _report_status(self, kind: topics.Up, payload: bytes, retained: bool) -> None:
         """A status document on the edge's up/ topic; over gRPC too while MQTT is down."""
@@ -384,7 +390,7 @@ class EdgeAgent:
     def status(self) -> dict[str, object]:
         return {
             "edge": self.settings.edge,
-            "session": self._session,
+            "session": self.serving_state.session,
             "connected": self.mqtt.connected.is_set(),
             "desired_via_grpc": self.desired_poller.active,
             "serving": self.serving,
@@ -392,7 +398,7 @@ class EdgeAgent:
             "execution_provider": None if self.model is None else self.model.provider,
             "config_version": self.applied_version,
             "threshold": None if self.config is None else self.config.default_threshold,
-            "thresholds": self.scorer.thresholds().describe(),
+            "thresholds": self.serving_state.thresholds().describe(),
             "probation": self.deployments.probation.status(),
             "backlog": self.store.backlog(),
             "counters": dict(self.counters),

@@ -18,11 +18,10 @@ from pathlib import Path
 import pytest
 
 from fedge.edge_agent.deploy.models import Deployments
-from fedge.edge_agent.inference import runtime
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.store import LocalStore
 from fedge.models.tiny_onnx import build_linear_classifier
-from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired
 from fedge.protocols.manifest import ModelManifest, TensorSpec
 from fedge.protocols.signing import SigningKey, trusted
@@ -61,27 +60,20 @@ class Station:
 
     def __init__(self, settings: AgentSettings, store: LocalStore, key: SigningKey) -> None:
         self.store = store
-        self.model: runtime.LoadedModel | None = None
-
-        def install(model: runtime.LoadedModel, config: EdgeConfig | None) -> None:
-            self.model = model
-
+        self.state = ServingState(threading.Lock())
         self.deployments = Deployments(
             settings,
             store,
             trusted(key.public),
             Counter(),
-            lock=threading.Lock(),
-            install=install,
-            serving=lambda: "" if self.model is None else self.model.ref,
-            config=lambda: None,
+            serving=self.state,
             report=lambda kind, payload, retained: None,
         )
-        self.model = self.deployments.restore_active()
+        self.state.install(self.deployments.restore_active())
 
     @property
     def serving(self) -> str:
-        return "" if self.model is None else self.model.ref
+        return self.state.ref
 
 
 def _desired(settings: AgentSettings, key: SigningKey, version: int) -> DeploymentDesired:

@@ -168,7 +168,7 @@ def test_the_station_scores_its_held_out_images_with_each_model(
     again = start_agent(fh, sent, monkeypatch)
     try:
         assert again.evaluations.done_version == 1
-        again._session = again.store.next_session()  # as its first connection does
+        again.serving_state.session = again.store.next_session()  # as its first connection does
         restated = dict(again._statements())
         assert codec.decode(restated[topics.Up.EVALUATE], EvaluationReport) == report
         assert again._known_versions()["evaluate"] == 1

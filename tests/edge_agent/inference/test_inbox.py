@@ -184,7 +184,7 @@ def test_the_local_api_error_names_no_python_object(agent: EdgeAgent) -> None:
 def test_the_local_api_says_retry_later_while_no_model_serves(agent: EdgeAgent) -> None:
     """Chaos finding: a request between a restart that found the only model corrupted and
     the redeployment got 400 Bad Request; nothing is wrong with the request."""
-    agent.model = None
+    agent.serving_state.install(None)
     server = serve_local_api(agent, 0)
     try:
         port = server.server_address[1]

@@ -7,12 +7,12 @@ the desired state fresh (freshness.py) without applying anything again.
 The decision is pure (decisions.decide_config, then the station's privacy budget,
 privacy_budget.admit_budget); this module is the adapter around it: it verifies the
 envelope with the keys the agent trusts, persists an applied config before it counts
-(after a crash the agent comes back with what it reported), and states the outcome on
-the retained ``up/config`` topic.
+(after a crash the agent comes back with what it reported), commits it to the agent's
+serving state (:mod:`fedge.edge_agent.serving`, under its lock), and states the outcome
+on the retained ``up/config`` topic.
 """
 
 import logging
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -22,6 +22,7 @@ from fedge.edge_agent.config.freshness import DesiredFreshness
 from fedge.edge_agent.config.privacy_budget import admit_budget
 from fedge.edge_agent.deploy.models import Deployments
 from fedge.edge_agent.deploy.status import Report
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.store import LocalStore
 from fedge.protocols import codec, topics
@@ -42,10 +43,8 @@ class Configs:
         keys: TrustedKeys,
         counters: Counter[str],
         *,
-        lock: threading.Lock,
-        deployments: Callable[[], Deployments],
-        current: Callable[[], EdgeConfig | None],
-        commit: Callable[[EdgeConfig], None],
+        serving: ServingState,
+        deployments: Deployments,
         applied: Callable[[], None],
         report: Report,
         freshness: DesiredFreshness,
@@ -55,11 +54,9 @@ class Configs:
         self.store = store
         self.keys = keys
         self.counters = counters
-        self._lock = lock
+        self._serving = serving
         self._deployments = deployments
-        self._current = current
-        self._commit = commit  # called under the lock
-        self._applied = applied  # called after it, without the lock
+        self._applied = applied  # called after the commit, without the lock
         self._report_status = report
         self.last_report: bytes | None = None
 
@@ -72,14 +69,13 @@ class Configs:
             log.error("config rejected (%s): %s", exc.reason, exc)
             self._report(ConfigStatus.REJECTED, 0, f"{exc.reason}: {exc}")
             return
-        deployments = self._deployments()
-        with self._lock:
+        with self._serving.lock:
             decision = decide_config(
-                self._current(),
+                self._serving.config,
                 offered,
                 self.settings.fleet,
                 self.settings.edge,
-                deployments.config_done_version,
+                self._deployments.config_done_version,
             )
             if decision.action is ConfigAction.APPLY:
                 # The station's privacy budget is in its ledger before the config counts.
@@ -90,10 +86,10 @@ class Configs:
                 self.store.put_many(
                     {
                         "applied_config": codec.encode(offered).decode(),
-                        **deployments.config_writes(offered),
+                        **self._deployments.config_writes(offered),
                     }
                 )
-                self._commit(offered)
+                self._serving.commit(offered)
                 if offered.thumbnails is None:
                     # Sharing is off: thumbnails not yet sealed into a batch never leave.
                     dropped = self.store.drop_pending(Stream.THUMBNAILS)
@@ -119,7 +115,7 @@ class Configs:
             self._report(ConfigStatus.REJECTED, offered.version, decision.reason)
 
     def _report(self, status: ConfigStatus, offered: int, reason: str) -> None:
-        current = self._current()
+        current = self._serving.config
         report = ConfigReport(
             self.settings.edge,
             status,

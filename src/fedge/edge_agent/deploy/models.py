@@ -2,17 +2,13 @@
 
 One :class:`Deployments` per agent. It owns the deploy thread and the deployment state
 in the agent's store (``active_model``, ``model_history``, ``deploy_done_version``,
-``last_deploy_status``); the agent owns the model it serves and the transports, which
-this module reaches only through the callbacks it is given:
-
-- ``install(model, config)``: make ``model`` the one the agent serves, and ``config``
-  the one in force unless None (called under ``lock``, after the store transaction that
-  makes the swap survive a restart);
-- ``serving()``: the model the agent serves now (reported with every status);
-- ``config()``: the config in force (remembered per model, see
-  :mod:`fedge.edge_agent.deploy.served`);
-- ``report(kind, payload, retained)``: publish a deploy status on the edge's ``up/``
-  topic (MQTT, and gRPC while MQTT is down).
+``last_deploy_status``). What the station serves is the agent's
+:class:`~fedge.edge_agent.serving.ServingState`, given to it: a swap installs the model
+there (under its lock, after the store transaction that makes the swap survive a
+restart), every status names the model it serves, and the config in force is
+remembered per model (:mod:`fedge.edge_agent.deploy.served`). The transports are the
+agent's: ``report(kind, payload, retained)`` publishes a deploy status on the edge's
+``up/`` topic (MQTT, and gRPC while MQTT is down).
 
 Restoring: see :mod:`fedge.edge_agent.deploy.restore`; the download, verification and smoke
 test of a deployment: :mod:`fedge.edge_agent.deploy.deployer`.
@@ -33,16 +29,16 @@ import logging
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import replace
 
 from fedge.edge_agent.deploy import deployer, restore, served
 from fedge.edge_agent.deploy.probation import KEY as PROBATION
-from fedge.edge_agent.deploy.probation import Probation, Trial, encode_trial
+from fedge.edge_agent.deploy.probation import Trial, encode_trial
 from fedge.edge_agent.deploy.rollback import ROLLED_BACK, LocalRollback
 from fedge.edge_agent.deploy.status import DeployReports, Report
 from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.inference import runtime
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.store import LocalStore
 from fedge.protocols import codec
@@ -62,20 +58,14 @@ class Deployments:
         keys: TrustedKeys,
         counters: Counter[str],
         *,
-        lock: threading.Lock,
-        install: Callable[[runtime.LoadedModel, EdgeConfig | None], None],
-        serving: Callable[[], str],
-        config: Callable[[], EdgeConfig | None],
+        serving: ServingState,
         report: Report,
     ) -> None:
         self.settings = settings
         self.store = store
         self.keys = keys
         self.counters = counters
-        self._lock = lock
-        self._install = install
         self._serving = serving
-        self._config = config
         self._deploy_lock = threading.Lock()
         self.reports = DeployReports(settings.edge, store, serving=serving, report=report)
         self.verdicts = LocalRollback(
@@ -83,21 +73,15 @@ class Deployments:
             keys,
             counters,
             self.reports,
+            policy=settings.probation_policy(),
             providers=settings.execution_providers,
-            lock=lock,
+            serving=serving,
             deploy_lock=self._deploy_lock,
-            install=install,
-            config=config,
-            probation=lambda: self.probation,
             prune=self.prune,
         )
-        self.probation = Probation(
-            settings.probation_policy(),
-            store,
-            counters,
-            self.verdicts.rollback,
-            self.verdicts.passed,
-        )
+        # The serving model's probation (fed by the scorer), whose verdicts the rollback
+        # carries out.
+        self.probation = self.verdicts.probation
 
     @property
     def last_status(self) -> bytes | None:
@@ -239,7 +223,7 @@ class Deployments:
                 log.error(
                     "deployment %s failed, still serving %r: %s",
                     desired.deployment_id,
-                    self._serving(),
+                    self._serving.ref,
                     exc,
                 )
                 stage(DeployStage.FAILED, f"{exc.reason}: {exc.detail}")
@@ -256,8 +240,8 @@ class Deployments:
         """
         kept = restore.kept_from(desired, model)
         writes: dict[str, str] = {}
-        with self._lock:
-            previous = self._serving()
+        with self._serving.lock:
+            previous = self._serving.ref
             proven = served.decode_proven(self.store.get(served.PROVEN))
             trial: Trial | None = None
             note = ""
@@ -303,13 +287,15 @@ class Deployments:
                     "active_model": restore.encode_kept(kept),
                     "model_history": restore.encode_history(restore.remember(history, kept)),
                     PROBATION: "" if trial is None else encode_trial(trial),
-                    served.CONFIGS: served.remember_config(configs, self._config(), model.ref),
+                    served.CONFIGS: served.remember_config(
+                        configs, self._serving.config, model.ref
+                    ),
                     "deploy_done_version": str(desired.version),
                     "last_deploy_status": payload.decode(),
                 }
             )
             self.store.put_many(writes)
-            self._install(model, None)
+            self._serving.install(model)
             self.probation.start(trial)
         self.counters["deploy.active"] += 1
         log.info("now serving %s", model.ref)
@@ -319,7 +305,7 @@ class Deployments:
         """What the store keeps when ``config`` is applied (with it, in one transaction):
         it is the config of the model it applies to, should the station go back to it."""
         configs = served.decode_configs(self.store.get(served.CONFIGS))
-        return {served.CONFIGS: served.remember_config(configs, config, self._serving())}
+        return {served.CONFIGS: served.remember_config(configs, config, self._serving.ref)}
 
     @property
     def config_done_version(self) -> int:

@@ -1,7 +1,8 @@
 """A probation's verdict carried out: a pass recorded and reported, a failure rolled back.
 
 :class:`LocalRollback` is the other half of :mod:`fedge.edge_agent.deploy.models` (the
-same store, locks and callbacks): the probation (:mod:`fedge.edge_agent.deploy.probation`)
+same store, serving state and locks). It owns the probation
+(:mod:`fedge.edge_agent.deploy.probation`) whose verdicts it carries out: the probation
 calls :meth:`LocalRollback.passed` or :meth:`LocalRollback.rollback` on its own thread,
 and the deployments call :meth:`LocalRollback.roll_back` at start-up for a trial the
 agent restarted with too often.
@@ -26,9 +27,9 @@ from fedge.edge_agent.deploy.probation import Probation, Trial
 from fedge.edge_agent.deploy.status import LAST, DeployReports, ref_of
 from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.inference import runtime
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.store import LocalStore
 from fedge.protocols import codec
-from fedge.protocols.config import EdgeConfig
 from fedge.protocols.deployment import DeployStage
 from fedge.protocols.signing import TrustedKeys
 
@@ -46,12 +47,10 @@ class LocalRollback:
         counters: Counter[str],
         reports: DeployReports,
         *,
+        policy: health.ProbationPolicy,
         providers: Sequence[str] = runtime.DEFAULT_PROVIDERS,
-        lock: threading.Lock,
+        serving: ServingState,
         deploy_lock: threading.Lock,
-        install: Callable[[runtime.LoadedModel, EdgeConfig | None], None],
-        config: Callable[[], EdgeConfig | None],
-        probation: Callable[[], Probation],
         prune: Callable[[], None],
     ) -> None:
         self.store = store
@@ -59,12 +58,11 @@ class LocalRollback:
         self.providers = tuple(providers)
         self.counters = counters
         self.reports = reports
-        self._lock = lock
+        self._serving = serving
         self._deploy_lock = deploy_lock
-        self._install = install
-        self._config = config
-        self._probation = probation
         self._prune = prune
+        # Watches the serving model; its verdicts come back here, on threads of its own.
+        self.probation = Probation(policy, store, counters, self.rollback, self.passed)
 
     def _still_active(self, trial: Trial) -> bool:
         """Whether ``trial``'s deployment is still the active one (none replaced it)."""
@@ -155,12 +153,12 @@ class LocalRollback:
                 trial.model,
             )
             self.store.put_many({PROBATION: "", LAST: payload.decode()})
-            self._probation().start(None)
+            self.probation.start(None)
             return None, payload
         model, previous = restored.model, restored.kept
         # Under the agent's lock: no config is applied between the choice and the swap.
-        with self._lock:
-            config_now = self._config()
+        with self._serving.lock:
+            config_now = self._serving.config
             config = served.config_for(
                 served.decode_configs(self.store.get(served.CONFIGS)), config_now, previous.ref
             )
@@ -196,8 +194,8 @@ class LocalRollback:
             )
             writes[LAST] = payload.decode()
             self.store.put_many(writes)
-            self._probation().start(None)
-            self._install(model, config)
+            self.probation.start(None)
+            self._serving.install(model, config)
         self.counters["rollback.done"] += 1
         log.warning("rolled back from %s to %s: %s", trial.model, previous.ref, verdict.reason)
         return model, payload

@@ -9,6 +9,7 @@ state, then published here.
 import time
 from collections.abc import Callable
 
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.store import LocalStore
 from fedge.protocols import codec, topics
 from fedge.protocols.deployment import DeployStage, DeployStatus
@@ -26,7 +27,7 @@ def ref_of(model: str) -> tuple[str, int]:
 
 class DeployReports:
     def __init__(
-        self, edge: str, store: LocalStore, *, serving: Callable[[], str], report: Report
+        self, edge: str, store: LocalStore, *, serving: ServingState, report: Report
     ) -> None:
         self.edge = edge
         self.store = store
@@ -75,7 +76,7 @@ class DeployReports:
     ) -> None:
         """A stage that changes nothing else: stored as the last status and published."""
         payload = self.status(
-            deployment_id, deployment_version, ref, stage, reason, self._serving()
+            deployment_id, deployment_version, ref, stage, reason, self._serving.ref
         )
         self.store.put(LAST, payload.decode())
         self.publish(payload)
@@ -96,7 +97,7 @@ class DeployReports:
             0,
             DeployStage.FAILED,
             reason[:1000],
-            self._serving(),
+            self._serving.ref,
             time.time(),
         )
         self._report(topics.Up.DEPLOY, codec.encode(status), False)

@@ -3,9 +3,10 @@
 :class:`Scorer` decodes files as the serving model's manifest says, scores them in one
 model call (:mod:`fedge.edge_agent.inference.batch`), records the predictions in one commit
 shared with concurrent callers (:mod:`fedge.edge_agent.group_commit`) and keeps each
-image in the station's training set. The agent owns the serving model and the config in
-force; the scorer reads them through the callables it is given, once per call. Where
-that config shares thumbnails, a scored file's thumbnail is queued too (thumbnails.py).
+image in the station's training set. The serving model and the config in force are the
+agent's :class:`~fedge.edge_agent.serving.ServingState`; the scorer reads each once per
+call. Where that config shares thumbnails, a scored file's thumbnail is queued too
+(thumbnails.py).
 """
 
 import logging
@@ -28,11 +29,11 @@ from fedge.edge_agent.inference import runtime
 from fedge.edge_agent.inference.batch import Scored
 from fedge.edge_agent.inference.images import decode_for
 from fedge.edge_agent.inference.thumbnails import ThumbnailSharer
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.store import LocalStore
 from fedge.party.errors import StationDataError
 from fedge.party.station_store import StationData
-from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import Preprocess
 from fedge.protocols.records import PredictionRecord
 
@@ -63,15 +64,13 @@ class Scorer:
         station: StationData,
         counters: Counter[str],
         *,
-        model: Callable[[], runtime.LoadedModel | None],
-        config: Callable[[], EdgeConfig | None],
+        serving: ServingState,
         observe: Observer | None = None,
     ) -> None:
         self.settings = settings
         self.station = station
         self.counters = counters
-        self._model = model
-        self._config = config
+        self._serving = serving
         # Told of every model call (the probation of a new model,
         # fedge.edge_agent.deploy.probation).
         self._observe = observe
@@ -84,11 +83,6 @@ class Scorer:
                 [record for record, _ in items], [arrival for _, arrival in items]
             )
         )
-
-    def thresholds(self) -> ThresholdsInForce:
-        """The thresholds in force for the serving model, and where they come from."""
-        model = self._model()
-        return thresholds_in_force(self._config(), None if model is None else model.manifest)
 
     def _check_untied(self, in_force: ThresholdsInForce) -> None:
         """A config set for another model applies as the serving one has none: counted
@@ -131,7 +125,7 @@ class Scorer:
         One result per file, in order: its :class:`Scored`, or the error that kept it
         from being scored (an undecodable file fails alone, not the batch).
         """
-        model = self._model()  # one snapshot: a deployment may swap it meanwhile
+        model = self._serving.model  # one snapshot: a deployment may swap it meanwhile
         if model is None:
             raise NotServingError("no model deployed yet; deploy one with `fedge deploy`")
         preprocess = self.preprocess_for(model)
@@ -148,7 +142,7 @@ class Scorer:
             model=model,
             arrivals=[files[i].arrival for i, _ in decoded],
         )
-        config = self._config()
+        config = self._serving.config
         policy = None if config is None else config.thumbnails
         for (index, _), item in zip(decoded, scored, strict=True):
             results[index] = item
@@ -187,7 +181,7 @@ class Scorer:
         Calls from several threads at once share commits
         (:mod:`fedge.edge_agent.group_commit`).
         """
-        model, config = model or self._model(), self._config()
+        model, config = model or self._serving.model, self._serving.config
         if model is None:
             raise NotServingError("no model deployed yet; deploy one with `fedge deploy`")
         keys = [""] * len(images) if arrivals is None else list(arrivals)

@@ -15,6 +15,7 @@ from collections import Counter
 from collections.abc import Callable
 
 from fedge.edge_agent.store import LocalStore
+from fedge.protocols import topics
 from fedge.protocols.records import Stream
 from fedge.transport.grpc.client import ReportUploader, UploadError
 from fedge.transport.session import PublishResult
@@ -23,6 +24,11 @@ log = logging.getLogger(__name__)
 
 INFLIGHT_LIMIT = 200
 RESEND_AFTER_S = 60.0
+
+
+def stream_topic(fleet: str, edge: str, stream: Stream) -> str:
+    """The edge's up/ topic that carries ``stream``'s batches."""
+    return topics.up(fleet, edge, topics.Up(stream.value))
 
 
 class OutboxSender:

@@ -13,11 +13,11 @@ import time
 from collections import Counter
 from collections.abc import Callable
 
+from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.store import LocalStore
 from fedge.edge_agent.uplink.outbox import OutboxSender
 from fedge.edge_agent.uplink.poller import DesiredPoller
-from fedge.protocols.config import EdgeConfig
 
 log = logging.getLogger(__name__)
 
@@ -26,8 +26,9 @@ PRUNE_EVERY_S = 60.0
 
 
 class Publisher:
-    """The publisher thread; ``connected``, ``config`` and ``session`` are read each pass
-    (the agent's MQTT session and applied config change while it runs)."""
+    """The publisher thread; ``connected()`` and the serving state's config and session
+    number are read each pass (the agent's MQTT session and applied config change while
+    it runs)."""
 
     def __init__(
         self,
@@ -37,9 +38,8 @@ class Publisher:
         *,
         outbox: OutboxSender,
         poller: DesiredPoller,
+        serving: ServingState,
         connected: Callable[[], bool],
-        config: Callable[[], EdgeConfig | None],
-        session: Callable[[], int],
         emit_metrics: Callable[[], None],
     ) -> None:
         self.settings = settings
@@ -47,9 +47,8 @@ class Publisher:
         self.counters = counters
         self.outbox = outbox
         self.poller = poller
+        self._serving = serving
         self._connected = connected
-        self._config = config
-        self._session = session
         self._emit_metrics = emit_metrics
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="publisher", daemon=True)
@@ -69,9 +68,10 @@ class Publisher:
         last_prune = 0.0
         while not self._stop.wait(self.settings.flush_interval_s):
             try:
-                config = self._config()
+                config = self._serving.config
                 batch_max = 500 if config is None else config.batch_max_records
-                self.store.seal_batches(self.settings.edge, max(self._session(), 0), batch_max)
+                session = self._serving.session
+                self.store.seal_batches(self.settings.edge, max(session, 0), batch_max)
                 self.poller.tick()
                 if self._connected() and self.settings.report_via == "mqtt":
                     self.outbox.drain()
