@@ -190,3 +190,22 @@ def test_a_users_family_is_found_through_its_entry_point(monkeypatch: pytest.Mon
             families.get_family("tiny-linear")
     finally:
         families._installed.cache_clear()
+
+
+@pytest.mark.integration
+def test_the_station_app_loads_without_torch() -> None:
+    """SecAgg+'s key stages and queries load the app in a fresh process and never build a
+    network: torch (seconds to import) is imported only where a model is built (issue 32,
+    item 6)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fedge.party.station_app as app; "
+        "assert app.app is not None; "
+        "print(sorted(m for m in ('torch', 'opacus') if m in sys.modules))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120
+    )
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

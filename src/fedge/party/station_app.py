@@ -76,13 +76,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
-from torch import nn
 
-from fedge.party import families, trainer
 from fedge.party.budget import BudgetLedger
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays, round_config
@@ -100,6 +98,11 @@ from fedge.privacy.floor import (
 from fedge.privacy.settings import BudgetExhaustedError, PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
+
+if TYPE_CHECKING:
+    from torch import nn
+
+    from fedge.party import trainer
 
 IDENTITY_KEY = "identity"
 JOB_ID_KEY = "job-id"  # the aggregator's run id: what a DP-SGD round is accounted to
@@ -168,6 +171,10 @@ def train_round(
         _refuse_unprotected(station, asked)
     privacy = effective_spec(floor, asked)  # the floor's job bound and delta, if smaller
     private = privacy.mode is PrivacyMode.LOCAL
+    # Imported where a network is built, not at the app's load: SecAgg+'s key stages and
+    # queries run this module in a fresh process too, and torch costs them ~2 s each.
+    from fedge.party import families, trainer
+
     family = families.get_family(spec.family)
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
@@ -246,7 +253,7 @@ def _train_private(
     """
     # Imported here: Opacus takes seconds to load, and queries, evaluations and rounds
     # without DP-SGD never need it.
-    from fedge.party import private_round
+    from fedge.party import private_round, trainer
 
     done = private_round.train_round(
         model,
@@ -349,6 +356,8 @@ def evaluate_round(
         budget = EvaluationBudget.of(floor)
     elif asked.mode is PrivacyMode.LOCAL:
         budget = EvaluationBudget.of(PrivacyFloor())  # the default floor's evaluation rules
+    from fedge.party import families, trainer  # torch: only where a network is built
+
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
     _, held_items = _items(station)
@@ -371,6 +380,8 @@ def evaluate_round(
 
 
 def _items(station: Station) -> tuple[list[Any], list[Any]]:
+    from fedge.party import trainer  # loaded already by the round that asks
+
     data = station.data()
     try:
         return trainer.split(data.labelled())
