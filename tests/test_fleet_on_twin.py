@@ -33,6 +33,8 @@ from fedge.protocols.thumbnails import ThumbnailPolicy
 from fedge.transport.acl import fleet_acl
 from fedge.transport.memory import MemoryBroker
 
+pytestmark = pytest.mark.integration
+
 EDGES = ("st-01", "st-02")
 
 

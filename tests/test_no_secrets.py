@@ -104,6 +104,7 @@ def repo_files() -> list[str]:
 # ---------------------------------------------------------------- (a) the repo
 
 
+@pytest.mark.integration
 def test_no_file_in_the_repo_holds_a_private_key_a_password_or_a_token() -> None:
     files = repo_files()
     assert "src/fedge/protocols/pki.py" in files and len(files) > 100

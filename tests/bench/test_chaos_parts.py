@@ -187,6 +187,7 @@ def _connect(proxy: FaultyProxy) -> socket.socket:
     return sock
 
 
+@pytest.mark.integration
 def test_proxy_passes_drops_and_truncates(echo_server: int) -> None:
     proxy = FaultyProxy("127.0.0.1", echo_server).start()
     try:
@@ -215,6 +216,7 @@ def test_proxy_passes_drops_and_truncates(echo_server: int) -> None:
         proxy.close()
 
 
+@pytest.mark.integration
 def test_proxy_stall_holds_bytes_until_it_flows_again(echo_server: int) -> None:
     proxy = FaultyProxy("127.0.0.1", echo_server).start()
     try:
@@ -234,6 +236,7 @@ def test_proxy_stall_holds_bytes_until_it_flows_again(echo_server: int) -> None:
 # ---------------------------------------------------------------- clock shim
 
 
+@pytest.mark.integration
 def test_clock_shim_steps_a_child_wall_clock(tmp_path: Path) -> None:
     offset_file = tmp_path / "clock_offset"
     set_offset(offset_file, 86400.0)

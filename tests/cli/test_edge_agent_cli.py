@@ -97,6 +97,7 @@ def _run_agent(config: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.integration
 def test_a_second_agent_on_the_same_data_dir_is_refused(fh: FleetHome) -> None:
     data_dir = fh.data_dir(EDGE)
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -116,6 +117,7 @@ def test_a_second_agent_on_the_same_data_dir_is_refused(fh: FleetHome) -> None:
     assert str(data_dir) in result.stderr.replace("\n", "")
 
 
+@pytest.mark.integration
 def test_a_taken_http_port_is_one_clear_error(fh: FleetHome) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", 0))

@@ -73,6 +73,7 @@ def test_an_error_keeps_its_brackets(fh: FleetHome) -> None:
     assert output == "error: no prediction 'p-[x]' has reached the manager\n"
 
 
+@pytest.mark.integration
 def test_the_unknown_strategy_error_names_its_table() -> None:
     result = fedge_80("sim", "--scenario", "tifl-digits", "--strategies", "fedavg,tierd")
     assert result.returncode == 1, result.stderr
@@ -128,6 +129,7 @@ def test_the_speed_up_is_a_sentence() -> None:
 # ---------------------------------------------------------------- 80 columns
 
 
+@pytest.mark.integration
 def test_aggregator_status_fits_80_columns(tmp_path: Path) -> None:
     manifest = (ROOT / "examples" / "jobs" / "tiered-digits.toml").read_text()
     short = tmp_path / "short.toml"
@@ -144,6 +146,7 @@ def test_aggregator_status_fits_80_columns(tmp_path: Path) -> None:
     assert statuses[0]["state"] == "completed"
 
 
+@pytest.mark.integration
 def test_predictions_list_fits_80_columns_with_whole_ids(fh: FleetHome) -> None:
     prediction_id = "p-" + "a" * 32
     add_prediction(fh, prediction_id, "reject")
@@ -239,6 +242,7 @@ def test_sim_reports_never_overwrite_each_other(tmp_path: Path) -> None:
     assert report_dir(out, "tifl-digits", force=True, now=AT) == out
 
 
+@pytest.mark.integration
 def test_a_sim_into_an_earlier_report_is_refused_before_running(tmp_path: Path) -> None:
     (tmp_path / "tifl-digits.md").write_text("an earlier run\n")
     result = fedge_80("sim", "--scenario", "tifl-digits", "--out", str(tmp_path))

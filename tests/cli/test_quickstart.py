@@ -5,6 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -32,6 +33,7 @@ def test_images_only_writes_named_parts_and_their_truth(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.integration
 def test_the_model_without_torch_is_one_red_line(tmp_path: Path) -> None:
     code = (
         BLOCK_TORCH + "from typer.testing import CliRunner\n"

@@ -123,6 +123,7 @@ def test_write_png_dir_rejects_wrong_input(tmp_path: Path) -> None:
         write_png_dir(np.zeros((1, 4, 4), dtype=np.float32), tmp_path, "x")
 
 
+@pytest.mark.integration
 def test_module_does_not_import_torch() -> None:
     # The loader runs on edge devices that have onnxruntime but no torch.
     code = "import sys, fedge.datasets.defects; assert 'torch' not in sys.modules"

@@ -150,6 +150,7 @@ def test_broken_model_loads_but_fails_to_run(tmp_path: Path, batch: int) -> None
         session.run(["probs"], {"image": np.zeros((batch, 1, 32, 32), np.float32)})
 
 
+@pytest.mark.integration
 def test_tiny_onnx_does_not_import_torch() -> None:
     code = "import sys, fedge.models.tiny_onnx; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -206,6 +206,7 @@ def _tier_acc(strategy: TieredFedAvg, record: RoundRecord) -> float | None:
     return history[-1] if rounds and rounds[-1] == record.server_round else None
 
 
+@pytest.mark.integration
 def test_aggregate_equals_the_plain_mean_within_the_quantization_bound(observed: Observed) -> None:
     phase = observed.phases["plain"]
     partitions = list(range(PARTIES))
@@ -221,6 +222,7 @@ def test_aggregate_equals_the_plain_mean_within_the_quantization_bound(observed:
     assert record.train_metrics["local-acc"] == pytest.approx(0.15, abs=0.1)
 
 
+@pytest.mark.integration
 def test_the_strategy_only_ever_sees_the_aggregate(observed: Observed) -> None:
     phase = observed.phases["plain"]
     (results,) = phase.fit_results
@@ -236,6 +238,7 @@ def test_the_strategy_only_ever_sees_the_aggregate(observed: Observed) -> None:
         assert np.abs(weight - own).max() > 1e-3
 
 
+@pytest.mark.integration
 def test_no_reply_the_server_received_holds_a_raw_update(observed: Observed) -> None:
     phase = observed.phases["plain"]
     updates = [party_update(phase.sent, p) for p in range(PARTIES)]
@@ -259,6 +262,7 @@ def test_no_reply_the_server_received_holds_a_raw_update(observed: Observed) -> 
     assert decoded == PARTIES * 3  # the masked vectors: a factor and two arrays each
 
 
+@pytest.mark.integration
 def test_a_party_killed_before_its_masked_vector_leaves_the_aggregate_of_the_rest(
     observed: Observed,
 ) -> None:
@@ -273,6 +277,7 @@ def test_a_party_killed_before_its_masked_vector_leaves_the_aggregate_of_the_res
     assert "collect_masked_vectors" in record.failures[NODE_ID_BASE + 1]
 
 
+@pytest.mark.integration
 def test_a_party_killed_before_unmasking_does_not_stop_the_round(observed: Observed) -> None:
     phase = observed.phases["unmask"]
     everyone = list(range(PARTIES))  # its masked vector is in the sum: SecAgg+ unmasks it
@@ -285,6 +290,7 @@ def test_a_party_killed_before_unmasking_does_not_stop_the_round(observed: Obser
     assert len(unmask_replies) == 1 and "unmask" in str(unmask_replies[0].error.reason)
 
 
+@pytest.mark.integration
 def test_each_round_asks_the_tier_tifl_chose_and_updates_its_accuracy(
     observed: Observed,
 ) -> None:
@@ -346,6 +352,7 @@ def test_too_few_parties_for_secagg_are_refused_before_anything_is_sent() -> Non
     assert pushed == []
 
 
+@pytest.mark.integration
 def test_a_round_of_three_that_loses_one_is_abandoned_and_the_run_goes_on(
     observed: Observed,
 ) -> None:

@@ -104,6 +104,7 @@ print(sorted(m for m in ("torch", "opacus", "flwr") if m in sys.modules))
 """
 
 
+@pytest.mark.integration
 def test_the_agent_writes_its_ledger_without_loading_the_training_stack() -> None:
     """An inference-only station has no torch or Opacus (pyproject's ``agent`` extra)."""
     result = subprocess.run(

@@ -66,6 +66,7 @@ def test_renewal_is_due_once_a_third_of_the_life_is_left() -> None:
     assert renewal_due(info, start + dt.timedelta(days=61))
 
 
+@pytest.mark.integration
 def test_a_station_renews_with_a_new_key_and_keeps_its_connection(
     station: tuple[FleetHome, EnrollServer, TlsFiles],
 ) -> None:
@@ -105,6 +106,7 @@ def test_a_station_renews_with_a_new_key_and_keeps_its_connection(
         broker.stop()
 
 
+@pytest.mark.integration
 def test_renewal_refused_without_a_certificate_when_revoked_or_for_another_name(
     station: tuple[FleetHome, EnrollServer, TlsFiles], tmp_path: Path
 ) -> None:
@@ -175,6 +177,7 @@ def _copy(tls: TlsFiles, folder: Path) -> TlsFiles:
     return copy
 
 
+@pytest.mark.integration
 def test_a_thief_with_an_old_key_cannot_renew_once_the_station_confirmed(
     station: tuple[FleetHome, EnrollServer, TlsFiles], tmp_path: Path
 ) -> None:
@@ -190,6 +193,7 @@ def test_a_thief_with_an_old_key_cannot_renew_once_the_station_confirmed(
     assert len(credentials.certificates(fh.db, EDGE)) == issued  # nothing issued to it
 
 
+@pytest.mark.integration
 def test_a_renewal_by_an_old_key_before_the_confirmation_is_caught(
     station: tuple[FleetHome, EnrollServer, TlsFiles], tmp_path: Path
 ) -> None:

@@ -163,6 +163,7 @@ def test_an_unreadable_image_names_no_python_object(agent: EdgeAgent) -> None:
     assert "not a readable image" in str(result)
 
 
+@pytest.mark.integration
 def test_the_local_api_error_names_no_python_object(agent: EdgeAgent) -> None:
     server = serve_local_api(agent, 0)
     try:
@@ -181,6 +182,7 @@ def test_the_local_api_error_names_no_python_object(agent: EdgeAgent) -> None:
     assert "not a readable image" in error
 
 
+@pytest.mark.integration
 def test_the_local_api_says_retry_later_while_no_model_serves(agent: EdgeAgent) -> None:
     """Chaos finding: a request between a restart that found the only model corrupted and
     the redeployment got 400 Bad Request; nothing is wrong with the request."""

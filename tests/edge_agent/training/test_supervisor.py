@@ -5,6 +5,7 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from flwr.common.config import parse_config_args
 
 from fedge.edge_agent.training.supervisor import SupernodeSpec, SupernodeSupervisor, node_config
@@ -34,6 +35,7 @@ def wait_for(condition: object, timeout_s: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.integration
 def test_a_dying_supernode_is_restarted_and_a_failing_start_is_retried(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

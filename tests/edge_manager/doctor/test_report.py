@@ -200,6 +200,7 @@ def test_an_insecure_home_reports_plain_listeners_as_a_development_home(tmp_path
         fh.close()
 
 
+@pytest.mark.integration
 def test_a_tls_broker_config_is_clean_and_one_without_certificates_is_not(fh: FleetHome) -> None:
     broker = fh.broker()
     broker.start()

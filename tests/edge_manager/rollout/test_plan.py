@@ -215,6 +215,7 @@ def test_damaged_stored_plans_are_refused_without_assert(damaged: dict[str, obje
         RolloutPlan.from_json_dict(damaged)
 
 
+@pytest.mark.integration
 def test_a_damaged_stored_plan_is_refused_under_python_dash_o_too() -> None:
     # Validation by `assert` vanishes under -O: the damaged plan would decode.
     code = (

@@ -25,6 +25,8 @@ from fedge.edge_manager.security.enrollment import invite
 from fedge.protocols import pki
 from fedge.protocols.enrollment import JoinToken
 
+pytestmark = pytest.mark.integration
+
 
 @pytest.fixture
 def endpoint(tmp_path: Path) -> Iterator[tuple[FleetHome, EnrollServer]]:
