@@ -63,6 +63,7 @@ def test_same_seed_same_weights_and_arrays_round_trip() -> None:
         load_arrays(make_model("mlp-small"), arrays)
 
 
+@pytest.mark.slow
 def test_local_training_improves_accuracy_on_a_partition() -> None:
     scenario = load_scenario("tifl-digits")
     parts = make_partitions(scenario, 0)
@@ -86,6 +87,7 @@ def test_training_is_reproducible_for_a_seed() -> None:
     assert torch.equal(flat(first), flat(second))
 
 
+@pytest.mark.slow
 def test_the_proximal_term_pulls_weights_towards_the_global_model() -> None:
     parts = make_partitions(load_scenario("tifl-digits-noniid"), 0)
     X, y = parts.parties[40]

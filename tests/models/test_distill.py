@@ -90,6 +90,7 @@ def test_an_ensemble_teacher_averages_logits() -> None:
 # ---------------------------------------------------------------- distillation works
 
 
+@pytest.mark.slow
 def test_distillation_improves_the_student_without_labels(
     problem: tuple[nn.Module, FloatArray, FloatArray, LabelArray],
 ) -> None:
@@ -110,6 +111,7 @@ def test_distillation_improves_the_student_without_labels(
     assert stats[0].last_epoch_loss < 0.1 * stats[0].first_epoch_loss
 
 
+@pytest.mark.slow
 def test_distill_is_deterministic_for_a_seed(
     problem: tuple[nn.Module, FloatArray, FloatArray, LabelArray],
 ) -> None:
@@ -203,6 +205,7 @@ def test_check_proxy_accepts_the_scenario_proxy_split() -> None:
 # ---------------------------------------------------------------- ONNX on the edge path
 
 
+@pytest.mark.slow
 def test_exported_student_runs_in_the_agent_runtime_with_torch_decisions(
     problem: tuple[nn.Module, FloatArray, FloatArray, LabelArray], tmp_path: Path
 ) -> None:
@@ -256,6 +259,7 @@ def test_teacher_files_round_trip_and_bad_specs_are_clear(tmp_path: Path) -> Non
         load_teacher(tmp_path / "junk.pt")
 
 
+@pytest.mark.slow
 def test_cli_train_teacher_then_distill_and_publish(tmp_path: Path) -> None:
     runner = CliRunner()
     teacher_path = tmp_path / "teacher.pt"

@@ -47,6 +47,7 @@ def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
+@pytest.mark.slow
 def test_trained_model_generalises(trained: InspectionNet, held_out: tuple[Images, Labels]) -> None:
     images, labels = held_out
     accuracy = evaluate(trained, images, labels)
@@ -78,6 +79,7 @@ def test_net_shapes() -> None:
     assert net(torch.zeros(4, 1, 32, 32)).shape == (4, 3)
 
 
+@pytest.mark.slow
 def test_export_matches_torch(
     trained: InspectionNet, held_out: tuple[Images, Labels], tmp_path: Path
 ) -> None:

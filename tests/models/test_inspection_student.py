@@ -91,6 +91,7 @@ def _registry(root: Path) -> Registry:
 # ---------------------------------------------------------------- distillation works
 
 
+@pytest.mark.slow
 def test_distillation_makes_a_compact_student_close_to_the_teacher(
     problem: Problem, distilled: tuple[InspectionNet, StudentReport]
 ) -> None:
@@ -136,6 +137,7 @@ def test_student_distillation_is_deterministic_for_a_seed(problem: Problem, tmp_
 # ---------------------------------------------------------------- ONNX on the edge path
 
 
+@pytest.mark.slow
 def test_published_student_runs_in_the_agent_runtime_with_torch_decisions(
     problem: Problem, distilled: tuple[InspectionNet, StudentReport], tmp_path: Path
 ) -> None:
@@ -173,6 +175,7 @@ def test_published_student_runs_in_the_agent_runtime_with_torch_decisions(
         np.testing.assert_array_equal(probs.argmax(axis=1), expected.argmax(axis=1))
 
 
+@pytest.mark.slow
 def test_publish_refuses_a_report_of_another_teacher(
     distilled: tuple[InspectionNet, StudentReport], problem: Problem, tmp_path: Path
 ) -> None:
@@ -278,6 +281,7 @@ def test_a_published_teacher_gives_the_torch_teachers_soft_targets(
         OnnxTeacher(digits_student)
 
 
+@pytest.mark.slow
 def test_cli_distils_a_published_teacher_into_the_next_version(
     problem: Problem, tmp_path: Path
 ) -> None:

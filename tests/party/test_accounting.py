@@ -47,6 +47,7 @@ def _independent_rdp(history: list[DpRelease], delta: float) -> float:
     return float(epsilon)
 
 
+@pytest.mark.slow
 def test_the_reported_epsilon_is_opacus_rdp_analysis_of_what_was_trained() -> None:
     release = _trained_release()
     # 300 examples in batches of 30: Opacus samples at 1/10 and steps 10 times an epoch.
@@ -77,6 +78,7 @@ def test_strong_privacy_is_reported_tighter_than_opacus_default_orders_allow() -
     assert 0 < epsilon_spent([release], DELTA) < default * 0.9
 
 
+@pytest.mark.slow
 def test_the_reported_epsilon_is_opacus_prv_accountant_fed_step_by_step() -> None:
     release = _trained_release(seed=1)
     other = DpRelease(noise_multiplier=0.8, sample_rate=0.2, steps=7)
@@ -93,6 +95,7 @@ def test_the_reported_epsilon_is_opacus_prv_accountant_fed_step_by_step() -> Non
 
 
 @pytest.mark.parametrize("accountant", ["rdp", "prv"])
+@pytest.mark.slow
 def test_a_planned_job_spends_its_target_and_never_more(accountant: str) -> None:
     spec = PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=4.0, delta=DELTA, accountant=accountant)  # type: ignore[arg-type]
     release = plan_round(spec, examples=250, batch_size=32, epochs=2, planned_rounds=4)
@@ -104,6 +107,7 @@ def test_a_planned_job_spends_its_target_and_never_more(accountant: str) -> None
     assert epsilon_spent([release] * 5, DELTA, accountant) > 4.0
 
 
+@pytest.mark.slow
 def test_planning_is_cached_and_a_fixed_sigma_is_only_accounted() -> None:
     spec = PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=6.0, delta=DELTA)
     before = _planned_noise.cache_info().hits

@@ -23,6 +23,7 @@ DELTA = 1e-3
 ROUND = DpRelease(noise_multiplier=1.0, sample_rate=0.1, steps=20)
 
 
+@pytest.mark.slow
 def test_a_job_trains_its_planned_rounds_then_refuses(tmp_path: Path) -> None:
     spec = PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=3.0, delta=DELTA, rounds_per_party=3)
     release = plan_round(spec, examples=200, batch_size=20, epochs=1, planned_rounds=3)

@@ -131,6 +131,7 @@ def test_the_model_comes_back_without_opacus_and_trains_again() -> None:
     assert not torch.equal(before, _flat(model))
 
 
+@pytest.mark.slow
 def test_the_release_is_what_the_party_planned() -> None:
     x, y = _toy(n=230)
     spec = PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=8.0, rounds_per_party=4)

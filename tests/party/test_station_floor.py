@@ -89,6 +89,7 @@ def test_a_round_below_the_floor_is_refused_before_training_and_changes_nothing(
     assert releases(station) == ([], [])
 
 
+@pytest.mark.slow
 def test_a_planned_noise_below_the_floor_is_refused(tmp_path: Path) -> None:
     """A target epsilon the job's plan meets with too little noise: refused, unreserved."""
     station = station_with(tmp_path, PrivacyFloor(min_noise_multiplier=5.0))
@@ -119,6 +120,7 @@ def test_a_round_past_the_floors_lifetime_is_refused_though_the_manager_cleared_
     assert releases(station) == ([earlier], [])
 
 
+@pytest.mark.slow
 def test_a_dp_round_within_the_floor_trains_and_sends_only_accounted_numbers(
     tmp_path: Path,
 ) -> None:

@@ -60,6 +60,7 @@ def ledger_of(station: Station) -> BudgetLedger:
     return BudgetLedger(station.data_dir / LEDGER_FILE)
 
 
+@pytest.mark.slow
 def test_a_dp_round_reports_the_epsilon_of_what_its_ledger_recorded(tmp_path: Path) -> None:
     station = station_with(tmp_path)
     new, metrics = train_round(station, SPEC, arrays(), dp_config(1), job=JOB)
@@ -127,6 +128,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_a_station_at_its_lifetime_budget_refuses_and_keeps_refusing_after_a_restart(
     tmp_path: Path,
 ) -> None:
@@ -164,6 +166,7 @@ def test_a_station_at_its_lifetime_budget_refuses_and_keeps_refusing_after_a_res
         ledger.close()
 
 
+@pytest.mark.slow
 def test_the_jobs_own_target_ends_its_rounds_on_this_station(tmp_path: Path) -> None:
     station = station_with(tmp_path)
     spec = PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=4.0, delta=1e-3, rounds_per_party=1)

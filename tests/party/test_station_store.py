@@ -125,6 +125,7 @@ def _work_per_image(data: StationData, start: int, images: int) -> _Work:
     return work
 
 
+@pytest.mark.slow
 def test_keeping_costs_the_same_at_5000_kept_images_as_at_100(tmp_path: Path) -> None:
     """Issue 25: keep() was O(kept) per image (prune read every row, every time)."""
     young = StationData(tmp_path / "young", background=False)  # the default: 5,000

@@ -103,6 +103,7 @@ def scenario(tmp_path_factory: pytest.TempPathFactory) -> object:
     return load_scenario(str(path))
 
 
+@pytest.mark.slow
 def test_dp_sgd_parties_stay_within_their_target_and_run_out_cleanly(scenario: object) -> None:
     """Each party plans its noise for 2 rounds at eps 4; asked a third time it refuses, the
     strategy stops asking it, and the run ends (no hang) once nobody can train."""
@@ -130,6 +131,7 @@ def test_dp_sgd_parties_stay_within_their_target_and_run_out_cleanly(scenario: o
     assert 0.3 < curve.final_accuracy <= 1.0
 
 
+@pytest.mark.slow
 def test_the_reported_epsilon_matches_opacus_for_the_recorded_steps(tmp_path: Path) -> None:
     """What a simulated party reports equals Opacus' RDP analysis of its ledger's steps."""
     text = SCENARIO.replace("rounds = 5", "rounds = 2")
@@ -206,6 +208,7 @@ def three_per_round(scenario: object) -> object:
     return dc.replace(scenario, fleet=dc.replace(scenario.fleet, per_round=3))
 
 
+@pytest.mark.slow
 def test_secagg_with_dp_sgd_runs_tiered_rounds_on_the_simulated_fleet(scenario: object) -> None:
     """SecAgg+ over DP-SGD parties: every round asks the tier TiFL chose, the parties'
     epsilon is reported (metrics are not masked, only the model), the model learns. Two
@@ -219,6 +222,7 @@ def test_secagg_with_dp_sgd_runs_tiered_rounds_on_the_simulated_fleet(scenario: 
     assert curve.final_accuracy > 0.5
 
 
+@pytest.mark.slow
 def test_secagg_carries_on_and_stops_cleanly_as_parties_run_out_of_budget(
     scenario: object,
 ) -> None:
@@ -433,6 +437,7 @@ def _rounds(job: Path) -> list[dict[str, Any]]:
         store.close()
 
 
+@pytest.mark.slow
 def test_a_tier_whose_parties_are_all_out_of_budget_is_never_drawn_again(
     tmp_path: Path,
 ) -> None:

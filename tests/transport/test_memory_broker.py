@@ -47,7 +47,7 @@ class Client:
 Connect = Callable[..., Client]
 
 
-@pytest.fixture(params=["mosquitto", "memory"])
+@pytest.fixture(params=[pytest.param("mosquitto", marks=pytest.mark.integration), "memory"])
 def connect(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Connect]:
     clients: list[Client] = []
     broker: MosquittoBroker | None = None

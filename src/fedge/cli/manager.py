@@ -4,7 +4,7 @@ import os
 import signal
 import threading
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -32,7 +32,7 @@ from fedge.edge_manager.home.run_dir import (
     write_serve_state,
 )
 from fedge.edge_manager.security.enrollment import managed_broker
-from fedge.edge_manager.serve import ManagerService
+from fedge.edge_manager.serve import ManagerService, require_writable_store
 
 app = typer.Typer(help="The fleet's control plane.", no_args_is_help=True)
 app.add_typer(operator.app, name="operator")
@@ -163,6 +163,7 @@ def serve(
     Example: fedge manager serve --home ./fedge-home
     """
     setup_logging(verbose)
+    require_writable_store(ManagerHome(home))  # before the lock, which writes there too
     lock_fd = hold(home, Role.SERVE)  # a second serve would fight this one for the broker
     service = ManagerService(ManagerHome(home))
     stop = threading.Event()
@@ -213,7 +214,19 @@ def _serve_state(service: ManagerService, address: str) -> ServeState:
         broker=broker_link(link),
         broker_detail="" if link.connected else link.last_error,
         down_since=None if link.connected else link.down_since,
+        **_store_fields(service),
     )
+
+
+def _store_fields(service: ManagerService) -> dict[str, Any]:
+    health = service.store_health()
+    return {
+        "store": health.state,
+        "store_detail": health.detail,
+        "store_free_bytes": health.free_bytes,
+        "held": health.held,
+        "store_since": health.since,
+    }
 
 
 @app.command()
@@ -292,12 +305,36 @@ def status(
                 },
                 "broker_link": None if state is None else state.broker.value,
                 "broker_detail": None if state is None else state.broker_detail,
+                "store": None if state is None else state.store,
+                "store_detail": None if state is None else state.store_detail,
+                "store_free_bytes": None if state is None else state.store_free_bytes,
+                "held": None if state is None else state.held,
             }
         )
         return
     for r in roles:
         console.print(escape(f"{r.role.value:<10} {launcher.describe(r)}"), highlight=False)
     _print_broker_link(root)
+    _print_store(root)
+
+
+def _print_store(root: Path) -> None:
+    """The store as serve sees it (issue 33): ok, low on space, or unwritable and how
+    many messages wait for it."""
+    state = launcher.serve_state(root)
+    if state is None:
+        return
+    free = "" if state.store_free_bytes is None else f", {state.store_free_bytes} bytes free"
+    if state.store == "unwritable":
+        console.print(
+            f"store: [red]unwritable[/red] ({escape(state.store_detail)}{free}); "
+            f"{state.held} message(s) held, stored once it is writable",
+            highlight=False,
+        )
+    elif state.store == "low":
+        console.print(f"store: [yellow]low on space[/yellow]: {escape(state.store_detail)}")
+    else:
+        console.print(f"store: ok{free}", highlight=False)
 
 
 def _print_broker_link(root: Path) -> None:

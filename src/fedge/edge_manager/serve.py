@@ -6,6 +6,11 @@ messages into one transaction and acks them to the broker only after the commit 
 with manual acks: a SIGKILL between store and ack means redelivery, which the
 (edge, stream, seq) key absorbs). The same loop publishes desired documents that
 operators wrote to the store, signed and retained (desired_publisher.py).
+
+A transaction the store refuses (a full disk, issue 33) is neither acknowledged nor
+dropped: its messages are held in memory and tried again with a bounded back-off until
+they are stored, and the store's state is said once each way (ingest/hold.py has the
+design and why it is not "reconnect so the broker redelivers").
 """
 
 import datetime as dt
@@ -24,8 +29,11 @@ import grpc
 
 from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.desired.publisher import DesiredPublisher
+from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.home import space
 from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.ingest import hold
 from fedge.edge_manager.ingest.messages import Ingestor, Outcome, Verdict
 from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.edge_manager.monitor.tick import Monitor, policy_from
@@ -34,7 +42,7 @@ from fedge.edge_manager.rollout.service import RolloutDriver
 from fedge.edge_manager.security import key_rotation
 from fedge.edge_manager.security.enroll_server import EnrollServer
 from fedge.edge_manager.security.renewal import CredentialKeeper
-from fedge.edge_manager.store import Store, StoreError
+from fedge.edge_manager.store import Store, StoreError, unwritable
 from fedge.protocols import codec, pki, topics
 from fedge.protocols.alerts import Alert
 from fedge.protocols.pki import TlsFiles
@@ -53,6 +61,10 @@ from fedge.transport.session import (
 
 log = logging.getLogger(__name__)
 ROLLOUT_TICK_S = 1.0
+# How often the store's file system is measured (a statvfs call), and how often retention
+# prunes while its space is low (instead of its interval; home/space.py).
+SPACE_CHECK_S = 1.0
+LOW_SPACE_PRUNE_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -74,7 +86,27 @@ class _Republish:
     pass
 
 
-_Item = Message | _Upload | _Published | _Republish
+@dataclass(frozen=True)
+class _Delivered:
+    """An MQTT message and the connection (a count of them) that delivered it: it is
+    acknowledged on that connection only (ingest/hold.py)."""
+
+    message: Message
+    connection: int
+
+
+_Item = _Delivered | _Upload | _Published | _Republish
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """What serve knows of its store now (``manager status``, serve.json)."""
+
+    state: str  # "ok", "low" (space under the headroom) or "unwritable"
+    detail: str  # the store's error when unwritable; the space line when low
+    free_bytes: int | None
+    held: int  # messages waiting in memory for the store
+    since: float | None  # when it became unwritable (or low)
 
 
 def _ingest_upload(
@@ -83,6 +115,20 @@ def _ingest_upload(
     if upload.kind is None:
         return ingestor.handle_upload(tx, upload.edge, upload.payload, now)
     return ingestor.handle_status(tx, upload.edge, upload.kind, upload.payload, now)
+
+
+def require_writable_store(home: ManagerHome) -> None:
+    """Refuse to serve on a store that cannot take a write (issue 33): every message
+    would wait in memory from the first one."""
+    why = space.probe(home.db_path.parent)
+    if why is None:
+        return
+    measured = space.measure(home.db_path)
+    room = "" if measured is None else f" ({space.describe_space(measured)})"
+    raise ManagerError(
+        f"cannot serve: the store {home.db_path} is not writable: {why}{room}; "
+        "free space on that file system (or fix its permissions), then start serve again"
+    )
 
 
 class _ReadSide:
@@ -151,6 +197,14 @@ class ManagerService:
         self._rollouts_due = 0.0
         self._monitor_due = 0.0
         self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        # Ingest held while the store refuses writes (ingest/hold.py), oldest first.
+        self._held: list[_Item] = []
+        self._outage: hold.Outage | None = None
+        self._connection = 0  # counts connections and disconnections (see _Delivered)
+        self.headroom = space.Headroom(self.settings.low_space_percent, self.settings.low_space_mib)
+        self._space: space.DiskSpace | None = None
+        self._space_due = 0.0
+        self._low_since: float | None = None
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._worker = threading.Thread(target=self._run, name="manager-worker", daemon=True)
@@ -168,9 +222,11 @@ class ManagerService:
                 tls=None if self.settings.insecure else home.pki().manager_files(),
                 manual_ack=True,
                 max_inflight=1000,
+                receive_maximum=hold.RECEIVE_MAXIMUM,
             ),
-            on_message=self._queue.put,
+            on_message=self._delivered,
             on_connect=self._on_connect,
+            on_disconnect=self._on_disconnect,
             on_published=lambda result: self._queue.put(_Published(result)),
         )
         self.publisher = DesiredPublisher(home, self.settings.fleet, self.mqtt, self.counters)
@@ -186,6 +242,7 @@ class ManagerService:
     # -- lifecycle
 
     def start(self, timeout_s: float = 10.0) -> None:
+        require_writable_store(self.home)
         self._worker.start()
         if not self._ready.wait(timeout_s):
             raise TimeoutError("manager worker did not start")
@@ -225,7 +282,14 @@ class ManagerService:
         self._stop.set()
         self._worker.join(timeout=10)
 
+    def _delivered(self, message: Message) -> None:
+        self._queue.put(_Delivered(message, self._connection))
+
+    def _on_disconnect(self, reason: str) -> None:
+        self._connection += 1  # only paho's thread writes it
+
     def _on_connect(self, session_present: bool) -> None:
+        self._connection += 1
         self.mqtt.subscribe(topics.fleet_up_subscription(self.settings.fleet), qos=1)
         if not session_present:
             # The broker may have lost retained documents (a wiped store): publish the
@@ -271,9 +335,12 @@ class ManagerService:
         self._ready.set()
         try:
             while not self._stop.is_set():
-                items = self._drain()
-                if items:
-                    self._process(store, fleet, ingestor, items)
+                self._ingest(store, fleet, ingestor, self._drain())
+                self._check_space()
+                if self._outage is not None:
+                    # Every tick below writes the store: they wait for it with ingest
+                    # (and would only log the same failure again and again).
+                    continue
                 self._drive_rollouts(rollouts)
                 if self.publisher.follow_key(fleet):
                     self.key = fleet.key
@@ -294,15 +361,93 @@ class ManagerService:
             pass
         return items
 
-    def _process(self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[_Item]) -> None:
+    # -- ingest, and what it does while the store refuses writes (ingest/hold.py)
+
+    def store_health(self) -> StoreHealth:
+        """The store as serve sees it now (read on other threads: plain attribute reads)."""
+        outage, measured, held = self._outage, self._space, len(self._held)
+        free = None if measured is None else measured.free_bytes
+        if outage is not None:
+            return StoreHealth("unwritable", outage.error, free, held, outage.since)
+        if measured is not None and self._low_since is not None:
+            return StoreHealth(
+                "low", space.low_line(measured, self.headroom), free, held, self._low_since
+            )
+        return StoreHealth("ok", "", free, held, None)
+
+    def _ingest(self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[_Item]) -> None:
+        """Store ``items`` behind whatever is held, in chunks of ``max_batch``; what a
+        refused transaction held waits for the back-off (uploads are refused at once:
+        their stations keep them and send them again)."""
+        outage = self._outage
+        if outage is not None and not hold.retry_due(outage, time.time()):
+            for item in items:
+                if isinstance(item, _Upload):
+                    refused = f"the manager's store is unwritable ({outage.error}); send it again"
+                    item.result.set_exception(hold.StoreUnwritableError(refused))
+                else:
+                    self._held.append(item)
+            return
+        pending, self._held = self._held + items, []
+        waited = len(pending)
+        while pending:
+            chunk, pending = pending[: self.max_batch], pending[self.max_batch :]
+            error = self._process(store, fleet, ingestor, chunk)
+            if error is not None:
+                kept: list[_Item] = [i for i in chunk if not isinstance(i, _Upload)]
+                self._held = kept + pending
+                self._refused(store, error, time.time())
+                return
+        if self._outage is not None:
+            log.warning("%s", hold.recovered_line(self._outage, time.time(), waited))
+            self.counters["store.recovered"] += 1
+            self._outage = None
+
+    def _refused(self, store: Store, error: str, now: float) -> None:
+        """Note one refused transaction: said once per outage, counted every time."""
+        self.counters["store.refused"] += 1
+        if self._outage is None:
+            measured = space.measure(Path(store.path))
+            self._space = measured or self._space
+            log.error("%s", hold.unwritable_line(error, str(store.path), measured))
+        self._outage = hold.failed(self._outage, now, error)
+
+    def _check_space(self) -> None:
+        """Measure the store's file system about once a second; say once when it becomes
+        low (and prune early while it is) and once when it is not any more."""
         now = time.time()
-        to_ack: list[Message] = []
+        if now < self._space_due:
+            return
+        self._space_due = now + SPACE_CHECK_S
+        measured = space.measure(self.home.db_path)
+        self._space = measured
+        if measured is None:
+            return
+        low = self.headroom.low(measured)
+        if low and self._low_since is None:
+            self._low_since = now
+            self.counters["store.low_space"] += 1
+            log.warning("%s", space.low_line(measured, self.headroom))
+        elif not low and self._low_since is not None:
+            self._low_since = None
+            log.info("store space no longer low: %s", space.describe_space(measured))
+        if low:
+            self.pruner.hurry(now, LOW_SPACE_PRUNE_S)
+
+    def _process(
+        self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[_Item]
+    ) -> str | None:
+        """One transaction for ``items``; None once committed and acknowledged, else why
+        the store refused it (nothing acknowledged; uploads told)."""
+        now = time.time()
+        to_ack: list[_Delivered] = []
         uploads: list[tuple[_Upload, Outcome]] = []
         try:
             with IngestTransaction.open(store) as tx:
                 for item in items:
-                    if isinstance(item, Message):
-                        handle = partial(ingestor.handle, tx, item.topic, item.payload, now)
+                    if isinstance(item, _Delivered):
+                        message = item.message
+                        handle = partial(ingestor.handle, tx, message.topic, message.payload, now)
                         outcome = self._isolated(tx, ingestor, handle)
                         self.counters[outcome.verdict.value] += 1
                         to_ack.append(item)
@@ -317,16 +462,25 @@ class ManagerService:
                     else:
                         self.publisher.republish_latest(fleet)
         except Exception as exc:
-            # Nothing is acked: the broker redelivers, and the cache may hold rolled-back state.
-            log.exception("ingest transaction failed; messages will be redelivered")
+            # Nothing is acked: the messages are held and tried again (the caller), and
+            # the cache may hold rolled-back state.
+            if not unwritable(exc):  # a refusal is said once by the caller; this is a bug
+                log.exception("ingest transaction failed; its messages are held and tried again")
             ingestor.forget_cache()
             for upload in (i for i in items if isinstance(i, _Upload)):
                 upload.result.set_exception(exc)
-            return
-        for message in to_ack:
-            self.mqtt.ack(message)
+            return f"{type(exc).__name__}: {exc}"
+        connection = self._connection
+        for item in to_ack:
+            # One delivered on an earlier connection is not acked (ingest/hold.py): its
+            # packet id may name another message now.
+            if item.connection == connection:
+                self.mqtt.ack(item.message)
+            else:
+                self.counters["held_across_reconnect"] += 1
         for upload, outcome in uploads:
             upload.result.set_result(outcome)
+        return None
 
     def _isolated(
         self, tx: IngestTransaction, ingestor: Ingestor, handle: Callable[[], Outcome]
@@ -337,6 +491,8 @@ class ManagerService:
             with tx.savepoint():
                 return handle()
         except Exception as exc:
+            if unwritable(exc):
+                raise  # the store refused, not this message: the whole batch is held
             ingestor.forget_cache()
             log.exception("internal error on one message; it is recorded and dropped")
             self.counters["internal_error"] += 1

@@ -262,6 +262,25 @@ together."""
 StoreError = sqlite3.Error
 """What a failed statement raises (the driver's base error)."""
 
+# SQLite's primary result codes that say the store cannot take a write now, whatever the
+# statement (https://sqlite.org/rescode.html): no room (FULL), the disk or file system
+# failed (IOERR, CANTOPEN), it is read-only (READONLY), another writer holds it (BUSY,
+# LOCKED) or memory ran out (NOMEM). A transaction that failed so is worth trying again
+# once the cause is gone (issue 33); any other error is about the statement itself.
+# BUSY, LOCKED, NOMEM, READONLY, IOERR, FULL, CANTOPEN
+_UNWRITABLE_CODES = frozenset({5, 6, 7, 8, 10, 13, 14})
+
+
+def unwritable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the store cannot be written now (not that a statement is wrong)."""
+    if not isinstance(exc, sqlite3.Error):
+        return False
+    code = getattr(exc, "sqlite_errorcode", None)
+    if isinstance(code, int):
+        return (code & 0xFF) in _UNWRITABLE_CODES
+    # An error raised before SQLite answered (no code): judge by the driver's words.
+    return "disk is full" in str(exc) or "disk I/O error" in str(exc)
+
 
 class Store:
     def __init__(self, path: Path | str) -> None:
@@ -331,6 +350,18 @@ class _Transaction:
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if exc_type is None:
-            self.conn.execute("COMMIT")
+            try:
+                self.conn.execute("COMMIT")
+            except sqlite3.Error:
+                # A COMMIT that failed (SQLITE_FULL, issue 33) leaves the transaction open:
+                # end it, or the next BEGIN fails ("within a transaction") for good.
+                self._rollback()
+                raise
         else:
+            self._rollback()
+
+    def _rollback(self) -> None:
+        # SQLite may have rolled back already (it does on SQLITE_FULL and IOERR in some
+        # statements); a ROLLBACK then would raise and hide the error that caused it.
+        if self.conn.in_transaction:
             self.conn.execute("ROLLBACK")

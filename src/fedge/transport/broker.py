@@ -101,8 +101,12 @@ class MosquittoBroker:
         *,
         tls: TlsFiles | None = None,
         host: str = "127.0.0.1",
+        persistence: Path | None = None,
     ) -> None:
         self.workdir = workdir
+        # Where mosquitto.db (sessions, queued messages, retained documents) is saved; a
+        # save that fails (a full disk) is logged to ``log_path`` and tried again.
+        self.persistence = persistence or workdir / "data"
         self.access = access
         self.tls = tls
         self.port = port or free_port()
@@ -147,8 +151,8 @@ class MosquittoBroker:
         acl = self.workdir / "acl"
         acl.write_text(self.access.acl_text())
         os.chmod(acl, 0o600)
-        persistence = self.workdir / "data"
-        persistence.mkdir(exist_ok=True)
+        persistence = self.persistence
+        persistence.mkdir(parents=True, exist_ok=True)
         conf = self.workdir / "mosquitto.conf"
         conf.write_text(
             "\n".join(

@@ -124,6 +124,8 @@ class MqttSession:
             self._set_will()
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = self.settings.session_expiry_s
+        if self.settings.receive_maximum is not None:
+            props.ReceiveMaximum = self.settings.receive_maximum
         try:
             self._client.connect_async(
                 self.settings.host,

@@ -42,6 +42,10 @@ class MqttSettings:
     reconnect_min_s: int = 1
     reconnect_max_s: int = 30
     manual_ack: bool = False
+    # MQTT 5 Receive Maximum: how many unacknowledged QoS 1 messages the broker may have
+    # out to this client (None: the broker's default, Mosquitto's max_inflight_messages).
+    # A consumer that holds messages until they are stored asks for more (issue 33).
+    receive_maximum: int | None = None
     # Mutual TLS with the fleet's certificates (issue 13): the broker takes the
     # certificate's name as the username, so ``username``/``password`` stay None.
     tls: TlsFiles | None = None

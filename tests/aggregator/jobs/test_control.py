@@ -203,6 +203,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder / "job"
 
 
+@pytest.mark.slow
 def test_uninterrupted_run_records_checkpoints_and_saves_the_model(reference: Path) -> None:
     rows = store_rounds(reference)
     assert [r["round"] for r in rows] == list(range(1, ROUNDS + 1))
@@ -228,11 +229,13 @@ def test_uninterrupted_run_records_checkpoints_and_saves_the_model(reference: Pa
         halt_job(reference)
 
 
+@pytest.mark.slow
 def test_a_job_directory_holds_one_job(reference: Path) -> None:
     with pytest.raises(JobError, match="already holds a job"):
         run_job(reference / "job.toml", reference)
 
 
+@pytest.mark.slow
 def test_halt_between_rounds_then_resume_ends_with_the_same_model(
     tmp_path: Path, reference: Path
 ) -> None:
@@ -267,6 +270,7 @@ def test_halt_between_rounds_then_resume_ends_with_the_same_model(
     assert store_state(job_dir) is RunState.COMPLETED
 
 
+@pytest.mark.slow
 def test_late_replies_held_for_staleness_survive_a_resume(tmp_path: Path) -> None:
     rounds = 6
     straight = tmp_path / "straight"
@@ -292,6 +296,7 @@ DISTILL = (
 )
 
 
+@pytest.mark.slow
 def test_a_distillation_job_halts_and_resumes_to_the_same_models(tmp_path: Path) -> None:
     rounds = 4
     straight = tmp_path / "straight"
@@ -318,6 +323,7 @@ def test_a_distillation_job_names_its_bad_parameter(tmp_path: Path) -> None:
     assert not (tmp_path / "job").exists()
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_scenario(tmp_path: Path) -> None:
     job_dir = tmp_path / "job"
     run_job(write_job(tmp_path, rounds=3), job_dir, progress=halt_after(job_dir, 1))

@@ -42,6 +42,7 @@ def _initial() -> ArrayRecord:
     return ArrayRecord(array_dict={"w": Array(np.zeros(4, dtype=np.float32))})
 
 
+@pytest.mark.slow
 def test_plain_flower_clientapp_takes_part_in_a_tiered_run() -> None:
     grid = InProcessGrid(plain, 6, workers=2)
     records: list[RoundRecord] = []
@@ -67,6 +68,7 @@ def test_plain_flower_clientapp_takes_part_in_a_tiered_run() -> None:
     assert float(result.arrays["w"].numpy()[0]) > 0
 
 
+@pytest.mark.slow
 def test_round_ends_at_the_deadline_and_the_straggler_is_recorded_late() -> None:
     # The straggler answers only when the test lets it (after the round), so a round that
     # waited for it could not end at all before the 30 s fallback.

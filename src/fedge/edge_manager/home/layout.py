@@ -6,6 +6,7 @@
 <home>/pki/                  the fleet CA, server and manager certificates, CRL (fleet_pki.py)
 <home>/secrets/              --insecure homes: broker, edge and operator passwords, 0600
 <home>/artifacts/<name>/<version>/model.onnx
+<home>/broker/data/mosquitto.db   the broker's save file (``broker_persistence`` moves it)
 """
 
 import dataclasses
@@ -74,6 +75,15 @@ class ManagerSettings:
     # The enrollment endpoint (`manager serve`): HTTPS with the fleet CA's server
     # certificate; a device presents a one-time token and a CSR and gets its certificate.
     enroll_port: int = 8444
+    # Headroom on the store's file system (issue 33, home/space.py): under this share of
+    # it or this many MiB free, whichever is more room, serve warns and prunes early.
+    low_space_percent: float = 5.0
+    low_space_mib: float = 500.0
+    # The directory of the broker's save file (mosquitto.db: queued messages, sessions,
+    # retained documents). Empty: <home>/broker/data, beside the store and so on the same
+    # disk; an absolute path on another file system keeps the broker's state safe when
+    # the store's disk fills (issue 33).
+    broker_persistence: str = ""
 
     def __post_init__(self) -> None:
         for name in RETENTION_FIELDS:
@@ -185,6 +195,19 @@ def _check_monitor_settings(settings: ManagerSettings) -> None:
         raise ManagerError(f"min_estimated_accuracy must be in [0, 1], got {accuracy!r}")
 
 
+def _check_space_settings(settings: ManagerSettings) -> None:
+    for name, high in (("low_space_percent", 100.0), ("low_space_mib", math.inf)):
+        value = getattr(settings, name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < high:
+            raise ManagerError(f"{name} must be a number >= 0 (and < {high:g}), got {value!r}")
+    where = settings.broker_persistence
+    if not isinstance(where, str) or (where and not Path(where).is_absolute()):
+        raise ManagerError(
+            f"broker_persistence must be an absolute directory (or empty: in the home), "
+            f"got {where!r}"
+        )
+
+
 def is_wildcard(host: str) -> bool:
     """An address that means "every interface" to a server and nothing to a client."""
     bare = host.strip().strip("[]")
@@ -235,6 +258,12 @@ class ManagerHome:
     @property
     def public_key_path(self) -> Path:
         return self.root / "keys" / "manager.pub"
+
+    @property
+    def broker_persistence_dir(self) -> Path:
+        """Where the broker keeps its save file (``broker_persistence``, or the home's)."""
+        chosen = self.settings().broker_persistence
+        return Path(chosen) if chosen else self.root / "broker" / "data"
 
     @property
     def artifacts(self) -> Path:

@@ -17,6 +17,7 @@ anything will publish what they wrote, and say so when nothing will.
 """
 
 import enum
+import errno
 import json
 import os
 from dataclasses import asdict, dataclass
@@ -118,6 +119,14 @@ class ServeState:
     broker: BrokerLink
     broker_detail: str = ""  # why it is not connected, when it is not
     down_since: float | None = None
+    # The store (issue 33): "ok", "low" (space under the headroom) or "unwritable"; the
+    # store's error or the space line; free bytes on its file system; messages held in
+    # memory waiting for it; since when it is so.
+    store: str = "ok"
+    store_detail: str = ""
+    store_free_bytes: int | None = None
+    held: int = 0
+    store_since: float | None = None
 
     def to_json(self) -> str:
         return json.dumps({**asdict(self), "broker": self.broker.value}, sort_keys=True)
@@ -136,13 +145,31 @@ def broker_link(link: LinkState) -> BrokerLink:
     return BrokerLink.CONNECTING
 
 
+# serve.json is padded to this size, so a full disk (issue 33) can still take it: its
+# blocks are allocated once, and overwritten in place when a new file would not fit.
+STATE_BYTES = 4096
+
+
 def write_serve_state(root: Path, state: ServeState) -> None:
-    """Replace ``run/serve.json`` atomically (readers never see half a file)."""
+    """Replace ``run/serve.json`` atomically (readers never see half a file); on a full
+    file system, overwrite it in place within its own blocks (a reader may then, for an
+    instant, see a mix and read nothing: :func:`read_serve_state` returns None)."""
     path = state_path(root)
     path.parent.mkdir(parents=True, exist_ok=True)
+    text = state.to_json()
+    if len(text) < STATE_BYTES:  # JSON ignores trailing white space
+        text = text.ljust(STATE_BYTES - 1) + "\n"
     staged = path.with_suffix(".tmp")
-    staged.write_text(state.to_json())
-    os.replace(staged, path)
+    try:
+        staged.write_text(text)
+        os.replace(staged, path)
+    except OSError as exc:
+        staged.unlink(missing_ok=True)
+        if exc.errno != errno.ENOSPC or not path.exists():
+            raise
+        with path.open("r+") as handle:
+            handle.write(text)
+            handle.truncate()
 
 
 def read_serve_state(root: Path) -> ServeState | None:

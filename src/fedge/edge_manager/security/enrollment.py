@@ -70,6 +70,7 @@ def managed_broker(home: ManagerHome) -> MosquittoBroker:
         settings.broker_port,
         tls=tls,
         host=settings.broker_host,
+        persistence=home.broker_persistence_dir,
     )
 
 
