@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from fedge.bench.mpp_images import SCENARIOS, STREAM_SHIFTS
@@ -69,6 +70,7 @@ def test_one_seed_reports_every_scenario_and_stream(tmp_path: Path) -> None:
     assert data["wall_s"]["train"] > 0
 
 
+@pytest.mark.slow
 def test_seeds_report_medians_and_every_run(tmp_path: Path) -> None:
     data = run_bench(tmp_path, "--seeds", "2")
     assert data["seeds"] == [0, 1]

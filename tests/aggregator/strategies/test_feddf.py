@@ -218,6 +218,7 @@ def test_parties_of_a_slow_tier_receive_the_small_architecture(tiny: Scenario) -
     assert "mlp-small" in strategy.trained
 
 
+@pytest.mark.slow
 def test_a_mixed_run_completes_and_records_accuracy(tiny: Scenario) -> None:
     curve = runner.run_one(tiny, "distill", seed=0)
     assert len(curve.accuracy) == tiny.training.rounds + 1
