@@ -170,6 +170,7 @@ def test_an_operator_runs_the_fleet_from_the_browser(
         assert cell(browser, "st-02", "state") == "never-seen"
         shots.take("fleet-logged-in")
         row = browser.find_element(By.CSS_SELECTOR, f'tr[data-edge="{EDGE}"]')
+        row.find_element(By.NAME, "threshold").clear()  # pre-filled with the one in force
         row.find_element(By.NAME, "threshold").send_keys("1.5")
         row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         expect_text(browser, "error", "must be in [0, 1]")
@@ -177,6 +178,7 @@ def test_an_operator_runs_the_fleet_from_the_browser(
         assert fh.row("SELECT version FROM desired WHERE kind='config'") == {}
 
         row = browser.find_element(By.CSS_SELECTOR, f'tr[data-edge="{EDGE}"]')
+        row.find_element(By.NAME, "threshold").clear()  # pre-filled with the one in force
         row.find_element(By.NAME, "threshold").send_keys("0.72")
         row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         expect_text(browser, "message", "desired config v1 (threshold 0.72)")
@@ -248,6 +250,7 @@ def test_an_operator_runs_the_fleet_from_the_browser(
         browser.execute_script(
             "arguments[0].querySelectorAll('[disabled]').forEach(e => e.disabled = false)", row
         )
+        field.clear()
         field.send_keys("0.3")
         row.find_element(By.CSS_SELECTOR, "button[type=submit]").click()
         expect_text(browser, "error", "viewers cannot act")
