@@ -7,6 +7,11 @@ kept images), started by plain ``flower-supernode`` processes. What differs from
 side is only what fedge adds around that work: the agent supervising the SuperNode,
 node identification, fedge's strategy loop, per-round run store records and checkpoints.
 
+Polling is made equal (issue 25, item 4): Flower's deployment grid sleeps 3 s between
+pulls of replies, fedge's collect loop backs off to :data:`POLL_S`. Up to 3 s per
+round of waiting would otherwise count against Flower, so Flower's ``FedAvg.start`` gets
+a grid that pulls every :data:`POLL_S` (:class:`PollingGrid`); the JSON says so.
+
 Run config: ``initial`` (weights .npz), ``model-spec`` (JSON), ``rounds``, ``nodes``,
 ``lr``, ``local-epochs``, ``batch-size``, ``out`` (where the server writes its timing).
 """
@@ -15,6 +20,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +28,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
+from flwr.supercore.run import Run
 
 from fedge.aggregator.rounds.replies import to_array_record
 from fedge.party.station_app import Station, evaluate_round, train_round
@@ -29,6 +36,61 @@ from fedge.protocols.model_spec import MODEL_SPEC_KEY, ModelSpec
 
 server = ServerApp()
 client = ClientApp()
+
+POLL_S = 0.01
+"""How often both sides pull replies: fedge's ceiling (``StreamingFedAvg.pull_interval_s``)."""
+
+
+class PollingGrid(Grid):
+    """Flower's grid, with ``send_and_receive`` pulling every ``poll_s`` instead of 3 s.
+
+    Everything else is the wrapped grid's; the loop is Flower's own, only the sleep differs.
+    """
+
+    def __init__(self, grid: Grid, poll_s: float = POLL_S) -> None:
+        self._grid = grid
+        self.poll_s = poll_s
+
+    @property
+    def run(self) -> Run:
+        return self._grid.run
+
+    def set_run(self, run: Run) -> None:
+        self._grid.set_run(run)
+
+    def create_message(
+        self,
+        content: RecordDict,
+        message_type: str,
+        dst_node_id: int,
+        group_id: str,
+        ttl: float | None = None,
+    ) -> Message:
+        return self._grid.create_message(content, message_type, dst_node_id, group_id, ttl)
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self._grid.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self._grid.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self._grid.pull_messages(message_ids)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        pending = set(self.push_messages(messages))
+        end = time.time() + (timeout if timeout is not None else 0.0)
+        replies: list[Message] = []
+        while timeout is None or time.time() < end:
+            pulled = list(self.pull_messages(pending))
+            replies += pulled
+            pending -= {m.metadata.reply_to_message_id for m in pulled}
+            if not pending:
+                break
+            time.sleep(self.poll_s)
+        return replies
 
 
 @server.main()
@@ -59,7 +121,7 @@ def _serve(grid: Grid, context: Context, out: Path) -> None:
     spec = str(config[MODEL_SPEC_KEY])
     started = time.monotonic()
     result = strategy.start(
-        grid,
+        PollingGrid(grid),
         arrays,
         num_rounds=int(config["rounds"]),
         train_config=ConfigRecord(
