@@ -64,6 +64,13 @@ def init(
         ),
     ] = False,
     enroll_port: Annotated[int, typer.Option(help="The enrollment endpoint's port.")] = 8444,
+    broker_persistence: Annotated[
+        Path | None,
+        typer.Option(
+            help="Directory of the broker's save file (default: <home>/broker/data, on the "
+            "store's disk); another file system keeps it safe when the store's disk fills."
+        ),
+    ] = None,
 ) -> None:
     """Create a manager home: a signing key, and the fleet CA with server certificates.
 
@@ -82,6 +89,7 @@ def init(
         advertise_host=advertise_host,
         insecure=insecure,
         enroll_port=enroll_port,
+        broker_persistence="" if broker_persistence is None else str(broker_persistence.absolute()),
     )
     problem = settings.agent_address_problem(fix="give it with --advertise-host HOST")
     if problem is not None:  # refused now rather than at the first `fedge edge enroll`
@@ -100,6 +108,11 @@ def init(
             highlight=False,
         )
     console.print(f"agents are given {escape(settings.agent_grpc_target)} (gRPC)", highlight=False)
+    console.print(
+        f"the broker saves its state in {manager_home.broker_persistence_dir} "
+        "(--broker-persistence to move it)",
+        highlight=False,
+    )
 
 
 @app.command()

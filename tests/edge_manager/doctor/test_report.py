@@ -119,6 +119,8 @@ def test_a_fresh_tls_home_is_clean_but_for_the_unencrypted_ca_key(fh: FleetHome)
         "crl",
         "secrets-in-logs",
         "signing-key",
+        "store-space",
+        "broker-save",
     }
 
 
@@ -252,8 +254,8 @@ def test_the_command_exits_1_on_an_error_and_prints_json(fh: FleetHome) -> None:
     code, output = doctor_cli(fh, "--json")
     report = json.loads(output)
     # ok: the CA, 4 servers, the manager and the stations' soonest (days left), the CRL,
-    # key permissions, listeners, logs, signing key.
-    assert code == 0 and report["counts"] == {"ok": 12, "warning": 1, "error": 0}
+    # key permissions, listeners, logs, signing key, store space, broker save.
+    assert code == 0 and report["counts"] == {"ok": 14, "warning": 1, "error": 0}
 
     os.chmod(fh.home.root / "pki" / "ca.key", 0o644)
     code, output = doctor_cli(fh, "--json")

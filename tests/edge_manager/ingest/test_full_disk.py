@@ -254,6 +254,17 @@ def test_broker_restarted_during_the_outage_loses_nothing_acknowledged(plant: Pl
     plant.broker.start()
     broker_log = plant.broker.log_path.read_text(errors="replace")
     assert "No space left on device" in broker_log or "Error saving" in broker_log, broker_log
+    # doctor says both: the store holds messages, the broker could not save.
+    home = str(plant.fh.home.root)
+    result = plant.processes.cli("manager", "doctor", "--home", home, "--json", expect=1)
+    errors = {
+        f["check"]: f["message"]
+        for f in json.loads(result.stdout)["findings"]
+        if f["severity"] == "error"
+    }
+    assert set(errors) == {"store-space", "broker-save"}, errors
+    assert "the store is unwritable" in errors["store-space"]
+    assert "could not write its save file" in errors["broker-save"]
     _space_returns_and_gap_closes(plant)
     assert plant.serve.running(), plant.serve_log()
 

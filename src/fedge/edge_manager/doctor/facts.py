@@ -16,6 +16,8 @@ from cryptography import x509
 
 from fedge.edge_manager.doctor.keys import SigningKeyFact
 from fedge.edge_manager.doctor.report import CertFact, CrlFact, FileMode, HomeFacts, RevokedFact
+from fedge.edge_manager.doctor.storage import StorageFact, last_save_failure
+from fedge.edge_manager.home import launcher, space
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.security import credentials
 from fedge.edge_manager.security.key_rotation import trust_view
@@ -184,6 +186,32 @@ def signing_key_fact(home: ManagerHome) -> SigningKeyFact:
     )
 
 
+def _log_tail(path: Path, size: int = LOG_CHUNK) -> str:
+    try:
+        with path.open("rb") as handle:
+            handle.seek(max(0, path.stat().st_size - size))
+            return handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def storage_fact(home: ManagerHome) -> StorageFact:
+    """The store's room, serve's account of it, and the broker's last failed save."""
+    settings = home.settings()
+    serving = launcher.serve_state(home.root)
+    broker_log = home.root / "broker" / "mosquitto.log"
+    return StorageFact(
+        store_path=str(home.db_path),
+        space=space.measure(home.db_path),
+        headroom=space.Headroom(settings.low_space_percent, settings.low_space_mib),
+        serve_store=None if serving is None else serving.store,
+        serve_detail="" if serving is None else serving.store_detail,
+        held=0 if serving is None else serving.held,
+        broker_save_dir=str(home.broker_persistence_dir),
+        broker_save_failure=last_save_failure(_log_tail(broker_log)),
+    )
+
+
 def gather(home: ManagerHome, now: dt.datetime | None = None) -> HomeFacts:
     """The facts of ``home`` (raises ManagerError if it is not a manager home)."""
     settings = home.settings()
@@ -206,4 +234,5 @@ def gather(home: ManagerHome, now: dt.datetime | None = None) -> HomeFacts:
         superlink_ran_plain=_superlink_ran_plain(home),
         logs_with_keys=tuple(_rel(home, p) for p in log_files(home) if holds_private_key(p)),
         signing_key=signing_key_fact(home),
+        storage=storage_fact(home),
     )

@@ -26,6 +26,8 @@ Checks, each reporting one "ok" finding when it finds nothing:
 - ``secrets-in-logs``: a log file in the home holding a PEM private key.
 - ``signing-key``: stations that refused a key rotation, a rotation cut short, stations
   not yet known to trust the current key (doctor_keys.py).
+- ``store-space``, ``broker-save`` (doctor/storage.py, issue 33): the store unwritable
+  or low on space, the broker's save file not written.
 """
 
 import dataclasses
@@ -42,6 +44,13 @@ from fedge.edge_manager.doctor.keys import (
     Judgement,
     SigningKeyFact,
     check_signing_key,
+)
+from fedge.edge_manager.doctor.storage import (
+    BROKER_SAVE,
+    STORE_SPACE,
+    StorageFact,
+    check_broker_save,
+    check_store_space,
 )
 
 Severity = Literal["ok", "warning", "error"]
@@ -105,6 +114,7 @@ class HomeFacts:
     superlink_ran_plain: bool = False  # its flwr connection file says insecure = true
     logs_with_keys: tuple[str, ...] = ()
     signing_key: SigningKeyFact | None = None  # None: not looked at
+    storage: StorageFact | None = None  # None: not looked at
 
 
 def _ok(check: str, message: str) -> Finding:
@@ -352,9 +362,20 @@ def diagnose(facts: HomeFacts) -> list[Finding]:
             SIGNING_KEY,
             [] if facts.signing_key is None else check_signing_key(facts.signing_key),
         ),
+        *_storage_findings(facts.storage),
     ]
     rank = {"error": 0, "warning": 1, "ok": 2}
     return sorted(findings, key=lambda f: rank[f.severity])
+
+
+def _storage_findings(fact: StorageFact | None) -> list[Finding]:
+    """doctor/storage.py's two checks (store-space, broker-save)."""
+    if fact is None:
+        return []
+    return [
+        *_findings(STORE_SPACE, check_store_space(fact)),
+        *_findings(BROKER_SAVE, check_broker_save(fact)),
+    ]
 
 
 def _crl_findings(facts: HomeFacts) -> list[Finding]:
