@@ -51,8 +51,19 @@ def _good(n: int, seed: int) -> np.ndarray:
     return make_defect_images(n, seed=seed, scratch_fraction=0.0)[0]
 
 
-def test_the_inspection_backbone_gives_80_channels_on_an_8x8_grid() -> None:
-    assert feature_grid(InspectionBackbone(new_model(0)), 32) == (80, 8, 8)
+def test_the_inspection_backbone_concatenates_its_stages_on_an_8x8_grid() -> None:
+    net = new_model(0)
+    assert feature_grid(InspectionBackbone(net), 32) == (16, 8, 8)
+    assert feature_grid(InspectionBackbone(net, stages=3, input_scale=None), 32) == (80, 8, 8)
+    with pytest.raises(BackboneError, match="stages 1 to 3"):
+        InspectionBackbone(net, stages=4)
+
+
+def test_padims_three_stages_export_too(tmp_path: Path) -> None:
+    backbone = InspectionBackbone(new_model(0), stages=3, input_scale=None).eval()
+    features, grid = extract_features(backbone, _good(100, 1))
+    net = AnomalyNet(backbone, fit(station_statistics(features, grid))).eval()
+    assert export_onnx(net, tmp_path / "three.onnx", image_size=32) <= 1e-4
 
 
 def test_torch_scores_match_the_float64_reference_and_the_map_max() -> None:

@@ -5,7 +5,7 @@ classifier's); outputs ``score`` float32 ``[batch]`` (the largest Mahalanobis di
 over locations) and ``anomaly_map`` float32 ``[batch, h, w]`` (the distance per location
 of the backbone's grid; a viewer upsamples it onto the image). With a classifier whose
 feature layers are the backbone, :func:`export_with_classifier` writes one graph with
-``probs`` as well, so serving computes the features once for both.
+``probs`` as well, so serving makes one call for both.
 """
 
 import warnings
@@ -82,7 +82,12 @@ class AnomalyNet(nn.Module):
 
 
 class ClassifierWithAnomaly(nn.Module):
-    """The inspection CNN and an anomaly model on its own feature layers, features shared."""
+    """The inspection CNN and an anomaly model in one graph: one call serves both.
+
+    The default backbone reads the image at another scale than the classifier (see
+    :class:`~fedge.models.anomaly.backbone.InspectionBackbone`), so the two paths share
+    weights but not activations; what one graph saves is the second call and its copies.
+    """
 
     def __init__(self, net: InspectionNet, anomaly: AnomalyNet) -> None:
         super().__init__()
@@ -90,11 +95,8 @@ class ClassifierWithAnomaly(nn.Module):
         self.anomaly = anomaly
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        fmap = self.anomaly.backbone(x)
-        # The classifier's head reads stage 3, the last channels of the backbone's map.
-        stage3 = fmap[:, fmap.shape[1] - self.net.head.in_features :]
-        probs = torch.softmax(self.net.head(torch.amax(stage3, dim=(2, 3))), dim=1)
-        score, amap = self.anomaly.distances(fmap)
+        probs = torch.softmax(self.net(x), dim=1)
+        score, amap = self.anomaly(x)
         return probs, score, amap
 
 
