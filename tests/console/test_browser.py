@@ -228,7 +228,7 @@ def test_an_operator_runs_the_fleet_from_the_browser(
         assert "focused" in str(first.get_attribute("class"))
         assert Select(first.find_element(By.NAME, "label")).first_selected_option.text == "scratch"
         ActionChains(browser).send_keys(Keys.ENTER).perform()
-        expect_text(browser, "message", f"{prediction_id} labelled scratch")
+        expect_text(browser, "label-status", f"{prediction_id} labelled scratch")  # no reload
         shots.take("labelled")
         stored = fh.db.query(
             "SELECT label, who, origin FROM labels WHERE prediction_id=?", (prediction_id,)

@@ -15,7 +15,7 @@ from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import RedirectResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, RedirectResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
@@ -269,6 +269,11 @@ class Console:
             return done, outcome
 
         message, outcome = await self.run(attempt)
+        if request.headers.get("x-fedge-fetch") == "1":
+            # The label queue's page posts without reloading (labels.js): the outcome as
+            # JSON, the same message the page would have flashed.
+            done = outcome is Outcome.DONE
+            return JSONResponse({"ok": done, "message": message}, status_code=200 if done else 400)
         if outcome is Outcome.INVALID:
             return await self.page(request, error_page(form), 400, error=message)
         session.flash.append(message)

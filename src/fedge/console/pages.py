@@ -4,6 +4,7 @@ from typing import Any
 
 from fedge.console import actions, audit, histograms, jobs, registry_views, views
 from fedge.console.fleet_table import STATES, TableQuery, fleet_table
+from fedge.console.queue import QueueQuery, label_queue
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.monitor import alert_store
 
@@ -23,7 +24,7 @@ def context(
             "deploys": histograms.deploy_history(fleet, key),
         }
     if kind == "labels":
-        return {"queue": views.label_queue(fleet)}
+        return {"queue": label_queue(fleet, QueueQuery.parse(params))}
     if kind == "jobs":
         return {"jobs": jobs.list_jobs(fleet)}
     if kind == "job":

@@ -21,7 +21,6 @@ from fedge.edge_manager.ingest import thumbnail_store
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import ModelManifest
 
-QUEUE_LIMIT = 50
 RECENT_PREDICTIONS = 20
 
 
@@ -100,13 +99,6 @@ def images(config: EdgeConfig | None) -> str:
         return "stay on the station (no thumbnails shared)"
     which = "rejected" if policy.rejects_only else "all scored"
     return f"thumbnails of {which} images shared, {policy.size} px, at most {policy.per_minute}/min"
-
-
-@dataclass(frozen=True)
-class QueueItem:
-    prediction: PredictionView
-    classes: tuple[str, ...]  # what it can be labelled: its model's classes
-    thumbnail: bool = False  # its station shared the image's thumbnail
 
 
 def cells(
@@ -214,16 +206,3 @@ def model_classes(fleet: Fleet, model_ref: str) -> tuple[str, ...]:
     manifest = manifest_of(fleet, model_ref)
     # A model this registry never held: no choices offered, none accepted.
     return () if manifest is None else tuple(manifest.classes)
-
-
-def label_queue(fleet: Fleet, limit: int = QUEUE_LIMIT) -> list[QueueItem]:
-    unlabelled = list_predictions(fleet.store, PredictionFilter(unlabelled=True, limit=limit))
-    shared = thumbnail_store.available(fleet.store, [(p.edge, p.prediction_id) for p in unlabelled])
-    classes: dict[str, tuple[str, ...]] = {}
-    items = []
-    for prediction in unlabelled:
-        if prediction.model not in classes:
-            classes[prediction.model] = model_classes(fleet, prediction.model)
-        thumbnail = (prediction.edge, prediction.prediction_id) in shared
-        items.append(QueueItem(prediction, classes[prediction.model], thumbnail))
-    return items
