@@ -38,7 +38,7 @@ def test_schedule_is_a_function_of_the_seed() -> None:
 
 @pytest.mark.parametrize("seed", range(1, 6))
 def test_five_minutes_hold_forty_faults_of_every_kind(seed: int) -> None:
-    shape = PlantShape(tuple(f"c{i:02d}" for i in range(8)), ("c00", "c01"))
+    shape = PlantShape(tuple(f"c{i:02d}" for i in range(8)), ("c00", "c01"), manager_disk=True)
     schedule = build_schedule(seed, 300, shape)
     assert len(schedule) >= 40
     assert {f.kind for f in schedule} == set(FaultKind)
@@ -67,6 +67,21 @@ def test_faults_never_overlap_on_a_target_and_end_within_the_phase() -> None:
 def test_no_disk_full_without_a_station_on_its_own_file_system() -> None:
     schedule = build_schedule(1, 300, PlantShape(("c00",), ()))
     assert FaultKind.DISK_FULL not in {f.kind for f in schedule}
+
+
+def test_the_manager_disk_fills_only_on_its_own_file_system_and_never_while_killed() -> None:
+    """manager_disk_full (issue 33) aims at the manager, like manager_kill: the two never
+    overlap (a full store refuses `manager serve` at start)."""
+    assert FaultKind.MANAGER_DISK_FULL not in {
+        f.kind for f in build_schedule(1, 300, PlantShape(("c00",), ()))
+    }
+    shape = PlantShape(tuple(f"c{i:02d}" for i in range(8)), ("c00",), manager_disk=True)
+    schedule = build_schedule(2, 300, shape)
+    filled = [f for f in schedule if f.kind is FaultKind.MANAGER_DISK_FULL]
+    assert filled and all(f.target == MANAGER for f in filled)
+    on_manager = sorted((f.at_s, f.end_s) for f in schedule if f.target == MANAGER)
+    for (_, end), (start, _) in itertools.pairwise(on_manager):
+        assert start > end
 
 
 # ---------------------------------------------------------------- invariants

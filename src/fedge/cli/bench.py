@@ -325,6 +325,10 @@ def chaos(
         int | None,
         typer.Option(help="Stations on a small tmpfs of their own (disk-full faults; root)."),
     ] = None,
+    manager_disk_mb: Annotated[
+        int,
+        typer.Option(help="The manager home on a tmpfs of this size (manager-disk-full; 0: off)."),
+    ] = 256,
     faults_per_minute: Annotated[
         float, typer.Option(help="Faults scheduled per minute of chaos.", min=0.5)
     ] = 10.0,
@@ -350,6 +354,7 @@ def chaos(
             minutes,
             seed,
             disk_agents=disk_agents,
+            manager_disk_mb=manager_disk_mb,
             faults_per_minute=faults_per_minute,
             heal_timeout_s=heal_timeout,
             keep=keep,

@@ -134,6 +134,9 @@ class Injector:
             station = self._station(fault)
             taken = fill_disk(station.ballast)
             record.notes.append(f"filled {taken} bytes")
+        elif kind is FaultKind.MANAGER_DISK_FULL:
+            taken = fill_disk(self.plant.manager_ballast)
+            record.notes.append(f"filled {taken} bytes of the manager's home")
         elif kind is FaultKind.MODEL_CORRUPT:
             station = self._station(fault)
             path = station.active_model_path()
@@ -160,6 +163,8 @@ class Injector:
             self._station(fault).proxy.set_mode(ProxyMode.PASS)
         elif kind is FaultKind.DISK_FULL:
             self._station(fault).ballast.unlink(missing_ok=True)
+        elif kind is FaultKind.MANAGER_DISK_FULL:
+            self.plant.manager_ballast.unlink(missing_ok=True)
         elif kind is FaultKind.CLOCK_JUMP:
             set_offset(self._station(fault).clock_file, 0.0)
 

@@ -200,11 +200,19 @@ class ChaosPlant:
         *,
         disk_agents: int,
         disk_mb: int = 48,
+        manager_disk_mb: int = 0,
         progress: Progress = no_progress,
     ) -> None:
         self.root = root
         self.progress = progress
         self.env = {**os.environ, "PYTHONUNBUFFERED": "1", "FLWR_TELEMETRY_ENABLED": "0"}
+        self._mounts: list[Path] = []
+        # The manager home (store, broker save file, serve.json) on a tmpfs of its own:
+        # the manager_disk_full fault fills it (issue 33).
+        self.manager_disk = manager_disk_mb > 0
+        if self.manager_disk:
+            _mount_tmpfs(root / "home", manager_disk_mb)
+            self._mounts.append(root / "home")
         self.home = ManagerHome(root / "home")
         self.home.init(
             ManagerSettings(
@@ -213,7 +221,6 @@ class ChaosPlant:
         )
         self.settings = self.home.settings()
         self.stations: dict[str, Station] = {}
-        self._mounts: list[Path] = []
         self._shim = install_shim(root / "clockshim")
         progress(f"enrolling {n_agents} edges")
         with self.fleet() as fleet:
@@ -248,6 +255,10 @@ class ChaosPlant:
             edge, station_dir, config, data_dir, http_port, proxy.start(), on_tmpfs, env
         )
         set_offset(self.stations[edge].clock_file, 0.0)
+
+    @property
+    def manager_ballast(self) -> Path:
+        return self.home.root / "ballast"
 
     @property
     def edges(self) -> list[str]:

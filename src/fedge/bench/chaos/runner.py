@@ -264,6 +264,7 @@ def run_chaos(
     seed: int = 1,
     *,
     disk_agents: int | None = None,
+    manager_disk_mb: int = 256,
     faults_per_minute: float = 10.0,
     heal_timeout_s: float = 180.0,
     setup_timeout_s: float = 90.0,
@@ -278,8 +279,10 @@ def run_chaos(
     duration_s = minutes * 60.0
     machine = machine_info()
     root = Path(tempfile.mkdtemp(prefix="fedge-chaos-", dir=workdir))
-    plant = ChaosPlant(root, agents, disk_agents=disk_agents, progress=progress)
-    shape = PlantShape(tuple(plant.edges), tuple(plant.disk_edges))
+    plant = ChaosPlant(
+        root, agents, disk_agents=disk_agents, manager_disk_mb=manager_disk_mb, progress=progress
+    )
+    shape = PlantShape(tuple(plant.edges), tuple(plant.disk_edges), plant.manager_disk)
     schedule = build_schedule(seed, duration_s, shape, faults_per_minute=faults_per_minute)
     stop_timeouts: list[str] = []
     try:

@@ -24,6 +24,8 @@ class FaultKind(StrEnum):
     NET_STALL = "net_stall"  # the proxy holds every byte (connections stay open)
     NET_TRUNCATE = "net_truncate"  # the proxy forwards part of a chunk, then cuts
     DISK_FULL = "disk_full"  # the station's tmpfs is filled to the last byte
+    # The manager home's tmpfs (store, broker save file) filled to the last byte (issue 33)
+    MANAGER_DISK_FULL = "manager_disk_full"
     MODEL_CORRUPT = "model_corrupt"  # a byte of the active model flipped, agent restarted
     CLOCK_JUMP = "clock_jump"  # the agent's wall clock steps by clock_offset_s, then back
 
@@ -51,6 +53,7 @@ DURATIONS: dict[FaultKind, tuple[float, float]] = {
     FaultKind.NET_STALL: (2.0, 8.0),
     FaultKind.NET_TRUNCATE: (1.0, 4.0),
     FaultKind.DISK_FULL: (3.0, 8.0),
+    FaultKind.MANAGER_DISK_FULL: (3.0, 10.0),
     FaultKind.MODEL_CORRUPT: (0.5, 2.0),
     FaultKind.CLOCK_JUMP: (3.0, 10.0),
 }
@@ -77,17 +80,26 @@ class PlantShape:
 
     edges: tuple[str, ...]
     disk_edges: tuple[str, ...]  # edges whose data dir is a small file system of its own
+    manager_disk: bool = False  # the manager home is a small file system of its own
 
 
 def kinds_for(shape: PlantShape) -> tuple[FaultKind, ...]:
-    """The kinds this plant supports (disk-full needs a station on its own file system)."""
-    return tuple(k for k in FaultKind if k is not FaultKind.DISK_FULL or shape.disk_edges)
+    """The kinds this plant supports (disk-full needs a station on its own file system,
+    manager-disk-full a manager home on one)."""
+    return tuple(
+        k
+        for k in FaultKind
+        if (k is not FaultKind.DISK_FULL or shape.disk_edges)
+        and (k is not FaultKind.MANAGER_DISK_FULL or shape.manager_disk)
+    )
 
 
 def _targets(kind: FaultKind, shape: PlantShape) -> tuple[str, ...]:
     if kind in (FaultKind.BROKER_RESTART, FaultKind.BROKER_KILL):
         return (BROKER,)
-    if kind is FaultKind.MANAGER_KILL:
+    if kind in (FaultKind.MANAGER_KILL, FaultKind.MANAGER_DISK_FULL):
+        # One target: a manager is never killed while its disk is full (a full store
+        # refuses `manager serve` at start, by design).
         return (MANAGER,)
     if kind is FaultKind.DISK_FULL:
         return shape.disk_edges
