@@ -240,6 +240,58 @@ def mpp(
     run_bench("mpp", json_path, lambda progress: run_mpp(seed, size=size, progress=progress))
 
 
+@app.command()
+@friendly_errors
+def anomaly(
+    seed: Annotated[int, typer.Option(help="Seed of the data and the backbone.")] = 0,
+    seeds: Annotated[
+        int | None,
+        typer.Option(help="Run seeds 0..N-1 instead of --seed; report medians.", min=1),
+    ] = 5,
+    train_images: Annotated[
+        int, typer.Option(help="Scratch images the backbone CNN trains on.", min=10)
+    ] = 2000,
+    epochs: Annotated[int, typer.Option(help="Backbone CNN's training epochs.", min=1)] = 3,
+    station_parts: Annotated[
+        str, typer.Option(help="Good parts per station, comma-separated (last: smallest).")
+    ] = "600,300,150,20",
+    test_images: Annotated[
+        int, typer.Option(help="Held-out good parts (and half as many per unseen shape).", min=4)
+    ] = 500,
+    json_path: JsonOption = None,
+) -> None:
+    """Federated anomaly detection from good parts: unseen defects, federated = pooled,
+    the smallest station's gain, serving cost beside the classifier.
+
+    Example: fedge bench anomaly --json out.json
+    """
+    from fedge.bench.anomaly import AnomalyBenchSize, run_anomaly, run_anomaly_seeds
+
+    try:
+        parts = tuple(int(value) for value in station_parts.split(","))
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc), param_hint="--station-parts") from exc
+    size = AnomalyBenchSize(
+        train_images=train_images,
+        epochs=epochs,
+        station_parts=parts,
+        test_good=test_images,
+        test_per_shape=test_images // 2,
+        station_test_good=max(2, test_images // 2),
+        station_test_per_shape=max(1, test_images // 5),
+    )
+    if seed != 0:
+        run_bench(
+            "anomaly", json_path, lambda progress: run_anomaly(seed, size=size, progress=progress)
+        )
+        return
+    run_bench(
+        "anomaly",
+        json_path,
+        lambda progress: run_anomaly_seeds(seeds or 1, size=size, progress=progress),
+    )
+
+
 @app.command("agent-footprint")
 @friendly_errors
 def agent_footprint(

@@ -1,0 +1,361 @@
+"""Federated anomaly detection from good parts (issue 28): unseen defects, exactness,
+the gain of federation at a small station, and the serving cost beside the classifier.
+
+Per seed:
+
+1. **Backbone**: the fleet's inspection CNN (:mod:`fedge.models.inspection`), trained on
+   the CPU (one thread) on generated scratch images; the anomaly model uses its feature
+   layers (:class:`~fedge.models.anomaly.backbone.InspectionBackbone`).
+2. **Stations**: ``size.station_parts`` good parts each (the last the smallest), fresh
+   surfaces per station; each computes its sufficient statistics
+   (:func:`~fedge.models.anomaly.statistics.station_statistics`); the fleet's model is the
+   fit of their sum, the pooled model the fit of all parts' features at once.
+3. **Unseen defects**: dents and pits, shapes no station's data holds (the classifier's
+   training data has scratches only; the anomaly model's none at all). Image AUROC of
+   good parts against each shape, on a fleet-wide held-out set; ``auroc_unseen`` is the
+   worse shape's (a target met on the easy shape alone would flatter).
+4. **Exactness**: max |federated - pooled| over the summed statistics, the fitted means
+   and covariances and the float64 scores of the held-out set; and the float32 scores the
+   exported graphs serve (reported apart); the AUROCs of both models.
+5. **Smallest station**: its own held-out good parts, dents and pits, scored by the
+   fleet's model and by the model fitted on its good parts alone: the gain in points.
+6. **Serving cost** (seed 0): ONNX Runtime, one image per call as a station scores them,
+   interleaved rounds: the classifier alone against one graph giving the classifier's
+   probabilities, the anomaly score and map from shared features
+   (:func:`~fedge.models.anomaly.model.export_with_classifier`); and, for reference,
+   the classifier and a separate anomaly graph run one after the other.
+"""
+
+import dataclasses
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fedge.bench import Progress, no_progress
+from fedge.bench.errors import BenchError
+from fedge.bench.machine import machine_info
+from fedge.datasets.defects import make_defect_images
+from fedge.models.anomaly.backbone import InspectionBackbone
+from fedge.models.anomaly.model import (
+    AnomalyNet,
+    ClassifierWithAnomaly,
+    export_onnx,
+    export_with_classifier,
+    extract_features,
+    score_images,
+)
+from fedge.models.anomaly.statistics import (
+    GaussianFit,
+    SufficientStatistics,
+    add_statistics,
+    fit,
+    mahalanobis,
+    station_statistics,
+)
+from fedge.models.anomaly.threshold import threshold_for_rate
+from fedge.models.inspection import INPUT_NAME, cpu_threads, train_inspection_model
+from fedge.models.inspection import export_onnx as export_classifier
+
+TARGET_AUROC = 0.95
+TARGET_MAX_ABS_DIFF = 1e-5
+TARGET_GAIN_POINTS = 5.0
+TARGET_COST_RATIO = 2.0
+UNSEEN_SHAPES = ("dents", "pits")
+FALSE_ALARM_RATE = 0.01
+
+
+@dataclass(frozen=True)
+class AnomalyBenchSize:
+    """How big a run is; the defaults are the benchmark, tests use a tiny one."""
+
+    train_images: int = 2000
+    epochs: int = 3
+    station_parts: tuple[int, ...] = (600, 300, 150, 20)
+    test_good: int = 500
+    test_per_shape: int = 250
+    station_test_good: int = 200
+    station_test_per_shape: int = 100
+    cost_rounds: int = 7
+    cost_per_round: int = 200
+
+    def __post_init__(self) -> None:
+        if len(self.station_parts) < 2 or min(self.station_parts) < 1:
+            raise BenchError(
+                f"give at least 2 stations with at least 1 good part each, got {self.station_parts}"
+            )
+        if min(self.test_good, self.test_per_shape, self.station_test_per_shape) < 1:
+            raise BenchError("every held-out set needs at least one image")
+        if self.station_test_good < 2:
+            raise BenchError("the smallest station's threshold needs >= 2 held-out good parts")
+
+
+FULL = AnomalyBenchSize()
+
+
+def run_anomaly(
+    seed: int = 0,
+    *,
+    size: AnomalyBenchSize = FULL,
+    serving_cost: bool = True,
+    progress: Progress = no_progress,
+) -> dict[str, Any]:
+    """One seed: backbone, station statistics, AUROCs, exactness, smallest station, cost."""
+    started = time.perf_counter()
+    base = 1000 * seed
+    progress(f"training the inspection CNN on {size.train_images} scratch images")
+    train_x, train_y = make_defect_images(size.train_images, seed=base + 1)
+    with cpu_threads(1):
+        classifier = train_inspection_model(
+            train_x, train_y, epochs=size.epochs, seed=seed, device="cpu"
+        )
+        backbone = InspectionBackbone(classifier).eval()
+
+        progress(f"{len(size.station_parts)} stations compute their statistics")
+        station_features = []
+        for index, parts in enumerate(size.station_parts):
+            good, _ = make_defect_images(parts, seed=base + 10 + index, scratch_fraction=0.0)
+            station_features.append(extract_features(backbone, good))
+        grid = station_features[0][1]
+        shares = [station_statistics(features, grid) for features, _ in station_features]
+        summed = add_statistics(shares)
+        pooled_stats = station_statistics(
+            np.concatenate([features for features, _ in station_features]), grid
+        )
+        federated, pooled = fit(summed), fit(pooled_stats)
+
+        progress("scoring held-out good parts, dents and pits")
+        test = _held_out(base + 100, size.test_good, size.test_per_shape)
+        test_features = {name: extract_features(backbone, x)[0] for name, x in test.items()}
+        fed_scores = {name: _max_distance(federated, f) for name, f in test_features.items()}
+        pool_scores = {name: _max_distance(pooled, f) for name, f in test_features.items()}
+        auroc_fed = _shape_aurocs(fed_scores)
+        auroc_pool = _shape_aurocs(pool_scores)
+        served_diff = _served_scores_diff(backbone, federated, pooled, test)
+
+        progress("the smallest station: the fleet's model against its own")
+        smallest = len(size.station_parts) - 1
+        own = _held_out(base + 200, size.station_test_good, size.station_test_per_shape)
+        own_features = {name: extract_features(backbone, x)[0] for name, x in own.items()}
+        alone = fit(shares[smallest])
+        smallest_fed = _shape_aurocs(
+            {name: _max_distance(federated, f) for name, f in own_features.items()}
+        )
+        smallest_alone = _shape_aurocs(
+            {name: _max_distance(alone, f) for name, f in own_features.items()}
+        )
+        threshold = threshold_for_rate(
+            _max_distance(federated, own_features["good"]), FALSE_ALARM_RATE
+        )
+
+        cost = (
+            _serving_cost(classifier, backbone, federated, size, progress) if serving_cost else None
+        )
+
+    stats_diff = _stats_diff(summed, pooled_stats)
+    fit_diff = max(
+        float(np.max(np.abs(federated.mean - pooled.mean))),
+        float(np.max(np.abs(federated.covariance - pooled.covariance))),
+    )
+    score_diff = max(
+        float(np.max(np.abs(fed_scores[name] - pool_scores[name]))) for name in fed_scores
+    )
+    gain = 100.0 * (smallest_fed["unseen"] - smallest_alone["unseen"])
+    result: dict[str, Any] = {
+        "benchmark": "anomaly",
+        "seed": seed,
+        "size": dataclasses.asdict(size),
+        "grid": list(grid),
+        "feature_dims": summed.dims,
+        "auroc": {"federated": auroc_fed, "pooled": auroc_pool},
+        "auroc_unseen": auroc_fed["unseen"],
+        "auroc_equal": auroc_fed == auroc_pool,
+        "pooled_max_abs_diff": max(stats_diff, fit_diff, score_diff),
+        "pooled_diff": {
+            "statistics": stats_diff,
+            "fit": fit_diff,
+            "scores_float64": score_diff,
+            "scores_served_float32": served_diff,
+        },
+        "smallest_station": {
+            "good_parts": size.station_parts[smallest],
+            "auroc_federated": smallest_fed,
+            "auroc_alone": smallest_alone,
+            "threshold_at_1pct": dataclasses.asdict(threshold),
+        },
+        "auroc_gain_smallest_station": round(gain, 2),
+        "serving_cost": cost,
+        "seconds": round(time.perf_counter() - started, 1),
+        "machine": machine_info(),
+    }
+    return result
+
+
+def run_anomaly_seeds(
+    seeds: int = 5, *, size: AnomalyBenchSize = FULL, progress: Progress = no_progress
+) -> dict[str, Any]:
+    """:func:`run_anomaly` on seeds ``0..seeds-1`` (serving cost on seed 0); medians."""
+    runs = [
+        run_anomaly(
+            seed,
+            size=size,
+            serving_cost=seed == 0,
+            progress=_labelled(progress, seed),
+        )
+        for seed in range(seeds)
+    ]
+    cost = runs[0]["serving_cost"]
+    auroc_unseen = _median(run["auroc_unseen"] for run in runs)
+    per_shape = {
+        shape: _median(run["auroc"]["federated"][shape] for run in runs)
+        for shape in (*UNSEEN_SHAPES, "unseen")
+    }
+    max_diff = max(run["pooled_max_abs_diff"] for run in runs)
+    gain = _median(run["auroc_gain_smallest_station"] for run in runs)
+    checks = {
+        "auroc_unseen_at_least_0.95": auroc_unseen >= TARGET_AUROC,
+        "pooled_max_abs_diff_at_most_1e-5": max_diff <= TARGET_MAX_ABS_DIFF,
+        "auroc_equal_every_seed": all(run["auroc_equal"] for run in runs),
+        "gain_smallest_station_at_least_5_points": gain >= TARGET_GAIN_POINTS,
+        "serving_cost_ratio_within_2x": cost["ratio"] <= TARGET_COST_RATIO,
+    }
+    return {
+        "benchmark": "anomaly",
+        "seeds": list(range(seeds)),
+        "statistic": "median over seeds (pooled_max_abs_diff: worst seed)",
+        "size": dataclasses.asdict(size),
+        "auroc_unseen": auroc_unseen,
+        "auroc_unseen_definition": "the worse of the unseen shapes (dents, pits)",
+        "auroc_federated_median": per_shape,
+        "pooled_max_abs_diff": max_diff,
+        "auroc_gain_smallest_station": gain,
+        "serving_cost_ratio": cost["ratio"],
+        "serving_cost": cost,
+        "targets": {
+            "auroc_unseen": TARGET_AUROC,
+            "pooled_max_abs_diff": TARGET_MAX_ABS_DIFF,
+            "auroc_gain_smallest_station_points": TARGET_GAIN_POINTS,
+            "serving_cost_ratio": TARGET_COST_RATIO,
+        },
+        "checks": checks,
+        "met_target": all(checks.values()),
+        "per_seed": runs,
+        "machine": runs[0]["machine"],
+    }
+
+
+def _labelled(progress: Progress, seed: int) -> Progress:
+    return lambda line: progress(f"seed {seed}: {line}")
+
+
+def _held_out(seed: int, good: int, per_shape: int) -> dict[str, npt.NDArray[np.uint8]]:
+    good_x, _ = make_defect_images(good, seed=seed, scratch_fraction=0.0)
+    dents, _ = make_defect_images(per_shape, seed=seed + 1, scratch_fraction=1.0, dent_fraction=1.0)
+    pits, _ = make_defect_images(per_shape, seed=seed + 2, scratch_fraction=1.0, pit_fraction=1.0)
+    return {"good": good_x, "dents": dents, "pits": pits}
+
+
+def _max_distance(model: GaussianFit, features: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
+    result: npt.NDArray[np.float64] = mahalanobis(model, features).max(axis=1)
+    return result
+
+
+def _shape_aurocs(scores: dict[str, npt.NDArray[np.float64]]) -> dict[str, float]:
+    result = {shape: auroc(scores["good"], scores[shape]) for shape in UNSEEN_SHAPES}
+    result["unseen"] = min(result[shape] for shape in UNSEEN_SHAPES)
+    return result
+
+
+def auroc(negatives: npt.NDArray[np.float64], positives: npt.NDArray[np.float64]) -> float:
+    """P(a positive scores above a negative), ties counted half (Mann-Whitney U / n m)."""
+    if len(negatives) == 0 or len(positives) == 0:
+        raise ValueError("AUROC needs at least one negative and one positive")
+    above = np.sum(positives[:, None] > negatives[None, :])
+    ties = np.sum(positives[:, None] == negatives[None, :])
+    return round(float((above + 0.5 * ties) / (len(negatives) * len(positives))), 4)
+
+
+def _stats_diff(a: SufficientStatistics, b: SufficientStatistics) -> float:
+    return max(
+        float(abs(a.count - b.count)),
+        float(np.max(np.abs(a.total - b.total))),
+        float(np.max(np.abs(a.outer - b.outer))),
+    )
+
+
+def _served_scores_diff(
+    backbone: InspectionBackbone,
+    federated: GaussianFit,
+    pooled: GaussianFit,
+    test: dict[str, npt.NDArray[np.uint8]],
+) -> float:
+    fed_net, pool_net = AnomalyNet(backbone, federated).eval(), AnomalyNet(backbone, pooled).eval()
+    return max(
+        float(np.max(np.abs(score_images(fed_net, x)[0] - score_images(pool_net, x)[0])))
+        for x in test.values()
+    )
+
+
+def _serving_cost(
+    classifier: Any,
+    backbone: InspectionBackbone,
+    model: GaussianFit,
+    size: AnomalyBenchSize,
+    progress: Progress,
+) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    progress("timing the classifier alone against classifier + anomaly (ONNX Runtime)")
+    anomaly = AnomalyNet(backbone, model).eval()
+    images, _ = make_defect_images(size.cost_per_round, seed=9_999, scratch_fraction=0.3)
+    inputs = [x[None, None].astype(np.float32) / np.float32(255.0) for x in images]
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = {name: Path(tmp) / f"{name}.onnx" for name in ("classifier", "both", "anomaly")}
+        export_classifier(classifier, paths["classifier"])
+        export_with_classifier(
+            ClassifierWithAnomaly(classifier, anomaly), paths["both"], image_size=32
+        )
+        export_onnx(anomaly, paths["anomaly"], image_size=32)
+        options = ort.SessionOptions()
+        # One thread, as a station's inference runs beside its other work.
+        options.intra_op_num_threads = 1
+        options.inter_op_num_threads = 1
+        sessions = {
+            name: ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+            for name, path in paths.items()
+        }
+        sides = {
+            "classifier": [sessions["classifier"]],
+            "shared": [sessions["both"]],
+            "separate": [sessions["classifier"], sessions["anomaly"]],
+        }
+        for runners in sides.values():  # warm-up
+            for session in runners:
+                for x in inputs[:20]:
+                    session.run(None, {INPUT_NAME: x})
+        medians: dict[str, list[float]] = {name: [] for name in sides}
+        for _ in range(size.cost_rounds):
+            for name, runners in sides.items():
+                started = time.perf_counter()
+                for x in inputs:
+                    for session in runners:
+                        session.run(None, {INPUT_NAME: x})
+                medians[name].append((time.perf_counter() - started) / len(inputs) * 1e3)
+    per_image = {name: statistics.median(values) for name, values in medians.items()}
+    return {
+        "method": "ONNX Runtime CPU, 1 thread, one image per call, median of interleaved rounds",
+        "ms_per_image": {name: round(value, 4) for name, value in per_image.items()},
+        "ratio": round(per_image["shared"] / per_image["classifier"], 3),
+        "ratio_separate_graphs": round(per_image["separate"] / per_image["classifier"], 3),
+        "rounds": size.cost_rounds,
+        "images_per_round": size.cost_per_round,
+    }
+
+
+def _median(values: Any) -> float:
+    return round(float(statistics.median(list(values))), 4)

@@ -1,0 +1,61 @@
+"""``fedge bench anomaly`` at a tiny size, through the CLI: the JSON contract.
+
+The backbone CNN trains on 200 images for one epoch (a real, if weak, model); stations,
+the federated and pooled fits, the smallest station and the ONNX serving cost are all
+there. Exactness is asserted at this size; AUROC targets only at the full size.
+"""
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from fedge.bench.anomaly import AnomalyBenchSize, auroc
+from fedge.bench.errors import BenchError
+from fedge.cli.main import app
+
+TINY = [
+    "--train-images", "200", "--epochs", "1", "--station-parts", "60,30,5",
+    "--test-images", "40",
+]  # fmt: skip
+KEYS = {
+    "auroc_unseen", "pooled_max_abs_diff", "auroc_gain_smallest_station",
+    "serving_cost_ratio", "seeds", "met_target", "machine",
+}  # fmt: skip
+
+
+@pytest.mark.integration  # trains a CNN and times ONNX Runtime for several seconds
+def test_two_seeds_report_the_contract_and_federated_equals_pooled(tmp_path: Path) -> None:
+    out = tmp_path / "out.json"
+    result = CliRunner().invoke(
+        app, ["bench", "anomaly", *TINY, "--seeds", "2", "--json", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    data: dict[str, Any] = json.loads(out.read_text())
+    assert set(data) >= KEYS
+    assert data["seeds"] == [0, 1]
+    assert data["pooled_max_abs_diff"] <= 1e-5
+    assert data["checks"]["auroc_equal_every_seed"]
+    for run in data["per_seed"]:
+        assert run["auroc"]["federated"] == run["auroc"]["pooled"]
+        assert run["pooled_diff"]["scores_served_float32"] <= 1e-5
+        assert 0.0 <= run["auroc_unseen"] <= 1.0
+        assert run["smallest_station"]["good_parts"] == 5
+    cost = data["serving_cost"]
+    assert cost["ratio"] == data["serving_cost_ratio"] > 1.0
+    assert set(cost["ms_per_image"]) == {"classifier", "shared", "separate"}
+    assert data["machine"]["cpu_count"] >= 1
+
+
+def test_auroc_counts_ties_half_and_orders() -> None:
+    assert auroc(np.array([0.0, 1.0]), np.array([2.0, 3.0])) == 1.0
+    assert auroc(np.array([2.0, 3.0]), np.array([0.0, 1.0])) == 0.0
+    assert auroc(np.array([1.0]), np.array([1.0])) == 0.5
+
+
+def test_a_bench_without_two_stations_is_refused() -> None:
+    with pytest.raises(BenchError, match="at least 2 stations"):
+        AnomalyBenchSize(station_parts=(10,))
