@@ -383,3 +383,16 @@ def test_evaluation_items_keep_the_newest_gates_and_every_item_of_a_served_model
     assert len(gate_store.scored_items(store, "e-7", EDGE)) == 2 * 3  # the last gate reads
     assert store.scalar("SELECT count(*) FROM gate_results") == 1  # the verdict stays
     assert totals(store)["evaluations"] == 6
+
+
+def test_low_space_hurries_the_next_pruning_and_never_delays_it(tmp_path: Path) -> None:
+    """Issue 33: under the headroom serve prunes within seconds, not at the interval."""
+    pruner = Pruner(RetentionPolicy(1.0, 1.0, 1.0, 1.0, 1.0), interval_s=60.0)
+    store = Store(tmp_path / "manager.db")
+    pruner.run(store, 100.0)  # nothing to prune: the next run is due at 160
+    store.close()
+    assert not pruner.due(159.0)
+    pruner.hurry(100.0, 5.0)
+    assert not pruner.due(104.9) and pruner.due(105.0)
+    pruner.hurry(100.0, 30.0)  # a later deadline leaves the earlier one
+    assert pruner.due(105.0)
