@@ -128,3 +128,17 @@ def test_module_does_not_import_torch() -> None:
     # The loader runs on edge devices that have onnxruntime but no torch.
     code = "import sys, fedge.datasets.defects; assert 'torch' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pits_are_a_second_unseen_shape_and_leave_other_bytes_alone() -> None:
+    plain, plain_labels = make_defect_images(60, seed=4, dent_fraction=0.5)
+    same, same_labels = make_defect_images(60, seed=4, dent_fraction=0.5, pit_fraction=0.0)
+    np.testing.assert_array_equal(plain, same)
+    np.testing.assert_array_equal(plain_labels, same_labels)
+    clean, _ = make_defect_images(40, seed=5, scratch_fraction=0.0)
+    pits, labels = make_defect_images(40, seed=5, scratch_fraction=1.0, pit_fraction=1.0)
+    assert np.all(labels == 1)
+    # Pits are dark: each pitted image's darkest pixel sits below the clean surface's.
+    assert np.median(pits.min(axis=(1, 2))) < np.median(clean.min(axis=(1, 2)))
+    with pytest.raises(ValueError, match="must be <= 1"):
+        make_defect_images(10, seed=0, dent_fraction=0.6, pit_fraction=0.6)
