@@ -33,6 +33,7 @@ def run_bench(tmp_path: Path, *args: str) -> dict[str, Any]:
     return data
 
 
+@pytest.mark.integration
 def test_one_seed_reports_every_scenario_and_stream(tmp_path: Path) -> None:
     data = run_bench(tmp_path, "--seed", "3")
     assert data["seed"] == 3

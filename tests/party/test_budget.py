@@ -111,6 +111,7 @@ def test_an_attempt_is_recorded_once_and_every_attempt_counts(tmp_path: Path) ->
         ledger.record("", 1, ROUND)
 
 
+@pytest.mark.integration
 def test_a_release_recorded_before_a_sigkill_is_kept(tmp_path: Path) -> None:
     path = tmp_path / "privacy.db"
     child = subprocess.Popen(
