@@ -76,6 +76,48 @@ def _flower_environment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[No
             os.environ[key] = value
 
 
+# ---------------------------------------------------------------- test tiers
+# `make unit` runs what is marked neither `integration` (a process, a server on a socket,
+# Chromium) nor `slow` (training or other work over about a second); `make test` runs all
+# (issue 26). A test asking for one of these fixtures starts processes through it.
+PROCESS_FIXTURES = frozenset({"processes", "supervisors"})
+TIER_MARKS = ("integration", "slow")
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.fixture(autouse=True)
+def _unit_tests_start_no_process(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A test outside both tiers that starts a process (in its fixtures too) fails, naming
+    the command: the fast tier stays fast and says what it is. The process still runs, so
+    the test's own outcome is unchanged; the failure comes at teardown."""
+    if any(request.node.get_closest_marker(mark) for mark in TIER_MARKS):
+        yield
+        return
+    started: list[str] = []
+    original = subprocess.Popen._execute_child  # type: ignore[attr-defined]
+
+    def recorded(self: subprocess.Popen[Any], args: Any, *rest: Any, **kwargs: Any) -> Any:
+        started.append(" ".join(map(str, args)) if isinstance(args, list | tuple) else str(args))
+        return original(self, args, *rest, **kwargs)
+
+    subprocess.Popen._execute_child = recorded  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        subprocess.Popen._execute_child = original  # type: ignore[attr-defined]
+    if started:
+        pytest.fail(
+            f"this test started {len(started)} process(es) ({started[0][:120]}): mark it "
+            "@pytest.mark.integration (or move the process into an integration test)"
+        )
+
+
 # ---------------------------------------------------------------- small helpers
 # A 2x2 grey PNG as base64: what a thumbnail record carries (a real, checked PNG).
 PNG_2X2 = (
