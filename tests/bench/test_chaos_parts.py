@@ -10,6 +10,8 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, cast
 
 import pytest
 
@@ -273,3 +275,64 @@ def test_clock_jumps_carry_a_step_and_only_clock_jumps_do() -> None:
     jumps = [f for f in schedule if f.kind is FaultKind.CLOCK_JUMP]
     assert jumps and all(600 <= abs(f.clock_offset_s) <= 2 * 86400 for f in jumps)
     assert all(f.clock_offset_s == 0 for f in schedule if f.kind is not FaultKind.CLOCK_JUMP)
+
+
+# ---------------------------------------------------------------- the report (issue 25, item 7)
+
+
+def _report(applied: list[Any], incidents: list[dict[str, Any]]) -> dict[str, Any]:
+    from fedge.bench.chaos.injector import Injector, Watchdog
+    from fedge.bench.chaos.load import OperatorLoad
+    from fedge.bench.chaos.report import build_report
+
+    injector = Injector(cast(Any, None), 0.0)
+    injector.applied = applied
+    watchdog = Watchdog(cast(Any, None), 0.0)
+    watchdog.incidents = incidents
+    operator = cast(OperatorLoad, SimpleNamespace(counters={}, errors=[]))
+    return build_report(
+        machine={},
+        seed=1,
+        agents=1,
+        minutes=0.125,  # a target of one fault
+        disk_agents=0,
+        verdict=check([_edge()], HEALTHY),
+        injector=injector,
+        loads={},
+        operator=operator,
+        watchdog=watchdog,
+        heal_s=0.0,
+        pending=[],
+        unexpected_exits=[],
+        stop_timeouts=[],
+        workdir=None,
+    )
+
+
+def _applied(kind: FaultKind, *, happened: bool = True, notes: tuple[str, ...] = ()) -> Any:
+    from fedge.bench.chaos.injector import Applied
+    from fedge.bench.chaos.schedule import Fault
+
+    return Applied(Fault(kind, 1.0, "c00", 2.0), 1.0, 3.0, list(notes), happened)
+
+
+def test_a_hang_the_watchdog_saw_mid_run_fails_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedge.bench.chaos import report
+
+    monkeypatch.setattr(report, "TARGET_KINDS", 1)
+    faults = [_applied(FaultKind.AGENT_KILL)]
+    assert _report(faults, [])["met_target"]
+    hung = _report(faults, [{"edge": "c00", "at_s": 12.0, "error": "TimeoutError"}])
+    assert hung["hang_incidents"] == 1 and not hung["met_target"]
+
+
+def test_a_fault_counts_only_when_it_happened(monkeypatch: pytest.MonkeyPatch) -> None:
+    from fedge.bench.chaos import report
+
+    monkeypatch.setattr(report, "TARGET_KINDS", 1)
+    no_model = _applied(FaultKind.MODEL_CORRUPT, happened=False)
+    failed = _applied(FaultKind.AGENT_KILL, notes=("begin failed: OSError: x",))
+    data = _report([no_model, failed], [])
+    assert data["faults_injected"] == 0 and data["faults_by_kind"] == {}
+    assert not data["met_target"]  # one fault was the target, none took place
+    assert [f["counted"] for f in data["faults"]] == [False, False]

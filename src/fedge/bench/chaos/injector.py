@@ -35,6 +35,14 @@ class Applied:
     began_s: float | None = None
     ended_s: float | None = None
     notes: list[str] = field(default_factory=list)
+    # False when the fault's effect could not be produced (a model_corrupt with no model
+    # on disk kills the agent only): it is not counted as that kind of fault (issue 25).
+    happened: bool = True
+
+    @property
+    def counts(self) -> bool:
+        """Whether the fault took place as its kind says (applied, not failed)."""
+        return self.happened and not any("failed" in note for note in self.notes)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -46,6 +54,7 @@ class Applied:
             "began_s": None if self.began_s is None else round(self.began_s, 2),
             "ended_s": None if self.ended_s is None else round(self.ended_s, 2),
             "notes": self.notes,
+            "counted": self.counts,
         }
 
 
@@ -142,6 +151,7 @@ class Injector:
             path = station.active_model_path()
             if path is None or not path.exists():
                 record.notes.append("no active model on disk yet: agent killed only")
+                record.happened = False
             else:
                 flip_byte(path)
                 ref = f"{path.parent.parent.name}:{path.parent.name}"

@@ -30,15 +30,19 @@ def build_report(
     stop_timeouts: list[str],
     workdir: Path | None,
 ) -> dict[str, Any]:
-    applied = [a for a in injector.applied if not any("failed" in n for n in a.notes)]
+    applied = [a for a in injector.applied if a.counts]
     by_kind = Counter(a.fault.kind.value for a in applied)
     load_counters: Counter[str] = Counter()
     for load in loads.values():
         load_counters.update(load.counters)
     hung = verdict.hung_processes + len(stop_timeouts)
+    # A hang the watchdog saw mid-run fails the run too, even if the agent recovered by
+    # the end: a station that stops answering for 10 s is a hang a plant would see.
+    hang_incidents = len(watchdog.incidents)
     faults_target = round(TARGET_FAULTS_PER_MINUTE * minutes)
     met = (
         verdict.passed
+        and hang_incidents == 0
         and not stop_timeouts
         and not unexpected_exits
         and len(applied) >= faults_target
@@ -59,6 +63,7 @@ def build_report(
         "lost": verdict.lost,
         "duplicated": verdict.duplicated,
         "hung_processes": hung,
+        "hang_incidents": hang_incidents,
         "unconverged_edges": verdict.unconverged_edges,
         "open_gaps": verdict.open_gaps,
         "counter_issues": list(verdict.counter_issues),
@@ -77,6 +82,7 @@ def build_report(
             "lost": 0,
             "duplicated": 0,
             "hung_processes": 0,
+            "hang_incidents": 0,
             "unconverged_edges": 0,
         },
         "met_target": met,

@@ -324,7 +324,12 @@ def run_chaos(
         progress("stopping every process")
         exited = plant.stop_processes()
         stop_timeouts = [name for name, ok in exited.items() if not ok]
-        corruptions = Counter(f.target for f in schedule if f.kind is FaultKind.MODEL_CORRUPT)
+        # Only corruptions that flipped a model: the restore check expects those alone.
+        corruptions = Counter(
+            a.fault.target
+            for a in injector.applied
+            if a.fault.kind is FaultKind.MODEL_CORRUPT and a.counts
+        )
         verdict = check(_observe(plant, loads, statuses, corruptions), control)
     finally:
         plant.close()
