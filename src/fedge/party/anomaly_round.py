@@ -1,0 +1,206 @@
+"""A station's part of an ``anomaly`` fleet job: its good parts' statistics (issue 28).
+
+The job sends the fleet's inspection CNN (the backbone's weights, as a classifier round
+does) and a config; the station answers with the sufficient statistics of its good
+parts' features (:mod:`fedge.models.anomaly.statistics`), which the aggregator adds and
+fits. One message, no epochs.
+
+*Good parts* are the station's images an **operator labelled** with the good class
+(``anomaly-good-class``, default ``clean``) in its training split -- never images the
+serving classifier merely called clean, which would feed exactly the defects it misses
+(a dent it passes) into "normal". A mislabelled defect still gets in; its influence is
+bounded by clipping every location's feature vector to ``anomaly-clip`` (when set): one
+part then moves the sum by at most ``clip`` and the outer products by ``clip^2`` per
+location, the same bound the DP release needs (:mod:`fedge.models.anomaly.private`).
+
+Config keys: ``anomaly-stages`` (1-3, default 1), ``anomaly-input-scale`` (default 20;
+0 = the classifier's per-image normalisation), ``anomaly-clip`` (0 = none) and
+``anomaly-good-class``. The reply's arrays are ``anomaly-count`` ``[1]``,
+``anomaly-total`` ``[L, d]``, ``anomaly-outer`` ``[L, d, d]`` and ``anomaly-grid`` ``[2]``
+(float64); metrics ``num-examples`` (good parts used) and ``skipped-unreadable``.
+
+The held-out good parts stay for :func:`threshold_round`: once the fleet's model is
+published, the station scores them and reports the threshold for its target false-alarm
+rate (:mod:`fedge.models.anomaly.threshold`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord
+
+from fedge.party.errors import PartyError
+from fedge.protocols.model_spec import ModelSpec
+
+if TYPE_CHECKING:
+    from fedge.models.anomaly.backbone import InspectionBackbone
+    from fedge.models.anomaly.statistics import GaussianFit, SufficientStatistics
+    from fedge.party.station_app import Station
+
+COUNT_KEY = "anomaly-count"
+TOTAL_KEY = "anomaly-total"
+OUTER_KEY = "anomaly-outer"
+GRID_KEY = "anomaly-grid"
+
+
+def statistics_round(
+    station: Station, spec: ModelSpec, arrays: ArrayRecord, config: ConfigRecord
+) -> tuple[ArrayRecord, dict[str, int | float]]:
+    """The statistics of this station's operator-labelled good training parts."""
+    from fedge.models.anomaly import AnomalyError
+    from fedge.models.anomaly.private import clip_features
+    from fedge.models.anomaly.statistics import station_statistics
+    from fedge.models.inspection import cpu_threads
+
+    backbone = _backbone(spec, arrays, config)
+    good, skipped = _good_images(station, spec, config, holdout=False)
+    if len(good) == 0:
+        raise PartyError(
+            f"station {station.edge} has no good parts to contribute: label some images "
+            f"{_good_class(config)!r} (skipped {skipped} unreadable)"
+        )
+    clip = float(_number(config, "anomaly-clip", 0.0))
+    with cpu_threads(station.threads):
+        features, grid = _features(backbone, good)
+    if clip > 0:
+        features = clip_features(features, clip)
+    try:
+        stats = station_statistics(features, grid)
+    except AnomalyError as exc:
+        raise PartyError(f"station {station.edge}: {exc}") from exc
+    return statistics_to_arrays(stats), {"num-examples": stats.count, "skipped-unreadable": skipped}
+
+
+def threshold_round(
+    station: Station,
+    spec: ModelSpec,
+    arrays: ArrayRecord,
+    model: GaussianFit,
+    config: ConfigRecord,
+) -> dict[str, int | float]:
+    """The station's threshold for ``anomaly-false-alarm-rate`` (default 0.01) on its
+    held-out good parts, scored by the fleet's ``model``."""
+    from fedge.models.anomaly import AnomalyError
+    from fedge.models.anomaly.statistics import mahalanobis
+    from fedge.models.anomaly.threshold import threshold_for_rate
+    from fedge.models.inspection import cpu_threads
+
+    backbone = _backbone(spec, arrays, config)
+    held, _ = _good_images(station, spec, config, holdout=True)
+    if len(held) == 0:
+        raise PartyError(f"station {station.edge} has no held-out good parts to set a threshold on")
+    with cpu_threads(station.threads):
+        features, _ = _features(backbone, held)
+    rate = float(_number(config, "anomaly-false-alarm-rate", 0.01))
+    try:
+        result = threshold_for_rate(mahalanobis(model, features).max(axis=1), rate)
+    except AnomalyError as exc:
+        raise PartyError(f"station {station.edge}: {exc}") from exc
+    return {
+        "anomaly-threshold": result.threshold,
+        "anomaly-false-alarm-rate": result.false_alarm_rate,
+        "holdout-examples": result.held_out_parts,
+        "holdout-false-alarms": result.held_out_false_alarms,
+    }
+
+
+def statistics_to_arrays(stats: SufficientStatistics) -> ArrayRecord:
+    """The reply's arrays (float64; SecAgg+ would quantise them, see the module notes)."""
+    return ArrayRecord(
+        array_dict={
+            COUNT_KEY: Array(np.array([stats.count], dtype=np.float64)),
+            TOTAL_KEY: Array(stats.total),
+            OUTER_KEY: Array(stats.outer),
+            GRID_KEY: Array(np.array(stats.grid, dtype=np.float64)),
+        }
+    )
+
+
+def statistics_from_arrays(record: ArrayRecord) -> SufficientStatistics:
+    """A station's reply back into statistics; a reply of another shape is an error."""
+    from fedge.models.anomaly import AnomalyError
+    from fedge.models.anomaly.statistics import SufficientStatistics
+
+    missing = {COUNT_KEY, TOTAL_KEY, OUTER_KEY, GRID_KEY} - set(record.keys())
+    if missing:
+        raise PartyError(f"an anomaly statistics reply lacks {sorted(missing)}")
+    count = record[COUNT_KEY].numpy()
+    grid = record[GRID_KEY].numpy()
+    if count.shape != (1,) or grid.shape != (2,):
+        raise PartyError(f"bad anomaly reply: count {count.shape}, grid {grid.shape}")
+    try:
+        return SufficientStatistics(
+            count=round(float(count[0])),
+            total=record[TOTAL_KEY].numpy().astype(np.float64),
+            outer=record[OUTER_KEY].numpy().astype(np.float64),
+            grid=(round(float(grid[0])), round(float(grid[1]))),
+        )
+    except AnomalyError as exc:
+        raise PartyError(f"bad anomaly reply: {exc}") from exc
+
+
+def _backbone(spec: ModelSpec, arrays: ArrayRecord, config: ConfigRecord) -> InspectionBackbone:
+    from fedge.models.anomaly import AnomalyError
+    from fedge.models.anomaly.backbone import InspectionBackbone, feature_grid
+    from fedge.models.inspection import InspectionNet
+    from fedge.party import families
+
+    net = families.build(spec.family, spec.params, len(spec.classes))
+    if not isinstance(net, InspectionNet):
+        raise PartyError(
+            f"the anomaly backbone is the inspection CNN's feature layers; family "
+            f"{spec.family!r} has none (a user's backbone file is fitted with fedge.models)"
+        )
+    families.load_state_arrays(net, {k: v.numpy() for k, v in arrays.items()})
+    scale = float(_number(config, "anomaly-input-scale", 20.0))
+    try:
+        backbone = InspectionBackbone(
+            net,
+            stages=int(_number(config, "anomaly-stages", 1, minimum=1)),
+            input_scale=scale if scale > 0 else None,
+        ).eval()
+        feature_grid(backbone, spec.preprocess.image_size)
+    except AnomalyError as exc:
+        raise PartyError(f"cannot build the anomaly backbone: {exc}") from exc
+    return backbone
+
+
+def _good_images(
+    station: Station, spec: ModelSpec, config: ConfigRecord, *, holdout: bool
+) -> tuple[np.ndarray[Any, np.dtype[np.float32]], int]:
+    from fedge.party import trainer
+
+    data = station.data()
+    try:
+        items = data.labelled()
+    finally:
+        data.close()
+    good = _good_class(config)
+    chosen = [i for i in items if i.label == good and i.holdout == holdout]
+    examples = trainer.load_examples(chosen, (good,), spec.preprocess)
+    return examples.x, int(sum(examples.skipped.values()))
+
+
+def _features(
+    backbone: InspectionBackbone, images: np.ndarray[Any, np.dtype[np.float32]]
+) -> tuple[np.ndarray[Any, np.dtype[np.float64]], tuple[int, int]]:
+    from fedge.models.anomaly.model import extract_features
+
+    return extract_features(backbone, images)
+
+
+def _good_class(config: Mapping[str, Any]) -> str:
+    value = config.get("anomaly-good-class", "clean")
+    if not isinstance(value, str) or not value:
+        raise PartyError(f"anomaly-good-class must name a class, got {value!r}")
+    return value
+
+
+def _number(config: Mapping[str, Any], key: str, default: float, *, minimum: float = 0.0) -> float:
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
+        raise PartyError(f"config[{key!r}] must be a number >= {minimum}, got {value!r}")
+    return float(value)
