@@ -13,6 +13,8 @@ options, calls it and prints. Numbers measured so far are in BENCHMARKS.md.
   of the ``fedge[agent]`` install.
 - :mod:`fedge.bench.chaos`: faults injected into a live fleet of real processes, and
   the exactly-once, convergence and liveness invariants checked after it healed.
+- :mod:`fedge.bench.anomaly`: anomaly detection from good parts: unseen-defect AUROC,
+  federated vs pooled statistics, the smallest station's gain, serving cost.
 """
 
 from collections.abc import Callable
