@@ -18,6 +18,7 @@ LAYER = {
     "errors": 0,
     "toml_table": 0,
     "pidlock": 0,
+    "schema_store": 0,
     "protocols": 1,
     "datasets": 1,
     "transport": 2,

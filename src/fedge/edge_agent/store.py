@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from fedge import schema_store
+from fedge.edge_agent.errors import AgentError
 from fedge.protocols import codec
 from fedge.protocols.records import (
     BATCH_LIMIT,
@@ -50,8 +52,25 @@ CREATE INDEX IF NOT EXISTS labels_at ON labels (at);
 
 # Added after the first release: which inbox arrival a prediction scored (see
 # fedge.edge_agent.inference.watcher.arrival_key; '' for API and CLI predictions). Files written by
-# older agents gain the column on open.
+# older agents gain the column on open (migration 2).
 ARRIVAL_COLUMN = "arrival"
+
+
+def _arrival(conn: sqlite3.Connection) -> None:
+    schema_store.add_column(conn, "predictions", ARRIVAL_COLUMN, "TEXT NOT NULL DEFAULT ''")
+    conn.execute(
+        f"CREATE INDEX IF NOT EXISTS predictions_arrival ON predictions ({ARRIVAL_COLUMN}) "
+        f"WHERE {ARRIVAL_COLUMN} != ''"
+    )
+
+
+# The agent file's schema versions (fedge/schema_store.py; 0: written before versions,
+# by any earlier agent). A change to SCHEMA is a new migration here.
+MIGRATIONS: tuple[schema_store.Migration, ...] = (
+    schema_store.Migration(1, "every table and index of SCHEMA", schema_store.script(SCHEMA)),
+    schema_store.Migration(2, "predictions.arrival and its index", _arrival),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def _record_json(record: Record) -> str:
@@ -76,25 +95,13 @@ class LocalStore:
         self._lock = threading.Lock()
         self._conn.execute("PRAGMA journal_mode=WAL")
         self._conn.execute("PRAGMA synchronous=NORMAL")
-        self._conn.executescript(SCHEMA)
-        self._migrate()
-
-    def _migrate(self) -> None:
-        """Bring an agent.db of an older agent up to this schema (idempotent).
-
-        Under ``BEGIN IMMEDIATE``: ``fedge agent label`` may open the file while the agent
-        starts, and only one of them may add the column.
-        """
-        with self._transaction("BEGIN IMMEDIATE") as conn:
-            columns = {row[1] for row in conn.execute("PRAGMA table_info(predictions)")}
-            if ARRIVAL_COLUMN not in columns:
-                conn.execute(
-                    f"ALTER TABLE predictions ADD COLUMN {ARRIVAL_COLUMN} TEXT NOT NULL DEFAULT ''"
-                )
-            conn.execute(
-                f"CREATE INDEX IF NOT EXISTS predictions_arrival ON predictions ({ARRIVAL_COLUMN}) "
-                f"WHERE {ARRIVAL_COLUMN} != ''"
-            )
+        # Under BEGIN IMMEDIATE: `fedge agent label` may open the file while the agent
+        # starts, and only one of them migrates it.
+        try:
+            schema_store.migrate(self._conn, str(path), MIGRATIONS, AgentError)
+        except AgentError:
+            self._conn.close()
+            raise
 
     def close(self) -> None:
         with self._lock:

@@ -10,10 +10,14 @@ statement on it and does not import ``sqlite3`` (tests/test_storage_boundary.py)
 """
 
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeAlias
 
 import sqlite_utils
+
+from fedge import schema_store
+from fedge.edge_manager.errors import ManagerError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS models (
@@ -229,29 +233,68 @@ _NEWER_LABEL = (
     "ORDER BY n.at DESC, n.rowid DESC LIMIT 1"
 )
 _ONE_LABEL_PER_PREDICTION = f"""
-BEGIN IMMEDIATE;
 INSERT OR IGNORE INTO label_history (label_id, prediction_id, edge, label, who, at, origin,
     replaced_by, replaced_at)
     SELECT l.label_id, l.prediction_id, l.edge, l.label, l.who, l.at, l.origin,
         ({_NEWER_LABEL}), l.at FROM labels l WHERE ({_NEWER_LABEL}) IS NOT NULL;
 DELETE FROM labels WHERE label_id IN (SELECT label_id FROM label_history);
 CREATE UNIQUE INDEX IF NOT EXISTS labels_one_per_prediction ON labels (prediction_id);
-COMMIT;
 """
 
-# (table, column, definition) added after a release; see Store._add_missing_columns.
-# predictions.stats: the image statistics of the prediction as JSON ('' when the agent sent
-# none), issue "The closed loop". evaluations.augmented: 0 for a held-out image as it is,
-# k for its k-th re-lit copy (whose prediction_id is then "<id>~k", edge_manager/
-# evaluations.py): the gate and drift references read 0 only, the MPP fit reads all.
+# Columns added to existing tables after a release (table, column, definition); a store
+# from before gets them with their default (``CREATE TABLE IF NOT EXISTS`` leaves an old
+# table as it was). predictions.stats: the image statistics of the prediction as JSON (''
+# when the agent sent none), issue "The closed loop". evaluations.augmented: 0 for a
+# held-out image as it is, k for its k-th re-lit copy (whose prediction_id is then
+# "<id>~k", edge_manager/evaluations.py): the gate and drift references read 0 only, the
+# MPP fit reads all. evaluation_reports: the items the manager dropped from a station's
+# report, and why (evaluations.py).
 ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("predictions", "stats", "TEXT NOT NULL DEFAULT ''"),
     ("evaluations", "augmented", "INTEGER NOT NULL DEFAULT 0"),
-    # The items the manager dropped from a station's report, and why (evaluations.py).
     ("evaluation_reports", "foreign_items", "INTEGER NOT NULL DEFAULT 0"),
     ("evaluation_reports", "rejected_items", "INTEGER NOT NULL DEFAULT 0"),
     ("evaluation_reports", "dropped_reason", "TEXT NOT NULL DEFAULT ''"),
 )
+
+
+def _columns(*names: str) -> Callable[[sqlite3.Connection], None]:
+    added = [spec for spec in ADDED_COLUMNS if spec[1] in names]
+
+    def apply(conn: sqlite3.Connection) -> None:
+        for table, column, definition in added:
+            schema_store.add_column(conn, table, column, definition)
+
+    return apply
+
+
+def _one_label_per_prediction(conn: sqlite3.Connection) -> None:
+    # A store from before issue 15 may hold several labels of one prediction: all but the
+    # newest move to the history, then the index keeps it one.
+    if conn.execute(
+        "SELECT 1 FROM sqlite_master WHERE name='labels_one_per_prediction'"
+    ).fetchone():
+        return
+    schema_store.run_script(conn, _ONE_LABEL_PER_PREDICTION)
+
+
+# The manager store's schema versions (fedge/schema_store.py): a store at version 0 was
+# written before versions existed, by any earlier release; each step is idempotent. A
+# change to SCHEMA is a new migration here that makes it on an existing store.
+MIGRATIONS: tuple[schema_store.Migration, ...] = (
+    schema_store.Migration(1, "every table and index of SCHEMA", schema_store.script(SCHEMA)),
+    schema_store.Migration(2, "predictions.stats (issue 'The closed loop')", _columns("stats")),
+    schema_store.Migration(3, "evaluations.augmented (re-lit copies)", _columns("augmented")),
+    schema_store.Migration(
+        4,
+        "evaluation_reports: dropped items and why",
+        _columns("foreign_items", "rejected_items", "dropped_reason"),
+    ),
+    schema_store.Migration(
+        5, "one current label per prediction (issue 15)", _one_label_per_prediction
+    ),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 
 Transaction: TypeAlias = sqlite3.Connection
@@ -293,27 +336,11 @@ class Store:
         # the last transactions, which QoS 1 redelivery then fills in.
         self.db.execute("PRAGMA synchronous=NORMAL")
         self.db.execute("PRAGMA foreign_keys=ON")
-        self.db.conn.executescript(SCHEMA)
-        self._add_missing_columns()
-        if self.scalar("SELECT 1 FROM sqlite_master WHERE name='labels_one_per_prediction'"):
-            return
-        # A store from before issue 15 may hold several labels of one prediction: all but
-        # the newest move to the history, then the index keeps it one.
-        self.db.conn.executescript(_ONE_LABEL_PER_PREDICTION)
-
-    def _add_missing_columns(self) -> None:
-        """Columns added to existing tables after a release: a store from before gets them
-        with their default (``CREATE TABLE IF NOT EXISTS`` leaves an old table as it was)."""
-        for table, column, definition in ADDED_COLUMNS:
-            present = {row[1] for row in self.conn.execute(f"PRAGMA table_info({table})")}
-            if column in present:
-                continue
-            try:
-                self.conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
-            except sqlite3.OperationalError as exc:
-                # Another process opening the same store added it a moment ago.
-                if "duplicate column" not in str(exc):
-                    raise
+        try:
+            schema_store.migrate(conn, str(path), MIGRATIONS, ManagerError)
+        except ManagerError:
+            conn.close()
+            raise
 
     @property
     def conn(self) -> sqlite3.Connection:

@@ -82,7 +82,10 @@ class BudgetLedger:
         except (OSError, sqlite3.Error) as exc:
             raise PrivacyError(f"cannot open the privacy ledger {path}: {exc}") from exc
         try:
-            columns = budget_store.prepare(self._conn)
+            columns = budget_store.prepare(self._conn, path)
+        except PrivacyError:
+            self._conn.close()
+            raise
         except sqlite3.DatabaseError as exc:
             self._conn.close()
             raise PrivacyError(

@@ -14,7 +14,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from fedge.privacy.settings import DpRelease
+from fedge import schema_store
+from fedge.privacy.settings import DpRelease, PrivacyError
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS dp_releases (
@@ -29,6 +30,12 @@ CREATE TABLE IF NOT EXISTS dp_evaluations (
     job TEXT NOT NULL, attempt TEXT NOT NULL, noise_multiplier REAL NOT NULL,
     recorded_at REAL NOT NULL, PRIMARY KEY (job, attempt));
 """
+# The ledger's schema versions (fedge/schema_store.py; 0: written before versions). A
+# change to SCHEMA is a new migration here.
+MIGRATIONS: tuple[schema_store.Migration, ...] = (
+    schema_store.Migration(1, "every table of SCHEMA", schema_store.script(SCHEMA)),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 RELEASE_COLUMNS = frozenset(
     {"job", "server_round", "attempt", "noise_multiplier", "sample_rate", "steps"}
 )
@@ -41,12 +48,13 @@ def connect(path: Path) -> sqlite3.Connection:
     return sqlite3.connect(str(path), isolation_level=None, check_same_thread=False, timeout=30.0)
 
 
-def prepare(conn: sqlite3.Connection) -> frozenset[str]:
-    """WAL, full sync and the schema; returns dp_releases' columns (DatabaseError on a
-    file that is not a database)."""
+def prepare(conn: sqlite3.Connection, path: Path) -> frozenset[str]:
+    """WAL, full sync and the schema at its version; returns dp_releases' columns
+    (DatabaseError on a file that is not a database, PrivacyError on one written by a
+    newer fedge)."""
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
-    conn.executescript(SCHEMA)
+    schema_store.migrate(conn, str(path), MIGRATIONS, PrivacyError)
     return frozenset(row[1] for row in conn.execute("PRAGMA table_info(dp_releases)"))
 
 

@@ -35,6 +35,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedge import schema_store
 from fedge.party.errors import StationDataError
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,12 @@ CREATE TABLE IF NOT EXISTS labels (
     prediction_id TEXT PRIMARY KEY, label TEXT NOT NULL, at REAL NOT NULL);
 CREATE INDEX IF NOT EXISTS labels_at ON labels (at);
 """
+# The file's schema versions (fedge/schema_store.py; 0: written before versions). A change
+# to SCHEMA is a new migration here.
+MIGRATIONS: tuple[schema_store.Migration, ...] = (
+    schema_store.Migration(1, "every table and index of SCHEMA", schema_store.script(SCHEMA)),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 # Rows one prune transaction deletes at most: short enough that a keep() waiting for the
 # store's lock waits well under a millisecond, large enough that pruning is rare.
 PRUNE_BATCH = 64
@@ -135,6 +142,11 @@ class StationData:
                 )
             uri = f"file:{db}?mode=ro"
             self._conn = sqlite3.connect(uri, uri=True, check_same_thread=False, timeout=30.0)
+            try:
+                schema_store.refuse_newer(self._conn, str(db), MIGRATIONS, StationDataError)
+            except StationDataError:
+                self._conn.close()
+                raise
         else:
             self.images_dir.mkdir(parents=True, exist_ok=True)
             self._conn = sqlite3.connect(
@@ -142,7 +154,11 @@ class StationData:
             )
             self._conn.execute("PRAGMA journal_mode=WAL")
             self._conn.execute("PRAGMA synchronous=NORMAL")
-            self._conn.executescript(SCHEMA)
+            try:
+                schema_store.migrate(self._conn, str(db), MIGRATIONS, StationDataError)
+            except StationDataError:
+                self._conn.close()
+                raise
         self._lock = threading.Lock()
         # Running totals of the images table (read once here, then kept by keep and the
         # pruner), so deciding whether anything must go costs nothing per image.

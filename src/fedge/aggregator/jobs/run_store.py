@@ -18,6 +18,8 @@ from typing import Any
 import sqlite_utils
 from flwr.app import Message
 
+from fedge import schema_store
+from fedge.aggregator.errors import AggregatorError
 from fedge.aggregator.rounds.latency import LatencyProfile
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.aggregator.tiers.groups import Tiers
@@ -50,6 +52,12 @@ CREATE TABLE IF NOT EXISTS evaluations (
     recorded_at REAL NOT NULL, PRIMARY KEY (run_id, round, party));
 """
 
+# The run store's schema versions (fedge/schema_store.py; 0: written before versions). A
+# change to SCHEMA is a new migration here.
+MIGRATIONS: tuple[schema_store.Migration, ...] = (
+    schema_store.Migration(1, "every table of SCHEMA", schema_store.script(SCHEMA)),
+)
+SCHEMA_VERSION = len(MIGRATIONS)
 
 _U64 = 2**64
 _I64_MAX = 2**63 - 1
@@ -123,7 +131,11 @@ class RunStore:
         self.db = sqlite_utils.Database(conn)
         _use_wal(conn)
         self.db.execute("PRAGMA synchronous=NORMAL")
-        conn.executescript(SCHEMA)
+        try:
+            schema_store.migrate(conn, str(path), MIGRATIONS, AggregatorError)
+        except AggregatorError:
+            conn.close()
+            raise
 
     @property
     def conn(self) -> sqlite3.Connection:
