@@ -32,4 +32,10 @@ def test_bench_rollout_keeps_the_bad_model_on_the_canary(tmp_path: Path) -> None
     assert data["met_target"] is (data["rollback_s"] <= data["health_window_s"] + 5.0)
     # The good rollout's waves waited for every station's own probation verdict.
     assert data["waits_for_probation"] is True
+    # The model that degrades after activation passed the station's probation; the
+    # manager's agreement criterion caught it on the canary alone (issue 25, item 5).
+    assert data["degrading_edges_exposed"] == 1
+    assert "agreement_drop" in data["degrading_caught_by"], data["degrading_reason"]
+    assert 0 < data["degrading_rollback_s"] < data["degrading_health_window_s"] + 60.0
+    assert data["canary_labelled_parts"] >= 2 * 20
     assert data["machine"]["cpu_count"] >= 1
