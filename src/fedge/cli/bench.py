@@ -436,3 +436,27 @@ def rollout(
             edges, health_window_s=health_window, timeout_s=timeout, progress=progress
         ),
     )
+
+
+@app.command("scheduler")
+@friendly_errors
+def scheduler(
+    jobs: Annotated[int, typer.Option(help="Jobs in the synthetic trace.", min=16)] = 65536,
+    te_share: Annotated[
+        float, typer.Option(help="Share of trial-and-error (urgent) jobs.", min=0.0, max=1.0)
+    ] = 0.3,
+    load: Annotated[float, typer.Option(help="Offered load under FIFO (1.0: full).")] = 2.0,
+    seeds: Annotated[int, typer.Option(help="Traces drawn (seeds 0..N-1).", min=1)] = 3,
+    json_path: JsonOption = None,
+) -> None:
+    """FitGpp preemption vs FIFO, LRTP and RAND: the scheduler replayed on a virtual clock.
+
+    Example: fedge bench scheduler --jobs 65536 --te-share 0.3 --load 2.0 --seeds 3 --json out.json
+    """
+    from fedge.bench.scheduler import run_scheduler_bench
+
+    run_bench(
+        "scheduler",
+        json_path,
+        lambda progress: run_scheduler_bench(jobs, te_share, load, seeds, progress=progress),
+    )
