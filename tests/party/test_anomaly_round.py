@@ -13,7 +13,7 @@ from fedge.datasets.defects import CLASSES, make_defect_images
 from fedge.models.anomaly.statistics import add_statistics, fit, station_statistics
 from fedge.models.inspection import new_model
 from fedge.party.anomaly_round import (
-    statistics_from_arrays,
+    record_statistics,
     statistics_round,
     threshold_round,
 )
@@ -53,7 +53,7 @@ def test_station_statistics_add_up_to_the_pooled_fit_and_count_only_good_parts(
 ) -> None:
     stations = [_station(tmp_path / f"st-{i}", f"st-{i}", n, i) for i, n in enumerate((40, 16))]
     replies = [statistics_round(s, SPEC, _arrays(), ConfigRecord()) for s in stations]
-    shares = [statistics_from_arrays(record) for record, _ in replies]
+    shares = [record_statistics(record) for record, _ in replies]
     for station, (_, metrics), share in zip(stations, replies, shares, strict=True):
         data = station.data()
         good = [i for i in data.labelled() if i.label == "clean" and not i.holdout]
@@ -86,7 +86,7 @@ def test_station_statistics_add_up_to_the_pooled_fit_and_count_only_good_parts(
 def test_clipping_bounds_each_parts_features(tmp_path: Path) -> None:
     station = _station(tmp_path, "st-1", 20, 3)
     record, _ = statistics_round(station, SPEC, _arrays(), ConfigRecord({"anomaly-clip": 0.5}))
-    stats = statistics_from_arrays(record)
+    stats = record_statistics(record)
     # trace(outer_l) = sum over parts of ||x_l||^2 <= count * clip^2 at every location.
     traces = np.trace(stats.outer, axis1=1, axis2=2)
     assert np.all(traces <= stats.count * 0.25 + 1e-9)
@@ -105,5 +105,5 @@ def test_a_station_with_no_good_parts_answers_with_an_error(tmp_path: Path) -> N
 
 
 def test_a_reply_without_statistics_is_refused() -> None:
-    with pytest.raises(PartyError, match="lacks"):
-        statistics_from_arrays(_arrays())
+    with pytest.raises(PartyError, match="lack"):
+        record_statistics(_arrays())

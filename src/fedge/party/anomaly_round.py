@@ -17,7 +17,9 @@ Config keys: ``anomaly-stages`` (1-3, default 1), ``anomaly-input-scale`` (defau
 0 = the classifier's per-image normalisation), ``anomaly-clip`` (0 = none) and
 ``anomaly-good-class``. The reply's arrays are ``anomaly-count`` ``[1]``,
 ``anomaly-total`` ``[L, d]``, ``anomaly-outer`` ``[L, d, d]`` and ``anomaly-grid`` ``[2]``
-(float64); metrics ``num-examples`` (good parts used) and ``skipped-unreadable``.
+(float64, :func:`fedge.models.anomaly.statistics.statistics_to_arrays`); metrics
+``num-examples`` (good parts used) and ``skipped-unreadable``. The Flower adapter is
+:mod:`fedge.party.anomaly_app`.
 
 The held-out good parts stay for :func:`threshold_round`: once the fleet's model is
 published, the station scores them and reports the threshold for its target false-alarm
@@ -39,11 +41,6 @@ if TYPE_CHECKING:
     from fedge.models.anomaly.backbone import InspectionBackbone
     from fedge.models.anomaly.statistics import GaussianFit, SufficientStatistics
     from fedge.party.station_app import Station
-
-COUNT_KEY = "anomaly-count"
-TOTAL_KEY = "anomaly-total"
-OUTER_KEY = "anomaly-outer"
-GRID_KEY = "anomaly-grid"
 
 
 def statistics_round(
@@ -71,7 +68,7 @@ def statistics_round(
         stats = station_statistics(features, grid)
     except AnomalyError as exc:
         raise PartyError(f"station {station.edge}: {exc}") from exc
-    return statistics_to_arrays(stats), {"num-examples": stats.count, "skipped-unreadable": skipped}
+    return statistics_record(stats), {"num-examples": stats.count, "skipped-unreadable": skipped}
 
 
 def threshold_round(
@@ -107,39 +104,22 @@ def threshold_round(
     }
 
 
-def statistics_to_arrays(stats: SufficientStatistics) -> ArrayRecord:
-    """The reply's arrays (float64; SecAgg+ would quantise them, see the module notes)."""
-    return ArrayRecord(
-        array_dict={
-            COUNT_KEY: Array(np.array([stats.count], dtype=np.float64)),
-            TOTAL_KEY: Array(stats.total),
-            OUTER_KEY: Array(stats.outer),
-            GRID_KEY: Array(np.array(stats.grid, dtype=np.float64)),
-        }
-    )
+def statistics_record(stats: SufficientStatistics) -> ArrayRecord:
+    """The reply's arrays (float64, as ``statistics.statistics_to_arrays`` gives them)."""
+    from fedge.models.anomaly.statistics import statistics_to_arrays
+
+    return ArrayRecord(array_dict={k: Array(v) for k, v in statistics_to_arrays(stats).items()})
 
 
-def statistics_from_arrays(record: ArrayRecord) -> SufficientStatistics:
+def record_statistics(record: ArrayRecord) -> SufficientStatistics:
     """A station's reply back into statistics; a reply of another shape is an error."""
     from fedge.models.anomaly import AnomalyError
-    from fedge.models.anomaly.statistics import SufficientStatistics
+    from fedge.models.anomaly.statistics import statistics_from_arrays
 
-    missing = {COUNT_KEY, TOTAL_KEY, OUTER_KEY, GRID_KEY} - set(record.keys())
-    if missing:
-        raise PartyError(f"an anomaly statistics reply lacks {sorted(missing)}")
-    count = record[COUNT_KEY].numpy()
-    grid = record[GRID_KEY].numpy()
-    if count.shape != (1,) or grid.shape != (2,):
-        raise PartyError(f"bad anomaly reply: count {count.shape}, grid {grid.shape}")
     try:
-        return SufficientStatistics(
-            count=round(float(count[0])),
-            total=record[TOTAL_KEY].numpy().astype(np.float64),
-            outer=record[OUTER_KEY].numpy().astype(np.float64),
-            grid=(round(float(grid[0])), round(float(grid[1]))),
-        )
+        return statistics_from_arrays({k: v.numpy() for k, v in record.items()})
     except AnomalyError as exc:
-        raise PartyError(f"bad anomaly reply: {exc}") from exc
+        raise PartyError(f"bad anomaly statistics reply: {exc}") from exc
 
 
 def _backbone(spec: ModelSpec, arrays: ArrayRecord, config: ConfigRecord) -> InspectionBackbone:

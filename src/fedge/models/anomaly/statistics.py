@@ -20,7 +20,7 @@ fixed intensity keeps the fit a function of the summed statistics, so federated 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -164,3 +164,65 @@ def mahalanobis(model: GaussianFit, features: Float64Array) -> Float64Array:
     z = np.einsum("lde,nle->nld", white, features - model.mean[None])
     result: Float64Array = np.sqrt(np.sum(z * z, axis=2))
     return result
+
+
+COUNT_KEY = "anomaly-count"
+TOTAL_KEY = "anomaly-total"
+OUTER_KEY = "anomaly-outer"
+GRID_KEY = "anomaly-grid"
+MEAN_KEY = "anomaly-mean"
+COVARIANCE_KEY = "anomaly-covariance"
+
+
+def statistics_to_arrays(stats: SufficientStatistics) -> dict[str, Float64Array]:
+    """Plain float64 arrays for a message (a Flower ArrayRecord, an npz file)."""
+    return {
+        COUNT_KEY: np.array([stats.count], dtype=np.float64),
+        TOTAL_KEY: stats.total,
+        OUTER_KEY: stats.outer,
+        GRID_KEY: np.array(stats.grid, dtype=np.float64),
+    }
+
+
+def statistics_from_arrays(arrays: Mapping[str, npt.NDArray[np.generic]]) -> SufficientStatistics:
+    """:func:`statistics_to_arrays` undone; arrays of another shape are an error."""
+    count, grid = _header(arrays, (COUNT_KEY, TOTAL_KEY, OUTER_KEY, GRID_KEY))
+    return SufficientStatistics(
+        count=count,
+        total=np.asarray(arrays[TOTAL_KEY], dtype=np.float64),
+        outer=np.asarray(arrays[OUTER_KEY], dtype=np.float64),
+        grid=grid,
+    )
+
+
+def fit_to_arrays(model: GaussianFit) -> dict[str, Float64Array]:
+    """The fitted model as plain float64 arrays (what a station needs to score)."""
+    return {
+        COUNT_KEY: np.array([model.count], dtype=np.float64),
+        MEAN_KEY: model.mean,
+        COVARIANCE_KEY: model.covariance,
+        GRID_KEY: np.array(model.grid, dtype=np.float64),
+    }
+
+
+def fit_from_arrays(arrays: Mapping[str, npt.NDArray[np.generic]]) -> GaussianFit:
+    """:func:`fit_to_arrays` undone."""
+    count, grid = _header(arrays, (COUNT_KEY, MEAN_KEY, COVARIANCE_KEY, GRID_KEY))
+    mean = np.asarray(arrays[MEAN_KEY], dtype=np.float64)
+    covariance = np.asarray(arrays[COVARIANCE_KEY], dtype=np.float64)
+    if mean.ndim != 2 or covariance.shape != (mean.shape[0], mean.shape[1], mean.shape[1]):
+        raise StatisticsError(f"bad model arrays: mean {mean.shape}, covariance {covariance.shape}")
+    return GaussianFit(count=count, mean=mean, covariance=covariance, grid=grid)
+
+
+def _header(
+    arrays: Mapping[str, npt.NDArray[np.generic]], keys: tuple[str, ...]
+) -> tuple[int, tuple[int, int]]:
+    missing = sorted(set(keys) - set(arrays))
+    if missing:
+        raise StatisticsError(f"anomaly arrays lack {missing} (got {sorted(arrays)})")
+    count = np.asarray(arrays[COUNT_KEY], dtype=np.float64)
+    grid = np.asarray(arrays[GRID_KEY], dtype=np.float64)
+    if count.shape != (1,) or grid.shape != (2,):
+        raise StatisticsError(f"bad anomaly arrays: count {count.shape}, grid {grid.shape}")
+    return round(float(count[0])), (round(float(grid[0])), round(float(grid[1])))

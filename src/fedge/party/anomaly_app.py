@@ -1,0 +1,84 @@
+"""The station's Flower ``ClientApp`` for an ``anomaly`` job (issue 28): thin adapter.
+
+A *train* message carries the backbone's weights (``"arrays"``, the inspection CNN's
+state) and a ``"config"`` record with ``model-spec`` and the ``anomaly-*`` keys of
+:mod:`fedge.party.anomaly_round`; the reply is the station's sufficient statistics. An
+*evaluate* message carries the backbone and the fleet's fitted model
+(``"model"``: :func:`fedge.models.anomaly.statistics.fit_to_arrays`); the reply is the
+station's threshold on its held-out good parts. Both replies, and a *query*'s, name the
+station's edge (``"identity"``, as the station ClientApp answers a query). A station
+that cannot answer (no good parts, a family it cannot build) raises
+:class:`~fedge.party.errors.PartyError`: Flower turns it into an error reply, which the
+server counts as that station's failure.
+
+The node config is the station ClientApp's (:class:`fedge.party.station_app.Station`).
+"""
+
+from __future__ import annotations
+
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from fedge.party.anomaly_round import statistics_round, threshold_round
+from fedge.party.errors import PartyError
+from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, round_config
+from fedge.party.station_app import IDENTITY_KEY, Station, model_spec
+
+MODEL_KEY = "model"
+
+app = ClientApp()
+
+
+@app.train()
+def train(msg: Message, context: Context) -> Message:
+    """This station's good parts' statistics."""
+    station = Station.from_node_config(context.node_config)
+    config = round_config(msg)
+    stats, metrics = statistics_round(station, model_spec(config), _arrays(msg, ARRAYS_KEY), config)
+    content = RecordDict(
+        {
+            ARRAYS_KEY: stats,
+            METRICS_KEY: MetricRecord(dict(metrics)),
+            IDENTITY_KEY: ConfigRecord({"edge": station.edge}),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
+@app.evaluate()
+def evaluate(msg: Message, context: Context) -> Message:
+    """This station's threshold for the fleet's model on its held-out good parts."""
+    from fedge.models.anomaly import AnomalyError
+    from fedge.models.anomaly.statistics import fit_from_arrays
+
+    station = Station.from_node_config(context.node_config)
+    config = round_config(msg)
+    try:
+        model = fit_from_arrays({k: v.numpy() for k, v in _arrays(msg, MODEL_KEY).items()})
+    except AnomalyError as exc:
+        raise PartyError(
+            f"station {station.edge}: bad anomaly model in the message: {exc}"
+        ) from exc
+    metrics = threshold_round(station, model_spec(config), _arrays(msg, ARRAYS_KEY), model, config)
+    content = RecordDict(
+        {
+            METRICS_KEY: MetricRecord(dict(metrics)),
+            IDENTITY_KEY: ConfigRecord({"edge": station.edge}),
+        }
+    )
+    return Message(content=content, reply_to=msg)
+
+
+@app.query()
+def query(msg: Message, context: Context) -> Message:
+    """The station's edge id: error replies carry no content, so the server asks first."""
+    station = Station.from_node_config(context.node_config)
+    content = RecordDict({IDENTITY_KEY: ConfigRecord({"edge": station.edge})})
+    return Message(content=content, reply_to=msg)
+
+
+def _arrays(msg: Message, key: str) -> ArrayRecord:
+    records = msg.content.array_records
+    if key not in records:
+        raise PartyError(f"expected an ArrayRecord {key!r} in the message, got {sorted(records)}")
+    return records[key]
