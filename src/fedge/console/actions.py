@@ -16,10 +16,11 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from fedge.console import views_store
+from fedge.console import alerts, views_store
 from fedge.console.deciding import deciding, override_warning
 from fedge.console.errors import BadInput
 from fedge.console.views import manifest_of
+from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.labels.current import Applied
 from fedge.edge_manager.monitor import alert_store
@@ -184,16 +185,71 @@ def operate_rollout(fleet: Fleet, rollout_id: str, operation: str, form: Mapping
 
 
 ALERT_FIELDS = frozenset({"csrf", "note"})
+ALERTS_FIELDS = frozenset({"csrf", "note", "operation"})  # and pick-N, one per incident
+ALERT_OPERATIONS = ("acknowledge", "clear")
 MAX_NOTE = 200
+MAX_PICKED = 500
+
+
+@dataclass(frozen=True)
+class AlertChoice:
+    operation: str  # acknowledge (they stay open) or clear
+    alert_ids: tuple[str, ...]
+    note: str
+
+
+def parse_alerts(form: Mapping[str, str]) -> AlertChoice:
+    """The alerts page's form: the incidents ticked (``pick-N``: their alert ids, comma
+    separated), what to do and the note."""
+    _only(form, ALERTS_FIELDS | {k for k in form if k.startswith("pick-")})
+    operation = form.get("operation", "")
+    if operation not in ALERT_OPERATIONS:
+        raise BadInput(f"{operation!r} is not something an alert can be; reload the page")
+    ids: list[str] = []
+    for key, value in form.items():
+        if key.startswith("pick-"):
+            ids += [part.strip() for part in value.split(",") if part.strip()]
+    if not ids:
+        raise BadInput(f"tick the incidents to {operation} first")
+    if len(ids) > MAX_PICKED:
+        raise BadInput(f"at most {MAX_PICKED} alerts at once")
+    return AlertChoice(operation, tuple(dict.fromkeys(ids)), form.get("note", "").strip())
+
+
+def act_on_alerts(fleet: Fleet, choice: AlertChoice, who: str) -> str:
+    """Acknowledge (the alerts stay open, the acknowledgement kept with them) or clear
+    (as ``fedge alerts clear``) open alerts, with a required note; returns what was done,
+    note included, for the page and the audit log. Every alert is checked (known, open)
+    before anything is written: an unknown or cleared one changes nothing."""
+    views = [alert_store.get_alert(fleet.store, alert_id) for alert_id in choice.alert_ids]
+    closed = [v.alert_id for v in views if not v.is_open]
+    if closed:
+        raise ManagerError(
+            f"alert {', '.join(closed)} was already cleared; nothing was changed "
+            "(reload the page to see what is open)"
+        )
+    if not choice.note:
+        raise BadInput(
+            f"a note is required to {choice.operation} an alert: say what you found or did"
+        )
+    if len(choice.note) > MAX_NOTE:
+        raise BadInput(f"the note is over {MAX_NOTE} characters")
+    if choice.operation == "acknowledge":
+        alerts.acknowledge(fleet, list(choice.alert_ids), choice.note, who)
+        verb = "acknowledged (still open)"
+    else:
+        for view in views:
+            alert_store.acknowledge(fleet.store, view.alert_id, who, choice.note, time.time())
+        verb = "cleared"
+    what = "; ".join(f"{v.alert_id} ({v.kind} on {v.edge}, {v.model})" for v in views)
+    return f"{verb} by {who}: {what}; note: {choice.note}"
 
 
 def acknowledge_alert(fleet: Fleet, alert_id: str, form: Mapping[str, str], who: str) -> str:
-    """Acknowledge an open alert as ``fedge alerts clear`` does (``alert_store``): it is
-    cleared and not raised again for that edge and model until its condition stopped
-    holding once. An unknown or already cleared alert raises ManagerError."""
+    """Clear one open alert as ``fedge alerts clear`` does (``alert_store``): it is not
+    raised again for that edge and model until its condition stopped holding once. A
+    note is required; an unknown or already cleared alert raises ManagerError."""
     _only(form, ALERT_FIELDS)
-    note = form.get("note", "").strip()
-    if len(note) > MAX_NOTE:
-        raise BadInput(f"the note is over {MAX_NOTE} characters")
-    view = alert_store.acknowledge(fleet.store, alert_id, who, note, time.time())
-    return f"cleared {view.alert_id} ({view.kind} on {view.edge}, {view.model}) by {who}"
+    return act_on_alerts(
+        fleet, AlertChoice("clear", (alert_id,), form.get("note", "").strip()), who
+    )

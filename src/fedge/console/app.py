@@ -29,6 +29,7 @@ from fedge.console.cert_login import (
     operator_of,
     presented_chain,
 )
+from fedge.console.conditions import readable
 from fedge.console.errors import BadInput
 from fedge.console.headers import SecurityHeaders
 from fedge.console.live import LiveFeed
@@ -56,6 +57,7 @@ class Console:
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
         )
         env.filters["when"] = views.when
+        env.filters["readable"] = readable
         self.templates = Jinja2Templates(env=env)
 
     # -- store access, always in a worker thread
@@ -223,6 +225,13 @@ class Console:
     async def alerts_page(self, request: Request) -> Response:
         return await self.page(request, "alerts")
 
+    async def alert_page(self, request: Request) -> Response:
+        return await self.page(request, f"alert:{str(request.path_params['alert_id'])[:64]}")
+
+    async def model_page(self, request: Request) -> Response:
+        name, version = request.path_params["name"], request.path_params["version"]
+        return await self.page(request, f"model:{str(name)[:128]}:{str(version)[:12]}")
+
     async def rollout_page(self, request: Request) -> Response:
         return await self.page(request, f"rollout:{request.path_params['rollout_id']}")
 
@@ -344,6 +353,17 @@ class Console:
             request, "clear-alert", alert_id, do, lambda _: "alerts", lambda _: "/alerts"
         )
 
+    async def act_on_alerts(self, request: Request) -> Response:
+        """Acknowledge or clear the incidents ticked on the alerts page, with a note."""
+        raw = await request.form()
+        picked = ",".join(str(v) for k, v in raw.items() if k.startswith("pick-"))
+        action = f"{str(raw.get('operation', ''))[:16]}-alerts"
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return actions.act_on_alerts(fleet, actions.parse_alerts(form), account.name)
+
+        return await self.act(request, action, picked, do, lambda _: "alerts", lambda _: "/alerts")
+
     async def thumbnail(self, request: Request) -> Response:
         """A thumbnail a station shared (its config said so), for any logged-in user."""
         if await self.user(request) is None:
@@ -393,10 +413,13 @@ def create_app(
         Route("/audit", console.audit_page),
         Route("/security", console.security_view),
         Route("/models", console.models_page),
-        Route("/alerts", console.alerts_page),
+        Route("/alerts", console.alerts_page, methods=["GET"]),
         Route("/jobs", console.jobs_page),
         Route("/jobs/{job_id}", console.job_page),
+        Route("/alerts", console.act_on_alerts, methods=["POST"]),
+        Route("/alerts/{alert_id}", console.alert_page),
         Route("/alerts/{alert_id}/clear", console.clear_alert, methods=["POST"]),
+        Route("/models/{name}/{version}", console.model_page),
         Route("/rollouts", console.rollouts_page),
         Route("/rollouts/{rollout_id}", console.rollout_page),
         Route("/rollouts/{rollout_id}/{operation}", console.rollout_action, methods=["POST"]),

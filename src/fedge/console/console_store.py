@@ -1,4 +1,5 @@
-"""The console's own tables in the manager's store: operator tokens and the audit log.
+"""The console's own tables in the manager's store: operator tokens, the audit log and
+operators' acknowledgements of alerts.
 
 :mod:`fedge.console.accounts` issues, checks and lists tokens and :mod:`fedge.console.audit`
 writes and reads the audit log through these; the roles, hashing and truncation stay
@@ -19,6 +20,10 @@ CREATE TABLE IF NOT EXISTS console_audit (
     at REAL NOT NULL, who TEXT NOT NULL, role TEXT NOT NULL, action TEXT NOT NULL,
     target TEXT NOT NULL, detail TEXT NOT NULL, outcome TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS console_audit_at ON console_audit (at);
+-- An operator's acknowledgement of an alert (issue 30, item 6): "seen, someone is on it",
+-- with a note. Separate from clearing: the alert stays open and its condition watched.
+CREATE TABLE IF NOT EXISTS console_alert_acks (
+    alert_id TEXT PRIMARY KEY, who TEXT NOT NULL, note TEXT NOT NULL, at REAL NOT NULL);
 """
 
 
@@ -121,3 +126,35 @@ def recent_audit(store: Store, limit: int) -> list[AuditRow]:
         )
         for r in rows
     ]
+
+
+@dataclass(frozen=True)
+class AlertAck:
+    alert_id: str
+    who: str
+    note: str
+    at: float
+
+
+def put_alert_ack(store: Store, ack: AlertAck) -> None:
+    """Record (or renew: the newest acknowledgement is the one shown) an acknowledgement."""
+    store.conn.execute(
+        "INSERT OR REPLACE INTO console_alert_acks (alert_id, who, note, at) VALUES (?,?,?,?)",
+        (ack.alert_id, ack.who, ack.note, ack.at),
+    )
+
+
+def alert_acks(store: Store, alert_ids: list[str]) -> dict[str, AlertAck]:
+    """The acknowledgements of ``alert_ids`` (those without one are left out)."""
+    found: dict[str, AlertAck] = {}
+    for start in range(0, len(alert_ids), 500):  # under SQLite's bound-parameter limit
+        chunk = alert_ids[start : start + 500]
+        marks = ",".join("?" * len(chunk))
+        for r in store.query(
+            f"SELECT alert_id, who, note, at FROM console_alert_acks WHERE alert_id IN ({marks})",
+            tuple(chunk),
+        ):
+            found[str(r["alert_id"])] = AlertAck(
+                str(r["alert_id"]), str(r["who"]), str(r["note"]), float(r["at"])
+            )
+    return found

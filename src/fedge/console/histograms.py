@@ -37,13 +37,19 @@ class Histogram:
         ]
         for index, (count, rejected) in enumerate(zip(self.counts, self.rejects, strict=True)):
             x = pad + index * bar
+            # One title per bin, on the group: a title in each of its two bars was read
+            # (and shown on hover) twice (issue 30).
+            parts.append(
+                f"<g><title>{index / BINS:.2f}-{(index + 1) / BINS:.2f}: {count} "
+                f"({rejected} rejected)</title>"
+            )
             for value, css in ((count, "all"), (rejected, "reject")):
                 h = (height - 2 * pad) * value / top
                 parts.append(
                     f'<rect x="{x:.1f}" y="{height - pad - h:.1f}" width="{bar - 1:.1f}" '
-                    f'height="{h:.1f}" class="{css}"><title>{index / BINS:.2f}-'
-                    f"{(index + 1) / BINS:.2f}: {count} ({rejected} rejected)</title></rect>"
+                    f'height="{h:.1f}" class="{css}"/>'
                 )
+            parts.append("</g>")
         if self.threshold is not None:
             x = pad + (width - 2 * pad) * self.threshold
             parts.append(

@@ -42,6 +42,47 @@ class JobDetail:
     privacy: list[dict[str, Any]] = field(default_factory=list)
     names: dict[int, str] = field(default_factory=dict)
     chart: str = ""  # inline SVG: accuracy against round
+    stations: list["StationChange"] = field(default_factory=list)
+    produced: list[str] = field(default_factory=list)  # registry models its run produced
+
+
+@dataclass(frozen=True)
+class StationChange:
+    """A station's own held-out accuracy before the job (round 0: the starting model) and
+    after it (the last round it was evaluated in)."""
+
+    station: str
+    before: float | None
+    after: float | None
+    after_round: int
+    examples: int
+
+    @property
+    def delta(self) -> float | None:
+        return None if self.before is None or self.after is None else self.after - self.before
+
+
+def station_changes(evaluations: list[dict[str, Any]]) -> list[StationChange]:
+    """Per station, from the run store's evaluations (``round``, ``party``, ``accuracy``,
+    ``examples``): round 0 against the newest round evaluated."""
+    by_party: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in evaluations:
+        by_party.setdefault(str(row["party"]), {})[int(row["round"])] = row
+    changes = []
+    for party, rounds in sorted(by_party.items()):
+        last = max(rounds)
+        before = rounds.get(0, {}).get("accuracy")
+        after = rounds[last].get("accuracy") if last > 0 else None
+        changes.append(
+            StationChange(
+                party,
+                None if before is None else float(before),
+                None if after is None else float(after),
+                last,
+                int(rounds[last].get("examples") or 0),
+            )
+        )
+    return changes
 
 
 def accuracy_of(round_row: dict[str, Any]) -> float | None:
@@ -104,22 +145,43 @@ def job_detail(fleet: Fleet, job_id: str) -> JobDetail:
         rounds = store.rounds(summary.run_id)
         names = store.party_names(summary.run_id)
         privacy = store.privacy_spent(summary.run_id)
+        evaluations = store.evaluations(summary.run_id)
     finally:
         store.close()
     points = [(int(r["round"]), a) for r in rounds if (a := accuracy_of(r)) is not None]
-    return JobDetail(summary, rounds, privacy, names, accuracy_chart(points))
+    produced = [m.ref for m in fleet.registry.list() if m.run_id == summary.run_id]
+    return JobDetail(
+        summary,
+        rounds,
+        privacy,
+        names,
+        accuracy_chart(points),
+        station_changes(evaluations),
+        produced,
+    )
 
 
-def accuracy_chart(points: list[tuple[int, float]], width: int = 480, height: int = 180) -> str:
-    """Accuracy against round as a small inline SVG (no script, no CDN)."""
+def round_ticks(last: int, most: int = 8) -> list[int]:
+    """Round numbers to label on the x axis: 1, the last, and evenly between (at most
+    ``most``)."""
+    if last <= 1:
+        return [1]
+    step = max(1, -(-(last - 1) // (most - 1)))
+    ticks = list(range(1, last, step))
+    return [*ticks, last] if ticks[-1] != last else ticks
+
+
+def accuracy_chart(points: list[tuple[int, float]], width: int = 520, height: int = 200) -> str:
+    """Accuracy against round as a small inline SVG (no script, no CDN), with ticks on
+    both axes."""
     if not points:
         return ""
-    pad = 30
+    left, pad = 44, 30
     last = max(r for r, _ in points)
     low = min(0.0, min(a for _, a in points))
 
     def x(r: int) -> float:
-        return pad + (width - 2 * pad) * (r - 1) / max(last - 1, 1)
+        return left + (width - left - pad) * (r - 1) / max(last - 1, 1)
 
     def y(a: float) -> float:
         return height - pad - (height - 2 * pad) * (a - low) / max(1.0 - low, 1e-9)
@@ -129,13 +191,27 @@ def accuracy_chart(points: list[tuple[int, float]], width: int = 480, height: in
         f'<circle cx="{x(r):.1f}" cy="{y(a):.1f}" r="3"><title>round {r}: {a:.3f}</title></circle>'
         for r, a in points
     )
+    ticks = []
+    for r in round_ticks(last):
+        ticks.append(
+            f'<line x1="{x(r):.1f}" y1="{height - pad}" x2="{x(r):.1f}" y2="{height - pad + 4}" '
+            f'class="axis"/><text class="tick" x="{x(r):.1f}" y="{height - pad + 15}" '
+            f'text-anchor="middle">{r}</text>'
+        )
+    steps = 4
+    for i in range(steps + 1):
+        a = low + (1.0 - low) * i / steps
+        ticks.append(
+            f'<line x1="{left - 4}" y1="{y(a):.1f}" x2="{left}" y2="{y(a):.1f}" class="axis"/>'
+            f'<text class="tick" x="{left - 6}" y="{y(a) + 4:.1f}" text-anchor="end">{a:.2f}</text>'
+        )
     return (
         f'<svg class="chart" viewBox="0 0 {width} {height}" width="{width}" height="{height}" '
         f'role="img" aria-label="accuracy against round">'
-        f'<line x1="{pad}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
+        f'<line x1="{left}" y1="{height - pad}" x2="{width - pad}" y2="{height - pad}" '
         'class="axis"/>'
-        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{height - pad}" class="axis"/>'
-        f'<text x="{pad}" y="{pad - 8}">accuracy (1.0 top)</text>'
-        f'<text x="{width - pad}" y="{height - 8}" text-anchor="end">round {last}</text>'
-        f'<polyline points="{line}" fill="none" class="series"/>{dots}</svg>'
+        f'<line x1="{left}" y1="{pad}" x2="{left}" y2="{height - pad}" class="axis"/>'
+        f'<text x="{left}" y="{pad - 10}">accuracy</text>'
+        f'<text x="{width - pad}" y="{height - 2}" text-anchor="end">round</text>'
+        f'{"".join(ticks)}<polyline points="{line}" fill="none" class="series"/>{dots}</svg>'
     )

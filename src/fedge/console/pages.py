@@ -2,11 +2,19 @@
 
 from typing import Any
 
-from fedge.console import actions, audit, histograms, jobs, registry_views, views
+from fedge.console import (
+    alerts,
+    audit,
+    histograms,
+    incidents,
+    jobs,
+    model_page,
+    registry_views,
+    views,
+)
 from fedge.console.fleet_table import STATES, TableQuery, fleet_table
 from fedge.console.queue import QueueQuery, label_queue
 from fedge.edge_manager.fleet.operations import Fleet
-from fedge.edge_manager.monitor import alert_store
 
 
 def context(
@@ -22,6 +30,7 @@ def context(
             "detail": views.edge_detail(fleet, key),
             "histograms": histograms.score_histograms(fleet, key),
             "deploys": histograms.deploy_history(fleet, key),
+            "rollbacks": incidents.edge_rollbacks(fleet, key),
         }
     if kind == "labels":
         return {"queue": label_queue(fleet, QueueQuery.parse(params))}
@@ -30,18 +39,17 @@ def context(
     if kind == "job":
         return {"detail": jobs.job_detail(fleet, key)}
     if kind == "alerts":
-        every = params.get("all") == "1"
-        return {
-            "alerts": alert_store.list_alerts(fleet.store, include_cleared=every),
-            "show_cleared": every,
-        }
+        return {"board": alerts.alerts_page(fleet, params.get("all") == "1")}
+    if kind == "alert":
+        return {"shown": alerts.alert_page(fleet, key)}
     if kind == "models":
         return {"registry": registry_views.models_page(fleet)}
+    if kind == "model":
+        name, _, version = key.rpartition(":")
+        return {"model_view": model_page.model_page(fleet, name, version)}
     if kind == "rollouts":
         return {"rollouts": registry_views.rollouts_page(fleet)}
     if kind == "rollout":
-        return {
-            "rollout": registry_views.rollout_page(fleet, key),
-            "actions": actions.ROLLOUT_OPERATIONS,
-        }
+        rollout = registry_views.rollout_page(fleet, key)
+        return {"rollout": rollout, "actions": rollout["actions"]}
     return {"entries": audit.recent(fleet.store)}

@@ -7,10 +7,15 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
-from fedge.console import views_store
+from fedge.console import incidents, views_store
+from fedge.console.conditions import readable
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.gate import run as gating
 from fedge.edge_manager.rollout import views as rollout_views
+from fedge.edge_manager.rollout.machine import MOVING, EdgeState, RolloutState
+
+# No further wave moves in these (an aborted one only waits for edges to come back).
+STOPPED = frozenset({"completed", "degraded", "aborted", "rolled_back"})
 
 
 @dataclass(frozen=True)
@@ -91,11 +96,33 @@ def rollouts_page(fleet: Fleet) -> list[rollout_views.RolloutListing]:
     return rollout_views.list_rollouts(fleet.store)
 
 
+def rollout_actions(state: str) -> tuple[str, ...]:
+    """What an operator may do to a rollout in ``state`` (the machine's own rules:
+    machine.pause, resume, abort); the page offers nothing else."""
+    if state in {s.value for s in MOVING}:
+        return ("pause", "abort")
+    if state == RolloutState.PAUSED.value:
+        return ("resume", "abort")
+    if state == RolloutState.DEGRADED.value:
+        return ("abort",)
+    return ()
+
+
+def edge_shown_state(edge_state: str, rollout_finished: bool) -> str:
+    """An edge's state in a rollout, in words; an edge whose wave never came in a rollout
+    that ended is not "waiting" (it never will be)."""
+    if edge_state == EdgeState.WAITING.value and rollout_finished:
+        return "not moved (the rollout ended first)"
+    return readable(edge_state)
+
+
 def rollout_page(fleet: Fleet, rollout_id: str) -> dict[str, Any]:
     """Raises RolloutError (a ManagerError) for an unknown rollout."""
     status = rollout_views.status(fleet.store, rollout_id)
+    finished = status["finished_at"] is not None or status["state"] in STOPPED
     waves: dict[int, list[dict[str, Any]]] = defaultdict(list)
     for edge in status["edges"]:
+        edge["shown_state"] = edge_shown_state(edge["state"], finished)
         waves[int(edge["wave"])].append(edge)
     status["waves"] = [
         {
@@ -107,4 +134,7 @@ def rollout_page(fleet: Fleet, rollout_id: str) -> dict[str, Any]:
         }
         for wave, edges in sorted(waves.items())
     ]
+    status["shown_label"] = readable(status["label"])
+    status["incident"] = incidents.rollout_incident(fleet, status)
+    status["actions"] = rollout_actions(status["state"])
     return status

@@ -15,6 +15,7 @@ design and why it is not "reconnect so the broker redelivers").
 
 import datetime as dt
 import logging
+import os
 import queue
 import threading
 import time
@@ -30,12 +31,15 @@ import grpc
 from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.desired.publisher import DesiredPublisher
 from fedge.edge_manager.errors import ManagerError
+from fedge.edge_manager.fleet.liveness import SilenceSweep
 from fedge.edge_manager.fleet.operations import Fleet
-from fedge.edge_manager.home import space
+from fedge.edge_manager.home import run_dir, space
 from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
 from fedge.edge_manager.ingest import hold
 from fedge.edge_manager.ingest.messages import Ingestor, Outcome, Verdict
 from fedge.edge_manager.ingest.store import IngestTransaction
+from fedge.edge_manager.metrics.collector import ManagerCollector, ServeReadings, manager_registry
+from fedge.edge_manager.metrics.readiness import manager_readiness
 from fedge.edge_manager.monitor.tick import Monitor, policy_from
 from fedge.edge_manager.retention.policy import Pruner, RetentionPolicy
 from fedge.edge_manager.rollout.service import RolloutDriver
@@ -50,6 +54,7 @@ from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
 from fedge.transport.grpc.contract import DesiredDocument, SinkResult
 from fedge.transport.grpc.server import GrpcServices
+from fedge.transport.metrics import MetricsError, MetricsServer, Readiness, mutual_tls_context
 from fedge.transport.mqtt import MqttSession
 from fedge.transport.session import (
     Message,
@@ -205,6 +210,7 @@ class ManagerService:
         self._space: space.DiskSpace | None = None
         self._space_due = 0.0
         self._low_since: float | None = None
+        self._serve_lock: int | None = None  # run/serve.pid, when this service took it
         self._stop = threading.Event()
         self._ready = threading.Event()
         self._worker = threading.Thread(target=self._run, name="manager-worker", daemon=True)
@@ -238,11 +244,34 @@ class ManagerService:
             on_manager_renewed=self.mqtt.reload_certificate,
             counters=self.counters,
         )
+        # Silent online edges marked lost within seconds (fleet/liveness.py, issue 27).
+        self.sweep = SilenceSweep(
+            self.settings.edge_lost_after_s,
+            self.counters,
+            started=time.time(),
+            caught_up=lambda: self._queue.empty() and not self._held,
+        )
+        # Prometheus metrics read when scraped, in this serve's own registry (issue 27).
+        self.registry = manager_registry(
+            ManagerCollector(
+                ServeReadings(
+                    counters=lambda: self.counters,
+                    ingest_counters=self._ingest_counters,
+                    held=lambda: len(self._held),
+                    store_state=lambda: self.store_health().state,
+                    broker_connected=self.mqtt.connected.is_set,
+                ),
+                home.db_path,
+                home.pki().root,
+            )
+        )
+        self.metrics_server: MetricsServer | None = None
 
     # -- lifecycle
 
     def start(self, timeout_s: float = 10.0) -> None:
         require_writable_store(self.home)
+        self._hold_serve_lock()
         self._worker.start()
         if not self._ready.wait(timeout_s):
             raise TimeoutError("manager worker did not start")
@@ -272,8 +301,63 @@ class ManagerService:
             else:
                 self.enroll_server.start()
         self.mqtt.start()
+        self._serve_metrics()
+
+    def _serve_metrics(self) -> None:
+        """/metrics, /healthz and /readyz (metrics_port; 0: off). Like enrollment, a busy
+        port or unusable TLS files stop the metrics, never the control plane."""
+        host, port = self.settings.metrics_host, self.settings.metrics_port
+        if port == 0:
+            return
+        try:
+            loopback = host in ("127.0.0.1", "::1", "localhost")
+            context = None
+            if not loopback and not self.settings.insecure:
+                context = mutual_tls_context(self.home.pki().server_files("grpc"))
+            self.metrics_server = MetricsServer(
+                self.registry, self.readiness, host, port, context=context, name="serve-metrics"
+            )
+        except (MetricsError, OSError, ManagerError) as exc:
+            self.counters["metrics.unavailable"] += 1
+            log.error("metrics not served: %s", exc)
+            return
+        self.metrics_server.start()
+        log.info("metrics, /healthz and /readyz on %s", self.metrics_server.url)
+
+    def readiness(self) -> Readiness:
+        """``/readyz``: the broker connected, the store writable, the writer running."""
+        health, link = self.store_health(), self.mqtt.link
+        return manager_readiness(
+            broker_connected=self.mqtt.connected.is_set(),
+            broker_detail=link.last_error,
+            store_state=health.state,
+            store_detail=health.detail,
+            worker_alive=self._worker.is_alive(),
+        )
+
+    def _ingest_counters(self) -> dict[str, int]:
+        ingestor: Ingestor | None = getattr(self, "ingestor", None)
+        return {} if ingestor is None else dict(ingestor.counters)
+
+    def _hold_serve_lock(self) -> None:
+        """Whether serve runs is read from its lock (run_dir.running: the console's "live",
+        ``manager status``, commands' notices). ``fedge manager serve`` takes it before
+        building this service; a service run in-process (tests, ``fedge bench console``)
+        takes it here, so those checks are true to it too. Held by another process: left
+        to it (never an error here; the CLI refuses a second serve itself)."""
+        held = run_dir.running(self.home.root, run_dir.Role.SERVE)
+        if held is not None and held.pid == os.getpid():
+            return  # `fedge manager serve` in this process holds it
+        try:
+            self._serve_lock = (
+                None if held is not None else run_dir.hold(self.home.root, run_dir.Role.SERVE)
+            )
+        except ManagerError as exc:  # taken meanwhile, or the run folder is not writable
+            log.warning("serve lock not taken: %s", exc)
 
     def stop(self) -> None:
+        if self.metrics_server is not None:
+            self.metrics_server.stop()
         if self.enroll_server is not None:
             self.enroll_server.stop()
         self.mqtt.stop()
@@ -281,6 +365,9 @@ class ManagerService:
             self._grpc_server.stop(grace=1.0)
         self._stop.set()
         self._worker.join(timeout=10)
+        if self._serve_lock is not None:
+            os.close(self._serve_lock)
+            self._serve_lock = None
 
     def _delivered(self, message: Message) -> None:
         self._queue.put(_Delivered(message, self._connection))
@@ -347,6 +434,7 @@ class ManagerService:
                 self.publisher.publish_pending(fleet)
                 self._prune(store)
                 self._watch(monitor)
+                self.sweep.tick(store, time.time())
                 self.credential_keeper.tick()
         finally:
             store.close()

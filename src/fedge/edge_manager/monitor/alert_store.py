@@ -103,13 +103,28 @@ def _view(row: dict[str, Any]) -> AlertView:
 
 
 def list_alerts(
-    store: Store, *, edge: str | None = None, include_cleared: bool = False, limit: int = 200
+    store: Store,
+    *,
+    edge: str | None = None,
+    include_cleared: bool = False,
+    limit: int = 200,
+    model: str | None = None,
+    raised_from: float | None = None,
+    raised_until: float | None = None,
 ) -> list[AlertView]:
-    """Alerts, newest first: the open ones, or all with ``include_cleared``."""
-    where, params = [], []
-    if edge is not None:
-        where.append("a.edge = ?")
-        params.append(edge)
+    """Alerts, newest first: the open ones, or all with ``include_cleared``; of one edge,
+    one model, raised in [``raised_from``, ``raised_until``] when given."""
+    where: list[str] = []
+    params: list[Any] = []
+    for clause, value in (
+        ("a.edge = ?", edge),
+        ("a.model = ?", model),
+        ("a.raised_at >= ?", raised_from),
+        ("a.raised_at <= ?", raised_until),
+    ):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
     if not include_cleared:
         where.append("a.cleared_at IS NULL")
     sql = _SELECT + (" WHERE " + " AND ".join(where) if where else "")
