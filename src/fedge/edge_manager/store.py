@@ -241,6 +241,25 @@ DELETE FROM labels WHERE label_id IN (SELECT label_id FROM label_history);
 CREATE UNIQUE INDEX IF NOT EXISTS labels_one_per_prediction ON labels (prediction_id);
 """
 
+# The scheduler's queue (issue 31; edge_manager/scheduler/store.py): teams with a daily
+# quota in station-hours, queued jobs with their state, and every state change (audit).
+JOBS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS teams (
+    team TEXT PRIMARY KEY, quota_station_hours REAL, created_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS queue_jobs (
+    job_id TEXT PRIMARY KEY, kind TEXT NOT NULL, team TEXT NOT NULL REFERENCES teams (team),
+    demand INTEGER NOT NULL, stations TEXT NOT NULL, grace_s REAL NOT NULL,
+    max_preemptions INTEGER NOT NULL, priority INTEGER NOT NULL, job_dir TEXT NOT NULL,
+    submitted_at REAL NOT NULL, submitted_by TEXT NOT NULL, state TEXT NOT NULL,
+    preemptions INTEGER NOT NULL DEFAULT 0, queued_at REAL NOT NULL,
+    waited_s REAL NOT NULL DEFAULT 0, ran_s REAL NOT NULL DEFAULT 0, started_at REAL,
+    assigned TEXT NOT NULL DEFAULT '', updated_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS queue_events (
+    job_id TEXT NOT NULL REFERENCES queue_jobs (job_id), at REAL NOT NULL, state TEXT NOT NULL,
+    who TEXT NOT NULL, detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS queue_events_job ON queue_events (job_id, at);
+"""
+
 # Columns added to existing tables after a release (table, column, definition); a store
 # from before gets them with their default (``CREATE TABLE IF NOT EXISTS`` leaves an old
 # table as it was). predictions.stats: the image statistics of the prediction as JSON (''
@@ -293,6 +312,7 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
     schema_store.Migration(
         5, "one current label per prediction (issue 15)", _one_label_per_prediction
     ),
+    schema_store.Migration(6, "the job queue (issue 31)", schema_store.script(JOBS_SCHEMA)),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

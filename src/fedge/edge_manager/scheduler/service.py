@@ -1,0 +1,154 @@
+"""The queue on the manager: submissions checked, the store read into a :class:`State`,
+:func:`decide`'s actions recorded, and the round-boundary reports a runner makes.
+
+The runner of admitted jobs (the fleet-job machinery) is the adapter that carries the
+recorded actions out: it starts or resumes ``running`` jobs on their assigned stations,
+asks ``suspending`` and ``cancelling`` jobs to stop after their current round, and calls
+:func:`round_boundary` when one did. This module decides and records; it does no I/O
+beyond the store.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+
+from fedge.edge_manager.fleet import edge_store
+from fedge.edge_manager.scheduler import store as queue_store
+from fedge.edge_manager.scheduler.decide import decide
+from fedge.edge_manager.scheduler.errors import SchedulerError
+from fedge.edge_manager.scheduler.lifecycle import HOLDING, WAITING, JobState, cancel_target
+from fedge.edge_manager.scheduler.policy import Policy, queue_key
+from fedge.edge_manager.scheduler.queue import Actions, Queued, Running, State, Station
+from fedge.edge_manager.scheduler.store import JobRecord
+from fedge.edge_manager.scheduler.submit import build_job
+from fedge.edge_manager.store import Store
+
+DAY_S = 86_400.0
+SCHEDULER = "scheduler"  # the audit log's "who" for the scheduler's own decisions
+
+
+def submit_job(
+    store: Store,
+    *,
+    kind: str,
+    team: str,
+    stations: str,
+    grace_s: float,
+    max_preemptions: int,
+    priority: int,
+    job_dir: str,
+    who: str,
+    now: float,
+    job_id: str | None = None,
+) -> JobRecord:
+    """Check and queue a job; a bad submission raises :class:`SchedulerError`, queues nothing."""
+    job = build_job(
+        job_id=job_id or f"job-{uuid.uuid4().hex[:10]}",
+        kind=kind,
+        team=team,
+        stations=stations,
+        grace_s=grace_s,
+        max_preemptions=max_preemptions,
+        priority=priority,
+        now=now,
+        teams=queue_store.teams(store),
+        enrolled=edge_store.names(store),
+    )
+    queue_store.submit(store, job, job_dir, who)
+    return queue_store.job(store, job.job_id)
+
+
+def fleet_stations(store: Store) -> list[Station]:
+    """Every enrolled station with one training slot and no window (windows in the signed
+    station config are not read yet: issue 31, item 2)."""
+    return [Station(name) for name in edge_store.names(store)]
+
+
+def snapshot(store: Store, policy: Policy, stations: Sequence[Station], now: float) -> State:
+    records = queue_store.jobs(store, states=(*WAITING, *HOLDING))
+    queue = sorted(
+        (
+            Queued(r.job, r.queued_at, r.waited_s, r.ran_s, r.preemptions)
+            for r in records
+            if r.state in WAITING
+        ),
+        key=lambda q: queue_key(policy, q),
+    )
+    running = [
+        Running(
+            r.job,
+            r.assigned,
+            r.started_at if r.started_at is not None else now,
+            r.waited_s,
+            r.ran_s,
+            r.preemptions,
+            # A cancelling job also frees its stations at its round boundary.
+            suspending=r.state is not JobState.RUNNING,
+        )
+        for r in records
+        if r.state in HOLDING
+    ]
+    return State(policy, stations, queue, running, _remaining_quota(store, now))
+
+
+def _remaining_quota(store: Store, now: float) -> dict[str, float]:
+    """Station-seconds each team with a quota may still use: its quota less the station
+    time of its jobs submitted in the last 24 h (run so far x stations)."""
+    quotas = {t: q for t, q in queue_store.teams(store).items() if q is not None}
+    used = dict.fromkeys(quotas, 0.0)
+    for record in queue_store.jobs(store):
+        if record.job.team not in quotas or record.job.submitted_at < now - DAY_S:
+            continue
+        ran = record.ran_s
+        if record.state is JobState.RUNNING and record.started_at is not None:
+            ran += now - record.started_at
+        used[record.job.team] += ran * record.job.demand
+    return {team: quota * 3600.0 - used[team] for team, quota in quotas.items()}
+
+
+def tick(store: Store, policy: Policy, stations: Sequence[Station], now: float) -> Actions:
+    """One scheduling decision, recorded: started and resumed jobs become ``running`` on
+    their stations, the chosen BE jobs ``suspending``. Returns what the runner must do."""
+    actions = decide(snapshot(store, policy, stations, now), now)
+    for placement in (*actions.start, *actions.resume):
+        queue_store.transition(
+            store,
+            placement.job_id,
+            JobState.RUNNING,
+            who=SCHEDULER,
+            at=now,
+            detail="on " + ",".join(placement.stations),
+            assigned=placement.stations,
+        )
+    for suspension in actions.suspend:
+        queue_store.transition(
+            store,
+            suspension.job_id,
+            JobState.SUSPENDING,
+            who=SCHEDULER,
+            at=now,
+            detail=f"preempted for {suspension.for_job} (FitGpp)",
+        )
+    return actions
+
+
+def cancel(store: Store, job_id: str, *, who: str, now: float) -> JobRecord:
+    """Cancel: a waiting job now, a running one at its next round boundary."""
+    current = queue_store.job(store, job_id).state
+    return queue_store.transition(
+        store, job_id, cancel_target(current), who=who, at=now, detail="cancelled"
+    )
+
+
+def round_boundary(store: Store, job_id: str, *, now: float, detail: str = "") -> JobRecord:
+    """The runner reports that a job asked to stop has finished its round (and, when
+    suspending, written its checkpoint): it frees its stations."""
+    state = queue_store.job(store, job_id).state
+    if state is JobState.SUSPENDING:
+        new = JobState.SUSPENDED
+    elif state is JobState.CANCELLING:
+        new = JobState.CANCELLED
+    else:
+        raise SchedulerError(f"job {job_id} is {state.value}; it was not asked to stop")
+    return queue_store.transition(store, job_id, new, who=SCHEDULER, at=now, detail=detail)
