@@ -9,7 +9,7 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 
-from fedge.cli import keys, operator, retention
+from fedge.cli import backup, keys, operator, retention
 from fedge.cli.common import (
     DEFAULT_HOME,
     HomeOption,
@@ -36,6 +36,8 @@ from fedge.edge_manager.serve import ManagerService, require_writable_store
 
 app = typer.Typer(help="The fleet's control plane.", no_args_is_help=True)
 app.add_typer(operator.app, name="operator")
+app.command(name="backup")(backup.backup)
+app.command(name="restore")(backup.restore)
 
 
 @app.command()
