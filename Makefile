@@ -9,10 +9,10 @@ STAMP := $(VENV)/.setup-done
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
-	@{ command -v mosquitto && command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || { \
-	  echo "installing mosquitto, chromium and chromium-driver (Debian packages)"; \
+	@{ command -v mosquitto && command -v chromium && command -v chromedriver && command -v prometheus; } >/dev/null 2>&1 || { \
+	  echo "installing mosquitto, chromium, chromium-driver and prometheus (Debian packages)"; \
 	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
-	    mosquitto mosquitto-clients chromium chromium-driver; }
+	    mosquitto mosquitto-clients chromium chromium-driver prometheus; }
 	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	# torch first: 2.13.0 is a CPU build on this disk; a bare `torch` would pull CUDA.

@@ -1,6 +1,8 @@
 """The agent's systemd unit: exact text, quoting, and ``fedge agent install-service``."""
 
+import contextlib
 import dataclasses
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,7 +13,13 @@ from typer.testing import CliRunner
 from fedge.cli.main import app
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_agent.systemd import AgentService, render_unit, service_for, unit_name
+from fedge.edge_agent.systemd import (
+    AgentService,
+    Notifier,
+    render_unit,
+    service_for,
+    unit_name,
+)
 from fedge.protocols.signing import SigningKey
 
 UNIT = """\
@@ -22,7 +30,9 @@ Wants=network-online.target
 After=network-online.target
 
 [Service]
-Type=simple
+Type=notify
+NotifyAccess=main
+WatchdogSec=30
 User=fedge
 ExecStart=/opt/fedge/bin/fedge agent run --config /etc/fedge/agent.toml
 Restart=always
@@ -194,3 +204,36 @@ def test_install_service_without_a_config_is_one_red_line(tmp_path: Path) -> Non
     assert (
         line == f"error: {tmp_path / 'missing.toml'} not found; create it with `fedge edge enroll`"
     )
+
+
+@pytest.mark.integration
+def test_the_notifier_speaks_sd_notify_on_a_real_datagram_socket(tmp_path: Path) -> None:
+    """READY=1 with a status, WATCHDOG=1 while healthy and not while not, STOPPING=1:
+    the datagrams systemd reads from $NOTIFY_SOCKET (sd_notify(3))."""
+    path = tmp_path / "notify"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as listener:
+        listener.bind(str(path))
+        listener.settimeout(5.0)
+        healthy = [True]
+        notifier = Notifier(str(path), watchdog_usec=200_000)
+        notifier.ready("serving m:1")
+        assert listener.recv(256) == b"READY=1\nSTATUS=serving m:1"
+        notifier.keep_alive(lambda: healthy[0])
+        assert listener.recv(256) == b"WATCHDOG=1"
+        healthy[0] = False
+        listener.settimeout(0.5)
+        drained = []
+        with contextlib.suppress(TimeoutError):
+            while True:  # at most one ping already in flight
+                drained.append(listener.recv(256))
+        assert len(drained) <= 1
+        notifier.stopping()
+        listener.settimeout(5.0)
+        assert listener.recv(256) == b"STOPPING=1"
+
+
+def test_without_a_notify_socket_nothing_is_sent() -> None:
+    notifier = Notifier(None, watchdog_usec=1_000_000)
+    assert notifier.send("READY=1") is False
+    notifier.keep_alive(lambda: True)  # no thread without a socket
+    assert notifier._thread is None

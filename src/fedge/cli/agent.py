@@ -20,7 +20,7 @@ from fedge.edge_agent.inference.local_api import add_label, bind_local_api, star
 from fedge.edge_agent.inference.watcher import watch
 from fedge.edge_agent.lock import lock_data_dir
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_agent.systemd import UNIT_DIR, render_unit, service_for
+from fedge.edge_agent.systemd import UNIT_DIR, Notifier, render_unit, service_for
 from fedge.privacy.floor import PrivacyFloor, default_floor
 from fedge.privacy.settings import PrivacyError
 
@@ -75,9 +75,22 @@ def run(
         f"agent {settings.edge} running (serving {agent.serving or 'nothing yet'}; "
         f"local API {api_line})"
     )
+    notifier = _systemd_notifier()
+    notifier.ready(f"serving {agent.serving or 'nothing yet'}")
+    notifier.keep_alive(agent.alive)
     stop.wait()
+    notifier.stopping()
     agent.stop()
     os.close(lock_fd)
+
+
+def _systemd_notifier() -> Notifier:
+    """systemd's notify socket and watchdog (Type=notify in the unit install-service
+    writes); a watchdog meant for another process (WATCHDOG_PID) is not ours."""
+    usec = os.environ.get("WATCHDOG_USEC", "")
+    watchdog_pid = os.environ.get("WATCHDOG_PID", "")
+    ours = not watchdog_pid or watchdog_pid == str(os.getpid())
+    return Notifier(os.environ.get("NOTIFY_SOCKET"), int(usec) if usec.isdigit() and ours else None)
 
 
 @app.command()

@@ -31,6 +31,8 @@ from fedge.edge_agent.inference.batch import Scored
 from fedge.edge_agent.inference.evaluations import Evaluations
 from fedge.edge_agent.inference.scorer import ImageFile as ImageFile
 from fedge.edge_agent.inference.scorer import Scorer
+from fedge.edge_agent.metrics.collector import AgentMetrics, AgentReadings
+from fedge.edge_agent.metrics.readiness import agent_readiness, uplink_problem, write_problem
 from fedge.edge_agent.serving import ServingState
 from fedge.edge_agent.settings import AgentSettings
 from fedge.edge_agent.store import LocalStore
@@ -48,6 +50,7 @@ from fedge.protocols.errors import ProtocolError
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Preprocess
 from fedge.transport.grpc.client import DesiredClient, ReportUploader
+from fedge.transport.metrics import Readiness
 from fedge.transport.mqtt import MqttSession
 from fedge.transport.session import Message, PublishResult, Session, SessionFactory, Will
 
@@ -98,13 +101,15 @@ class EdgeAgent:
             report=self._report_status,
         )
         self.serving_state.install(self.deployments.restore_active())
+        # Prometheus metrics in this agent's own registry, on its local API (issue 27).
+        self.metrics = AgentMetrics(settings.edge)
         self.scorer = Scorer(
             settings,
             self.store,
             self.station,
             self.counters,
             serving=self.serving_state,
-            observe=self.deployments.probation.observe,
+            observe=self._observe_scored,
         )
         self._commits = self.scorer.commits  # one commit group per agent
         # The gate's evaluations of candidate models on the station's held-out images.
@@ -165,6 +170,7 @@ class EdgeAgent:
             handlers={kind.value: partial(self._route, kind) for kind in topics.Down},
             statements=self._statements,
             counters=self.counters,
+            heartbeat_s=settings.heartbeat_s,
         )
         self._publisher = Publisher(
             settings,
@@ -175,6 +181,20 @@ class EdgeAgent:
             serving=self.serving_state,
             connected=self.mqtt.connected.is_set,
             emit_metrics=self._emit_metrics,
+            heartbeat=self._heartbeat,
+        )
+        self.metrics.read(
+            AgentReadings(
+                counters=lambda: self.counters,
+                backlog=self.store.backlog,
+                oldest_unsent_at=self.store.oldest_unsent_at,
+                serving=lambda: self.serving,
+                config_version=lambda: self.applied_version,
+                broker_connected=self.mqtt.connected.is_set,
+                desired_via_grpc=lambda: self.desired_poller.active,
+                data_dir=settings.data_dir,
+                cert_file=None if settings.insecure else settings.cert_file,
+            )
         )
 
     # -- persistent state
@@ -255,6 +275,41 @@ class EdgeAgent:
         for kind, payload in self._statements():
             self.mqtt.publish(self._topic(kind), payload, retain=True)
         self.counters["connects"] += 1
+
+    def _heartbeat(self) -> None:
+        """The birth again, QoS 0 and not retained (issue 27): any sign of life keeps the
+        edge online at the manager, whose sweep marks a silent one lost within seconds
+        (edge_manager/fleet/liveness.py). Over gRPC the poller beats instead."""
+        if not self.mqtt.connected.is_set():
+            return
+        edge, session = self.settings.edge, self.serving_state.session
+        birth = liveness(edge, session, EdgeState.ONLINE, self.serving, self.applied_version)
+        self.mqtt.publish(self._topic(topics.Up.STATE), codec.encode(birth), qos=0)
+
+    def alive(self) -> bool:
+        """Whether the agent's work goes on: its publisher thread runs (systemd watchdog)."""
+        return self._publisher.alive
+
+    def readiness(self) -> Readiness:
+        """``/readyz``: reports can leave, the data directory takes writes, a model serves."""
+        return agent_readiness(
+            uplink=uplink_problem(
+                broker_connected=self.mqtt.connected.is_set(),
+                via_grpc=self.desired_poller.active,
+            ),
+            store_writable=write_problem(self.settings.data_dir),
+            serving=self.serving,
+        )
+
+    def _observe_scored(
+        self,
+        model: runtime.LoadedModel,
+        rows: np.ndarray,
+        latencies_ms: Sequence[float],
+        errors: int,
+    ) -> None:
+        self.metrics.observe_latencies(latencies_ms)
+        self.deployments.probation.observe(model, rows, latencies_ms, errors)
 
     def _statements(self) -> list[tuple[topics.Up, bytes]]:
         """What a new session states, in order: the birth, then what is in force."""

@@ -16,7 +16,10 @@ manager_root_key = "base64..."    # the fleet's offline root key, if it has one:
 desired_stale_after_days = 14.0   # report (and log) the desired state stale when no
                                   # signed refresh came for this long (a freeze attack)
 watch_dir = "/var/lib/fedge/st-01/inbox"   # optional
-http_port = 8470                  # optional local API on 127.0.0.1, 0 = off
+http_port = 8470                  # optional local API on 127.0.0.1, 0 = off; it also
+                                  # answers /metrics, /healthz and /readyz (issue 27)
+heartbeat_s = 2.5                 # the birth repeated (MQTT QoS 0, or gRPC): the manager
+                                  # marks a station silent for 7 s lost; 0 = off on MQTT
 superlink = "10.0.0.5:9092"       # the fleet's Flower SuperLink (stations that train)
 
 # Where MQTT is blocked: records over gRPC (ReportUpload) with report_via = "grpc", which
@@ -127,6 +130,9 @@ class AgentSettings:
     # (issue 9); 0 = never. report_via = "grpc" polls them all the time.
     grpc_fallback_after_s: float = 60.0
     grpc_poll_interval_s: float = 5.0
+    # The birth repeated this often, so the manager sees a cut within seconds (issue 27,
+    # edge_manager/fleet/liveness.py); 0: not over MQTT (its will still says lost).
+    heartbeat_s: float = 2.5
     superlink: str = ""
     keep_images: int = 5000
     keep_bytes: int = 512 * 2**20
@@ -245,6 +251,8 @@ def load_settings(path: Path) -> AgentSettings:
         _check_credentials(settings, path)
         if settings.report_via not in ("mqtt", "grpc"):
             raise SettingsError(f"{path}: report_via must be 'mqtt' or 'grpc'")
+        if not 0 <= settings.heartbeat_s <= 3600:
+            raise SettingsError(f"{path}: heartbeat_s must be seconds in 0..3600 (0 = off)")
         if settings.grpc_fallback_after_s < 0 or settings.grpc_poll_interval_s <= 0:
             raise SettingsError(
                 f"{path}: grpc_fallback_after_s must be >= 0 (0 = never) "

@@ -356,6 +356,20 @@ class LocalStore:
             outbox = self._conn.execute("SELECT count(*) FROM outbox").fetchone()[0]
         return {"pending_records": int(pending), "outbox_batches": int(outbox)}
 
+    def oldest_unsent_at(self) -> float | None:
+        """When the oldest record the manager has not acknowledged was made (None: all
+        sent): the first outbox batch's first record, else the first pending record."""
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT json_extract(CAST(payload AS TEXT), '$.records[0].at') FROM outbox "
+                "ORDER BY id LIMIT 1"
+            ).fetchone()
+            if row is None:
+                row = self._conn.execute(
+                    "SELECT json_extract(record, '$.at') FROM pending ORDER BY id LIMIT 1"
+                ).fetchone()
+        return None if row is None or row[0] is None else float(row[0])
+
 
 # -- the file read from outside the agent (a benchmark checking what a station holds)
 

@@ -10,15 +10,28 @@ stopped. It waits for the network (``network-online.target``) because its first 
 to connect to the broker. Hardening: the file system is read-only to the agent except
 its data directory (and its inbox, if that lies elsewhere); home directories are
 read-only, ``/tmp`` private, and no process it starts can gain privileges.
+
+``Type=notify`` with a watchdog (issue 27): the agent says READY=1 once it runs, and
+WATCHDOG=1 every half ``WatchdogSec`` while its publisher thread lives; a hung agent is
+killed and restarted by systemd. :class:`Notifier` speaks systemd's datagram protocol on
+``$NOTIFY_SOCKET`` itself (sd_notify(3)), so no new dependency; the CLI reads the two
+environment variables and hands them here.
 """
 
+import logging
+import socket
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedge.edge_agent.errors import AgentError
 from fedge.edge_agent.settings import AgentSettings
 
+log = logging.getLogger(__name__)
+
 RESTART_SEC = 5
+WATCHDOG_SEC = 30
 STOP_TIMEOUT_S = 30
 UNIT_DIR = Path("/etc/systemd/system")
 
@@ -76,7 +89,10 @@ def render_unit(service: AgentService) -> str:
         "After=network-online.target",
         "",
         "[Service]",
-        "Type=simple",
+        "Type=notify",
+        "NotifyAccess=main",
+        # The agent pings every WATCHDOG_SEC / 2 while its publisher thread lives.
+        f"WatchdogSec={WATCHDOG_SEC}",
     ]
     if service.user is not None:
         lines.append(f"User={service.user}")
@@ -128,3 +144,54 @@ def _quote(word: str, *, command: bool = False) -> str:
         return word
     escaped = word.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{escaped}"'
+
+
+class Notifier:
+    """sd_notify(3) over ``socket_path`` ($NOTIFY_SOCKET; None: not under systemd, every
+    call does nothing). ``watchdog_usec`` is $WATCHDOG_USEC (None: no watchdog)."""
+
+    def __init__(self, socket_path: str | None, watchdog_usec: int | None = None) -> None:
+        self.socket_path = socket_path
+        self.watchdog_s = None if not watchdog_usec else watchdog_usec / 1e6
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def send(self, state: str) -> bool:
+        """One notification; False when it could not be sent (logged, never raised)."""
+        if not self.socket_path:
+            return False
+        address = self.socket_path
+        if address.startswith("@"):  # an abstract socket
+            address = "\0" + address[1:]
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as sock:
+                sock.connect(address)
+                sock.sendall(state.encode())
+        except OSError as exc:
+            log.warning("systemd notification %r not sent to %s: %s", state, address, exc)
+            return False
+        return True
+
+    def ready(self, status: str = "") -> None:
+        self.send("READY=1" + (f"\nSTATUS={status}" if status else ""))
+
+    def stopping(self) -> None:
+        self._stop.set()
+        self.send("STOPPING=1")
+
+    def keep_alive(self, healthy: Callable[[], bool]) -> None:
+        """Ping the watchdog every half interval while ``healthy()``; a failed check
+        skips the ping, so systemd restarts an agent whose work stopped."""
+        if self.watchdog_s is None or not self.socket_path:
+            return
+        interval = self.watchdog_s / 2
+
+        def ping() -> None:
+            while not self._stop.wait(interval):
+                if healthy():
+                    self.send("WATCHDOG=1")
+                else:
+                    log.error("watchdog not pinged: the agent's publisher thread stopped")
+
+        self._thread = threading.Thread(target=ping, name="watchdog", daemon=True)
+        self._thread.start()

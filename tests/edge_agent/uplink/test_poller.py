@@ -85,12 +85,21 @@ class Handler:
 
 
 def _poller(
-    station: Station, twin: Twin, *, via_grpc: bool = False, fallback_after_s: float = 10.0
+    station: Station,
+    twin: Twin,
+    *,
+    via_grpc: bool = False,
+    fallback_after_s: float = 10.0,
+    heartbeat_s: float = 30.0,
+    poll_interval_s: float = 2.0,
 ) -> DesiredPoller:
+    """A poller whose heartbeat (30 s here unless given) stays out of the way of the
+    other statuses these tests follow."""
     return DesiredPoller(
         report_via_grpc=via_grpc,
         fallback_after_s=fallback_after_s,
-        poll_interval_s=2.0,
+        poll_interval_s=poll_interval_s,
+        heartbeat_s=heartbeat_s,
         connect=lambda: twin,
         mqtt_connected=lambda: station.connected,
         known_versions=lambda: dict(station.known),
@@ -228,7 +237,7 @@ def test_a_refused_status_is_dropped_not_retried() -> None:
 
 def test_liveness_is_repeated_as_a_heartbeat() -> None:
     station, twin = Station(connected=False), Twin()
-    poller = _poller(station, twin, via_grpc=True)
+    poller = _poller(station, twin, via_grpc=True, heartbeat_s=HEARTBEAT_S)
     poller.tick()
     twin.reports.clear()
     station.now += HEARTBEAT_S - 2.0
@@ -294,3 +303,18 @@ def test_agent_toml_fallback_settings(tmp_path: Path) -> None:
     for bad in ("grpc_fallback_after_s = -1\n", "grpc_poll_interval_s = 0\n"):
         with pytest.raises(SettingsError, match=r"grpc_fallback_after_s must be >= 0"):
             load_settings(_agent_toml(tmp_path / "c.toml", bad))
+
+
+def test_the_heartbeat_does_not_wait_for_a_poll() -> None:
+    """Issue 27: a gRPC-mode station beats every 2.5 s even where it polls every 10 s, so
+    the manager can mark its silence lost within seconds; no poll runs at a beat."""
+    station, twin = Station(connected=False), Twin()
+    poller = _poller(station, twin, via_grpc=True, heartbeat_s=2.5, poll_interval_s=10.0)
+    poller.tick()
+    polls = len(twin.fetches)
+    twin.reports.clear()
+    for _ in range(3):
+        station.now += 2.5
+        poller.tick()
+    assert twin.reports == [("state", BIRTH)] * 3
+    assert len(twin.fetches) == polls

@@ -4,6 +4,8 @@
     POST /v1/labels  {"prediction_id", "label", "who"}   -> {"label_id"}
     GET  /v1/status                                      -> agent status, and whether
                                                             torch / flwr are loaded
+    GET  /metrics, /healthz, /readyz                     -> Prometheus metrics, alive,
+                                                            ready (issue 27)
 
 Bound to loopback only: whoever can reach it is already on the station.
 """
@@ -24,6 +26,7 @@ from fedge.edge_agent.errors import AgentError, NotServingError, StorageError
 from fedge.edge_agent.inference.images import MAX_IMAGE_BYTES
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
+from fedge.transport.metrics import probe_reply
 
 log = logging.getLogger(__name__)
 
@@ -81,7 +84,14 @@ class _Handler(BaseHTTPRequestHandler):
         return self.rfile.read(length)
 
     def do_GET(self) -> None:
-        if self.path == "/v1/status":
+        probe = probe_reply(self.path, self.agent.metrics.registry, self.agent.readiness)
+        if probe is not None:
+            self.send_response(probe.status)
+            self.send_header("Content-Type", probe.content_type)
+            self.send_header("Content-Length", str(len(probe.body)))
+            self.end_headers()
+            self.wfile.write(probe.body)
+        elif self.path == "/v1/status":
             self._reply(
                 HTTPStatus.OK, {**self.agent.status(), "imported": training_stack_imported()}
             )

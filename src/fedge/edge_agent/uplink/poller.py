@@ -12,8 +12,9 @@ While MQTT is down, the status documents the agent publishes on its retained up/
 (liveness, config report, deploy status) go up over DesiredSync too, and the manager
 stores them with the code that stores the MQTT ones. On entering that mode the agent
 states again what is in force, as a new MQTT session's birth does; since gRPC has no
-will, the liveness is repeated every :data:`HEARTBEAT_S` so the manager's ``last_seen``
-tells a silent station from a working one.
+will, the liveness is repeated every ``heartbeat_s`` (:data:`HEARTBEAT_S` by default,
+whether a poll is due or not) so the manager marks a silent station lost within seconds
+(edge_manager/fleet/liveness.py, issue 27).
 """
 
 import hashlib
@@ -30,7 +31,7 @@ from fedge.transport.grpc.contract import DesiredDocument, SinkResult
 
 log = logging.getLogger(__name__)
 
-HEARTBEAT_S = 30.0
+HEARTBEAT_S = 2.5
 # Retained statuses replace their predecessor, so only refused-deployment reports (not
 # retained) can pile up while the manager is unreachable; the oldest of those go first.
 MAX_PENDING = 32
@@ -96,8 +97,11 @@ class DesiredPoller:
         statements: Callable[[], Sequence[tuple[Up, bytes]]],
         counters: Counter[str],
         clock: Callable[[], float] = time.monotonic,
+        heartbeat_s: float = HEARTBEAT_S,
     ) -> None:
         self._report_via_grpc = report_via_grpc
+        # gRPC has no will: its heartbeat cannot be turned off, only slowed.
+        self._heartbeat_s = heartbeat_s if heartbeat_s > 0 else 30.0
         self._fallback_after_s = fallback_after_s
         self._poll_interval_s = poll_interval_s
         self._connect = connect
@@ -157,18 +161,24 @@ class DesiredPoller:
             else:
                 log.warning("MQTT is back: desired documents from MQTT only")
         self._set_sending(active and not connected, now)
-        if not active or now < self._next_poll:
+        if not active:
             return
-        self._next_poll = now + self._poll_interval_s
+        poll_due = now >= self._next_poll
+        beat_due = not connected and now >= self._next_heartbeat
+        if not poll_due and not beat_due:
+            return
+        if poll_due:
+            self._next_poll = now + self._poll_interval_s
         try:
             if self._client is None:
                 self._client = self._connect()  # SyncError: unreadable TLS files
             if not connected:
-                if now >= self._next_heartbeat:
-                    self._next_heartbeat = now + HEARTBEAT_S
+                if beat_due:
+                    self._next_heartbeat = now + self._heartbeat_s
                     self._heartbeat()
                 self._send_pending(self._client)
-            self._fetch(self._client)
+            if poll_due:
+                self._fetch(self._client)
         except SyncError as exc:
             self.counters["desired.poll_failed"] += 1
             log.warning("desired-document poll failed, will retry: %s", exc)
@@ -200,7 +210,7 @@ class DesiredPoller:
                 self._pending = ()
         if sending and not was:
             # Like a birth: the liveness, then what is in force.
-            self._next_heartbeat = now + HEARTBEAT_S
+            self._next_heartbeat = now + self._heartbeat_s
             self._restate(self._statements())
 
     def _heartbeat(self) -> None:

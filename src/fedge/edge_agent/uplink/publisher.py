@@ -41,6 +41,7 @@ class Publisher:
         serving: ServingState,
         connected: Callable[[], bool],
         emit_metrics: Callable[[], None],
+        heartbeat: Callable[[], None] = lambda: None,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -50,6 +51,7 @@ class Publisher:
         self._serving = serving
         self._connected = connected
         self._emit_metrics = emit_metrics
+        self._heartbeat = heartbeat
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="publisher", daemon=True)
 
@@ -60,11 +62,17 @@ class Publisher:
         """Ask the thread to finish its pass and end (without waiting: see :meth:`join`)."""
         self._stop.set()
 
+    @property
+    def alive(self) -> bool:
+        """Whether the thread runs (the systemd watchdog pings only while it does)."""
+        return self._thread.is_alive()
+
     def join(self, timeout: float) -> None:
         self._thread.join(timeout=timeout)
 
     def _loop(self) -> None:
         last_metrics = time.monotonic()
+        last_beat = time.monotonic()
         last_prune = 0.0
         while not self._stop.wait(self.settings.flush_interval_s):
             try:
@@ -80,6 +88,10 @@ class Publisher:
                     # also in flight on MQTT may reach the manager twice; its (edge,
                     # stream, seq) key stores it once.
                     self.outbox.upload()
+                beat = self.settings.heartbeat_s
+                if beat > 0 and time.monotonic() - last_beat >= beat:
+                    last_beat = time.monotonic()
+                    self._heartbeat()  # the manager's liveness sweep (issue 27)
                 interval = 5.0 if config is None else config.report_interval_s
                 if time.monotonic() - last_metrics >= interval:
                     last_metrics = time.monotonic()

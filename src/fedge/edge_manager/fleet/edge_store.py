@@ -78,3 +78,14 @@ def serving(conn: sqlite3.Connection, edge: str) -> str | None:
     """The model ref ``edge`` last reported serving ('': none; None: not enrolled)."""
     row = conn.execute("SELECT serving FROM edges WHERE edge=?", (edge,)).fetchone()
     return None if row is None else str(row[0])
+
+
+def mark_silent_lost(store: Store, last_seen_before: float) -> list[str]:
+    """Mark every ``online`` edge last heard from before ``last_seen_before`` lost, in one
+    statement; returns those edges (fleet/liveness.py decides the cut-off)."""
+    rows = store.conn.execute(
+        "UPDATE edges SET state='lost' WHERE state='online' AND coalesce(last_seen, 0) < ? "
+        "RETURNING edge",
+        (last_seen_before,),
+    ).fetchall()
+    return sorted(str(r[0]) for r in rows)

@@ -84,6 +84,14 @@ class ManagerSettings:
     # disk; an absolute path on another file system keeps the broker's state safe when
     # the store's disk fills (issue 33).
     broker_persistence: str = ""
+    # Prometheus metrics, /healthz and /readyz of `manager serve` (issue 27): loopback by
+    # default (metrics name stations, models and certificates); another address is served
+    # over TLS with the fleet's certificates, a client certificate required. 0: off.
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 9470
+    # An edge stored online and silent this long is marked lost (fleet/liveness.py;
+    # agents send a heartbeat every 2.5 s). 0: only last wills and goodbyes mark it.
+    edge_lost_after_s: float = 7.0
 
     def __post_init__(self) -> None:
         for name in RETENTION_FIELDS:
@@ -110,6 +118,7 @@ class ManagerSettings:
             )
         _check_monitor_settings(self)
         _check_space_settings(self)
+        _check_ops_settings(self)
 
     @property
     def enroll_url(self) -> str:
@@ -205,6 +214,23 @@ def _check_space_settings(settings: ManagerSettings) -> None:
         raise ManagerError(
             f"broker_persistence must be an absolute directory (or empty: in the home), "
             f"got {where!r}"
+        )
+
+
+def _check_ops_settings(settings: ManagerSettings) -> None:
+    port, lost_after = settings.metrics_port, settings.edge_lost_after_s
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ManagerError(f"metrics_port must be a port in 0..65535 (0: off), got {port!r}")
+    if not isinstance(settings.metrics_host, str) or not settings.metrics_host:
+        raise ManagerError(f"metrics_host must be an address, got {settings.metrics_host!r}")
+    if (
+        isinstance(lost_after, bool)
+        or not isinstance(lost_after, int | float)
+        or not (lost_after == 0 or 3.0 <= lost_after < math.inf)
+    ):
+        raise ManagerError(
+            f"edge_lost_after_s must be 0 (off) or seconds >= 3 (agents beat every 2.5 s), "
+            f"got {lost_after!r}"
         )
 
 
@@ -313,6 +339,9 @@ class ManagerHome:
                     f"low_space_percent = {float(settings.low_space_percent)}",
                     f"low_space_mib = {float(settings.low_space_mib)}",
                     f"broker_persistence = {json.dumps(settings.broker_persistence)}",
+                    f"metrics_host = {json.dumps(settings.metrics_host)}",
+                    f"metrics_port = {settings.metrics_port}",
+                    f"edge_lost_after_s = {float(settings.edge_lost_after_s)}",
                     # float() so `inf` is written as TOML's inf
                     *(f"{name} = {float(getattr(settings, name))}" for name in RETENTION_FIELDS),
                     f"keep_gates_per_model = {settings.keep_gates_per_model}",

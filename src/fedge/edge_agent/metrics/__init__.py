@@ -1,0 +1,1 @@
+"""What a station shows an ops stack: Prometheus metrics and readiness (issue 27)."""

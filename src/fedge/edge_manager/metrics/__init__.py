@@ -1,0 +1,1 @@
+"""What ``manager serve`` shows an ops stack: Prometheus metrics and readiness (issue 27)."""

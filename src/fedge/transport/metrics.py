@@ -1,0 +1,205 @@
+"""Prometheus metrics and health probes over HTTP (issue 27).
+
+    GET /metrics  the process's registry in Prometheus' text format
+    GET /healthz  200 while the process answers at all (liveness)
+    GET /readyz   200 when every readiness check passes, else 503 with the ones that fail
+
+Each process (``manager serve``, an agent, an aggregator job) builds its own
+:class:`prometheus_client.CollectorRegistry`: no library code touches prometheus_client's
+global registry, so two services in one process (tests, the demo) never mix series.
+Collectors read the counters and stores the process keeps anyway when scraped, rather
+than adding bookkeeping to hot paths.
+
+:class:`MetricsServer` serves the three paths for the manager and aggregator; the agent
+answers them on its local API (:func:`probe_reply` is shared). Bound to loopback by
+default: metrics name stations, models and certificates. Bound elsewhere it needs an
+:class:`ssl.SSLContext` that requires a client certificate (the fleet's CA), so whoever
+reaches the port without a fleet credential gets nothing.
+"""
+
+import json
+import logging
+import ssl
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from socket import socket
+from typing import Any
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from fedge.protocols.pki import TlsFiles
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+@dataclass(frozen=True)
+class Readiness:
+    """The outcome of the readiness checks: each check's name and None (passes) or why not."""
+
+    checks: Mapping[str, str | None]
+
+    @property
+    def ready(self) -> bool:
+        return all(why is None for why in self.checks.values())
+
+    def describe(self) -> dict[str, object]:
+        return {
+            "ready": self.ready,
+            "checks": {name: why or "ok" for name, why in self.checks.items()},
+        }
+
+
+@dataclass(frozen=True)
+class ProbeReply:
+    status: HTTPStatus
+    content_type: str
+    body: bytes
+
+
+def _json(status: HTTPStatus, body: object) -> ProbeReply:
+    return ProbeReply(status, "application/json", json.dumps(body).encode())
+
+
+def probe_reply(
+    path: str, registry: CollectorRegistry, readiness: Callable[[], Readiness]
+) -> ProbeReply | None:
+    """The reply to ``GET path`` for the three probe paths; None for any other path."""
+    route = path.split("?", 1)[0]
+    if route == "/metrics":
+        return ProbeReply(HTTPStatus.OK, CONTENT_TYPE_LATEST, generate_latest(registry))
+    if route == "/healthz":
+        return _json(HTTPStatus.OK, {"alive": True})
+    if route == "/readyz":
+        try:
+            outcome = readiness()
+        except Exception as exc:  # a check that fails to run is a failed check
+            log.exception("readiness check failed to run")
+            outcome = Readiness({"checks": f"{type(exc).__name__}: {exc}"})
+        status = HTTPStatus.OK if outcome.ready else HTTPStatus.SERVICE_UNAVAILABLE
+        return _json(status, outcome.describe())
+    return None
+
+
+class MetricsError(Exception):
+    """The metrics endpoint cannot be served as configured."""
+
+
+class _Handler(BaseHTTPRequestHandler):
+    registry: CollectorRegistry
+    readiness: Callable[[], Readiness]
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("metrics: " + format, *args)
+
+    def do_GET(self) -> None:
+        reply = probe_reply(self.path, self.registry, type(self).readiness)
+        if reply is None:
+            reply = _json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path[:100]}"})
+        self.send_response(reply.status)
+        self.send_header("Content-Type", reply.content_type)
+        self.send_header("Content-Length", str(len(reply.body)))
+        self.end_headers()
+        self.wfile.write(reply.body)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    # A stalled client costs its thread a bounded time, not for ever.
+    timeout_s = 10.0
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        handler: type[BaseHTTPRequestHandler],
+        context: ssl.SSLContext | None,
+    ) -> None:
+        self.context = context
+        super().__init__(address, handler)
+
+    def get_request(self) -> tuple[socket, Any]:
+        conn, address = super().get_request()
+        conn.settimeout(self.timeout_s)
+        if self.context is not None:
+            # The handshake runs in the request's thread, on its first read (not here, in
+            # the accepting one): a peer that never shakes hands stalls only its thread.
+            conn = self.context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        return conn, address
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics: connection from %s failed", client_address, exc_info=True)
+
+
+class MetricsServer:
+    """/metrics, /healthz and /readyz on ``host:port`` (0: a free one, read from
+    :attr:`port`), bound here, served from :meth:`start` until :meth:`stop`.
+
+    Raises :class:`MetricsError` when ``host`` is not loopback and no TLS context is
+    given, or when the address cannot be bound.
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        readiness: Callable[[], Readiness],
+        host: str,
+        port: int,
+        *,
+        context: ssl.SSLContext | None = None,
+        name: str = "metrics",
+    ) -> None:
+        if host not in LOOPBACK and context is None:
+            raise MetricsError(
+                f"metrics on {host}:{port} without TLS would show the fleet to anyone on the "
+                "network; bind metrics_host to 127.0.0.1, or serve it with the fleet's "
+                "certificates (not an --insecure home)"
+            )
+        handler = type(
+            "MetricsHandler",
+            (_Handler,),
+            {"registry": registry, "readiness": staticmethod(readiness)},
+        )
+        try:
+            self._server = _Server((host, port), handler, context)
+        except OSError as exc:
+            raise MetricsError(
+                f"cannot serve metrics on {host} port {port}: {exc.strerror}; set metrics_port "
+                "to a free port (0 turns metrics off)"
+            ) from None
+        self.host = host
+        self.port = int(self._server.server_address[1])
+        self.tls = context is not None
+        self._thread = threading.Thread(target=self._server.serve_forever, name=name, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._server.shutdown()
+            self._thread.join(timeout=5)
+        self._server.server_close()
+
+
+def mutual_tls_context(files: TlsFiles) -> ssl.SSLContext:
+    """A server context that serves ``files``' certificate and admits only clients with a
+    certificate from its CA (and not on its CRL, when the files name one)."""
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    context.load_cert_chain(str(files.cert), str(files.key))
+    context.load_verify_locations(cafile=str(files.ca))
+    if files.crl is not None and files.crl.exists():
+        context.load_verify_locations(cafile=str(files.crl))
+        context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
+    context.verify_mode = ssl.CERT_REQUIRED
+    return context

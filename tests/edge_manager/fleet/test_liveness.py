@@ -1,0 +1,49 @@
+"""The silence rule (issue 27, item 6): pure cut-off, and the sweep on a real SQLite store."""
+
+import time
+from collections import Counter
+from pathlib import Path
+
+from fedge.edge_manager.fleet import edge_store
+from fedge.edge_manager.fleet.liveness import SilenceSweep, sweep_cutoff
+from fedge.edge_manager.store import Store
+
+
+def test_the_cutoff_waits_for_serve_itself_and_can_be_off() -> None:
+    assert sweep_cutoff(now=100.0, started=95.0, lost_after_s=7.0) is None
+    assert sweep_cutoff(now=100.0, started=93.0, lost_after_s=7.0) == 93.0
+    assert sweep_cutoff(now=100.0, started=0.0, lost_after_s=0.0) is None
+
+
+def _edge(store: Store, edge: str, state: str, last_seen: float | None) -> None:
+    edge_store.enroll(store, edge, "x" * 64, 0.0)
+    store.conn.execute(
+        "UPDATE edges SET state=?, last_seen=? WHERE edge=?", (state, last_seen, edge)
+    )
+
+
+def test_only_silent_online_edges_are_marked_lost(tmp_path: Path) -> None:
+    store = Store(tmp_path / "manager.db")
+    now = time.time()
+    _edge(store, "st-quiet", "online", now - 8.0)
+    _edge(store, "st-beating", "online", now - 1.0)
+    _edge(store, "st-off", "offline", now - 100.0)
+    _edge(store, "st-new", "never-seen", None)
+    counters: Counter[str] = Counter()
+    backlog = [False]
+    sweep = SilenceSweep(7.0, counters, started=now - 60.0, caught_up=lambda: not backlog[0])
+    backlog[0] = True  # heartbeats still queued: no silence is judged
+    assert sweep.tick(store, now) == []
+    backlog[0] = False
+    sweep._due = 0.0
+    assert sweep.tick(store, now) == ["st-quiet"]
+    assert counters["liveness.silent_lost"] == 1
+    states = {s.edge: s.state for s in edge_store.summaries(store)}
+    assert states == {
+        "st-quiet": "lost",
+        "st-beating": "online",
+        "st-off": "offline",
+        "st-new": "never-seen",
+    }
+    assert sweep.tick(store, now + 0.5) == []  # not due again within a second
+    store.close()
