@@ -41,7 +41,11 @@ from fedge.bench import Progress, no_progress
 from fedge.bench.errors import BenchError
 from fedge.bench.machine import machine_info
 from fedge.datasets.defects import make_defect_images
-from fedge.models.anomaly.backbone import InspectionBackbone
+from fedge.models.anomaly.backbone import (
+    DEFAULT_INPUT_SCALE,
+    DEFAULT_STAGES,
+    InspectionBackbone,
+)
 from fedge.models.anomaly.model import (
     AnomalyNet,
     ClassifierWithAnomaly,
@@ -83,6 +87,9 @@ class AnomalyBenchSize:
     station_test_per_shape: int = 100
     cost_rounds: int = 7
     cost_per_round: int = 200
+    stages: int = DEFAULT_STAGES
+    input_scale: float | None = DEFAULT_INPUT_SCALE
+    """None: the classifier's per-image normalisation (PaDiM-as-published with stages=3)."""
 
     def __post_init__(self) -> None:
         if len(self.station_parts) < 2 or min(self.station_parts) < 1:
@@ -114,7 +121,9 @@ def run_anomaly(
         classifier = train_inspection_model(
             train_x, train_y, epochs=size.epochs, seed=seed, device="cpu"
         )
-        backbone = InspectionBackbone(classifier).eval()
+        backbone = InspectionBackbone(
+            classifier, stages=size.stages, input_scale=size.input_scale
+        ).eval()
 
         progress(f"{len(size.station_parts)} stations compute their statistics")
         station_features = []

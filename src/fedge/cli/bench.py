@@ -258,6 +258,13 @@ def anomaly(
     test_images: Annotated[
         int, typer.Option(help="Held-out good parts (and half as many per unseen shape).", min=4)
     ] = 500,
+    stages: Annotated[
+        int, typer.Option(help="Conv stages of the inspection CNN the backbone uses.", min=1, max=3)
+    ] = 1,
+    input_scale: Annotated[
+        float,
+        typer.Option(help="Fixed input scale; 0 = the classifier's per-image normalisation."),
+    ] = 20.0,
     json_path: JsonOption = None,
 ) -> None:
     """Federated anomaly detection from good parts: unseen defects, federated = pooled,
@@ -279,6 +286,8 @@ def anomaly(
         test_per_shape=test_images // 2,
         station_test_good=max(2, test_images // 2),
         station_test_per_shape=max(1, test_images // 5),
+        stages=stages,
+        input_scale=input_scale if input_scale > 0 else None,
     )
     if seed != 0:
         run_bench(
