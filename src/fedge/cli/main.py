@@ -13,6 +13,7 @@ from fedge.cli import (
     console,
     deploy,
     edge,
+    jobs,
     labels,
     loop,
     manager,
@@ -41,6 +42,7 @@ app.add_typer(aggregator.app, name="aggregator")
 app.add_typer(console.app, name="console")
 app.add_typer(rollout.app, name="rollout")
 app.add_typer(loop.app, name="loop")
+app.add_typer(jobs.app, name="jobs")
 app.command("deploy")(deploy.deploy)
 app.command("sim")(sim.sim)
 app.command("quickstart")(quickstart.quickstart)
