@@ -199,7 +199,8 @@ class EdgeRollback:
 def edge_rollbacks(fleet: Fleet, edge: str) -> list[EdgeRollback]:
     """The rollouts that took ``edge`` back off their model, newest first."""
     found = []
-    for part in incident_store.rollouts_of_edge(fleet.store, edge):
+    parts = incident_store.rollouts_of_edge(fleet.store, edge)
+    for part in parts:
         if part.edge_state not in SENT_BACK:
             continue
         verb = {
@@ -211,11 +212,11 @@ def edge_rollbacks(fleet: Fleet, edge: str) -> list[EdgeRollback]:
         found.append(
             EdgeRollback(part.rollout_id, part.model, part.previous_model, at, verb, part.reason)
         )
-    by_rollout = {p.rollout_id: p for p in incident_store.rollouts_of_edge(fleet.store, edge)}
+    by_rollout = {p.rollout_id: p for p in parts}
     for rollout_id, at, detail in incident_store.degraded_by(fleet.store, edge):
-        part = by_rollout.get(rollout_id)
-        model = "" if part is None else part.model
-        previous = "" if part is None else part.previous_model
+        known = by_rollout.get(rollout_id)
+        model = "" if known is None else known.model
+        previous = "" if known is None else known.previous_model
         verb = "rolled back on its own, after completing"
         found.append(EdgeRollback(rollout_id, model, previous, at, verb, detail))
     return sorted(found, key=lambda r: r.at, reverse=True)

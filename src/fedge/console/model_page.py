@@ -81,7 +81,8 @@ def model_page(fleet: Fleet, name: str, version_text: str) -> ModelPage:
         raise UnknownModelError(
             f"model {name}:{version} is not in the registry; see the models page"
         )
-    ancestors, parent = [], model.parent
+    ancestors: list[ModelRow] = []
+    parent = model.parent
     while parent is not None and (name, parent) in rows and len(ancestors) < 100:
         ancestors.append(rows[(name, parent)])
         parent = rows[(name, parent)].parent
