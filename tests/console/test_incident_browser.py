@@ -19,6 +19,7 @@ Screenshots at 1600x1000 of each page in the test's tmp dir (``screenshots/``).
 """
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -38,6 +39,7 @@ from conftest import (
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 
+from fedge.edge_manager.home.run_dir import Role, running
 from fedge.edge_manager.monitor import alert_store
 from fedge.edge_manager.monitor.alert_store import AlertView
 from fedge.edge_manager.rollout.plan import make_plan
@@ -122,6 +124,8 @@ def test_a_rolled_back_rollout_on_one_page(
     service = ManagerService(fh.home)
     try:
         service.start()
+        serving = running(fh.home.root, Role.SERVE)  # the lock `manager status` reads
+        assert serving is not None and serving.pid == os.getpid()
         publish_model(fh, 1, seed=1)
         publish_model(fh, 2, seed=2)
         for edge in EDGES:

@@ -1,4 +1,5 @@
-"""The jobs pages: the fleet jobs the manager recorded, read from their run stores."""
+"""The jobs pages: the fleet jobs the manager recorded, read from their run stores; each
+station's held-out accuracy before and after, and the model the job produced."""
 
 import re
 import time
@@ -6,12 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import FleetHome, console_login, make_fleet_home
+from conftest import FleetHome, build_onnx_model, console_login, make_fleet_home
 
 from fedge.aggregator.jobs.directory import RUNS_DB
-from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.jobs.run_store import PartyEvaluation, RunState, RunStore
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.console.jobs import accuracy_chart
+from fedge.protocols.manifest import Lineage
 
 
 def _job(fh: FleetHome, job_dir: Path, name: str, rounds: int) -> None:
@@ -37,8 +39,24 @@ def _job(fh: FleetHome, job_dir: Path, name: str, rounds: int) -> None:
                 eval_metrics={"accuracy": 0.6 + 0.1 * r},
             ),
         )
+    store.record_evaluation(
+        f"{name}-1", 0, [PartyEvaluation("st-01", 0.6, 40), PartyEvaluation("st-02", 0.7, 30)]
+    )
+    store.record_evaluation(
+        f"{name}-1",
+        rounds,
+        [PartyEvaluation("st-01", 0.75, 40), PartyEvaluation("st-02", 0.68, 30)],
+    )
     store.close()
     with fh.fleet() as fleet:
+        fleet.registry.publish(
+            build_onnx_model(job_dir / "model.onnx"),
+            name="inspect",
+            version=7,
+            classes=("clean", "scratch"),
+            positive_classes=("scratch",),
+            lineage=Lineage(run_id=f"{name}-1"),
+        )
         fleet.store.conn.execute(
             "INSERT INTO fleet_jobs (job_dir, name, model, prepared_at) VALUES (?,?,?,?)",
             (str(job_dir), name, "inspect:1", time.time()),
@@ -78,3 +96,19 @@ def test_the_chart_has_a_point_per_round_and_nothing_without() -> None:
     assert accuracy_chart([]) == ""
     svg = accuracy_chart([(1, 0.5), (2, 0.7)])
     assert svg.count("<circle") == 2 and "round 2" in svg and "<script" not in svg
+
+
+def test_the_job_page_shows_each_station_before_and_after_and_the_model_it_produced(
+    fh: FleetHome,
+) -> None:
+    client, _ = console_login(fh, "viewer")
+    listing = client.get("/jobs").text
+    job_id = re.findall(r'<tr data-job="(\d+)">', listing)[1]
+    detail = client.get(f"/jobs/{job_id}").text
+    stations = dict(re.findall(r'<tr data-station="([^"]+)">(.*?)</tr>', detail, re.S))
+    assert "0.600" in stations["st-01"] and "0.750" in stations["st-01"]
+    assert "+0.150" in stations["st-01"] and "-0.020" in stations["st-02"]
+    assert 'href="/models/inspect/7"' in detail
+    model = client.get("/models/inspect/7").text
+    assert f'href="/jobs/{job_id}"' in model
+    assert detail.count('class="tick"') == 3 + 5
