@@ -167,3 +167,31 @@ def test_the_pruner_thread_keeps_retention_off_the_callers_path(tmp_path: Path) 
     assert counts["bytes"] == counts["images"] * len(PNG)
     assert data.pruned == 50 + 5 * PRUNE_BATCH - counts["images"]
     assert len(list(again.images_dir.iterdir())) == counts["images"]
+
+
+def test_training_copies_are_written_off_the_callers_thread_and_seen_by_every_read(
+    tmp_path: Path,
+) -> None:
+    """In the agent's mode the keeper thread writes the copies (issue 25, item 2): reads
+    in this process wait for them, close() drains them, a failed copy is counted and the
+    next one is written."""
+    data = StationData(tmp_path)
+    for index in range(300):  # more than the keeper's queue: callers write the rest
+        assert data.keep(f"p-{index:04d}", PNG, ".png")
+    assert data.counts()["images"] == 300
+    assert len(list(data.images_dir.glob("*.png"))) == 300
+    data.label("p-0001", "scratch")
+    assert [image.prediction_id for image in data.labelled()] == ["p-0001"]
+
+    data.flush()
+    broken = data.images_dir
+    broken.rename(tmp_path / "gone")  # the copy's directory vanishes under the keeper
+    data.keep("p-x", PNG, ".png")
+    data.flush()
+    assert data.keep_failures == 1
+    (tmp_path / "gone").rename(broken)
+    data.keep("p-y", PNG, ".png")
+    data.close()  # drains the queue first
+    reopened = StationData(tmp_path, readonly=True)
+    assert reopened.counts()["images"] == 301  # p-y kept, p-x lost and counted
+    reopened.close()

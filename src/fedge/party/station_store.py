@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import logging
+import queue
 import sqlite3
 import threading
 import time
@@ -63,6 +64,8 @@ SCHEMA_VERSION = len(MIGRATIONS)
 PRUNE_BATCH = 64
 # How often the pruner thread sweeps files without a row and labels without an image.
 SWEEP_EVERY_S = 3600.0
+# Training copies the keeper thread may be behind by before keep() writes its own.
+KEEP_QUEUE = 256
 # A file younger than this is never an orphan: keep() writes the file before its row.
 ORPHAN_GRACE_S = 60.0
 # In the background mode, keep() prunes a batch itself once the pruner thread is this many
@@ -116,8 +119,13 @@ class StationData:
     """The station's kept images and labels (thread-safe; one writer process: the agent).
 
     ``background`` (the agent's mode): retention runs on a pruner thread, started by the
-    first :meth:`keep` and stopped by :meth:`close`. Without it :meth:`keep` prunes the
-    batch itself when one is due: the same bounded work, on the caller's thread.
+    first :meth:`keep` and stopped by :meth:`close`, and the training copy itself is
+    written by a keeper thread, so a line camera's reply never waits for it (issue 25:
+    the copy was half of what the station added to a model call). A copy not written yet
+    is seen by every read of this object (they wait for the queue first); one lost to a
+    crash costs a training image, never a prediction (that is in the agent's store before
+    the reply). Without ``background`` :meth:`keep` writes and prunes on the caller's
+    thread: the same bounded work.
     """
 
     def __init__(
@@ -173,8 +181,19 @@ class StationData:
         self._caught_up = threading.Event()  # set by the pruner after each pass
         self.pruned = 0  # images retention removed, for the agent's counters and tests
         self.prune_failures = 0
+        # Training copies waiting for the keeper thread (background mode); bounded, so a
+        # disk slower than the line pushes back on the callers instead of filling memory.
+        self._pending: queue.Queue[tuple[str, str, bytes, float] | None] = queue.Queue(
+            maxsize=KEEP_QUEUE
+        )
+        self._keeper: threading.Thread | None = None
+        self.keep_failures = 0
 
     def close(self) -> None:
+        self.flush()
+        if self._keeper is not None:
+            self._pending.put(None)
+            self._keeper.join(timeout=30.0)
         self._closing = True
         self._wake.set()
         if self._pruner is not None and self._pruner is not threading.current_thread():
@@ -200,6 +219,45 @@ class StationData:
                 f"image suffix {suffix!r} is not one of {sorted(IMAGE_SUFFIXES)}"
             )
         name = f"{prediction_id}{suffix}"
+        when = time.time() if at is None else at
+        if self.background:
+            self._start_keeper()
+            try:
+                self._pending.put_nowait((prediction_id, name, data, when))
+                return True
+            except queue.Full:
+                pass  # the keeper is behind: this caller writes its own copy
+        self._write(prediction_id, name, data, when)
+        return True
+
+    def flush(self) -> None:
+        """Wait until every training copy handed to :meth:`keep` is written."""
+        if self._keeper is not None:
+            self._pending.join()
+
+    def _start_keeper(self) -> None:
+        if self._keeper is None:
+            with self._lock:
+                if self._keeper is None:
+                    self._keeper = threading.Thread(
+                        target=self._keeper_loop, name="station-keeper", daemon=True
+                    )
+                    self._keeper.start()
+
+    def _keeper_loop(self) -> None:
+        while (item := self._pending.get()) is not None:
+            try:
+                self._write(*item)
+            except Exception as exc:  # the keeper must outlive any one copy (flush waits)
+                # The prediction is recorded; only its training copy is lost.
+                self.keep_failures += 1
+                log.error("could not keep %s for training: %s", item[0], exc)
+            finally:
+                self._pending.task_done()
+        self._pending.task_done()
+
+    def _write(self, prediction_id: str, name: str, data: bytes, when: float) -> None:
+        suffix = name[len(prediction_id) :]
         path = self.images_dir / name
         tmp = path.with_suffix(suffix + ".tmp")
         # The file first, then its row: a crash in between leaves a file without a row,
@@ -207,7 +265,6 @@ class StationData:
         with open(tmp, "wb") as handle:
             handle.write(data)
         tmp.replace(path)
-        when = time.time() if at is None else at
         with self._lock:
             # A prediction kept again (never, with uuid ids; but correct) replaces its row.
             old = self._conn.execute(
@@ -230,7 +287,6 @@ class StationData:
             self._unlink(self._prune_batch(time.time()))
         if due and self.background:
             self._wake_pruner()
-        return True
 
     def label(self, prediction_id: str, label: str, at: float | None = None) -> None:
         """Record an operator's label; a newer label of the same prediction replaces it."""
@@ -249,6 +305,7 @@ class StationData:
         Bounded batches, each its own short transaction, until every limit holds; then
         the labels past the age limit whose image is gone.
         """
+        self.flush()
         now = time.time() if now is None else now
         removed = 0
         while batch := self._prune_batch(now):
@@ -265,6 +322,7 @@ class StationData:
         A file younger than :data:`ORPHAN_GRACE_S` is left alone: it may be an image
         whose row keep() is about to write.
         """
+        self.flush()
         started = time.time()
         with self._lock:
             known = {r[0] for r in self._conn.execute("SELECT file FROM images")}
@@ -281,6 +339,7 @@ class StationData:
 
     def settled(self, timeout: float) -> bool:
         """Wait until no retention work is due (the pruner caught up); False on timeout."""
+        self.flush()
         deadline = time.monotonic() + timeout
         while True:
             with self._lock:
@@ -402,6 +461,7 @@ class StationData:
 
     def labelled(self) -> list[LabelledImage]:
         """Every kept image that has a label, oldest first, with its held-out flag."""
+        self.flush()
         with self._lock:
             rows = self._conn.execute(
                 "SELECT images.prediction_id, images.file, labels.label FROM images "
@@ -416,6 +476,7 @@ class StationData:
         ]
 
     def counts(self) -> dict[str, int]:
+        self.flush()
         with self._lock:
             if self.readonly:  # another process writes: its totals are not ours
                 images, size = self._conn.execute(
