@@ -61,8 +61,7 @@ OTHER_BRANCH: dict[str, type[Exception]] = {
 # Not errors fedge raises to a user, so deliberately outside FedgeError.
 NOT_FEDGE_ERRORS = {
     # Control flow: unwinds a running job's loop when a halt is requested; never escapes.
-    "fedge.aggregator.fleet.server._Halted",
-    "fedge.sim.jobs._Halted",
+    "fedge.aggregator.jobs.runner._Halted",
     # A deliberately simulated crash inside a SecAgg+ party (a test and bench knob): it
     # must look like any crash to Flower, not like a fedge error.
     "fedge.bench.secagg_apps.PartyKilledError",

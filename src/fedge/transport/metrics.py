@@ -32,6 +32,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from fedge.protocols.pki import TlsFiles
+from fedge.transport.errors import TransportError
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,7 @@ def probe_reply(
     return None
 
 
-class MetricsError(Exception):
+class MetricsError(TransportError):
     """The metrics endpoint cannot be served as configured."""
 
 

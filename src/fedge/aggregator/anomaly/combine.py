@@ -8,6 +8,7 @@ station's parts double. Failed replies are data (the station's reason), not a ha
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from fedge.aggregator.errors import AggregatorError
 from fedge.models.anomaly.statistics import (
     GaussianFit,
     SufficientStatistics,
@@ -38,7 +39,7 @@ class FleetFit:
     duplicates: tuple[str, ...]
 
 
-class NoStatisticsError(ValueError):
+class NoStatisticsError(AggregatorError, ValueError):
     """No station answered with statistics: there is nothing to fit."""
 
 
