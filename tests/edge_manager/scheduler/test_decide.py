@@ -247,3 +247,10 @@ def test_bad_windows_are_refused() -> None:
         ShiftWindow.parse("25:00-06:00")
     with pytest.raises(SchedulerError):
         ShiftWindow.parse("06:00")
+
+
+def test_no_priority_overtakes_a_suspended_job() -> None:
+    urgent_be = Queued(Job("vip", JobKind.BE, "vision", 1, 90.0, 60.0, priority=9), 90.0)
+    suspended = Queued(job("old", at=50.0), queued_at=120.0, preemptions=1)
+    queue = sorted([urgent_be, suspended], key=lambda q: queue_key(FITGPP, q))
+    assert [q.job.job_id for q in queue] == ["old", "vip"]

@@ -61,12 +61,13 @@ class Policy:
 
 
 def queue_key(policy: Policy, queued: Queued) -> tuple[int, int, int, float, str]:
-    """Sort key of the queue: TE before BE (unless FIFO), then priority, then suspended
-    jobs at the head of their kind (FitGpp), then arrival."""
+    """Sort key of the queue: TE before BE (unless FIFO), then suspended jobs at the head
+    of their kind (FitGpp's promise to a preempted job: no priority overtakes it), then
+    priority, then arrival."""
     job = queued.job
     kind_rank = 0 if (job.kind is JobKind.TE or not policy.te_first) else 1
     resumed_rank = 0 if queued.preemptions > 0 else 1
-    return (kind_rank, -job.priority, resumed_rank, job.submitted_at, job.job_id)
+    return (kind_rank, resumed_rank, -job.priority, job.submitted_at, job.job_id)
 
 
 def may_preempt(policy: Policy, running: Running, now: float) -> bool:
