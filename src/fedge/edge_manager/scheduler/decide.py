@@ -32,11 +32,12 @@ from fedge.edge_manager.scheduler.windows import may_train
 
 
 def open_stations(state: State, now: float) -> dict[str, int]:
-    """Stations inside a training window now, with their slots."""
+    """Stations that may train now (inside a window, with a slot at all), with their slots."""
     return {
         s.station_id: s.slots
         for s in state.stations
-        if may_train(s.windows, now, utc_offset_s=s.utc_offset_s, idle_since=s.idle_since)
+        if s.slots > 0
+        and may_train(s.windows, now, utc_offset_s=s.utc_offset_s, idle_since=s.idle_since)
     }
 
 

@@ -107,9 +107,17 @@ def _remaining_quota(store: Store, now: float) -> dict[str, float]:
     return {team: quota * 3600.0 - used[team] for team, quota in quotas.items()}
 
 
-def tick(store: Store, policy: Policy, stations: Sequence[Station], now: float) -> Actions:
+def tick(
+    store: Store,
+    policy: Policy,
+    stations: Sequence[Station],
+    now: float,
+    *,
+    pin_stations: bool = False,
+) -> Actions:
     """One scheduling decision, recorded: started and resumed jobs become ``running`` on
-    their stations, the chosen BE jobs ``suspending``. Returns what the runner must do."""
+    their stations (``pin_stations``: and may resume only there), the chosen BE jobs
+    ``suspending``. Returns what the runner must do."""
     actions = decide(snapshot(store, policy, stations, now), now)
     for placement in (*actions.start, *actions.resume):
         queue_store.transition(
@@ -120,6 +128,7 @@ def tick(store: Store, policy: Policy, stations: Sequence[Station], now: float) 
             at=now,
             detail="on " + ",".join(placement.stations),
             assigned=placement.stations,
+            pin_stations=pin_stations,
         )
     for suspension in actions.suspend:
         queue_store.transition(

@@ -99,9 +99,12 @@ def transition(
     at: float,
     detail: str = "",
     assigned: tuple[str, ...] | None = None,
+    pin_stations: bool = False,
 ) -> JobRecord:
     """Move a job to ``new`` (checked against the lifecycle), with its bookkeeping: time
-    waited and run, preemptions, the stations it holds; and its event."""
+    waited and run, preemptions, the stations it holds; and its event. ``pin_stations``:
+    a job started on ``assigned`` may resume only there (a fleet job's checkpoint and
+    party map belong to its stations)."""
     with store.transaction() as conn:
         row = _row(conn, job_id)
         current = JobState(row["state"])
@@ -111,6 +114,8 @@ def transition(
             updates["waited_s"] = row["waited_s"] + at - row["queued_at"]
             updates["started_at"] = at
             updates["assigned"] = json.dumps(list(assigned or ()))
+            if pin_stations and assigned:
+                updates["stations"] = json.dumps(sorted(assigned))
         if new is JobState.SUSPENDING:
             updates["ran_s"] = row["ran_s"] + at - (row["started_at"] or at)
         if new is JobState.SUSPENDED:

@@ -1,0 +1,121 @@
+"""The queue carried out on fleet jobs, against the in-memory twin of the fleet-job
+machinery and the manager's real SQLite store: FitGpp's suspension at a round boundary,
+a resume on the job's own stations, and a start recorded before a crash submitted once."""
+
+from pathlib import Path
+
+import pytest
+
+from fedge.aggregator.jobs.run_store import RunState
+from fedge.edge_manager.fleet import edge_store
+from fedge.edge_manager.scheduler import store as queue_store
+from fedge.edge_manager.scheduler.lifecycle import JobState
+from fedge.edge_manager.scheduler.policy import Policy
+from fedge.edge_manager.scheduler.queue import Placement, Station, Suspension
+from fedge.edge_manager.scheduler.service import fleet_stations, submit_job, tick
+from fedge.edge_manager.store import Store
+from fedge.federation.queue_runner import InMemoryFleetJobs, QueueRunner
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Store:
+    opened = Store(tmp_path / "manager.db")
+    for name in ("st-1", "st-2", "st-3", "st-4"):
+        edge_store.enroll(opened, name, "0" * 64, 0.0)
+    queue_store.add_team(opened, "vision", None, 0.0)
+    return opened
+
+
+def submit(store: Store, job_id: str, kind: str, stations: str, now: float) -> None:
+    submit_job(
+        store,
+        kind=kind,
+        team="vision",
+        stations=stations,
+        grace_s=120.0,
+        max_preemptions=1,
+        priority=0,
+        job_dir=f"/jobs/{job_id}",
+        who="ana",
+        now=now,
+        job_id=job_id,
+    )
+
+
+def runner(store: Store, fleet: InMemoryFleetJobs) -> QueueRunner:
+    return QueueRunner(store, fleet, Policy(), lambda: fleet_stations(store))
+
+
+def test_a_te_job_suspends_a_be_job_at_its_round_boundary(store: Store) -> None:
+    fleet = InMemoryFleetJobs()
+    run = runner(store, fleet)
+    submit(store, "be", "be", "any 3", 1.0)
+    submit(store, "filler", "be", "st-4", 1.5)
+    assert run.step(2.0).start == (
+        Placement("be", ("st-1", "st-2", "st-3")),
+        Placement("filler", ("st-4",)),
+    )
+    fleet.round_ends("be")
+    submit(store, "te", "te", "any 2", 3.0)
+    assert run.step(3.0).suspend == (Suspension("be", "te"),)
+    assert fleet.halt_requested == {"be"}
+    assert run.step(4.0) == run.step(5.0)  # waiting for the round: nothing asked twice
+    fleet.round_ends("be")  # the round ends, the checkpoint is written, the run halts
+    assert run.step(6.0).start == (Placement("te", ("st-1", "st-2")),)
+    assert queue_store.job(store, "be").state is JobState.SUSPENDED
+    fleet.finish("te")
+    # be was pinned to its stations at its first start: it resumes there, not on "any 3".
+    assert run.step(7.0).resume == (Placement("be", ("st-1", "st-2", "st-3")),)
+    fleet.finish("be")
+    fleet.finish("filler")
+    run.step(8.0)
+    assert fleet.submissions == {"be": 2, "filler": 1, "te": 1}
+    assert [queue_store.job(store, j).state for j in ("be", "te", "filler")] == [
+        JobState.COMPLETED
+    ] * 3
+    assert [e.state for e in queue_store.events(store, "be")] == [
+        "queued",
+        "running",
+        "suspending",
+        "suspended",
+        "running",
+        "completed",
+    ]
+
+
+def test_a_start_recorded_before_a_crash_is_submitted_once(store: Store) -> None:
+    submit(store, "be", "be", "any 2", 1.0)
+    # The manager recorded the start, then died before it submitted the job.
+    tick(store, Policy(), fleet_stations(store), 2.0, pin_stations=True)
+    fleet = InMemoryFleetJobs()
+    run = runner(store, fleet)
+    run.step(3.0)
+    run.step(4.0)
+    assert fleet.submissions == {"be": 1}
+    assert fleet.stations["be"] == ("st-1", "st-2")
+
+
+def test_a_job_halted_by_an_operator_keeps_its_place(store: Store) -> None:
+    fleet = InMemoryFleetJobs()
+    run = runner(store, fleet)
+    submit(store, "be", "be", "all", 1.0)
+    run.step(2.0)
+    fleet.states["be"] = RunState.HALTED  # fedge aggregator halt, outside the scheduler
+    actions = run.step(3.0)
+    # Observed as suspended, then resumed by the same step: it is still first in line.
+    assert actions.resume == (Placement("be", ("st-1", "st-2", "st-3", "st-4")),)
+    assert "halted outside the scheduler" in [e.detail for e in queue_store.events(store, "be")]
+
+
+def test_a_station_set_too_small_for_a_pinned_job_is_waited_for(store: Store) -> None:
+    fleet = InMemoryFleetJobs()
+    stations = [Station(s) for s in ("st-1", "st-2", "st-3", "st-4")]
+    run = QueueRunner(store, fleet, Policy(), lambda: stations)
+    submit(store, "be", "be", "any 2", 1.0)
+    run.step(2.0)
+    fleet.states["be"] = RunState.HALTED
+    stations[1] = Station("st-2", slots=0)  # st-2 stops training
+    assert run.step(3.0).resume == ()
+    submit(store, "other", "be", "any 1", 4.0)
+    # be cannot run anywhere else, so it is passed over and does not block "other".
+    assert run.step(4.0).start == (Placement("other", ("st-1",)),)
