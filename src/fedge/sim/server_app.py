@@ -24,6 +24,9 @@ distill keys             ``tier-archs`` (comma-separated, fastest tier first),
                          ``temperature``, ``distill-epochs``, ``distill-lr``,
                          ``distill-batch-size``; the proxy set is the scenario's split
 fedprox keys             ``proximal-mu``
+server optimizer keys    ``server-opt`` (``fedadam``, ``fedyogi``, ``fedadagrad``,
+                         ``fedavgm``; "" = none), ``server-lr``, ``beta1``, ``beta2``,
+                         ``tau`` (every strategy but ``distill``)
 =======================  ==================================================================
 
 A Flower run config has no "unset": a deadline or threshold key set to 0 means *off*
@@ -83,6 +86,7 @@ TIERED_KEYS = (
 )
 DISTILL_KEYS = ("tier-archs", "temperature", "distill-epochs", "distill-lr", "distill-batch-size")
 FEDPROX_KEYS = ("proximal-mu",)
+SERVER_OPT_KEYS = ("server-opt", "server-lr", "beta1", "beta2", "tau")
 OFF_WHEN_ZERO = frozenset(
     (
         "deadline-factor",
@@ -122,6 +126,8 @@ class ServerSettings:
     def from_run_config(cls, config: Mapping[str, UserConfigValue]) -> ServerSettings:
         strategy = _text(config, "strategy")
         keys: tuple[str, ...] = DEADLINE_KEYS
+        if str(config.get("server-opt", "")):  # "": no server optimizer, keys ignored
+            keys += SERVER_OPT_KEYS
         if strategy in ("tiered", "distill"):
             keys += TIERED_KEYS
         if strategy == "distill":

@@ -11,6 +11,9 @@ One checkpoint is one file, ``<job_dir>/checkpoints/round-000042.npz`` (``np.sav
 ``__extra__.<n>.<key>``  models the strategy keeps besides the global one
                          (``StreamingFedAvg.extra_arrays``: FedDF's one model per
                          architecture)
+``__opt__.<m|v>.<key>``  the server optimizer's moments (FedAdam/FedYogi/FedAdagrad/
+                         FedAvgM, ``StreamingFedAvg.server_opt_arrays``), so a resumed
+                         job steps exactly as an uninterrupted one would
 ``__checkpoint__``       UTF-8 JSON (as uint8): format, round, key order, the strategy's
                          ``state_dict()`` (numpy RNG state, latency profiles, tiers, tier
                          selection, virtual clock), each late reply's weight, origin
@@ -59,6 +62,7 @@ FORMAT = 1
 META_KEY = "__checkpoint__"
 LATE_PREFIX = "__late__."
 EXTRA_PREFIX = "__extra__."
+OPT_PREFIX = "__opt__."
 _RESERVED = ("file", "allow_pickle")  # np.savez's own keyword arguments
 _NAME = re.compile(r"^round-(\d{6,})\.npz$")
 
@@ -91,6 +95,8 @@ class Checkpoint:
     extra: dict[str, Arrays] = field(default_factory=dict, repr=False)
     sim: dict[str, Any] = field(default_factory=dict)
     created_at: float = 0.0
+    server_opt: dict[str, Arrays] = field(default_factory=dict, repr=False)
+    """The server optimizer's moments (``m``, ``v``); empty without one."""
 
     def array_record(self) -> ArrayRecord:
         """The model as the strategy takes it (keys in their original order)."""
@@ -190,6 +196,7 @@ def save_checkpoint(
         for arrays, weight, origin, group in strategy.late_replies()  # models: beside the JSON
     ]
     extra = strategy.extra_arrays()
+    moments = strategy.server_opt_arrays()
     meta: dict[str, Any] = {
         "format": FORMAT,
         "round": server_round,
@@ -206,6 +213,7 @@ def save_checkpoint(
             for entry in late
         ],
         "extra": [{"name": name, "keys": list(kept)} for name, kept in extra.items()],
+        "server_opt": {name: list(kept) for name, kept in moments.items()},
         "sim": dict(sim or {}),
     }
     try:
@@ -219,6 +227,9 @@ def save_checkpoint(
     for index, kept in enumerate(extra.values()):
         for key, value in kept.items():
             entries[f"{EXTRA_PREFIX}{index}.{key}"] = value
+    for name, kept in moments.items():
+        for key, value in kept.items():
+            entries[f"{OPT_PREFIX}{name}.{key}"] = value
     entries[META_KEY] = np.frombuffer(meta_bytes, dtype=np.uint8)
     path = checkpoint_path(job_dir, server_round)
     atomic_write(path, lambda handle: _savez(handle, entries))
@@ -272,6 +283,10 @@ def load_checkpoint(path: Path) -> Checkpoint:
                 }
                 for index, entry in enumerate(meta.get("extra", []))
             }
+            moments = {
+                str(name): {key: npz[f"{OPT_PREFIX}{name}.{key}"] for key in keys}
+                for name, keys in meta.get("server_opt", {}).items()
+            }
     except CheckpointError:
         raise
     except (OSError, ValueError, KeyError, TypeError, zipfile.BadZipFile) as exc:
@@ -285,6 +300,7 @@ def load_checkpoint(path: Path) -> Checkpoint:
         extra=extra,
         sim=dict(meta.get("sim", {})),
         created_at=float(meta.get("created_at", 0.0)),
+        server_opt=moments,
     )
 
 
@@ -305,6 +321,7 @@ def restore_strategy(strategy: StreamingFedAvg, checkpoint: Checkpoint) -> None:
         # The extra models are checked in full before anything is applied.
         strategy.restore_extra_arrays(checkpoint.extra)
         strategy.load_state_dict(checkpoint.strategy_state)
+        strategy.restore_server_opt_arrays(checkpoint.server_opt)
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckpointError(
             f"checkpoint {checkpoint.path} does not fit a {type(strategy).__name__}: {exc}"

@@ -25,6 +25,12 @@ honour (``aggregate_train`` settles a round as our loop does). What the bound ne
 - a job's ``privacy.epsilon`` is its bound: too many rounds are refused before training
   (:func:`check_rounds`), and a round whose release would pass it is never released.
 
+With a server optimizer (``server_opt``, :mod:`fedge.aggregator.strategies.server_opt`)
+the step is taken on the *noised* aggregate, after Flower's wrapper added its noise and
+only for a released round: post-processing of a DP release costs no extra epsilon
+(Dwork and Roth, 2014, Prop. 2.1). The strategy's own step is deferred
+(``server_opt_deferred``) so the optimizer never sees the clean mean.
+
 Each round's record carries ``dp-epsilon-station`` (the epsilon accounted so far),
 ``dp-released`` and ``dp-noise-multiplier-effective`` in its ``train_metrics`` before any
 observer (the run store) sees it.
@@ -63,6 +69,8 @@ class CentralDP(DifferentialPrivacyServerSideFixedClipping):
         # Federated evaluation would send every party the model each round; the job's own
         # evaluation (evaluate_fn) is what reports accuracy.
         strategy.fraction_evaluate = 0.0
+        # The server optimizer steps on the noised release, here, not on the clean mean.
+        strategy.server_opt_deferred = True
         super().__init__(strategy, spec.noise_multiplier, spec.clipping_norm, strategy.per_round)
         self.spec = spec
         self.inner = strategy
@@ -217,6 +225,8 @@ class CentralDP(DifferentialPrivacyServerSideFixedClipping):
             log(INFO, "central DP round %d: nothing released (%s)", server_round, withheld)
         else:
             self.releases[server_round] = effective
+            # Post-processing of the release (no extra epsilon): FedOpt's step, if any.
+            arrays = self.inner.server_update(self.current_arrays, arrays)
             if folded < asked:
                 log(
                     WARNING,

@@ -2,6 +2,11 @@
 
 Unknown kinds and parameters are errors that name the offending key, raised before
 anything starts.
+
+Every kind but ``distill`` takes a server optimizer (``server_opt`` = ``fedadam``,
+``fedyogi``, ``fedadagrad`` or ``fedavgm``, with ``server_lr``, ``beta1``, ``beta2``,
+``tau``; :mod:`fedge.aggregator.strategies.server_opt`), whatever its tiers, deadline,
+late policy and privacy: the step is taken on the round's folded mean.
 """
 
 from collections.abc import Mapping
@@ -11,6 +16,8 @@ from fedge.aggregator.errors import AggregatorError
 from fedge.aggregator.privacy import central_dp
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.rounds.deadline import DeadlineConfig
+from fedge.aggregator.strategies.server_opt import NAMES as SERVER_OPTIMIZERS
+from fedge.aggregator.strategies.server_opt import ServerOptConfig
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
@@ -48,6 +55,14 @@ _DISTILL: dict[str, type | tuple[type, ...]] = {
     "distill_epochs": int,
     "distill_lr": float,
     "distill_batch_size": int,
+}
+# The server optimizer (FedOpt, Reddi et al. ICLR'21; FedAvgM, Hsu et al. 2019).
+_SERVER_OPT: dict[str, type | tuple[type, ...]] = {
+    "server_opt": str,
+    "server_lr": float,
+    "beta1": float,
+    "beta2": float,
+    "tau": float,
 }
 # Every kind but distill (whose architectures follow the tiers) may set the trained arch.
 _ARCH: dict[str, type | tuple[type, ...]] = {"arch": str}
@@ -98,9 +113,14 @@ def build_strategy(
     """
     table = f"strategies.{name}"
     kind = str(params.get("kind", name))
+    if kind in SERVER_OPTIMIZERS:
+        raise StrategyConfigError(
+            f"{table}.kind: {kind!r} is a server optimizer, not a strategy: set kind = "
+            f"'fedavg' (or 'tiered', 'fedprox') and server_opt = {kind!r}"
+        )
     if kind not in KINDS:
         raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
-    allowed = dict(_DEADLINE) | _PRIVACY
+    allowed = dict(_DEADLINE) | _PRIVACY | _SERVER_OPT
     if kind in ("tiered", "distill"):
         allowed |= _TIERED
     if kind == "distill":
@@ -119,6 +139,20 @@ def build_strategy(
             )
         values[key] = _typed(table, key, value, allowed[key])
     privacy = _privacy(table, values.pop("privacy", {}), kind=kind, per_round=per_round)
+    try:
+        server_opt = ServerOptConfig.from_params(
+            {k: values.pop(k) for k in list(values) if k in _SERVER_OPT}
+        )
+    except ValueError as exc:
+        raise StrategyConfigError(f"{table}: {exc}") from None
+    if server_opt is not None and kind == "distill":
+        # Where FedOpt does not apply: distill re-makes each architecture's model by
+        # ensemble distillation (FedDF), so no single pseudo-gradient exists per round.
+        raise StrategyConfigError(
+            f"{table}.server_opt: kind 'distill' cannot take a server optimizer (its "
+            "models come from ensemble distillation, not one folded mean); use kind "
+            "'tiered' with server_opt, or distill without it"
+        )
     try:
         deadline = DeadlineConfig(**{k: values.pop(k) for k in list(values) if k in _DEADLINE})
         train_config: dict[str, float | str] = {}
@@ -153,11 +187,20 @@ def build_strategy(
             strategy: StreamingFedAvg = distilling
         elif kind == "tiered":
             strategy = TieredFedAvg(
-                per_round=per_round, seed=seed, clock=clock, deadline=deadline, **values
+                per_round=per_round,
+                seed=seed,
+                clock=clock,
+                deadline=deadline,
+                server_opt=server_opt,
+                **values,
             )
         else:
             strategy = StreamingFedAvg(
-                per_round=per_round, seed=seed, clock=clock, deadline=deadline
+                per_round=per_round,
+                seed=seed,
+                clock=clock,
+                deadline=deadline,
+                server_opt=server_opt,
             )
     except (ValueError, TypeError) as exc:
         raise StrategyConfigError(f"{table}: {exc}") from None

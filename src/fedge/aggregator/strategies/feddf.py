@@ -53,6 +53,15 @@ class DistillingTieredFedAvg(TieredFedAvg):
         distill_batch_size: int = 32,
         **kwargs: Any,
     ) -> None:
+        if kwargs.get("server_opt") is not None:
+            # FedOpt steps one model along one pseudo-gradient; here each architecture's
+            # model is re-made by ensemble distillation on the proxy set after its mean, so
+            # there is no single "sent - mean" to step along (Lin et al. fuse, not average).
+            raise ValueError(
+                "server_opt: distill cannot take a server optimizer (its models come from "
+                "ensemble distillation, not from one folded mean); use kind 'tiered' with "
+                "server_opt, or distill without it"
+            )
         super().__init__(**kwargs)
         archs = tuple(tier_archs)
         if not archs:

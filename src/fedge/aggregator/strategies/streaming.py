@@ -12,7 +12,10 @@ a failure -- and changes the waiting (the collect loops, :mod:`fedge.aggregator.
   :mod:`fedge.aggregator.rounds.deadline`); parties still working are *late*, errors *failed*;
   both are recorded, never waited on;
 - late replies are dropped or folded into a later round with a staleness weight
-  (FedBuff, Nguyen et al., AISTATS'22), by configuration.
+  (FedBuff, Nguyen et al., AISTATS'22), by configuration;
+- the folded mean becomes the new model, or -- with a server optimizer (``server_opt``:
+  FedAdam, FedYogi, FedAdagrad, FedAvgM; :mod:`fedge.aggregator.strategies.server_opt`) --
+  a pseudo-gradient step from the model sent (:meth:`StreamingFedAvg.server_update`).
 
 In simulation the clock is virtual: replies come back at once and carry the time their
 work would have taken (``virtual-time-s``), so they are settled in virtual arrival order
@@ -45,8 +48,15 @@ from fedge.aggregator.rounds.deadline import DeadlineConfig
 from fedge.aggregator.rounds.fold import StreamingMean
 from fedge.aggregator.rounds.loop import CheckpointFn, EvaluateFn, RoundOutcome, run_rounds
 from fedge.aggregator.rounds.record import RoundObserver, RoundRecord, settled_record, summary
-from fedge.aggregator.rounds.replies import Collected, fold_reply, weighted_metrics
+from fedge.aggregator.rounds.replies import (
+    Collected,
+    arrays_of,
+    fold_reply,
+    to_array_record,
+    weighted_metrics,
+)
 from fedge.aggregator.rounds.settled import Configured, flower_collected, settle_all
+from fedge.aggregator.strategies import server_opt as opt
 from fedge.aggregator.strategies.hooks import RoundHooks
 from fedge.privacy.settings import PrivacyMode, PrivacySpec
 
@@ -71,6 +81,7 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         clock: ClockMode = ClockMode.WALL,
         deadline: DeadlineConfig | None = None,
         pull_interval_s: float = 0.01,
+        server_opt: opt.ServerOptConfig | None = None,
         **fedavg_kwargs: Any,
     ) -> None:
         super().__init__(min_train_nodes=per_round, **fedavg_kwargs)
@@ -100,6 +111,12 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         # Central DP (fedge.aggregator.privacy.central_dp): each released round's effective noise
         # multiplier, kept in checkpoints so a resumed job accounts what it really spent.
         self.central_releases: dict[int, float] = {}
+        # The server optimizer (None: FedAvg's mean is the model) and its moments, which
+        # checkpoints keep (server_opt_arrays). Central DP defers the step until after its
+        # noise (``server_opt_deferred``): the optimizer sees only the released aggregate.
+        self.server_opt = server_opt
+        self.server_opt_state = opt.ServerOptState()
+        self.server_opt_deferred = False
 
     # -- state for checkpoints
 
@@ -110,6 +127,9 @@ class StreamingFedAvg(RoundHooks, FedAvg):
             "profiles": {str(k): dataclasses.asdict(v) for k, v in self.profiles.items()},
             "exhausted": sorted(self.exhausted),
             "central_releases": {str(k): v for k, v in sorted(self.central_releases.items())},
+            "server_opt": None
+            if self.server_opt is None
+            else {"name": self.server_opt.name, "step": self.server_opt_state.step},
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -119,6 +139,36 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         self.exhausted = {int(n) for n in state.get("exhausted", [])}
         releases = state.get("central_releases", {})
         self.central_releases = {int(k): float(v) for k, v in releases.items()}
+        saved = state.get("server_opt")
+        if saved is not None and self.server_opt is None:
+            raise ValueError(
+                f"the checkpoint was written with server_opt {saved['name']!r}; the strategy "
+                "has none: give the job its server_opt again"
+            )
+        if saved is not None and self.server_opt is not None:
+            if saved["name"] != self.server_opt.name:
+                raise ValueError(
+                    f"the checkpoint's server optimizer is {saved['name']!r}, the strategy's "
+                    f"{self.server_opt.name!r}: its moments mean something else"
+                )
+            # The moments follow (restore_server_opt_arrays); until then, only the steps.
+            self.server_opt_state = opt.ServerOptState(step=int(saved["step"]))
+        else:
+            self.server_opt_state = opt.ServerOptState()
+
+    def server_opt_arrays(self) -> dict[str, dict[str, np.ndarray]]:
+        """The server optimizer's moments (whole models), kept in checkpoints as arrays."""
+        if self.server_opt is None:
+            return {}
+        return self.server_opt_state.arrays()
+
+    def restore_server_opt_arrays(self, arrays: dict[str, dict[str, np.ndarray]]) -> None:
+        """Take back :meth:`server_opt_arrays` (after :meth:`load_state_dict`)."""
+        if self.server_opt is None:
+            if any(arrays.values()):
+                raise ValueError("the checkpoint holds server optimizer moments; no server_opt")
+            return
+        self.server_opt_state = opt.ServerOptState.restored(self.server_opt_state.step, arrays)
 
     def late_replies(self) -> list[stale.HeldTuple]:
         """Late replies held for staleness folding: (arrays, weight, origin round, group).
@@ -350,7 +400,11 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         self.exhausted |= collected.exhausted
         on_time_replies = {n: replies[n] for n in settlement.on_time if n in replies}
         metrics = weighted_metrics(list(on_time_replies.values()))
+        # Before aggregate(), which may consume the folds.
+        folded = any(fold.count and fold.total_weight > 0 for fold in folds.values())
         new_arrays = self.aggregate(server_round, arrays, folds, metrics)
+        if folded and not self.server_opt_deferred:
+            new_arrays = self.server_update(arrays, new_arrays)
         latency.observe_round(self.profiles, collected.arrivals, settlement, plan.deadline_s)
         self.elapsed_s += settlement.round_time_s
         record = settled_record(
@@ -368,6 +422,17 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         for observer in self.reply_observers:
             observer(record, on_time_replies)
         return new_arrays, record
+
+    def server_update(self, sent: ArrayRecord, mean: ArrayRecord) -> ArrayRecord:
+        """The new global model from the model ``sent`` and the round's ``mean``: the mean
+        itself (FedAvg), or the server optimizer's step on ``sent - mean`` (FedOpt), which
+        then advances its state. Called once per round that produced a mean."""
+        if self.server_opt is None:
+            return mean
+        new, self.server_opt_state = opt.server_step(
+            self.server_opt, self.server_opt_state, arrays_of(sent), arrays_of(mean)
+        )
+        return to_array_record({key: new[key] for key in mean})
 
     # -- replies
 
