@@ -19,7 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message
+from flwr.clientapp import ClientApp
+from flwr.clientapp.typing import ClientAppCallable
 from flwr.common import FitRes, bytes_to_ndarray, parameters_to_ndarrays
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key, Stage
 from flwr.serverapp import Grid, ServerApp
 
 from fedge.aggregator.fleet.grids import NODE_ID_BASE
@@ -35,11 +38,13 @@ from fedge.aggregator.privacy.secagg_round import (
     check_survivors,
 )
 from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.deadline import DeadlineConfig
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.bench import secagg_apps
 from fedge.bench.secagg_apps import examples_of, local_accuracy_of, party_update, secagg_app
+from fedge.party.secagg import is_secagg_message, secagg_mod
 from fedge.privacy.settings import PrivacyError, PrivacySpec
 from fedge.sim.flower_backend import launch_simulation
 from fedge.sim.grid import InProcessGrid
@@ -435,3 +440,125 @@ edges = EDGES
     counted = manifest.replace("EDGES", '"all"').replace("secagg = true", "secagg = true\n"
                                                           "secagg_threshold = 4")  # fmt: skip
     assert parse_fleet_manifest(counted).federation.edges == "all"
+
+
+# -- the round's deadline at the masked-vector stage (issue 32, item 5)
+
+
+class FixedExpectation(StreamingFedAvg):
+    """Every party, with a deadline of ``expected_s`` (deadline_factor 1) from round 1."""
+
+    def __init__(self, expected_s: float, clock: ClockMode) -> None:
+        super().__init__(
+            per_round=PARTIES, clock=clock, deadline=DeadlineConfig(deadline_factor=1.0)
+        )
+        self.expected_s = expected_s
+
+    def expected_latency(self, server_round: int, tier: int | None) -> float | None:
+        return self.expected_s
+
+
+def _deadline_round(
+    grid: Grid, strategy: StreamingFedAvg
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], RoundRecord]:
+    arrays = initial()
+    sent = as_dict(arrays)
+    records: list[RoundRecord] = []
+    strategy.observers.append(records.append)
+    result = run_secagg(grid, strategy, arrays, SETTINGS, num_rounds=1, timeout=30)
+    assert result.arrays is not None
+    (record,) = records
+    return sent, as_dict(result.arrays), record
+
+
+def test_on_the_virtual_clock_a_party_past_the_deadline_is_late_and_left_out_of_the_sum() -> None:
+    # virtual-time-s is 1 + partition: with a deadline of 4.5 s partitions 4 and 5 are late.
+    grid = InProcessGrid(secagg_app, PARTIES)
+    strategy = FixedExpectation(4.5, ClockMode.VIRTUAL)
+    try:
+        sent, model, record = _deadline_round(grid, strategy)
+    finally:
+        grid.close()
+    on_time = [0, 1, 2, 3]
+    expected = plain_mean(sent, on_time)
+    error = max(float(np.abs(model[k] - expected[k]).max()) for k in expected)
+    assert error <= bound_for(sent, on_time)
+    everyone = plain_mean(sent, list(range(PARTIES)))  # the late vectors would show
+    assert max(float(np.abs(model[k] - everyone[k]).max()) for k in everyone) > 1e-3
+    assert record.deadline_s == 4.5
+    assert record.late == (NODE_ID_BASE + 4, NODE_ID_BASE + 5)
+    assert sorted(record.on_time) == [NODE_ID_BASE + p for p in on_time]
+    assert record.failed == () and record.failures == {}
+    assert record.round_time_s == 4.5  # the stage waited until the deadline
+    # The late parties' virtual times are known: their latency profiles take them.
+    assert strategy.profiles[NODE_ID_BASE + 5].last_s == 6.0
+    assert strategy.profiles[NODE_ID_BASE + 5].timeouts == 0
+
+
+def test_fewer_than_the_threshold_on_time_abandons_the_round_saying_so() -> None:
+    # A deadline of 2.5 s leaves partitions 0 and 1: below the threshold of 3 (of 6 at 0.5).
+    grid = InProcessGrid(secagg_app, PARTIES)
+    try:
+        sent, model, record = _deadline_round(grid, FixedExpectation(2.5, ClockMode.VIRTUAL))
+    finally:
+        grid.close()
+    for key, values in sent.items():
+        np.testing.assert_array_equal(model[key], values)  # nothing was unmasked
+    assert record.late == tuple(NODE_ID_BASE + p for p in range(2, PARTIES))
+    assert record.on_time == () and not record.quorum_met
+    assert sorted(record.failed) == [NODE_ID_BASE, NODE_ID_BASE + 1]
+    for survivor in record.failed:
+        why = record.failures[survivor]
+        assert why.startswith(ABANDONED), why
+        assert "2 of 6 parties were left (4 past the round's deadline of 2.5 s)" in why, why
+        assert "below the reconstruction threshold of 3" in why, why
+
+
+def test_stale_late_replies_are_refused_under_secagg() -> None:
+    grid = InProcessGrid(secagg_app, 3)
+    strategy = StreamingFedAvg(per_round=3, deadline=DeadlineConfig(late_policy="stale"))
+    try:
+        with pytest.raises(PrivacyError, match="late_policy = 'stale'"):
+            run_secagg(grid, strategy, initial(), SETTINGS, num_rounds=1)
+    finally:
+        grid.close()
+
+
+SLOW_PARTITION = 5
+SLOW_S = 3.0
+
+
+def slow_mod(message: Message, context: Context, call_next: ClientAppCallable) -> Message:
+    """The slow party takes SLOW_S seconds before its masked vector (a wall-clock straggler)."""
+    if is_secagg_message(message) and context.node_config["partition-id"] == SLOW_PARTITION:
+        stage = message.content.config_records[RECORD_KEY_CONFIGS].get(Key.STAGE)
+        if stage == Stage.COLLECT_MASKED_VECTORS:
+            time.sleep(SLOW_S)
+    return call_next(message, context)
+
+
+slow_app = ClientApp(mods=[slow_mod, secagg_apps.drop_mod, secagg_mod])
+slow_app.train()(secagg_apps.train)
+slow_app.query()(secagg_apps.query)
+
+
+@pytest.mark.integration
+def test_on_the_wall_clock_a_party_still_working_at_the_deadline_is_late() -> None:
+    grid = InProcessGrid(slow_app, PARTIES, workers=PARTIES)
+    strategy = FixedExpectation(1.0, ClockMode.WALL)
+    started = time.monotonic()
+    try:
+        sent, model, record = _deadline_round(grid, strategy)
+        took = time.monotonic() - started
+    finally:
+        grid.close()
+    assert took < SLOW_S  # the round did not wait for the straggler
+    on_time = [p for p in range(PARTIES) if p != SLOW_PARTITION]
+    expected = plain_mean(sent, on_time)
+    error = max(float(np.abs(model[k] - expected[k]).max()) for k in expected)
+    assert error <= bound_for(sent, on_time)
+    assert record.late == (NODE_ID_BASE + SLOW_PARTITION,)
+    assert record.failed == () and record.failures == {}
+    assert record.round_time_s == 1.0
+    # Still working, so no time is known: it is charged the deadline (TiFL's T_max).
+    assert strategy.profiles[NODE_ID_BASE + SLOW_PARTITION].timeouts == 1

@@ -19,6 +19,10 @@ Error, dropout and quantisation:
   threshold of each party's neighbours survives, SecAgg+ still recovers the aggregate of
   the others. Below it the round is lost (the model stays, every party is recorded as
   failed) but the run goes on.
+* The round's deadline applies at the masked-vector stage, on the wall clock and on the
+  virtual one (issue 32): a party past it is recorded *late* and is a dropout to the
+  protocol (its vector is not summed). Late replies cannot be kept for a later round, so
+  ``late_policy = "stale"`` is refused.
 * Never fewer than three (:data:`SECAGG_MIN_PARTIES`, issue 24): the sum of two updates
   is no secret from either party, who subtracts its own. A round asks at least three
   parties, TiFL's tiers under SecAgg+ hold at least three, the reconstruction threshold
@@ -235,6 +239,12 @@ def run_secagg(
         raise PrivacyError(
             f"{type(strategy).__name__} folds replies into several models; SecAgg+ "
             "yields one aggregate per round"
+        )
+    if strategy.deadline.late_policy == "stale":
+        raise PrivacyError(
+            "SecAgg+ cannot fold a late reply into a later round (late_policy = 'stale'): "
+            "a masked vector's masks cancel only in its own round's sum, so a party past "
+            "the deadline is a dropout; remove late_policy"
         )
     settings.check_round(strategy.per_round)
     parties = len(list(grid.get_node_ids()))

@@ -14,11 +14,20 @@ one round, a facade over our :class:`~fedge.aggregator.strategies.streaming.Stre
   model, replies update latency profiles and tier accuracies (``local-acc``), failures
   and observers are recorded.
 
-The masked-vector stage (the one that trains) waits until the round's deadline when the
-strategy runs on the wall clock with a deadline (``DeadlineConfig.deadline_factor`` times
-the tier's expected latency); a party past it is a dropout, whose masks SecAgg+ removes.
-The key stages wait ``key_stage_timeout_s``. :class:`StageRecorder` notes, per party,
-the stage it failed at and when its masked vector arrived.
+The round's deadline (``DeadlineConfig.deadline_factor`` times the tier's expected
+latency, or TiFL's profiling deadline) applies at the masked-vector stage, the one that
+trains, on both clocks (issue 32): on the wall clock the stage waits until the deadline;
+on the virtual clock every party answers at once and a masked vector whose reported
+``virtual-time-s`` is past the deadline is set aside before the vectors are summed. A
+party past the deadline is *late* and, to the protocol, a dropout: its vector is not in
+the sum, and its neighbours reveal the shares of its pairwise-mask key, never of its
+private mask, so even a vector the server holds stays hidden (Bell et al., CCS 2020, the
+"dropped after sending" case). A late vector cannot be folded into a later round (its
+masks only cancel in its own round's sum), so it is dropped whatever ``late_policy`` says.
+While at least the reconstruction threshold (never fewer than 3) is on time, the round's
+aggregate is exact over the on-time parties; below it the round is abandoned, saying how
+many were late. The key stages wait ``key_stage_timeout_s``. :class:`StageRecorder`
+notes, per party, the stage it failed at, when its masked vector arrived, and who was late.
 
 Never fewer than three (issue 24): the round's reconstruction threshold is at least 3
 (``SecAggSettings.round_threshold``), and :class:`_DeadlineWorkflow` abandons a round
@@ -70,7 +79,7 @@ from flwr.supercore import log
 
 from fedge.aggregator.fleet.grids import WrappedGrid
 from fedge.aggregator.rounds import deadline as deadlines
-from fedge.aggregator.rounds.clock import ClockMode
+from fedge.aggregator.rounds.clock import VIRTUAL_TIME_KEY, ClockMode
 from fedge.aggregator.rounds.fold import StreamingMean
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.aggregator.rounds.replies import Collected, layout, sort_replies
@@ -85,6 +94,8 @@ ARRAY_NAMES_KEY = "secagg-array-names"
 """FitIns config key: the model's array names, JSON (``fedge.party.secagg`` reads it)."""
 HALTED = "SecAgg+ halted: too few parties survived to unmask the round"
 ABANDONED = "SecAgg+ round abandoned"
+FITRES_METRICS = "fitres.metrics"
+"""Where a masked-vector reply carries the party's metrics in the clear (Flower's compat)."""
 
 
 def check_survivors(survivors: int) -> None:
@@ -106,13 +117,37 @@ class NodeMap:
     from_wire: Callable[[int], int]
 
 
+def masked_vector_time(reply: Message) -> float | None:
+    """The ``virtual-time-s`` a simulated party reports with its masked vector (None: none).
+
+    ``secaggplus_mod`` keeps the app's metrics beside the masked vector, in the clear.
+    """
+    metrics = reply.content.config_records.get(FITRES_METRICS)
+    value = None if metrics is None else metrics.get(VIRTUAL_TIME_KEY)
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def past_deadline(times_s: dict[int, float | None], deadline_s: float | None) -> set[int]:
+    """The parties whose masked vector came after the deadline (a time of None: unknown,
+    so on time -- a party that reports no virtual time was timed by the wait itself)."""
+    if deadline_s is None:
+        return set()
+    return {node for node, at in times_s.items() if at is not None and at > deadline_s}
+
+
 class StageRecorder(WrappedGrid):
-    """Forwards everything; notes who failed at which stage and when vectors arrived."""
+    """Forwards everything; notes who failed at which stage and when vectors arrived, and
+    holds back the masked vectors that came after the round's deadline (they are late)."""
 
     def __init__(self, inner: Grid) -> None:
         super().__init__(inner)
         self.failures: dict[int, str] = {}  # wire node id -> why (first failure only)
         self.arrival_s: dict[int, float] = {}  # wire node id -> masked vector's latency
+        self.late_s: dict[int, float | None] = {}  # wire node id -> its time (None: unknown)
+        self.deadline_s: float | None = None  # the round's, set when the round is planned
+        self.clock = ClockMode.WALL
 
     def get_node_ids(self) -> Iterable[int]:
         return self.inner.get_node_ids()
@@ -130,21 +165,43 @@ class StageRecorder(WrappedGrid):
         stage = _stage_of(sent)
         sent_at = time.time()
         replies = list(self.inner.send_and_receive(sent, timeout=timeout))
+        collecting = stage == Stage.COLLECT_MASKED_VECTORS
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
                 reason = str(reply.error.reason or reply.error.code)
                 self.failures.setdefault(node, f"SecAgg+ {stage} stage: {reason}")
-            elif stage == Stage.COLLECT_MASKED_VECTORS:
+            elif collecting:
                 self.arrival_s[node] = max(0.0, reply.metadata.created_at - sent_at)
-        answered = {reply.metadata.src_node_id for reply in replies}
+        if collecting and self.clock is ClockMode.VIRTUAL:
+            replies = self._set_aside_late(replies)
+        answered = {reply.metadata.src_node_id for reply in replies} | set(self.late_s)
         for message in sent:
             node = message.metadata.dst_node_id
-            if node not in answered:
+            if node in answered:
+                continue
+            if collecting and self.clock is ClockMode.WALL and self.deadline_s is not None:
+                # The stage waited until the deadline (its timeout): still working is late.
+                self.late_s[node] = None
+            else:
                 self.failures.setdefault(
                     node, f"SecAgg+ {stage} stage: no answer within {timeout} s"
                 )
         return replies
+
+    def _set_aside_late(self, replies: list[Message]) -> list[Message]:
+        """Virtual clock: the replies all came at once; those whose virtual time is past
+        the deadline are withheld from the workflow, which then treats them as dropouts."""
+        times = {
+            reply.metadata.src_node_id: masked_vector_time(reply)
+            for reply in replies
+            if not reply.has_error()
+        }
+        late = past_deadline(times, self.deadline_s)
+        for node in late:
+            self.late_s[node] = times[node]
+            self.arrival_s.pop(node, None)
+        return [reply for reply in replies if reply.metadata.src_node_id not in late]
 
 
 class _DeadlineWorkflow(SecAggPlusWorkflow):
@@ -166,6 +223,9 @@ class _DeadlineWorkflow(SecAggPlusWorkflow):
             done = bool(super().collect_masked_vectors_stage(grid, context, state))
         finally:
             self.timeout = key_timeout
+        if isinstance(grid, StageRecorder):  # say how many the deadline cost the round
+            late, by = len(grid.late_s), grid.deadline_s
+            return self._noted("masked vectors", state, done, late=late, by=by)
         return self._noted("masked vectors", state, done)
 
     def unmask_stage(self, grid: Grid, context: LegacyContext, state: Any) -> bool:
@@ -179,12 +239,19 @@ class _DeadlineWorkflow(SecAggPlusWorkflow):
             return False
         return bool(super().unmask_stage(grid, context, state))
 
-    def _noted(self, stage: str, state: Any, done: bool) -> bool:
+    def _noted(
+        self, stage: str, state: Any, done: bool, *, late: int = 0, by: float | None = None
+    ) -> bool:
         if not done and not self.abandoned and state.sampled_node_ids:
+            past = (
+                f" ({late} past the round's deadline of {by:.4g} s)"
+                if late and by is not None
+                else ""
+            )
             self.abandoned = (
                 f"after the {stage} stage {len(state.active_node_ids)} of "
-                f"{len(state.sampled_node_ids)} parties were left, below the reconstruction "
-                f"threshold of {state.threshold}"
+                f"{len(state.sampled_node_ids)} parties were left{past}, below the "
+                f"reconstruction threshold of {state.threshold}"
             )
         return bool(done)
 
@@ -262,6 +329,7 @@ class SecAggRound(Strategy):
             return []
         # At least 3 (a share is resolved for this round's size, then raised to 3).
         self.workflow.reconstruction_threshold = self.settings.round_threshold(len(plan.selected))
+        self.stages.deadline_s, self.stages.clock = plan.deadline_s, self.strategy.clock
         if self.strategy.clock is ClockMode.WALL and plan.deadline_s is not None:
             self.workflow.collect_timeout = plan.deadline_s
         config = self.strategy._round_config_record(server_round, self.config, plan)
@@ -334,15 +402,25 @@ class SecAggRound(Strategy):
         if self.lost:
             for node in plan.selected:
                 collected.fail(node, f"SecAgg+ round not run: {self.lost}")
+        # Late: past the deadline at the masked-vector stage. Neither on time nor failed; a
+        # known (virtual) time updates its latency profile, an unknown one is charged the
+        # deadline (latency.observe_round), as in our own loop.
+        late = {shown[w]: s for w, s in self.stages.late_s.items() if w in shown}
+        for node, seconds in late.items():
+            collected.arrivals[node] = seconds
+            collected.failures.pop(node, None)
         arrivals = collected.arrivals
         on_time = tuple(
             sorted((n for n in plan.selected if n in metrics), key=lambda n: arrivals[n] or 0.0)
         )
+        ended = max((arrivals[n] or 0.0 for n in on_time), default=0.0)
+        if late and plan.deadline_s is not None:
+            ended = plan.deadline_s  # the masked-vector stage waited until the deadline
         settlement = deadlines.Settlement(
             on_time=on_time,
-            late=(),
-            failed=tuple(n for n in plan.selected if n not in metrics),
-            round_time_s=max((arrivals[n] or 0.0 for n in on_time), default=0.0),
+            late=tuple(sorted(late, key=lambda n: (late[n] is None, late[n] or 0.0, n))),
+            failed=tuple(n for n in plan.selected if n not in metrics and n not in late),
+            round_time_s=ended,
             quorum_met=len(on_time) >= plan.quorum,
         )
         folds: dict[str, StreamingMean] = {}
