@@ -11,7 +11,7 @@ import typer
 
 from fedge.cli.bench_common import JsonOption, run_bench
 from fedge.cli.bench_console import console
-from fedge.cli.bench_fleet import config_push, ingest
+from fedge.cli.bench_fleet import config_push, ingest, metrics
 from fedge.cli.bench_secagg import secagg
 from fedge.cli.common import friendly_errors
 
@@ -22,6 +22,7 @@ app.command("secagg")(friendly_errors(secagg))  # wired in fedge.cli.bench_secag
 app.command("console")(friendly_errors(console))  # wired in fedge.cli.bench_console
 app.command("config-push")(friendly_errors(config_push))  # fedge.cli.bench_fleet
 app.command("ingest")(friendly_errors(ingest))  # fedge.cli.bench_fleet
+app.command("metrics")(friendly_errors(metrics))  # fedge.cli.bench_fleet
 
 
 @app.command()

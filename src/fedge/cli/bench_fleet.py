@@ -73,3 +73,33 @@ def ingest(
             progress=progress,
         ),
     )
+
+
+def metrics(
+    edges: Annotated[int, typer.Option(help="Enrolled stations, each stored online.")] = 1000,
+    records: Annotated[int, typer.Option(help="Telemetry records ingested per run.")] = 400_000,
+    repeats: Annotated[int, typer.Option(help="Runs of each side (metrics off, on).")] = 3,
+    scrape_interval: Annotated[
+        float, typer.Option(help="Seconds between scrapes while ingesting.")
+    ] = 1.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 300.0,
+    json_path: JsonOption = None,
+) -> None:
+    """Scrape manager serve's /metrics at N stations; ingest with metrics vs without.
+
+    Example: fedge bench metrics --edges 1000 --json out.json
+    """
+    from fedge.bench.metrics import run_metrics
+
+    run_bench(
+        "metrics",
+        json_path,
+        lambda progress: run_metrics(
+            edges,
+            records=records,
+            repeats=repeats,
+            scrape_interval_s=scrape_interval,
+            timeout_s=timeout,
+            progress=progress,
+        ),
+    )
