@@ -182,6 +182,26 @@ BAD = [
         id="bad-strategy-value",
     ),
     pytest.param(
+        edited("tiers = 2", 'tiers = 2\nserver_opt = "fedadam"\nserver_lr = 0.0'),
+        "strategy.params: server_lr must be a number > 0, got 0.0",
+        id="server-lr-zero",
+    ),
+    pytest.param(
+        edited("tiers = 2", 'tiers = 2\nserver_opt = "fedyogi"\nbeta2 = 1.0'),
+        "strategy.params: beta2 must be in [0, 1), got 1.0",
+        id="beta2-one",
+    ),
+    pytest.param(
+        edited("tiers = 2", 'tiers = 2\nserver_opt = "fedadagrad"\ntau = -0.001'),
+        "strategy.params: tau must be a number > 0",
+        id="tau-negative",
+    ),
+    pytest.param(
+        edited('kind = "tiered"', 'kind = "fedadam"'),
+        "strategy.kind: 'fedadam' is a server optimizer, not a strategy",
+        id="optimizer-as-kind",
+    ),
+    pytest.param(
         edited('scenario = "scenario.toml"', 'scenario = "nowhere.toml"'),
         "task.scenario: no scenario",
         id="missing-scenario",

@@ -53,7 +53,12 @@ from fedge.aggregator.jobs.spec import (
     take_privacy,
 )
 from fedge.aggregator.rounds.clock import ClockMode
-from fedge.aggregator.strategies.factory import KINDS, StrategyConfigError, build_strategy
+from fedge.aggregator.strategies.factory import (
+    KINDS,
+    StrategyConfigError,
+    build_strategy,
+    optimizer_as_kind,
+)
 from fedge.models.digits import ARCHITECTURES
 from fedge.sim.scenario import Scenario, ScenarioError, load_scenario, scenario_path
 from fedge.toml_table import TomlTable
@@ -195,6 +200,9 @@ def parse_manifest(
     )
 
     kind = strategy_table.text("kind", non_empty=True)
+    misnamed = optimizer_as_kind(kind)
+    if misnamed:
+        raise ManifestError(f"strategy.kind: {misnamed}")
     if kind not in KINDS:
         known = ", ".join(KINDS)
         raise ManifestError(f"strategy.kind: unknown strategy {kind!r} (known: {known})")

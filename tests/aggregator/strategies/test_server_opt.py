@@ -6,6 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from fedge.aggregator.fleet.manifest import parse_fleet_manifest
+from fedge.aggregator.jobs.spec import ManifestError
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.strategies.factory import StrategyConfigError, build_strategy
 from fedge.aggregator.strategies.server_opt import (
@@ -144,3 +146,38 @@ def test_every_kind_but_distill_takes_a_server_optimizer(kind: str) -> None:
     )  # fmt: skip
     assert strategy.server_opt == ServerOptConfig("fedyogi", 0.02, tau=1e-2)
     assert strategy.state_dict()["server_opt"] == {"name": "fedyogi", "step": 0}
+
+
+FLEET_MANIFEST = """
+[job]
+name = "opt"
+rounds = 2
+[task]
+model = "inspect:1"
+[strategy]
+kind = "tiered"
+[strategy.params]
+tiers = 2
+late_policy = "stale"
+SERVER_OPT
+[federation]
+backend = "fleet"
+fleet = "plant-a"
+edges = ["st-01", "st-02", "st-03", "st-04"]
+"""
+
+
+def test_a_fleet_manifest_carries_its_server_optimizer_or_is_refused_at_load() -> None:
+    good = FLEET_MANIFEST.replace("SERVER_OPT", 'server_opt = "fedadam"\nserver_lr = 0.03')
+    params = parse_fleet_manifest(good).strategy_params()
+    assert (params["server_opt"], params["server_lr"]) == ("fedadam", 0.03)
+    for bad, says in [
+        ('server_opt = "fedadam"\nserver_lr = -1', "strategy.params: server_lr must be"),
+        ('server_opt = "fedyogi"\nbeta1 = 1.5', r"strategy.params: beta1 must be in \[0, 1\)"),
+        ('server_opt = "fedadam"\ntau = 0.0', "strategy.params: tau must be a number > 0"),
+    ]:
+        with pytest.raises(ManifestError, match=says):
+            parse_fleet_manifest(FLEET_MANIFEST.replace("SERVER_OPT", bad))
+    as_kind = good.replace('kind = "tiered"', 'kind = "fedyogi"')
+    with pytest.raises(ManifestError, match="'fedyogi' is a server optimizer, not a strategy"):
+        parse_fleet_manifest(as_kind)

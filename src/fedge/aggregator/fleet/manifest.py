@@ -55,7 +55,12 @@ from fedge.aggregator.jobs.spec import (
     take_privacy,
 )
 from fedge.aggregator.rounds.clock import ClockMode
-from fedge.aggregator.strategies.factory import KINDS, StrategyConfigError, build_strategy
+from fedge.aggregator.strategies.factory import (
+    KINDS,
+    StrategyConfigError,
+    build_strategy,
+    optimizer_as_kind,
+)
 from fedge.privacy.settings import SECAGG_MIN_PARTIES
 from fedge.toml_table import TomlTable
 
@@ -162,6 +167,9 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         batch_size=task_table.integer("batch_size", minimum=1, default=32),
     )
     kind = strategy_table.text("kind", non_empty=True)
+    misnamed = optimizer_as_kind(kind)
+    if misnamed:
+        raise ManifestError(f"strategy.kind: {misnamed}")
     if kind not in FLEET_KINDS:
         known = ", ".join(FLEET_KINDS)
         hint = (

@@ -94,6 +94,16 @@ def _typed(table: str, key: str, value: object, kind: type | tuple[type, ...]) -
     )
 
 
+def optimizer_as_kind(kind: str) -> str | None:
+    """What to say when a strategy ``kind`` names a server optimizer (None: it does not)."""
+    if kind not in SERVER_OPTIMIZERS:
+        return None
+    return (
+        f"{kind!r} is a server optimizer, not a strategy: set kind = 'fedavg' (or "
+        f"'tiered', 'fedprox') and server_opt = {kind!r}"
+    )
+
+
 def build_strategy(
     name: str,
     params: Mapping[str, object],
@@ -113,11 +123,9 @@ def build_strategy(
     """
     table = f"strategies.{name}"
     kind = str(params.get("kind", name))
-    if kind in SERVER_OPTIMIZERS:
-        raise StrategyConfigError(
-            f"{table}.kind: {kind!r} is a server optimizer, not a strategy: set kind = "
-            f"'fedavg' (or 'tiered', 'fedprox') and server_opt = {kind!r}"
-        )
+    misnamed = optimizer_as_kind(kind)
+    if misnamed:
+        raise StrategyConfigError(f"{table}.kind: {misnamed}")
     if kind not in KINDS:
         raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
     allowed = dict(_DEADLINE) | _PRIVACY | _SERVER_OPT
