@@ -380,6 +380,7 @@ def make_fleet_home(
             grpc_port=free_port(),
             superlink_port=free_port(),
             enroll_port=free_port(),
+            metrics_port=free_port(),  # each test's manager its own (the default is 9470)
             insecure=insecure,
         )
     )

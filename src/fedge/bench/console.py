@@ -171,6 +171,7 @@ def run_console_bench(
                 grpc_port=free_port(),
                 superlink_port=free_port(),
                 enroll_port=free_port(),
+                metrics_port=free_port(),
             )
         )
         progress(f"filling a fleet of {edges} edges through the manager's ingest")

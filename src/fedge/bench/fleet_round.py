@@ -96,6 +96,7 @@ def _run(root: Path, agents: int, rounds: int, images: int, progress: Progress) 
             grpc_port=free_port(),
             superlink_port=free_port(),
             enroll_port=free_port(),
+            metrics_port=free_port(),
             insecure=True,
         )
     )

@@ -88,7 +88,11 @@ def run_rollout_bench(
     with tempfile.TemporaryDirectory(prefix="fedge-bench-rollout-") as tmp:
         root = Path(tmp)
         home = ManagerHome(root / "home")
-        home.init(ManagerSettings(FLEET, broker_port=free_port(), grpc_port=free_port()))
+        home.init(
+            ManagerSettings(
+                FLEET, broker_port=free_port(), grpc_port=free_port(), metrics_port=free_port()
+            )
+        )
         edges = [f"r{index:03d}" for index in range(n_edges)]
         progress(f"enrolling {n_edges} edges")
         configs, ports = _enroll(home, root, edges)

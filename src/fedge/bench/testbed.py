@@ -80,6 +80,7 @@ class Testbed:
                 broker_port=free_port(),
                 grpc_port=free_port(),
                 enroll_port=free_port(),
+                metrics_port=free_port(),
                 insecure=not tls,
             )
         )

@@ -100,6 +100,7 @@ def _run_demo(out: Path, console_port: int | None, own_errors: list[str]) -> int
             grpc_port=free_port(),
             superlink_port=free_port(),
             enroll_port=free_port(),
+            metrics_port=free_port(),  # /metrics on 127.0.0.1, on a port of its own
             # The demo's stations score tens of parts, not thousands: judge drift on
             # windows of 40 and look every 2 s.
             monitor_interval_s=2.0,
