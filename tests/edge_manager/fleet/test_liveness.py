@@ -47,3 +47,20 @@ def test_only_silent_online_edges_are_marked_lost(tmp_path: Path) -> None:
     }
     assert sweep.tick(store, now + 0.5) == []  # not due again within a second
     store.close()
+
+
+def test_records_from_a_quiet_edge_bring_it_back_online(tmp_path: Path) -> None:
+    """An agent from before heartbeats sends no birth between its reports: silence marks
+    it lost, and its next records mark it online again (ingest's sign of life)."""
+    from fedge.edge_manager.ingest.store import IngestTransaction
+
+    store = Store(tmp_path / "manager.db")
+    now = time.time()
+    _edge(store, "st-old", "online", now - 8.0)
+    sweep = SilenceSweep(7.0, Counter(), started=now - 60.0, caught_up=lambda: True)
+    assert sweep.tick(store, now) == ["st-old"]
+    with IngestTransaction.open(store) as tx:
+        tx.seen("st-old", now + 1.0)
+    (state,) = [s.state for s in edge_store.summaries(store) if s.edge == "st-old"]
+    assert state == "online"
+    store.close()

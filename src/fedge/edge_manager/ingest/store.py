@@ -82,9 +82,15 @@ class IngestTransaction:
 
     def seen(self, edge: str, now: float) -> None:
         """Any traffic is a sign of life; max(): a message delayed in a queue does not
-        move "last seen" back."""
+        move "last seen" back. Records from an edge stored ``lost`` bring it back online:
+        an agent from before heartbeats (fleet/liveness.py) sends no birth between its
+        reports, so silence marked it lost while it was only quiet; the broker delivers
+        what a session sent before its last will ahead of the will, so a record after
+        a will is a new session's."""
         self._conn.execute(
-            "UPDATE edges SET last_seen=max(coalesce(last_seen, 0), ?) WHERE edge=?", (now, edge)
+            "UPDATE edges SET last_seen=max(coalesce(last_seen, 0), ?), "
+            "state=CASE WHEN state='lost' THEN 'online' ELSE state END WHERE edge=?",
+            (now, edge),
         )
 
     def config_report(self, edge: str, report: ConfigReport, now: float) -> None:
