@@ -511,3 +511,75 @@ def test_a_quickstart_client_app_runs_unchanged_under_fedge_tiered(
     assert len(profiles) == 2 and all(p["count"] >= 1 and p["mean_s"] > 0 for p in profiles)
     assert {p["tier"] for p in profiles} <= {0, 1} and None not in {p["tier"] for p in profiles}
     assert rounds[1]["tier"] in (0, 1)
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(420)
+def test_a_fedadam_run_on_real_supernodes_completes(flower: Flower, tmp_path: Path) -> None:
+    """Issue 29: a server optimizer (FedAdam) over fedge's ServerApp, three SuperNodes,
+    ``flwr run``; its keys come from the run config like every strategy key."""
+    scenario = tmp_path / "deploy-three.toml"
+    scenario.write_text(SCENARIO, encoding="utf-8")
+    run_store = tmp_path / "runs.db"
+    link_port = free_port()
+    flower.start(
+        "superlink", "flower-superlink", "--insecure",
+        "--disable-runtime-dependency-installation", "--database", str(tmp_path / "sl.db"),
+        "--host", "127.0.0.1", "--port", str(link_port),
+    )  # fmt: skip
+    wait_until(lambda: port_open(link_port), 60, "the SuperLink's HTTP port")
+    for partition in range(3):
+        flower.start(
+            f"supernode-{partition}", "flower-supernode", "--insecure",
+            "--superlink", f"127.0.0.1:{link_port}", "--port", str(free_port()),
+            "--node-config", f"partition-id={partition} num-partitions=3",
+        )  # fmt: skip
+    cli_home = flower.root / "homes" / "cli"
+    cli_home.mkdir(parents=True)
+    (cli_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "{CONNECTION}"\n\n'
+        f'[superlink.{CONNECTION}]\naddress = "127.0.0.1:{link_port}"\ninsecure = true\n',
+        encoding="utf-8",
+    )
+    overrides = tmp_path / "run-config.toml"
+    overrides.write_text(
+        "\n".join(
+            [
+                f"scenario = {json.dumps(str(scenario))}",
+                "seed = 1",
+                'strategy = "fedavg"',
+                'server-opt = "fedadam"',
+                "server-lr = 0.03",
+                "rounds = 2",
+                "per-round = 3",
+                f"run-store = {json.dumps(str(run_store))}",
+                f'run-id = "{RUN_ID}"',
+                "min-nodes = 3",
+                "node-wait-s = 120.0",
+                "round-timeout-s = 120.0",
+                "",
+            ]
+        ),
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [str(BIN / "flwr"), "run", str(APP_DIR), CONNECTION,
+         "--run-config", str(overrides), "--format", "json"],
+        capture_output=True, text=True, env={**flower.env, "FLWR_HOME": str(cli_home)},
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, f"flwr run failed:\n{result.stdout}\n{result.stderr}"
+    try:
+        run, rounds = wait_until(
+            lambda: store_view(run_store), 300, "the run to end",
+            expect=lambda v: v[0] is not None and v[0]["state"] in ("completed", "failed"),
+        )  # fmt: skip
+    except BaseException:
+        print(flower.logs())
+        raise
+    assert run is not None and run["state"] == "completed", f"{run}\n{flower.logs()}"
+    assert json.loads(run["manifest"])["server-opt"] == "fedadam"
+    assert [r["round"] for r in rounds] == [1, 2]
+    for r in rounds:
+        assert sorted(r["on_time"]) == [NORMAL, KILLED, SLOW] and not r["failed"], r
+        assert r["eval_metrics"]["accuracy"] > 0, r

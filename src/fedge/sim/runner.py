@@ -173,6 +173,10 @@ def drive(
     from flwr.serverapp import Grid
 
     assert isinstance(grid, Grid)
+    from fedge.sim import flower_native
+
+    if flower_native.is_native(scenario.strategy(strategy_name)):  # Flower's own, the peer
+        return flower_native.drive_native(scenario, strategy_name, seed, grid, data, progress)
     started = time.perf_counter()
     strategy, extra = build_strategy(
         strategy_name,
