@@ -126,7 +126,7 @@ class _VirtualClock(WrappedGrid):
         for reply in replies:
             node = reply.metadata.src_node_id
             if reply.has_error():
-                failures[node] = reply.error.reason
+                failures[node] = reply.error.reason or "error reply"
                 continue
             for record in reply.content.metric_records.values():
                 value = record.get("virtual-time-s")

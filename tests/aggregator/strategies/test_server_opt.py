@@ -15,6 +15,7 @@ from fedge.aggregator.strategies.server_opt import (
     ServerOptState,
     server_step,
 )
+from fedge.sim.server_app import ServerSettings
 
 ROUNDS = 4
 
@@ -27,7 +28,9 @@ def _rounds() -> tuple[dict[str, np.ndarray], list[dict[str, np.ndarray]]]:
     return x0, grads
 
 
-def _reference(name: str, lr: float, beta1: float, beta2: float, tau: float) -> list[dict]:
+def _reference(
+    name: str, lr: float, beta1: float, beta2: float, tau: float
+) -> list[dict[str, np.ndarray]]:
     """Reddi et al. (ICLR'21) Algorithm 2 and Hsu et al. (2019) FedAvgM, written out with
     Delta = mean - x (the paper's sign); v starts at tau^2, m at 0, no bias correction."""
     x0, grads = _rounds()
@@ -74,8 +77,11 @@ def test_the_server_step_equals_the_reference_written_out_in_numpy(name: str) ->
 
 
 def test_the_step_is_pure_and_counters_take_the_mean() -> None:
-    x = {"w": np.ones(3, np.float32), "count": np.array(4, np.int64)}
-    mean = {"w": np.full(3, 2.0, np.float32), "count": np.array(6, np.int64)}
+    x: dict[str, np.ndarray] = {"w": np.ones(3, np.float32), "count": np.array(4, np.int64)}
+    mean: dict[str, np.ndarray] = {
+        "w": np.full(3, 2.0, np.float32),
+        "count": np.array(6, np.int64),
+    }
     before = {k: v.copy() for k, v in x.items()}
     state = ServerOptState()
     new, after = server_step(ServerOptConfig("fedadam", 0.1), state, x, mean)
@@ -181,3 +187,17 @@ def test_a_fleet_manifest_carries_its_server_optimizer_or_is_refused_at_load() -
     as_kind = good.replace('kind = "tiered"', 'kind = "fedyogi"')
     with pytest.raises(ManifestError, match="'fedyogi' is a server optimizer, not a strategy"):
         parse_fleet_manifest(as_kind)
+
+
+def test_the_server_apps_run_config_carries_the_server_optimizer() -> None:
+    config: dict[str, bool | int | float | str] = {
+        "strategy": "tiered", "scenario": "s.toml", "seed": 1, "run-store": "runs.db",
+        "server-opt": "fedyogi", "server-lr": 0.02, "beta1": 0.8, "tau": 0.01,
+    }  # fmt: skip
+    params = ServerSettings.from_run_config(config).strategy_params
+    assert {k: params[k] for k in ("server_opt", "server_lr", "beta1", "tau")} == {
+        "server_opt": "fedyogi", "server_lr": 0.02, "beta1": 0.8, "tau": 0.01,
+    }  # fmt: skip
+    # "" is Flower's way to say "none" (a run config has no unset): its keys are ignored.
+    off = ServerSettings.from_run_config({**config, "server-opt": ""}).strategy_params
+    assert not set(off) & {"server_opt", "server_lr", "beta1", "tau"}
