@@ -26,7 +26,8 @@ distill keys             ``tier-archs`` (comma-separated, fastest tier first),
 fedprox keys             ``proximal-mu``
 server optimizer keys    ``server-opt`` (``fedadam``, ``fedyogi``, ``fedadagrad``,
                          ``fedavgm``; "" = none), ``server-lr``, ``beta1``, ``beta2``,
-                         ``tau`` (every strategy but ``distill``)
+                         ``tau`` (every strategy but ``distill``; ``server-lr`` 0 = the
+                         optimizer's default; ``fedavgm`` reads only ``beta1``)
 =======================  ==================================================================
 
 A Flower run config has no "unset": a deadline or threshold key set to 0 means *off*
@@ -94,6 +95,7 @@ OFF_WHEN_ZERO = frozenset(
         "dropout-threshold-s",
         "retier-interval",
         "credits-per-tier",
+        "server-lr",  # 0: the server optimizer's default
     )
 )
 DEFAULT_ROUND_TIMEOUT_S = 600.0
@@ -126,7 +128,10 @@ class ServerSettings:
     def from_run_config(cls, config: Mapping[str, UserConfigValue]) -> ServerSettings:
         strategy = _text(config, "strategy")
         keys: tuple[str, ...] = DEADLINE_KEYS
-        if str(config.get("server-opt", "")):  # "": no server optimizer, keys ignored
+        server_opt = str(config.get("server-opt", ""))
+        if server_opt == "fedavgm":  # server momentum has no second moment
+            keys += ("server-opt", "server-lr", "beta1")
+        elif server_opt:  # "": no server optimizer, its keys ignored
             keys += SERVER_OPT_KEYS
         if strategy in ("tiered", "distill"):
             keys += TIERED_KEYS

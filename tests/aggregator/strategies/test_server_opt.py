@@ -198,6 +198,10 @@ def test_the_server_apps_run_config_carries_the_server_optimizer() -> None:
     assert {k: params[k] for k in ("server_opt", "server_lr", "beta1", "tau")} == {
         "server_opt": "fedyogi", "server_lr": 0.02, "beta1": 0.8, "tau": 0.01,
     }  # fmt: skip
+    momentum = {**config, "server-opt": "fedavgm", "server-lr": 0.0, "beta2": 0.99}
+    assert ServerSettings.from_run_config(momentum).strategy_params == {
+        "server_opt": "fedavgm", "beta1": 0.8,
+    }  # fmt: skip
     # "" is Flower's way to say "none" (a run config has no unset): its keys are ignored.
     off = ServerSettings.from_run_config({**config, "server-opt": ""}).strategy_params
     assert not set(off) & {"server_opt", "server_lr", "beta1", "tau"}
