@@ -192,6 +192,8 @@ def test_training_copies_are_written_off_the_callers_thread_and_seen_by_every_re
     (tmp_path / "gone").rename(broken)
     data.keep("p-y", PNG, ".png")
     data.close()  # drains the queue first
+    with pytest.raises(StationDataError, match="closed"):
+        data.keep("p-z", PNG, ".png")  # never queued to a keeper that is gone
     reopened = StationData(tmp_path, readonly=True)
     assert reopened.counts()["images"] == 301  # p-y kept, p-x lost and counted
     reopened.close()

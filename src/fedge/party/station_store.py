@@ -188,8 +188,16 @@ class StationData:
         )
         self._keeper: threading.Thread | None = None
         self.keep_failures = 0
+        # Copies handed to the keeper and copies it finished (written or failed): a flush
+        # waits for the ones queued before it, not for an empty queue, which a line as
+        # fast as the disk might never leave (review of issue 25).
+        self._handed = 0
+        self._finished = 0
+        self._progress = threading.Condition()
+        self._closed = False
 
     def close(self) -> None:
+        self._closed = True  # keep() refuses from now on: nothing is queued to a dead keeper
         self.flush()
         if self._keeper is not None:
             self._pending.put(None)
@@ -218,22 +226,28 @@ class StationData:
             raise StationDataError(
                 f"image suffix {suffix!r} is not one of {sorted(IMAGE_SUFFIXES)}"
             )
+        if self._closed:
+            raise StationDataError("the station's image store is closed; nothing was kept")
         name = f"{prediction_id}{suffix}"
         when = time.time() if at is None else at
         if self.background:
             self._start_keeper()
-            try:
-                self._pending.put_nowait((prediction_id, name, data, when))
-                return True
-            except queue.Full:
-                pass  # the keeper is behind: this caller writes its own copy
+            with self._progress:
+                try:
+                    self._pending.put_nowait((prediction_id, name, data, when))
+                    self._handed += 1
+                    return True
+                except queue.Full:
+                    pass  # the keeper is behind: this caller writes its own copy
         self._write(prediction_id, name, data, when)
         return True
 
-    def flush(self) -> None:
-        """Wait until every training copy handed to :meth:`keep` is written."""
-        if self._keeper is not None:
-            self._pending.join()
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the training copies handed to :meth:`keep` before this call are
+        written (or failed); False if ``timeout`` ran out first."""
+        with self._progress:
+            target = self._handed
+            return self._progress.wait_for(lambda: self._finished >= target, timeout)
 
     def _start_keeper(self) -> None:
         if self._keeper is None:
@@ -253,8 +267,9 @@ class StationData:
                 self.keep_failures += 1
                 log.error("could not keep %s for training: %s", item[0], exc)
             finally:
-                self._pending.task_done()
-        self._pending.task_done()
+                with self._progress:
+                    self._finished += 1
+                    self._progress.notify_all()
 
     def _write(self, prediction_id: str, name: str, data: bytes, when: float) -> None:
         suffix = name[len(prediction_id) :]

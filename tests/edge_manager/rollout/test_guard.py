@@ -189,3 +189,28 @@ def test_waves_wait_for_the_stations_verdicts_and_a_later_local_rollback_degrade
         assert fh.db.scalar("SELECT count(*) FROM alerts WHERE cleared_at IS NULL") == 1
         # A rollout completed longer ago than the watch is not looked at again.
         assert driver.tick(t0 + 12 + DEGRADED_WATCH_S) == 0
+
+
+def test_a_model_proven_on_the_station_is_passed_without_a_probation(fh: FleetHome) -> None:
+    """Rolling back to a known-good model: the agent starts no probation; its ``active``
+    report that says so counts as the station's verdict (what an agent of before the
+    explicit ``passed`` sends), so the wave does not wait into a probation timeout."""
+    t0 = time.time()
+    with fh.fleet() as fleet:
+        plan = make_plan(["st-01"], health_window="1s")
+        rollout_id = Rollouts(fleet).start("inspect:2", plan, now=t0)
+        driver = RolloutDriver(fleet)
+        driver.tick(t0)
+        deployment = fh.db.scalar(
+            "SELECT deployment_id FROM rollout_edges WHERE rollout_id=? AND edge='st-01'",
+            (rollout_id,),
+        )
+        fh.db.conn.execute(
+            "INSERT INTO deploy_events (edge, deployment_id, stage, reason, serving, at) "
+            "VALUES ('st-01', ?, 'active', 'not on probation: inspect:2 is proven on this "
+            "station', 'inspect:2', ?)",
+            (deployment, t0 + 1),
+        )
+        driver.tick(t0 + 3)
+        state = fh.db.scalar("SELECT state FROM rollouts WHERE rollout_id=?", (rollout_id,))
+        assert state == "completed"

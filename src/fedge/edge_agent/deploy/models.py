@@ -270,6 +270,12 @@ class Deployments:
                 )
             if trial is not None:
                 note = f"on probation (previous {trial.previous})"
+            elif not note:
+                note = (
+                    "not on probation: the station's first model"
+                    if not previous
+                    else f"not on probation: {model.ref} serves already"
+                )
             history = restore.decode_history(self.store.get("model_history"))
             configs = served.decode_configs(self.store.get(served.CONFIGS))
             payload = self.reports.status(
@@ -279,6 +285,21 @@ class Deployments:
                 DeployStage.ACTIVE,
                 note,
                 model.ref,
+            )
+            # No trial, no verdict to wait for: the model is passed at once, and a staged
+            # rollout waiting for the station's verdict gets it now (``passed`` implies
+            # active at the manager; it is what a reconnect republishes).
+            verdict = (
+                None
+                if trial is not None
+                else self.reports.status(
+                    desired.deployment_id,
+                    desired.version,
+                    (model.manifest.name, model.manifest.version),
+                    DeployStage.PASSED,
+                    note,
+                    model.ref,
+                )
             )
             writes.update(
                 {
@@ -291,7 +312,7 @@ class Deployments:
                         configs, self._serving.config, model.ref
                     ),
                     "deploy_done_version": str(desired.version),
-                    "last_deploy_status": payload.decode(),
+                    "last_deploy_status": (payload if verdict is None else verdict).decode(),
                 }
             )
             self.store.put_many(writes)
@@ -300,6 +321,8 @@ class Deployments:
         self.counters["deploy.active"] += 1
         log.info("now serving %s", model.ref)
         self.reports.publish(payload)
+        if verdict is not None:
+            self.reports.publish(verdict)
 
     def config_writes(self, config: EdgeConfig) -> dict[str, str]:
         """What the store keeps when ``config`` is applied (with it, in one transaction):

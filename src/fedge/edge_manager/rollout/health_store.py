@@ -13,19 +13,24 @@ import sqlite3
 
 
 def first_settled_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
-    """When ``edge`` first reported ``deployment_id`` active, failed or rolled back."""
+    """When ``edge`` first reported ``deployment_id`` active (or passed: active by then),
+    failed or rolled back."""
     value = conn.execute(
         "SELECT min(at) FROM deploy_events WHERE edge=? AND deployment_id=? "
-        "AND stage IN ('active', 'failed', 'rolled_back')",
+        "AND stage IN ('active', 'passed', 'failed', 'rolled_back')",
         (edge, deployment_id),
     ).fetchone()[0]
     return None if value is None else float(value)
 
 
 def passed_at(conn: sqlite3.Connection, edge: str, deployment_id: str) -> float | None:
-    """When ``edge`` first reported ``deployment_id`` passed its probation (None: not yet)."""
+    """When ``edge`` first reported ``deployment_id`` passed its probation (None: not yet).
+
+    An ``active`` report that says it is "not on probation" (a model proven on that
+    station) is a pass too: an agent of before the explicit ``passed`` sends no other."""
     value = conn.execute(
-        "SELECT min(at) FROM deploy_events WHERE edge=? AND deployment_id=? AND stage='passed'",
+        "SELECT min(at) FROM deploy_events WHERE edge=? AND deployment_id=? "
+        "AND (stage='passed' OR (stage='active' AND reason LIKE 'not on probation%'))",
         (edge, deployment_id),
     ).fetchone()[0]
     return None if value is None else float(value)
