@@ -311,11 +311,18 @@ class ManagerService:
             return
         try:
             loopback = host in ("127.0.0.1", "::1", "localhost")
-            context = None
+            context, crl = None, None
             if not loopback and not self.settings.insecure:
-                context = mutual_tls_context(self.home.pki().server_files("grpc"))
+                files = self.home.pki().server_files("grpc")
+                context, crl = mutual_tls_context(files), files.crl
             self.metrics_server = MetricsServer(
-                self.registry, self.readiness, host, port, context=context, name="serve-metrics"
+                self.registry,
+                self.readiness,
+                host,
+                port,
+                context=context,
+                crl=crl,
+                name="serve-metrics",
             )
         except (MetricsError, OSError, ManagerError) as exc:
             self.counters["metrics.unavailable"] += 1
@@ -546,9 +553,14 @@ class ManagerService:
                         self.counters[outcome.verdict.value] += 1
                         uploads.append((item, outcome))
                     elif isinstance(item, _Published):
-                        self.publisher.mark_published(fleet, item.result, now)
+                        result = item.result
+                        self._isolated_step(
+                            tx, ingestor, partial(self.publisher.mark_published, fleet, result, now)
+                        )
                     else:
-                        self.publisher.republish_latest(fleet)
+                        self._isolated_step(
+                            tx, ingestor, partial(self.publisher.republish_latest, fleet)
+                        )
         except Exception as exc:
             # Nothing is acked: the messages are held and tried again (the caller), and
             # the cache may hold rolled-back state.
@@ -585,6 +597,22 @@ class ManagerService:
             log.exception("internal error on one message; it is recorded and dropped")
             self.counters["internal_error"] += 1
             return Outcome(Verdict.REJECTED, "internal", f"{type(exc).__name__}: {exc}")
+
+    def _isolated_step(
+        self, tx: IngestTransaction, ingestor: Ingestor, step: Callable[[], object]
+    ) -> None:
+        """A publisher's bookkeeping in the batch, in a savepoint like a message: a bug in
+        it is logged and counted, and never holds the batch (only a store that refuses
+        writes does: that holds everything, as it must)."""
+        try:
+            with tx.savepoint():
+                step()
+        except Exception as exc:
+            if unwritable(exc):
+                raise
+            ingestor.forget_cache()
+            log.exception("internal error in the publisher's bookkeeping; it is dropped")
+            self.counters["internal_error"] += 1
 
     def _drive_rollouts(self, driver: RolloutDriver) -> None:
         """Staged rollouts (rollouts.py): a tick about once a second; the desired documents

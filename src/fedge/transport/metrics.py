@@ -25,14 +25,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from socket import socket
 from typing import Any
 
+from cryptography import x509
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from fedge.protocols.pki import TlsFiles
+from fedge.protocols import pki
+from fedge.protocols.pki import CertificateError, Role, TlsFiles
 from fedge.transport.errors import TransportError
+from fedge.transport.grpc.identity import RevocationList
 
 log = logging.getLogger(__name__)
 
@@ -91,22 +95,61 @@ class MetricsError(TransportError):
     """The metrics endpoint cannot be served as configured."""
 
 
+# Who may read the fleet's metrics over mutual TLS: operators' tools and the manager,
+# never a station (its certificate is from the same CA, and the metrics name the fleet).
+METRICS_ROLES = frozenset({Role.OPERATOR, Role.MANAGER})
+
+
 class _Handler(BaseHTTPRequestHandler):
     registry: CollectorRegistry
     readiness: Callable[[], Readiness]
+    revocations: RevocationList | None = None
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("metrics: " + format, *args)
 
     def do_GET(self) -> None:
+        refused = self._refusal()
+        if refused is not None:
+            log.warning("metrics: refused %s: %s", self.client_address[0], refused)
+            self._send(_json(HTTPStatus.FORBIDDEN, {"error": refused}))
+            return
         reply = probe_reply(self.path, self.registry, type(self).readiness)
         if reply is None:
             reply = _json(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path[:100]}"})
+        self._send(reply)
+
+    def _send(self, reply: Any) -> None:
         self.send_response(reply.status)
         self.send_header("Content-Type", reply.content_type)
         self.send_header("Content-Length", str(len(reply.body)))
         self.end_headers()
         self.wfile.write(reply.body)
+
+    def _refusal(self) -> str | None:
+        """Why this TLS peer may not read metrics (None: it may, or this is loopback
+        without TLS). The role is checked here, and the CRL re-read when it changes, so a
+        revocation after start counts (the TLS context was built once)."""
+        connection = self.connection
+        if not isinstance(connection, ssl.SSLSocket):
+            return None
+        der = connection.getpeercert(binary_form=True)
+        if der is None:
+            return "no client certificate"
+        try:
+            info = pki.cert_info(x509.load_der_x509_certificate(der))
+            revoked = frozenset() if self.revocations is None else self.revocations.serials()
+        except (ValueError, CertificateError) as exc:
+            return f"the certificate cannot be checked: {exc}"
+        if info.serial in revoked:
+            return f"{info.identity!r} holds a revoked certificate"
+        if info.role not in METRICS_ROLES:
+            role = "no role" if info.role is None else info.role.value
+            return (
+                f"{info.identity!r} holds a certificate of role {role}; only an operator's "
+                "or the manager's certificate may read the fleet's metrics"
+            )
+        return None
 
 
 class _Server(ThreadingHTTPServer):
@@ -152,6 +195,7 @@ class MetricsServer:
         port: int,
         *,
         context: ssl.SSLContext | None = None,
+        crl: Path | None = None,
         name: str = "metrics",
     ) -> None:
         if host not in LOOPBACK and context is None:
@@ -163,7 +207,11 @@ class MetricsServer:
         handler = type(
             "MetricsHandler",
             (_Handler,),
-            {"registry": registry, "readiness": staticmethod(readiness)},
+            {
+                "registry": registry,
+                "readiness": staticmethod(readiness),
+                "revocations": None if crl is None else RevocationList(crl),
+            },
         )
         try:
             self._server = _Server((host, port), handler, context)

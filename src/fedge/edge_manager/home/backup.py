@@ -156,12 +156,15 @@ def backup(
             for name, path in sorted(members.items()):
                 tar.add(path, name, recursive=False)
         part = out.with_name(out.name + ".part")
-        if passphrase is None:
-            shutil.copyfile(archive, part)
-        else:
-            with open(archive, "rb") as plain, open(part, "wb") as sealed:
-                sealing.seal(plain, sealed, passphrase)
-        os.chmod(part, 0o600)  # keys inside, sealed or not
+        part.unlink(missing_ok=True)
+        # Created 0600 from the first byte (keys inside, sealed or not): a file made with
+        # the umask and narrowed afterwards could be opened by anyone meanwhile.
+        fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as target, open(archive, "rb") as plain:
+            if passphrase is None:
+                shutil.copyfileobj(plain, target)
+            else:
+                sealing.seal(plain, target, passphrase)
         part.replace(out)
     return BackupReport(
         path=str(out),
