@@ -1,6 +1,10 @@
 """Honest states (issue 30, item 1): an online edge ages into stale, times say their zone,
 a pending config says why, and the fleet's health says when nothing is live."""
 
+import dataclasses
+import time
+from pathlib import Path
+
 from fedge.console import freshness
 from fedge.console.freshness import Pending, pending, shown_state, stale_after_s, sync_text
 from fedge.console.health import fleet_health
@@ -67,3 +71,43 @@ def test_live_means_serve_runs_and_a_station_reports() -> None:
     many = fleet_health(None, [row(f"st-{i:02d}", "stale") for i in range(8)], None, NOW)
     assert "and 3 more" in many.banner
     assert "No station is reporting; the last report arrived never" in many.banner
+
+
+def test_an_unwritable_store_is_said_and_the_fleet_is_not_live(tmp_path: Path) -> None:
+    """Issue 33, item 2: the console says when ``manager serve`` holds reports because
+    its store cannot be written (as ``serve.json`` reports it), and stops saying it after."""
+    import os
+
+    from fedge import pidlock
+    from fedge.console import health
+    from fedge.edge_manager.home.run_dir import (
+        BrokerLink,
+        Role,
+        ServeState,
+        pid_path,
+        write_serve_state,
+    )
+
+    fd = pidlock.acquire(pid_path(tmp_path, Role.SERVE))
+    assert isinstance(fd, int)
+    try:
+        state = ServeState(
+            pid=os.getpid(),
+            fleet="plant-a",
+            grpc_port=50551,
+            broker_address="127.0.0.1:1883",
+            broker=BrokerLink.CONNECTED,
+            store="unwritable",
+            store_detail="OperationalError: database or disk is full",
+            held=240,
+            store_since=time.time() - 30,
+        )
+        write_serve_state(tmp_path, state)
+        said = health.notice(tmp_path)
+        assert said is not None and "unwritable since 30 s ago" in said
+        assert "240 message(s) wait" in said and "disk is full" in said
+        assert not health.fleet_health(said, [], None).live
+        write_serve_state(tmp_path, dataclasses.replace(state, store="ok", held=0))
+        assert health.notice(tmp_path) is None
+    finally:
+        os.close(fd)

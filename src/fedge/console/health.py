@@ -13,7 +13,7 @@ from pathlib import Path
 
 from fedge.console.freshness import STALE, ago, stale_after_s
 from fedge.console.views import FleetRow
-from fedge.edge_manager.home.run_dir import serve_notice
+from fedge.edge_manager.home.run_dir import Role, read_serve_state, running, serve_notice
 
 SERVE_CONSEQUENCE = (
     "station reports are not being stored, so what the console shows is as of the last report"
@@ -31,9 +31,23 @@ class Health:
 
 
 def notice(root: Path) -> str | None:
-    """What is wrong with ``manager serve`` on the home at ``root`` (not running, or not
-    connected to the broker), None when it runs connected."""
-    return serve_notice(root, SERVE_CONSEQUENCE)
+    """What is wrong with ``manager serve`` on the home at ``root`` (not running, not
+    connected to the broker, or its store unwritable: issue 33), None when all is well."""
+    found = serve_notice(root, SERVE_CONSEQUENCE)
+    if found is not None:
+        return found
+    state, serving = read_serve_state(root), running(root, Role.SERVE)
+    current = state is not None and serving is not None and state.pid == serving.pid
+    if state is not None and current and state.store == "unwritable":
+        since = ""
+        if state.store_since is not None:
+            since = f" since {ago(time.time() - state.store_since)}"
+        return (
+            f"the manager's store is unwritable{since} ({state.store_detail}); "
+            f"{state.held} message(s) wait in memory, and station reports are stored once "
+            "it can be written again (`fedge manager doctor` says more)"
+        )
+    return None
 
 
 def fleet_health(
