@@ -1,4 +1,5 @@
-"""Digits models: registry, ArrayRecord round trip, local training and the FedProx term."""
+"""Digits models: registry, ArrayRecord round trip, test-set evaluation (training is
+fedge.party.trainer's: tests/party/test_trainer.py)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,6 @@ from fedge.models.digits import (
     make_model,
     model_bytes,
     to_arrays,
-    train_local,
 )
 from fedge.sim.data import make_partitions
 from fedge.sim.scenario import load_scenario
@@ -63,62 +63,11 @@ def test_same_seed_same_weights_and_arrays_round_trip() -> None:
         load_arrays(make_model("mlp-small"), arrays)
 
 
-@pytest.mark.slow
-def test_local_training_improves_accuracy_on_a_partition() -> None:
-    scenario = load_scenario("tifl-digits")
-    parts = make_partitions(scenario, 0)
-    X, y = parts.parties[45]  # a slow-group party: about 35 training samples
-    model = make_model("mlp", 0)
-    before = accuracy(model, X, y, "cpu")
-    loss = train_local(model, X, y, epochs=20, lr=0.2, batch_size=10, seed=0, device="cpu")
-    after = accuracy(model, X, y, "cpu")
-    assert before < 0.4 < 0.9 < after
-    assert 0 < loss < 2.5
-    eval_loss, eval_acc = evaluate(model, X, y, "cpu")
-    assert eval_acc == after and eval_loss < loss
-
-
-def test_training_is_reproducible_for_a_seed() -> None:
-    parts = make_partitions(load_scenario("tifl-digits"), 0)
-    X, y = parts.parties[3]
-    first, second = make_model("mlp", 0), make_model("mlp", 0)
-    train_local(first, X, y, epochs=2, lr=0.1, batch_size=4, seed=9, device="cpu")
-    train_local(second, X, y, epochs=2, lr=0.1, batch_size=4, seed=9, device="cpu")
-    assert torch.equal(flat(first), flat(second))
-
-
-@pytest.mark.slow
-def test_the_proximal_term_pulls_weights_towards_the_global_model() -> None:
-    parts = make_partitions(load_scenario("tifl-digits-noniid"), 0)
-    X, y = parts.parties[40]
-    global_model = make_model("mlp", 0)
-    anchor = flat(global_model)
-
-    def drift(mu: float) -> float:
-        local = make_model("mlp", 0)
-        train_local(
-            local,
-            X,
-            y,
-            epochs=10,
-            lr=0.1,
-            batch_size=8,
-            proximal_mu=mu,
-            global_params=list(global_model.parameters()),
-            seed=0,
-            device="cpu",
-        )
-        return float(torch.linalg.vector_norm(flat(local) - anchor))
-
-    plain, prox, strong = drift(0.0), drift(1.0), drift(10.0)
-    assert strong < prox < plain
-
-
-def test_bad_arguments_and_empty_data() -> None:
+def test_evaluation_on_a_partition_and_on_nothing() -> None:
     model = make_model()
+    X, y = make_partitions(load_scenario("tifl-digits"), 0).parties[3]
+    loss, acc = evaluate(model, X, y, "cpu")
+    assert acc == accuracy(model, X, y, "cpu") and 0 <= acc <= 1 and loss > 0
     empty_X = np.zeros((0, 64), dtype=np.float32)
     empty_y = np.zeros(0, dtype=np.int64)
-    assert train_local(model, empty_X, empty_y, epochs=1, lr=0.1, batch_size=1) == 0.0
     assert evaluate(model, empty_X, empty_y) == (0.0, 0.0)
-    with pytest.raises(ModelError, match="epochs >= 1"):
-        train_local(model, empty_X, empty_y, epochs=0, lr=0.1, batch_size=1)

@@ -31,6 +31,7 @@ from fedge.models.distill import (
     teacher_logits,
 )
 from fedge.models.inspection import cpu_threads
+from fedge.party import trainer
 from fedge.sim.data import source as data_source
 from fedge.sim.scenario import load_scenario
 from fedge.students.edge import (
@@ -52,10 +53,10 @@ def problem() -> tuple[nn.Module, FloatArray, FloatArray, LabelArray]:
     order = np.random.default_rng(0).permutation(len(y))
     train, proxy, test = order[:800], order[800:1100], order[1100:]
     teacher = digits.make_model("mlp", seed=0)
-    digits.train_local(
-        teacher, X[train], y[train], epochs=20, lr=0.1, batch_size=32, seed=0, device="cpu"
+    settings = trainer.TrainSettings(
+        lr=0.1, epochs=20, batch_size=32, max_seconds=None, threads=None, optimizer="sgd"
     )
-    teacher.eval()
+    trainer.train(teacher, trainer.Examples(X[train], y[train]), settings, on=torch.device("cpu"))
     return teacher, np.array(X[proxy]), np.array(X[test]), np.array(y[test])
 
 

@@ -17,7 +17,9 @@ from flwr.app import (
 )
 from flwr.supercore.task_identity import TaskIdentity
 
-from fedge.models.digits import accuracy, make_model, model_bytes, to_arrays
+from fedge.models.digits import accuracy, load_arrays, make_model, model_bytes, to_arrays
+from fedge.party import trainer
+from fedge.sim import party_app
 from fedge.sim.data import make_partitions
 from fedge.sim.party_app import EVALUATE_METRICS, TRAIN_METRICS, app
 from fedge.sim.party_inputs import PartyConfigError
@@ -104,7 +106,8 @@ def test_train_replies_with_new_arrays_and_every_metric() -> None:
     assert metrics["num-examples"] == len(y) and isinstance(metrics["num-examples"], int)
     assert metrics["partition-id"] == 7
     X_val, y_val = parts.validation[7]
-    assert metrics["local-acc"] == accuracy(global_model, X_val, y_val)  # before training
+    # Before training (the trainer counts right answers, digits.accuracy a float32 mean).
+    assert metrics["local-acc"] == pytest.approx(accuracy(global_model, X_val, y_val))
     assert metrics["train-loss"] > 0 and metrics["train-time-s"] > 0
     expected_virtual = virtual_round_time(
         profiles_for(scenario, SEED)[7],
@@ -141,7 +144,33 @@ def test_evaluate_measures_the_received_model_on_local_validation() -> None:
     assert set(metrics) == set(EVALUATE_METRICS)
     X_val, y_val = make_partitions(load_scenario("tifl-digits"), SEED).validation[12]
     assert metrics["num-examples"] == len(y_val)
-    assert metrics["eval-acc"] == accuracy(model, X_val, y_val)
+    assert metrics["eval-acc"] == pytest.approx(accuracy(model, X_val, y_val))
+
+
+def test_a_simulated_party_trains_through_the_stations_trainer() -> None:
+    # One trainer (issue 32): the party's round is fedge.party.trainer.train on its
+    # generated partition, as local SGD; the same call gives the same weights and loss.
+    sent = to_arrays(make_model("mlp", 5))
+    reply = app(message(sent, {"lr": 0.1, "proximal-mu": 0.2}), context(7))
+    scenario = load_scenario("tifl-digits")
+    model = make_model("mlp", 5)
+    load_arrays(model, sent)
+    settings = trainer.TrainSettings(
+        lr=0.1,
+        epochs=scenario.training.local_epochs,
+        batch_size=scenario.training.batch_size,
+        max_seconds=None,
+        threads=None,
+        seed=party_app._train_seed(SEED, 7, 1),
+        optimizer="sgd",
+        proximal_mu=0.2,
+    )
+    examples = trainer.Examples(*make_partitions(scenario, SEED).parties[7])
+    result = trainer.train(model, examples, settings)
+    np.testing.assert_array_equal(
+        flat(reply.content.array_records["arrays"]), flat(to_arrays(model))
+    )
+    assert metrics_of(reply)["train-loss"] == result.loss
 
 
 def first_round(predicate: object, count: int = 200) -> int:

@@ -1,20 +1,20 @@
-"""Small torch models for 8x8 digits and the local training step every party runs.
+"""Small torch models for 8x8 digits, and their evaluation on a test set.
 
 The models take the flattened image (float32 ``[batch, 64]`` in [0, 1], as
 ``fedge.datasets.tables.load_dataset`` returns it) and output logits over 10 classes. Three
 sizes exist so later work can distil between them (FedDF, Lin et al. 2020); register more
 in :data:`ARCHITECTURES`.
 
-``train_local`` is plain SGD with an optional FedProx proximal term
-``mu/2 * ||w - w_global||^2`` (Li et al., MLSys 2020, see
-../shared/research/fl-algorithms.md section 6.1).
+Parties train them with the trainer every party shares, stations included
+(:mod:`fedge.party.trainer`, issue 32); :func:`evaluate` and :func:`accuracy` are the
+server's and the simulator's test-set measurements.
 """
 
 from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 
 import numpy as np
 import numpy.typing as npt
@@ -92,75 +92,6 @@ def count_parameters(model: nn.Module) -> int:
 def model_bytes(model: nn.Module) -> int:
     """Bytes of the model's ``state_dict`` tensors: what one transfer of it costs."""
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
-
-
-def train_local(
-    model: nn.Module,
-    X: npt.NDArray[np.float32],
-    y: npt.NDArray[np.int64],
-    *,
-    epochs: int,
-    lr: float,
-    batch_size: int,
-    proximal_mu: float = 0.0,
-    global_params: Sequence[torch.Tensor] | None = None,
-    seed: int = 0,
-    device: str | None = None,
-) -> float:
-    """Train ``model`` in place with minibatch SGD; return the mean cross-entropy.
-
-    With ``proximal_mu > 0`` the loss gains FedProx's ``mu/2 * ||w - w_global||^2``;
-    ``global_params`` are the global model's parameters in ``model.parameters()`` order
-    (default: a copy of the model's parameters on entry, i.e. the model just received).
-    The mean is over every example seen, without the proximal term. Batches are shuffled
-    with ``seed``; the model is left on ``device`` (default: cuda if available, else cpu).
-    """
-    if epochs < 1 or batch_size < 1 or lr <= 0 or proximal_mu < 0:
-        raise ModelError(
-            "train_local needs epochs >= 1, batch_size >= 1, lr > 0, proximal_mu >= 0; got "
-            f"epochs={epochs}, batch_size={batch_size}, lr={lr}, proximal_mu={proximal_mu}"
-        )
-    if len(X) == 0:
-        return 0.0
-    target = torch.device(device or default_device())
-    model.to(target)
-    model.train()
-    features = torch.tensor(X, dtype=torch.float32, device=target)
-    labels = torch.tensor(y, dtype=torch.int64, device=target)
-    anchors: list[torch.Tensor] = []
-    if proximal_mu > 0:
-        source = global_params if global_params is not None else list(model.parameters())
-        anchors = [p.detach().to(target).clone() for p in source]
-        if len(anchors) != len(list(model.parameters())):
-            raise ModelError(
-                f"global_params has {len(anchors)} tensors, the model has "
-                f"{len(list(model.parameters()))} parameters"
-            )
-    optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-    generator = torch.Generator().manual_seed(seed)
-    loss_fn = nn.CrossEntropyLoss()
-    total_loss, seen = 0.0, 0
-    for _ in range(epochs):
-        order = torch.randperm(len(labels), generator=generator).to(target)
-        for start in range(0, len(labels), batch_size):
-            batch = order[start : start + batch_size]
-            optimizer.zero_grad()
-            loss = loss_fn(model(features[batch]), labels[batch])
-            objective = loss
-            if anchors:
-                drift = sum(
-                    (
-                        torch.sum((p - a) ** 2)
-                        for p, a in zip(model.parameters(), anchors, strict=True)
-                    ),
-                    torch.zeros((), device=target),
-                )
-                objective = loss + proximal_mu / 2 * drift
-            objective.backward()
-            optimizer.step()
-            total_loss += float(loss.detach()) * len(batch)
-            seen += len(batch)
-    return total_loss / seen
 
 
 @torch.no_grad()

@@ -13,7 +13,9 @@ agent starts the SuperNode with says where the station's data is::
 
 A train message carries the global model (``"arrays"``) and a ``"config"`` record:
 ``model-spec`` (JSON: ``family``, ``params``, ``classes``, ``preprocess``), ``lr``,
-``local-epochs``, ``batch-size``, ``server-round``. The reply's ``"metrics"``:
+``local-epochs``, ``batch-size``, ``proximal-mu`` (FedProx), ``server-round``. Training
+is :mod:`fedge.party.trainer`'s, the one a simulated party runs too. The reply's
+``"metrics"``:
 
 =======================  =================================================================
 ``num-examples``          labelled training images used (FedAvg's weight)
@@ -67,6 +69,7 @@ reply, which the aggregator records as the party's failure -- data, never a hang
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import random
@@ -199,14 +202,16 @@ def train_round(
         threads=station.threads,
         seed=int(_number(config, "server-round", 0)),
         augment_symmetries=family.augment_symmetries,
+        proximal_mu=_number(config, "proximal-mu", 0.0),
     )
     dp_metrics: dict[str, int | float] = {}
     if private:
         server_round = int(_number(config, "server-round", 0))
-        result, dp_metrics = _train_private(
+        result = _train_private(
             station, model, train_set, settings, privacy, job=job, server_round=server_round,
             floor=floor,
         )  # fmt: skip
+        dp_metrics = dict(result.dp_metrics)
         dp_metrics["dp-delta"] = privacy.delta  # the delta the station accounted the job at
     else:
         result = trainer.train(model, train_set, settings)
@@ -242,41 +247,29 @@ def _train_private(
     job: str,
     server_round: int,
     floor: PrivacyFloor | None,
-) -> tuple[trainer.TrainResult, dict[str, int | float]]:
-    """One DP-SGD round: planned, checked against the ledger, trained, recorded.
+) -> trainer.TrainResult:
+    """One DP-SGD round through the trainer every party shares (planned, checked against
+    the station's ledger, trained, recorded), then the station's spend reported.
 
-    Adam, as :func:`trainer.train` uses, so a job's ``lr`` means the same with and without
-    DP (DP-Adam: the noisy clipped gradient is Adam's input; privacy is the gradient's, the
-    optimiser is post-processing). No symmetry augmentation: DP-SGD clips each example's
-    gradient as sampled. The seed is the station's secret: the noise drawn from a seed the
-    server knew could be subtracted.
+    Adam, as the station's plain rounds use, so a job's ``lr`` means the same with and
+    without DP. The seed is the station's secret: the noise drawn from a seed the server
+    knew (the round number) could be subtracted.
     """
-    # Imported here: Opacus takes seconds to load, and queries, evaluations and rounds
-    # without DP-SGD never need it.
-    from fedge.party import private_round, trainer
+    from fedge.party import trainer
 
-    done = private_round.train_round(
+    secret = dataclasses.replace(settings, seed=secrets.randbits(62))
+    result = trainer.train_private(
         model,
-        examples.x,
-        examples.y,
-        spec=privacy,
+        examples,
+        secret,
+        privacy,
         ledger_path=ledger_path(station.data_dir),
         job=job,
         server_round=server_round,
-        epochs=settings.epochs,
-        lr=settings.lr,
-        batch_size=settings.batch_size,
-        seed=secrets.randbits(62),
-        optimizer="adam",
-        max_seconds=settings.max_seconds,
-        threads=settings.threads,
         floor=floor,
     )
     _report_spent(station, privacy)
-    planned_steps = settings.epochs * math.ceil(len(examples) / settings.batch_size)
-    steps = done.release.steps
-    result = trainer.TrainResult(done.loss, done.seconds, steps, steps < planned_steps)
-    return result, done.metrics()
+    return result
 
 
 def station_floor(station: Station) -> PrivacyFloor | None:

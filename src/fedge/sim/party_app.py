@@ -22,10 +22,13 @@ A train reply carries ``"arrays"`` (the trained model) and ``"metrics"``:
 ``partition-id``    which party answered (int)
 ==================  =========================================================================
 
-With ``dp-mode = "local"`` in the round config the party trains with DP-SGD instead
-(:mod:`fedge.party.private_round`: plain SGD steps become Opacus' clipped and noised
-ones), checks and records each round in its ledger under ``run_config["privacy-dir"]``,
-refuses a round past its budget (``BudgetExhaustedError``, an error reply), and adds
+A simulated party is a station whose data set is generated: it trains, evaluates and
+trains privately through the stations' own trainer (:mod:`fedge.party.trainer`), with
+local SGD as the scenarios' ``lr`` is meant for. With ``dp-mode = "local"`` in the round
+config the party trains with DP-SGD instead (:func:`fedge.party.trainer.train_private`:
+plain SGD steps become Opacus' clipped and noised ones), checks and records each round
+in its ledger under ``run_config["privacy-dir"]``, refuses a round past its budget
+(``BudgetExhaustedError``, an error reply), and adds
 ``dp-epsilon-round``, ``dp-epsilon-job``, ``dp-epsilon-total``, ``dp-noise-multiplier``,
 ``dp-sample-rate`` and ``dp-steps`` to its metrics.
 
@@ -49,6 +52,7 @@ device timeline, so it always answers.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import time
 from pathlib import Path
@@ -66,16 +70,13 @@ from flwr.clientapp import ClientApp
 from torch import nn
 
 from fedge.models.digits import (
-    accuracy,
     count_parameters,
-    evaluate,
     load_arrays,
     make_model,
     model_bytes,
     to_arrays,
-    train_local,
 )
-from fedge.party import private_round
+from fedge.party import trainer
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, global_arrays
 from fedge.party.secagg import secagg_mod
 from fedge.privacy.settings import PrivacyMode
@@ -128,7 +129,7 @@ def train_party(
         )
     model = make_model(settings.arch, party.seed)
     load_arrays(model, arrays)
-    X, y = party.train_data
+    _, y = party.train_data
     virtual_s = virtual_round_time(
         party.profile,
         n_examples=len(y),
@@ -148,82 +149,73 @@ def train_party(
             f"virtual-time-s={virtual_s:.6g} for the full round"
         )
 
-    X_val, y_val = party.validation_data
+    train_set = trainer.Examples(*party.train_data)
+    held_out = trainer.Examples(*party.validation_data)
     # TiFL's A_t: the received global model on the party's own held-out data. A party too
     # small to hold validation data is measured on its training data instead.
-    local_acc = accuracy(model, X_val, y_val) if len(y_val) else accuracy(model, X, y)
-
-    if settings.privacy.mode is PrivacyMode.LOCAL:
-        private = _train_private(party, model, settings)
-        metrics: dict[str, int | float] = {
-            "num-examples": len(y),
-            "train-loss": private.loss,
-            "train-time-s": private.seconds,
-            "virtual-time-s": virtual_s,
-            "local-acc": local_acc,
-            "partition-id": pid,
-            **private.metrics(),
-        }
-        return to_arrays(model), metrics
-    started = time.perf_counter()
-    loss = train_local(
-        model,
-        X,
-        y,
-        epochs=settings.local_epochs,
+    local_acc = trainer.accuracy(model, held_out if len(held_out) else train_set)
+    train_settings = trainer.TrainSettings(
         lr=settings.lr,
+        epochs=settings.local_epochs,
         batch_size=settings.batch_size,
-        proximal_mu=settings.proximal_mu,
+        max_seconds=None,  # the party's time is virtual-time-s, not a wall-clock cap
+        threads=None,  # parties share the simulator's process: its thread count stays
         seed=_train_seed(party.seed, pid, round_),
+        optimizer="sgd",  # FedAvg's local SGD, as the scenarios' lr is for
+        proximal_mu=settings.proximal_mu,
     )
-    wall_s = time.perf_counter() - started
-    metrics = {
-        "num-examples": len(y),
-        "train-loss": loss,
-        "train-time-s": wall_s,
+    if settings.privacy.mode is PrivacyMode.LOCAL:
+        result = _train_private(party, model, train_set, train_settings, settings)
+    else:
+        result = trainer.train(model, train_set, train_settings)
+    metrics: dict[str, int | float] = {
+        "num-examples": len(train_set),
+        "train-loss": result.loss,
+        "train-time-s": result.seconds,
         "virtual-time-s": virtual_s,
         "local-acc": local_acc,
         "partition-id": pid,
+        **result.dp_metrics,
     }
     return to_arrays(model), metrics
 
 
 def _train_private(
-    party: Party, model: nn.Module, settings: RoundSettings
-) -> private_round.PrivateRound:
-    """DP-SGD on the party's data, its ledger in the run's privacy directory."""
+    party: Party,
+    model: nn.Module,
+    examples: trainer.Examples,
+    train_settings: trainer.TrainSettings,
+    settings: RoundSettings,
+) -> trainer.TrainResult:
+    """DP-SGD on the party's data through the stations' trainer, its ledger in the run's
+    privacy directory (one thread: Opacus' per-example gradients beside other parties)."""
     if not party.privacy_dir:
         raise PartyConfigError(
             f"DP-SGD needs run_config[{PRIVACY_DIR_KEY!r}]: where party ledgers are kept"
         )
-    if settings.proximal_mu > 0:
-        raise PartyConfigError("DP-SGD cannot train with FedProx's proximal term")
-    X, y = party.train_data
-    return private_round.train_round(
+    return trainer.train_private(
         model,
-        X,
-        y,
-        spec=settings.privacy,
+        examples,
+        dataclasses.replace(train_settings, threads=1),
+        settings.privacy,
         ledger_path=Path(party.privacy_dir) / f"party-{party.partition_id}.db",
         job=settings.job or "sim",
         server_round=settings.server_round,
-        epochs=settings.local_epochs,
-        lr=settings.lr,
-        batch_size=settings.batch_size,
-        seed=_train_seed(party.seed, party.partition_id, settings.server_round),
-        threads=1,
     )
 
 
 def evaluate_party(
     party: Party, arrays: ArrayRecord, settings: RoundSettings
 ) -> dict[str, int | float]:
-    """Loss and accuracy of the received model on the party's local validation split."""
+    """Loss and accuracy of the received model on the party's local validation split
+    (0 and 0 for a party without one)."""
     model = make_model(settings.arch, party.seed)
     load_arrays(model, arrays)
-    X_val, y_val = party.validation_data
-    loss, acc = evaluate(model, X_val, y_val)
-    return {"eval-loss": loss, "eval-acc": acc, "num-examples": len(y_val)}
+    held_out = trainer.Examples(*party.validation_data)
+    if len(held_out) == 0:
+        return {"eval-loss": 0.0, "eval-acc": 0.0, "num-examples": 0}
+    loss, acc = trainer.evaluate(model, held_out)
+    return {"eval-loss": loss, "eval-acc": acc, "num-examples": len(held_out)}
 
 
 # ---------------------------------------------------------------- the Flower adapter

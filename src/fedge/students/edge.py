@@ -25,6 +25,7 @@ from fedge.datasets.tables import Partitions, Source, Split
 from fedge.edge_manager.registry.versions import PublishedModel, Registry
 from fedge.models import digits
 from fedge.models.distill import ExportCheck, check_proxy, distill, export_student_onnx
+from fedge.party import trainer
 from fedge.protocols.manifest import Lineage
 from fedge.students.errors import StudentError
 
@@ -135,11 +136,12 @@ def train_teacher(
     seed = source.seed
     X, y = pooled_party_data(source.partitions)
     model = digits.make_model(arch, seed)
-    digits.train_local(
-        model, X, y, epochs=epochs, lr=TEACHER_LR, batch_size=TEACHER_BATCH, seed=seed,
-        device="cpu",
+    # The parties' own trainer, as plain SGD without a time cap (left in eval mode).
+    settings = trainer.TrainSettings(
+        lr=TEACHER_LR, epochs=epochs, batch_size=TEACHER_BATCH, max_seconds=None,
+        threads=None, seed=seed, optimizer="sgd",
     )  # fmt: skip
-    model.eval()
+    trainer.train(model, trainer.Examples(X, y), settings, on=torch.device("cpu"))
     description = f"{arch} trained on pooled parties of {source.name}"
     return Teacher(model, arch, description)
 
