@@ -191,8 +191,18 @@ def drive_native(
                 progress(f"{strategy_name} seed {seed}", server_round, total)
         return metrics
 
-    # Flower samples with Python's global ``random``: seeded, a run is repeatable.
-    random.seed(seed)
+    # Flower samples with Python's global ``random``, which its runtime also draws from
+    # between rounds: seeded afresh before each round's sampling, a run is the same on
+    # either backend (still uniform sampling; only where the randomness comes from).
+    configure = strategy.configure_train
+
+    def seeded_configure(
+        server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
+        random.seed(seed * 100_003 + server_round)
+        return configure(server_round, arrays, config, grid)
+
+    strategy.configure_train = seeded_configure  # type: ignore[method-assign]
     config: dict[str, Any] = dict(train_config(scenario, {}))
     result = strategy.start(
         grid=clock,
