@@ -49,6 +49,8 @@ def test_a_killed_serve_resumes_the_rollout(tmp_path: Path, processes: Processes
         )
         serve = _serve(processes, tmp_path, "serve")
         for edge in EDGES:
+            # A rollout's waves wait for each station's probation verdict: 2 s, not 10 min.
+            fh.set_agent_option(edge, "probation_s", 2.0)
             processes.start(edge, "agent", "run", "--config", str(fh.agents[edge]))
         deployment = deploy(fh, 1, EDGES)
         for edge in EDGES:

@@ -204,6 +204,9 @@ class Probation:
         self.last_verdict = None
         if self._timer is not None:
             self._timer.cancel()
+            self._timer = None
+        if self._clock is not time.monotonic:
+            return  # an injected clock is moved by its owner, not by a wall-clock timer
         # A little after the window's end, so a last image at the edge is counted first.
         self._timer = threading.Timer(self.policy.seconds + 0.5, self._expire, args=(trial,))
         self._timer.daemon = True
@@ -264,6 +267,9 @@ class Probation:
                 return
             self.last_verdict = verdict
             self._trial = None  # judged once: later images change nothing
+            if self._timer is not None:
+                self._timer.cancel()  # nothing left for it to judge
+                self._timer = None
         self._conclude(trial, verdict)
 
     def _conclude(self, trial: Trial, verdict: health.Verdict) -> None:
