@@ -89,5 +89,5 @@ def test_a_failing_step_leaves_the_file_as_it_was(conn: sqlite3.Connection) -> N
 
 
 def test_steps_must_be_numbered_in_order(conn: sqlite3.Connection) -> None:
-    with pytest.raises(ValueError, match="numbered 1..N"):
+    with pytest.raises(ValueError, match=r"numbered 1\.\.N"):
         schema_store.migrate(conn, "s.db", (STEPS[1],), _Refused)
