@@ -31,8 +31,9 @@ from fedge.edge_manager.home.run_dir import (
     log_path,
     write_serve_state,
 )
+from fedge.edge_manager.home.space import require_writable_store
 from fedge.edge_manager.security.enrollment import managed_broker
-from fedge.edge_manager.serve import ManagerService, require_writable_store
+from fedge.edge_manager.serve import ManagerService
 
 app = typer.Typer(help="The fleet's control plane.", no_args_is_help=True)
 app.add_typer(operator.app, name="operator")
@@ -178,7 +179,7 @@ def serve(
     Example: fedge manager serve --home ./fedge-home
     """
     setup_logging(verbose)
-    require_writable_store(ManagerHome(home))  # before the lock, which writes there too
+    require_writable_store(ManagerHome(home).db_path)  # before the lock, which writes there too
     lock_fd = hold(home, Role.SERVE)  # a second serve would fight this one for the broker
     service = ManagerService(ManagerHome(home))
     stop = threading.Event()

@@ -22,22 +22,29 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 import grpc
 
-from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.desired.publisher import DesiredPublisher
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet.liveness import SilenceSweep
 from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.grpc_reads import StoreReads
 from fedge.edge_manager.home import run_dir, space
-from fedge.edge_manager.home.layout import ManagerHome, ManagerSettings
+from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.ingest import hold
 from fedge.edge_manager.ingest.messages import Ingestor, Outcome, Verdict
 from fedge.edge_manager.ingest.store import IngestTransaction
+from fedge.edge_manager.ingest.work import (
+    Delivered,
+    Published,
+    Republish,
+    Upload,
+    WorkItem,
+    ingest_upload,
+)
 from fedge.edge_manager.metrics.collector import ManagerCollector, ServeReadings, manager_registry
 from fedge.edge_manager.metrics.readiness import manager_readiness
 from fedge.edge_manager.monitor.tick import Monitor, policy_from
@@ -50,16 +57,14 @@ from fedge.edge_manager.store import Store, StoreError, unwritable
 from fedge.protocols import codec, pki, topics
 from fedge.protocols.alerts import Alert
 from fedge.protocols.pki import TlsFiles
-from fedge.protocols.signing import SigningKey
 from fedge.transport.errors import TransportError
-from fedge.transport.grpc.contract import DesiredDocument, SinkResult
+from fedge.transport.grpc.contract import SinkResult
 from fedge.transport.grpc.server import GrpcServices
 from fedge.transport.metrics import MetricsError, MetricsServer, Readiness, mutual_tls_context
 from fedge.transport.mqtt import MqttSession
 from fedge.transport.session import (
     Message,
     MqttSettings,
-    PublishResult,
     Session,
     SessionFactory,
 )
@@ -70,105 +75,6 @@ ROLLOUT_TICK_S = 1.0
 # prunes while its space is low (instead of its interval; home/space.py).
 SPACE_CHECK_S = 1.0
 LOW_SPACE_PRUNE_S = 5.0
-
-
-@dataclass(frozen=True)
-class _Upload:
-    edge: str
-    payload: bytes
-    result: "Future[Outcome]"
-    # None: a record batch (ReportUpload); else the up/ topic of a status (DesiredSync).
-    kind: topics.Up | None = None
-
-
-@dataclass(frozen=True)
-class _Published:
-    result: PublishResult
-
-
-@dataclass(frozen=True)
-class _Republish:
-    pass
-
-
-@dataclass(frozen=True)
-class _Delivered:
-    """An MQTT message and the connection (a count of them) that delivered it: it is
-    acknowledged on that connection only (ingest/hold.py)."""
-
-    message: Message
-    connection: int
-
-
-_Item = _Delivered | _Upload | _Published | _Republish
-
-
-@dataclass(frozen=True)
-class StoreHealth:
-    """What serve knows of its store now (``manager status``, serve.json)."""
-
-    state: str  # "ok", "low" (space under the headroom) or "unwritable"
-    detail: str  # the store's error when unwritable; the space line when low
-    free_bytes: int | None
-    held: int  # messages waiting in memory for the store
-    since: float | None  # when it became unwritable (or low)
-
-
-def _ingest_upload(
-    ingestor: Ingestor, tx: IngestTransaction, upload: _Upload, now: float
-) -> Outcome:
-    if upload.kind is None:
-        return ingestor.handle_upload(tx, upload.edge, upload.payload, now)
-    return ingestor.handle_status(tx, upload.edge, upload.kind, upload.payload, now)
-
-
-def require_writable_store(home: ManagerHome) -> None:
-    """Refuse to serve on a store that cannot take a write (issue 33): every message
-    would wait in memory from the first one."""
-    why = space.probe(home.db_path.parent)
-    if why is None:
-        return
-    measured = space.measure(home.db_path)
-    room = "" if measured is None else f" ({space.describe_space(measured)})"
-    raise ManagerError(
-        f"cannot serve: the store {home.db_path} is not writable: {why}{room}; "
-        "free space on that file system (or fix its permissions), then start serve again"
-    )
-
-
-class _ReadSide:
-    """Per-thread read connections for gRPC handler threads (sqlite objects are per thread)."""
-
-    def __init__(self, home: ManagerHome, settings: ManagerSettings, key: SigningKey) -> None:
-        self.home = home
-        self.settings = settings
-        self.key = key
-        self._local = threading.local()
-
-    def _fleet(self) -> Fleet:
-        fleet: Fleet | None = getattr(self._local, "fleet", None)
-        if fleet is None:
-            fleet = Fleet.open(self.home)
-            self._local.fleet = fleet
-        return fleet
-
-    def manifest_envelope(self, name: str, version: int) -> bytes:
-        return self._fleet().registry.manifest_envelope(name, version)
-
-    def artifact_path(self, name: str, version: int) -> Path:
-        return self._fleet().registry.artifact_path(name, version)
-
-    def artifact_sha256(self, name: str, version: int) -> str:
-        return self._fleet().registry.artifact_sha256(name, version)
-
-    def authenticate(self, edge: str, token: str) -> bool:
-        return self._fleet().authenticate(edge, token)
-
-    def latest_desired(self, edge: str) -> list[DesiredDocument]:
-        return [
-            DesiredDocument(doc.kind, doc.version, doc.envelope.encode())
-            for doc in desired_store.latest_desired(self._fleet().store, edge)
-        ]
 
 
 class ManagerService:
@@ -201,11 +107,11 @@ class ManagerService:
         self.pruner = Pruner(RetentionPolicy.from_settings(self.settings))
         self._rollouts_due = 0.0
         self._monitor_due = 0.0
-        self._queue: queue.SimpleQueue[_Item] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[WorkItem] = queue.SimpleQueue()
         # Ingest held while the store refuses writes (ingest/hold.py), oldest first.
-        self._held: list[_Item] = []
+        self._held: list[WorkItem] = []
         self._outage: hold.Outage | None = None
-        self._connection = 0  # counts connections and disconnections (see _Delivered)
+        self._connection = 0  # counts connections and disconnections (see Delivered)
         self.headroom = space.Headroom(self.settings.low_space_percent, self.settings.low_space_mib)
         self._space: space.DiskSpace | None = None
         self._space_due = 0.0
@@ -233,7 +139,7 @@ class ManagerService:
             on_message=self._delivered,
             on_connect=self._on_connect,
             on_disconnect=self._on_disconnect,
-            on_published=lambda result: self._queue.put(_Published(result)),
+            on_published=lambda result: self._queue.put(Published(result)),
         )
         self.publisher = DesiredPublisher(home, self.settings.fleet, self.mqtt, self.counters)
         # CRL, server and manager certificates issued again before they lapse (issue 24);
@@ -270,12 +176,12 @@ class ManagerService:
     # -- lifecycle
 
     def start(self, timeout_s: float = 10.0) -> None:
-        require_writable_store(self.home)
+        space.require_writable_store(self.home.db_path)
         self._hold_serve_lock()
         self._worker.start()
         if not self._ready.wait(timeout_s):
             raise TimeoutError("manager worker did not start")
-        reader = _ReadSide(self.home, self.settings, self.key)
+        reader = StoreReads(self.home, self.settings, self.key)
         self.grpc_services = GrpcServices(
             reader, self, reader.authenticate, desired=reader, status_sink=self, tls=self.grpc_tls
         )
@@ -377,7 +283,7 @@ class ManagerService:
             self._serve_lock = None
 
     def _delivered(self, message: Message) -> None:
-        self._queue.put(_Delivered(message, self._connection))
+        self._queue.put(Delivered(message, self._connection))
 
     def _on_disconnect(self, reason: str) -> None:
         self._connection += 1  # only paho's thread writes it
@@ -388,13 +294,13 @@ class ManagerService:
         if not session_present:
             # The broker may have lost retained documents (a wiped store): publish the
             # latest again; edges ignore versions they already applied.
-            self._queue.put(_Republish())
+            self._queue.put(Republish())
 
     # -- gRPC ReportSink (called on gRPC threads)
 
     def ingest_payload(self, edge: str, payload: bytes) -> SinkResult:
         future: Future[Outcome] = Future()
-        self._queue.put(_Upload(edge, payload, future))
+        self._queue.put(Upload(edge, payload, future))
         outcome = future.result(timeout=30)
         return SinkResult(
             accepted=outcome.verdict in (Verdict.STORED, Verdict.DUPLICATE),
@@ -406,7 +312,7 @@ class ManagerService:
 
     def ingest_status(self, edge: str, kind: str, payload: bytes) -> SinkResult:
         future: Future[Outcome] = Future()
-        self._queue.put(_Upload(edge, payload, future, topics.Up(kind)))
+        self._queue.put(Upload(edge, payload, future, topics.Up(kind)))
         outcome = future.result(timeout=30)
         # A stale liveness (IGNORED) is no error: the edge need not send it again.
         rejected = outcome.verdict is Verdict.REJECTED
@@ -446,8 +352,8 @@ class ManagerService:
         finally:
             store.close()
 
-    def _drain(self) -> list[_Item]:
-        items: list[_Item] = []
+    def _drain(self) -> list[WorkItem]:
+        items: list[WorkItem] = []
         try:
             items.append(self._queue.get(timeout=self.poll_interval_s))
             while len(items) < self.max_batch:
@@ -458,26 +364,28 @@ class ManagerService:
 
     # -- ingest, and what it does while the store refuses writes (ingest/hold.py)
 
-    def store_health(self) -> StoreHealth:
+    def store_health(self) -> space.StoreHealth:
         """The store as serve sees it now (read on other threads: plain attribute reads)."""
         outage, measured, held = self._outage, self._space, len(self._held)
         free = None if measured is None else measured.free_bytes
         if outage is not None:
-            return StoreHealth("unwritable", outage.error, free, held, outage.since)
+            return space.StoreHealth("unwritable", outage.error, free, held, outage.since)
         if measured is not None and self._low_since is not None:
-            return StoreHealth(
+            return space.StoreHealth(
                 "low", space.low_line(measured, self.headroom), free, held, self._low_since
             )
-        return StoreHealth("ok", "", free, held, None)
+        return space.StoreHealth("ok", "", free, held, None)
 
-    def _ingest(self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[_Item]) -> None:
+    def _ingest(
+        self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[WorkItem]
+    ) -> None:
         """Store ``items`` behind whatever is held, in chunks of ``max_batch``; what a
         refused transaction held waits for the back-off (uploads are refused at once:
         their stations keep them and send them again)."""
         outage = self._outage
         if outage is not None and not hold.retry_due(outage, time.time()):
             for item in items:
-                if isinstance(item, _Upload):
+                if isinstance(item, Upload):
                     refused = f"the manager's store is unwritable ({outage.error}); send it again"
                     item.result.set_exception(hold.StoreUnwritableError(refused))
                 else:
@@ -489,7 +397,7 @@ class ManagerService:
             chunk, pending = pending[: self.max_batch], pending[self.max_batch :]
             error = self._process(store, fleet, ingestor, chunk)
             if error is not None:
-                kept: list[_Item] = [i for i in chunk if not isinstance(i, _Upload)]
+                kept: list[WorkItem] = [i for i in chunk if not isinstance(i, Upload)]
                 self._held = kept + pending
                 self._refused(store, error, time.time())
                 return
@@ -530,29 +438,29 @@ class ManagerService:
             self.pruner.hurry(now, LOW_SPACE_PRUNE_S)
 
     def _process(
-        self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[_Item]
+        self, store: Store, fleet: Fleet, ingestor: Ingestor, items: list[WorkItem]
     ) -> str | None:
         """One transaction for ``items``; None once committed and acknowledged, else why
         the store refused it (nothing acknowledged; uploads told)."""
         now = time.time()
-        to_ack: list[_Delivered] = []
-        uploads: list[tuple[_Upload, Outcome]] = []
+        to_ack: list[Delivered] = []
+        uploads: list[tuple[Upload, Outcome]] = []
         try:
             with IngestTransaction.open(store) as tx:
                 for item in items:
-                    if isinstance(item, _Delivered):
+                    if isinstance(item, Delivered):
                         message = item.message
                         handle = partial(ingestor.handle, tx, message.topic, message.payload, now)
                         outcome = self._isolated(tx, ingestor, handle)
                         self.counters[outcome.verdict.value] += 1
                         to_ack.append(item)
-                    elif isinstance(item, _Upload):
+                    elif isinstance(item, Upload):
                         outcome = self._isolated(
-                            tx, ingestor, partial(_ingest_upload, ingestor, tx, item, now)
+                            tx, ingestor, partial(ingest_upload, ingestor, tx, item, now)
                         )
                         self.counters[outcome.verdict.value] += 1
                         uploads.append((item, outcome))
-                    elif isinstance(item, _Published):
+                    elif isinstance(item, Published):
                         result = item.result
                         self._isolated_step(
                             tx, ingestor, partial(self.publisher.mark_published, fleet, result, now)
@@ -567,7 +475,7 @@ class ManagerService:
             if not unwritable(exc):  # a refusal is said once by the caller; this is a bug
                 log.exception("ingest transaction failed; its messages are held and tried again")
             ingestor.forget_cache()
-            for upload in (i for i in items if isinstance(i, _Upload)):
+            for upload in (i for i in items if isinstance(i, Upload)):
                 upload.result.set_exception(exc)
             return f"{type(exc).__name__}: {exc}"
         connection = self._connection

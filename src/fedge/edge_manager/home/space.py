@@ -17,6 +17,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
+from fedge.edge_manager.errors import ManagerError
+
 MIB = 1024 * 1024
 PROBE_BYTES = 64 * 1024
 
@@ -103,3 +105,28 @@ def probe(directory: Path, size: int = PROBE_BYTES) -> str | None:
     finally:
         path.unlink(missing_ok=True)
     return None
+
+
+@dataclass(frozen=True)
+class StoreHealth:
+    """What serve knows of its store now (``manager status``, serve.json)."""
+
+    state: str  # "ok", "low" (space under the headroom) or "unwritable"
+    detail: str  # the store's error when unwritable; the space line when low
+    free_bytes: int | None
+    held: int  # messages waiting in memory for the store
+    since: float | None  # when it became unwritable (or low)
+
+
+def require_writable_store(db_path: Path) -> None:
+    """Refuse to serve on a store that cannot take a write (issue 33): every message
+    would wait in memory from the first one."""
+    why = probe(db_path.parent)
+    if why is None:
+        return
+    measured = measure(db_path)
+    room = "" if measured is None else f" ({describe_space(measured)})"
+    raise ManagerError(
+        f"cannot serve: the store {db_path} is not writable: {why}{room}; "
+        "free space on that file system (or fix its permissions), then start serve again"
+    )
