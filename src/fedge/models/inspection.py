@@ -237,6 +237,19 @@ def export_onnx(
     """
     # A CPU copy keeps the caller's model where it was (device, train/eval mode).
     wrapped = _ProbabilityHead(copy.deepcopy(model).cpu()).eval()
+    write_onnx(wrapped, path, image_size, (OUTPUT_NAME,), ModelExportError)
+    return _verify_onnx(wrapped, path, image_size, verify_images)
+
+
+def write_onnx(
+    module: nn.Module,
+    path: Path,
+    image_size: int,
+    outputs: tuple[str, ...],
+    error: type[Exception],
+) -> None:
+    """Export ``module`` (``image`` ``[batch, 1, size, size]`` in, ``outputs`` out, the
+    batch dynamic) to ``path``; any failure of the exporter is raised as ``error``."""
     dummy = torch.zeros(1, 1, image_size, image_size, dtype=torch.float32)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -245,18 +258,17 @@ def export_onnx(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             torch.onnx.export(
-                wrapped,
+                module,
                 (dummy,),
                 str(path),
                 dynamo=False,
                 opset_version=OPSET_VERSION,
                 input_names=[INPUT_NAME],
-                output_names=[OUTPUT_NAME],
-                dynamic_axes={INPUT_NAME: {0: "batch"}, OUTPUT_NAME: {0: "batch"}},
+                output_names=list(outputs),
+                dynamic_axes={INPUT_NAME: {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
             )
     except Exception as exc:  # the exporter raises many unrelated types
-        raise ModelExportError(f"torch.onnx.export failed for {path}: {exc}") from exc
-    return _verify_onnx(wrapped, path, image_size, verify_images)
+        raise error(f"torch.onnx.export failed for {path}: {exc}") from exc
 
 
 def _verify_onnx(

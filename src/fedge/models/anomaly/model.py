@@ -8,7 +8,6 @@ feature layers are the backbone, :func:`export_with_classifier` writes one graph
 ``probs`` as well, so serving makes one call for both.
 """
 
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,7 @@ from torch import nn
 from fedge.models.anomaly import AnomalyError
 from fedge.models.anomaly.backbone import feature_grid
 from fedge.models.anomaly.statistics import Float64Array, GaussianFit, whitening
-from fedge.models.inspection import INPUT_NAME, OPSET_VERSION, InspectionNet, images_to_tensor
+from fedge.models.inspection import INPUT_NAME, InspectionNet, images_to_tensor, write_onnx
 
 SCORE_NAME = "score"
 MAP_NAME = "anomaly_map"
@@ -135,24 +134,7 @@ def _export(module: nn.Module, path: Path, image_size: int, outputs: tuple[str, 
             wrapped = torch.jit.script(wrapped)
         except Exception as exc:
             raise AnomalyExportError(f"cannot script the model around the backbone: {exc}") from exc
-    dummy = torch.zeros(1, 1, image_size, image_size, dtype=torch.float32)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        # The TorchScript exporter, as for the classifier (fedge.models.inspection).
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            torch.onnx.export(
-                wrapped,
-                (dummy,),
-                str(path),
-                dynamo=False,
-                opset_version=OPSET_VERSION,
-                input_names=[INPUT_NAME],
-                output_names=list(outputs),
-                dynamic_axes={INPUT_NAME: {0: "batch"}, **{name: {0: "batch"} for name in outputs}},
-            )
-    except Exception as exc:  # the exporter raises many unrelated types
-        raise AnomalyExportError(f"torch.onnx.export failed for {path}: {exc}") from exc
+    write_onnx(wrapped, path, image_size, outputs, AnomalyExportError)
     return _verify(wrapped, path, image_size, outputs)
 
 
