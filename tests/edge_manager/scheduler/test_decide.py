@@ -254,3 +254,30 @@ def test_no_priority_overtakes_a_suspended_job() -> None:
     suspended = Queued(job("old", at=50.0), queued_at=120.0, preemptions=1)
     queue = sorted([urgent_be, suspended], key=lambda q: queue_key(FITGPP, q))
     assert [q.job.job_id for q in queue] == ["old", "vip"]
+
+
+def test_two_victims_on_one_multi_slot_station_free_one_station() -> None:
+    # s1 and s2 have 2 slots each, all taken: A and B on s1, C on s2 beside D (at its cap).
+    # The TE job needs 2 distinct stations. Suspending A and B frees two slots of s1 only:
+    # B adds no station once A is chosen, so C is chosen instead (review finding, issue 31).
+    stations = (Station("s1", slots=2), Station("s2", slots=2))
+    running = [
+        run(job("A", grace_s=10.0), "s1"),
+        run(job("B", grace_s=20.0), "s1"),
+        run(job("C", grace_s=30.0), "s2"),
+        run(job("D", grace_s=5.0, max_preemptions=0), "s2"),
+    ]
+    actions = decide(State(FITGPP, stations, [te(2)], running), now=100.0)
+    assert actions.suspend == (Suspension("A", "urgent"), Suspension("C", "urgent"))
+
+
+def test_victims_on_one_station_cannot_cover_two_stations() -> None:
+    stations = (Station("s1", slots=2), Station("s2", slots=1))
+    running = [
+        run(job("A"), "s1"),
+        run(job("B"), "s1"),
+        run(job("D", max_preemptions=0), "s2"),
+    ]
+    # Two preemptible slots, but on one station: the TE job cannot be placed; nobody is cut.
+    actions = decide(State(FITGPP, stations, [te(2)], running), now=100.0)
+    assert actions.suspend == ()

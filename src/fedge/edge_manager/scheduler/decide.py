@@ -86,11 +86,11 @@ def decide(state: State, now: float) -> Actions:
             claimed = set(claim)
             wanted = set(eligible) - claimed
 
-            def useful(r: Running, wanted: set[str] = wanted) -> int:
-                return sum(1 for sid in r.stations if sid in wanted)
+            def frees(r: Running, wanted: set[str] = wanted) -> frozenset[str]:
+                return frozenset(sid for sid in r.stations if sid in wanted)
 
             victims = choose_victims(
-                policy, job.job_id, candidates, job.demand - len(claim), useful, now
+                policy, job.job_id, candidates, job.demand - len(claim), frees, now
             )
             if victims is None:
                 break  # cannot be placed even by preemption: it waits, and so do those behind

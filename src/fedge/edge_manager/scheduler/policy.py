@@ -14,7 +14,10 @@ estimate of run time. Here ``D_j`` is the number of stations ``j`` holds that th
 job may use, and the cap is the smaller of the policy's and the job's own.
 
 Our extension, for jobs that span stations (the paper's TE job always fits one node):
-when no single job fits, suspend jobs in score order until enough stations come free.
+when no single job fits, suspend jobs in score order until enough *distinct* stations come
+free. A job counts only the stations it frees that no job chosen before it frees: on a
+station with several training slots, two victims there free two slots of one station,
+and the TE job needs distinct stations (one slot on each).
 
 Starvation guard (ours): a BE job that has already waited ``starvation_s`` in the queue
 is not preempted again, whatever its score.
@@ -87,34 +90,37 @@ def choose_victims(
     te_job_id: str,
     candidates: Sequence[Running],
     needed: int,
-    useful: Callable[[Running], int],
+    frees: Callable[[Running], frozenset[str]],
     now: float,
 ) -> tuple[Running, ...] | None:
-    """The BE jobs to suspend so that ``needed`` more stations come free, or None when
-    even all candidates cannot free enough. ``useful(j)``: stations ``j`` would free that
-    the TE job may use."""
-    usable = [c for c in candidates if useful(c) > 0]
-    if sum(useful(c) for c in usable) < needed:
+    """The BE jobs to suspend so that ``needed`` more distinct stations come free, or None
+    when even all candidates cannot free enough. ``frees(j)``: the stations ``j`` holds
+    that the TE job may use (a slot there comes free when ``j`` stops)."""
+    usable = [c for c in candidates if frees(c)]
+    if len(frozenset().union(*(frees(c) for c in usable))) < needed:
         return None
-    ranked = _ranked(policy, te_job_id, usable, useful, now)
-    fitting = [c for c in ranked if useful(c) >= needed]
+    ranked = _ranked(policy, te_job_id, usable, frees, now)
+    fitting = [c for c in ranked if len(frees(c)) >= needed]
     if fitting:
         return (fitting[0],)
     chosen: list[Running] = []
-    freed = 0
+    freed: set[str] = set()
     for candidate in ranked:
+        new = frees(candidate) - freed
+        if not new:
+            continue  # it frees only stations already coming free: no use suspending it
         chosen.append(candidate)
-        freed += useful(candidate)
-        if freed >= needed:
+        freed |= new
+        if len(freed) >= needed:
             return tuple(chosen)
-    return None  # unreachable: the sum covered it
+    return None  # unreachable: the union covered it
 
 
 def _ranked(
     policy: Policy,
     te_job_id: str,
     usable: list[Running],
-    useful: Callable[[Running], int],
+    frees: Callable[[Running], frozenset[str]],
     now: float,
 ) -> list[Running]:
     """Candidates best first for the policy (ties broken by job id: deterministic)."""
@@ -124,11 +130,11 @@ def _ranked(
         ordered = sorted(usable, key=lambda c: c.job.job_id)
         random.Random(f"{policy.seed}:{te_job_id}:{now}").shuffle(ordered)
         return ordered
-    max_demand = max(useful(c) for c in usable)
+    max_demand = max(len(frees(c)) for c in usable)
     max_grace = max(c.job.grace_s for c in usable)
 
     def score(c: Running) -> float:
-        return useful(c) / max_demand + policy.grace_weight * c.job.grace_s / max_grace
+        return len(frees(c)) / max_demand + policy.grace_weight * c.job.grace_s / max_grace
 
     return sorted(usable, key=lambda c: (score(c), c.job.job_id))
 
