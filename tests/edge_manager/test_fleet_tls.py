@@ -213,6 +213,49 @@ def test_a_session_refused_in_the_tls_handshake_says_so(
     try:
         wait_until(lambda: session.link.failures, 10, "the refusal to be noted")
         assert not session.connected.is_set()
-        assert "closed the connection before answering" in session.link.last_error
+        # The broker's TLS alert names the refusal (issue 27): a certificate problem, said
+        # as one, where a closed socket alone would not be blamed on the certificate.
+        assert "refused this station's certificate" in session.link.last_error, (
+            session.link.last_error
+        )
+    finally:
+        session.stop()
+
+
+def test_a_station_trusting_another_ca_is_told_the_broker_does_not_verify(
+    tls_fleet: tuple[FleetHome, MosquittoBroker], tmp_path: Path
+) -> None:
+    """A wrong CA file at the station (issue 27): the broker's certificate fails to
+    verify on the station's side, and the session says so, naming the CA, not the network."""
+    fh, broker = tls_fleet
+    other_ca = FleetCA.create("plant-b")
+    (tmp_path / "other-ca.crt").write_bytes(other_ca.cert_pem)
+    own = station_files(fh, "st-01")
+    files = TlsFiles(ca=tmp_path / "other-ca.crt", cert=own.cert, key=own.key)
+    session = MqttSession(MqttSettings("127.0.0.1", broker.port, "st-01", tls=files))
+    session.start()
+    try:
+        wait_until(lambda: session.link.failures, 10, "the failure to be noted")
+        error = session.link.last_error
+        assert "does not verify against this station's fleet CA" in error, error
+        assert "CERTIFICATE_VERIFY_FAILED" in error and "network" not in error
+    finally:
+        session.stop()
+
+
+def test_a_revoked_station_hears_its_certificate_was_refused_not_a_network_fault(
+    tls_fleet: tuple[FleetHome, MosquittoBroker],
+) -> None:
+    fh, broker = tls_fleet
+    revoke(fh.home, "st-02")
+    refused(broker.port, tls=station_files(fh, "st-02"))  # the broker re-read its CRL
+    session = MqttSession(
+        MqttSettings("127.0.0.1", broker.port, "st-02", tls=station_files(fh, "st-02"))
+    )
+    session.start()
+    try:
+        wait_until(lambda: session.link.failures, 10, "the refusal to be noted")
+        error = session.link.last_error
+        assert "TLS:" in error and "network" not in error, error
     finally:
         session.stop()

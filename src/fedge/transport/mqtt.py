@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
+from fedge.transport.causes import LinkCause, classify, explain
 from fedge.transport.errors import TransportError
 from fedge.transport.link import LinkEvent, LinkState, advance
 from fedge.transport.session import (
@@ -38,6 +39,42 @@ log = logging.getLogger(__name__)
 
 def _noop(*_: object) -> None:
     return None
+
+
+class _SocketErrors(logging.Logger):
+    """What paho last logged a socket read or write failing with (not a registered
+    logger: one per session, gone with it)."""
+
+    def __init__(self) -> None:
+        super().__init__("fedge.transport.mqtt.socket", logging.ERROR)
+        self.last = ""
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: object) -> None:
+        if level >= logging.ERROR and "socket" in str(msg):
+            try:
+                self.last = str(msg) % args
+            except (TypeError, ValueError):
+                self.last = str(msg)
+
+    def take(self) -> str:
+        last, self.last = self.last, ""
+        return last
+
+
+class _Client(paho.Client):
+    """paho's client, keeping what its last connection attempt raised: paho swallows the
+    error (``on_connect_fail`` gets none), and the error is the only thing that tells a
+    network cut from a certificate the broker refused (issue 27)."""
+
+    last_connect_error: OSError | None = None
+
+    def reconnect(self) -> MQTTErrorCode:
+        self.last_connect_error = None
+        try:
+            return super().reconnect()
+        except OSError as exc:
+            self.last_connect_error = exc
+            raise
 
 
 class MqttSession:
@@ -66,7 +103,7 @@ class MqttSession:
         self._link_lock = threading.Lock()
         self._stopping = False
         self._answered = False  # the broker answered (CONNACK) the current attempt
-        self._client = paho.Client(
+        self._client = _Client(
             CallbackAPIVersion.VERSION2,
             client_id=settings.client_id,
             protocol=paho.MQTTv5,
@@ -96,6 +133,12 @@ class MqttSession:
         self._client.on_connect_fail = self._handle_connect_fail
         self._client.on_message = self._handle_message
         self._client.on_publish = self._handle_publish
+        # paho reports a socket that failed under it (an SSL alert from the broker, a
+        # reset, a timeout) only to its logger: this one keeps the error for the
+        # disconnect that follows. A logger, not ``on_log``: paho formats every packet's
+        # debug line for ``on_log``, while a logger at ERROR costs a level check.
+        self._socket_errors = _SocketErrors()
+        self._client.enable_logger(self._socket_errors)
 
     def _set_will(self) -> None:
         will = self._will_factory() if self._will_factory is not None else None
@@ -197,9 +240,20 @@ class MqttSession:
                 note.message,
             )
 
+    def _explain(self, cause: LinkCause) -> str:
+        return explain(cause, "the broker", f"{self.settings.host}:{self.settings.port}")
+
     def _handle_connect_fail(self, client: paho.Client, userdata: object) -> None:
-        if not self._stopping:
-            self._note(LinkEvent.UNREACHABLE)
+        if self._stopping:
+            return
+        error = self._client.last_connect_error
+        cause = classify(error)
+        # A certificate problem needs a person (an error); an outage may pass.
+        event = LinkEvent.REFUSED if cause.is_tls else LinkEvent.UNREACHABLE
+        detail = self._explain(cause) if cause is not LinkCause.UNKNOWN else ""
+        if error is not None:
+            detail = f"{detail}: {error}" if detail else str(error)
+        self._note(event, detail)
 
     def _handle_connect(
         self,
@@ -210,6 +264,7 @@ class MqttSession:
         properties: Properties | None,
     ) -> None:
         self._answered = True
+        self._socket_errors.take()
         if reason_code.is_failure:
             self._note(LinkEvent.REFUSED, str(reason_code))
             return
@@ -227,18 +282,29 @@ class MqttSession:
     ) -> None:
         self.connected.clear()
         answered, self._answered = self._answered, False  # the next attempt starts afresh
+        socket_error = self._socket_errors.take()
+        cause = classify(socket_error) if socket_error else LinkCause.UNKNOWN
         if self._stopping:
             pass
         elif not answered:
-            # Closed before any CONNACK: under mutual TLS the broker refuses a certificate
-            # (unknown CA, expired, revoked) in the handshake, with no MQTT answer at all.
-            self._note(
-                LinkEvent.REFUSED,
-                "the broker closed the connection before answering (TLS: is this "
-                "certificate the fleet CA's, unexpired and not revoked?)",
-            )
+            # Closed before any CONNACK. Under mutual TLS the broker refuses a certificate
+            # (unknown CA, expired, revoked) with a TLS alert, which paho logged as the
+            # socket's error; without one the socket was simply closed (a network cut, a
+            # broker restarting), which is no reason to suspect the certificate.
+            if cause.is_tls:
+                self._note(LinkEvent.REFUSED, f"{self._explain(cause)} ({socket_error})")
+            else:
+                if cause is LinkCause.UNKNOWN:
+                    cause = LinkCause.CLOSED
+                why = f" ({socket_error})" if socket_error else ""
+                self._note(
+                    LinkEvent.UNREACHABLE,
+                    f"the broker closed the connection before answering: "
+                    f"{self._explain(cause)}{why}",
+                )
         else:
-            self._note(LinkEvent.DROPPED, str(reason_code))
+            why = f"; {self._explain(cause)}" if cause is not LinkCause.UNKNOWN else ""
+            self._note(LinkEvent.DROPPED, f"{reason_code}{why}")
         self._on_disconnect(str(reason_code))
         if self._will_factory is not None:
             self._set_will()  # before paho's loop reconnects
