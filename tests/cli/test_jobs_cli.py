@@ -79,3 +79,54 @@ def test_bad_input_is_one_line_and_queues_nothing(tmp_path: Path) -> None:
     assert _jobs(home, "list") == (0, "no jobs\n")
     code, out = _jobs(home, "show", "job-nope")
     assert code == 1 and "no job job-nope" in out
+
+
+FLEET_JOB = """
+[job]
+name = "retrain"
+rounds = 2
+
+[task]
+model = "inspect:1"
+
+[strategy]
+kind = "fedavg"
+
+[federation]
+backend = "fleet"
+fleet = "plant-a"
+edges = "all"
+"""
+
+
+def test_a_fleet_job_manifest_is_checked_and_a_refusal_leaves_nothing(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    _jobs(home, "team", "vision")
+    manifest = tmp_path / "retrain.toml"
+    manifest.write_text(FLEET_JOB)
+    bad = tmp_path / "bad.toml"
+    bad.write_text(FLEET_JOB.replace("rounds = 2", "rounds = 0"))
+    job_dir = tmp_path / "jobs" / "retrain"
+    for args, message in (
+        (("--manifest", str(manifest)), "--manifest needs --job-dir"),
+        (("--manifest", str(bad), "--job-dir", str(job_dir)), "job.rounds"),
+        (("--manifest", str(manifest), "--job-dir", str(job_dir), "--grace", "0"), "grace"),
+        (("--manifest", str(manifest), "--job-dir", str(job_dir), "--team", "x"), "unknown team"),
+    ):
+        code, out = _jobs(home, "submit", "--kind", "be", "--team", "vision", *args)
+        assert code == 1 and message in out and out.startswith("error: "), out
+        assert not job_dir.exists()
+    assert _jobs(home, "list") == (0, "no jobs\n")
+    code, out = _jobs(
+        home, "submit", "--kind", "be", "--team", "vision", "--json",
+        "--manifest", str(manifest), "--job-dir", str(job_dir),
+    )  # fmt: skip
+    assert code == 0, out
+    record = json.loads(out)
+    assert record["job_id"].startswith("retrain-") and record["job_dir"] == str(job_dir)
+    assert (job_dir / "queued.toml").read_text() == FLEET_JOB
+    code, out = _jobs(
+        home, "submit", "--kind", "be", "--team", "vision",
+        "--manifest", str(manifest), "--job-dir", str(job_dir),
+    )  # fmt: skip
+    assert code == 1 and "already holds a job" in out

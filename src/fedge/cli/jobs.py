@@ -1,7 +1,9 @@
 """``fedge jobs``: the manager's job queue (issue 31): teams, submit, list, show, cancel,
 priority. The scheduler (FitGpp preemption) lives in fedge.edge_manager.scheduler."""
 
+import contextlib
 import getpass
+import signal
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,8 +18,11 @@ from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.scheduler import service
 from fedge.edge_manager.scheduler import store as queue_store
 from fedge.edge_manager.scheduler.errors import SchedulerError
+from fedge.edge_manager.scheduler.policy import Policy, PolicyName
+from fedge.edge_manager.scheduler.queue import Actions
 from fedge.edge_manager.scheduler.store import JobRecord
 from fedge.edge_manager.store import Store
+from fedge.federation.link_jobs import queue_fleet_job, run_queue
 
 app = typer.Typer(
     help="The fleet's job queue: TE (urgent) and BE (best-effort) jobs, by team. "
@@ -98,27 +103,35 @@ def submit(
     max_preemptions: Annotated[int, typer.Option(help="Preemptions it accepts.", min=0)] = 1,
     priority: Annotated[int, typer.Option(help="Higher runs first, within its kind.")] = 0,
     job_dir: Annotated[str, typer.Option(help="The fleet job directory it runs.")] = "",
+    manifest: Annotated[
+        Path | None,
+        typer.Option(help="A fleet job manifest: checked now, run in --job-dir when placed."),
+    ] = None,
     who: WhoOption = None,
     as_json: JsonOption = False,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Queue a job; a bad submission is one red line and queues nothing.
 
-    Example: fedge jobs submit --kind be --team vision --stations 'any 2' --job-dir jobs/retrain
+    Example: fedge jobs submit --kind be --team vision --stations 'any 2'
+    --manifest retrain.toml --job-dir jobs/retrain
     """
+    if manifest is not None and not job_dir:
+        raise SchedulerError("--manifest needs --job-dir: where the job will run")
+    now, by = time.time(), _who(who)
     with _store(home) as store:
-        record = service.submit_job(
-            store,
-            kind=kind,
-            team=team,
-            stations=stations,
-            grace_s=grace,
-            max_preemptions=max_preemptions,
-            priority=priority,
-            job_dir=job_dir,
-            who=_who(who),
-            now=time.time(),
-        )
+        if manifest is not None:
+            record = queue_fleet_job(
+                store, manifest, Path(job_dir), kind=kind, team=team, stations=stations,
+                grace_s=grace, max_preemptions=max_preemptions, priority=priority, who=by,
+                now=now,
+            )  # fmt: skip
+        else:
+            record = service.submit_job(
+                store, kind=kind, team=team, stations=stations, grace_s=grace,
+                max_preemptions=max_preemptions, priority=priority, job_dir=job_dir, who=by,
+                now=now,
+            )  # fmt: skip
     if as_json:
         print_json(_dict(record))
     else:
@@ -210,3 +223,38 @@ def priority(
     with _store(home) as store:
         queue_store.set_priority(store, job_id, value, who=_who(who), at=time.time())
     console.print(f"{job_id}: priority {value}", highlight=False)
+
+
+@app.command("run")
+@_friendly
+def run_jobs(
+    policy: Annotated[
+        PolicyName, typer.Option(help="fitgpp (preempts BE jobs for TE jobs), lrtp, rand, fifo.")
+    ] = PolicyName.FITGPP,
+    poll: Annotated[float, typer.Option(help="Seconds between scheduling steps.", min=0.1)] = 1.0,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Run the queue on the fleet's SuperLink until Ctrl-C: start, suspend and resume
+    fleet jobs (needs `fedge manager superlink` running).
+
+    Example: fedge jobs run --policy fitgpp
+    """
+    manager_home = ManagerHome(home)
+    if not manager_home.db_path.is_file():
+        raise SchedulerError(f"no manager home at {home}; create one with: fedge manager init")
+    stopping: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: stopping.append(signum))
+
+    def report(actions: Actions) -> None:
+        for placement in actions.start:
+            console.print(f"start {placement.job_id} on {','.join(placement.stations)}")
+        for placement in actions.resume:
+            console.print(f"resume {placement.job_id} on {','.join(placement.stations)}")
+        for suspension in actions.suspend:
+            console.print(f"suspend {suspension.job_id} for {suspension.for_job}")
+
+    console.print(f"running the job queue ({policy.value}); Ctrl-C stops", highlight=False)
+    with contextlib.suppress(KeyboardInterrupt):
+        run_queue(
+            manager_home, Policy(policy), poll_s=poll, stop=lambda: bool(stopping), on_step=report
+        )

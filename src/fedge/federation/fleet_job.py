@@ -175,7 +175,7 @@ def wait(
     """Follow the run store until the job ends, halts, fails or its aggregator dies."""
     manifest = load_fleet_manifest(job_dir / JOB_MANIFEST)
     total = manifest.job.rounds
-    submitted = _submitted_at(job_dir)
+    submitted = submitted_at(job_dir)
     end = None if timeout_s is None else time.monotonic() + timeout_s
     reported = -1
     seen_live = False
@@ -233,7 +233,8 @@ def _latest_run(job_dir: Path) -> dict[str, Any]:
         store.close()
 
 
-def _submitted_at(job_dir: Path) -> float:
+def submitted_at(job_dir: Path) -> float:
+    """When the job was last submitted to the SuperLink (0: never)."""
     try:
         return float(json.loads((job_dir / SUBMITTED).read_text())["submitted_at"])
     except (OSError, ValueError, KeyError):

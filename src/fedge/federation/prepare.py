@@ -10,9 +10,11 @@ map, a queued run in its run store, and the Flower app ``flwr run`` submits.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 import uuid
+from collections.abc import Sequence
 from pathlib import Path
 
 from fedge.aggregator.fleet.grids import NODE_ID_BASE
@@ -42,9 +44,23 @@ from fedge.protocols.model_spec import ModelSpec
 APP_DIR = "app"
 
 
-def prepare(manifest_path: Path, job_dir: Path, home: ManagerHome) -> FleetJobManifest:
-    """Validate a fleet job against the manager's store, then write its job directory."""
+def prepare(
+    manifest_path: Path,
+    job_dir: Path,
+    home: ManagerHome,
+    *,
+    edges: Sequence[str] | None = None,
+) -> FleetJobManifest:
+    """Validate a fleet job against the manager's store, then write its job directory.
+
+    ``edges``: the stations the job's queue placed it on (issue 31), in place of the
+    manifest's ``federation.edges``; each must have training enabled."""
     manifest = load_fleet_manifest(manifest_path)
+    if edges is not None:
+        manifest = dataclasses.replace(
+            manifest,
+            federation=dataclasses.replace(manifest.federation, edges=tuple(sorted(edges))),
+        )
     if (job_dir / RUNS_DB).exists():
         raise JobError(
             f"{job_dir} already holds a job; resume it (`fedge aggregator resume --dir "
