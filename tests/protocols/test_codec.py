@@ -30,6 +30,7 @@ from fedge.protocols.evaluation import (
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, TensorSpec, Trainable
+from fedge.protocols.pace import TelemetryPace
 from fedge.protocols.records import (
     LabelRecord,
     MetricRecord,
@@ -390,6 +391,11 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'"report_interval_s":5.0,"schema":1,"thumbnails":{"per_minute":10,'
         b'"rejects_only":false,"size":48},"version":6}',
     ),
+    (
+        TelemetryPace("plant-a", "edge-01", 3, 6.0, "short of space", T0),
+        b'{"edge":"edge-01","factor":6.0,"fleet":"plant-a","issued_at":1700000000.5,'
+        b'"kind":"telemetry_pace","reason":"short of space","schema":1,"version":3}',
+    ),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -417,6 +423,7 @@ GOLDEN_IDS = [
     "trust_report",
     "batch_thumbnails",
     "edge_config_thumbnails",
+    "telemetry_pace",
 ]
 
 

@@ -45,7 +45,14 @@ def test_up_layout(kind: Up, expected: str) -> None:
 
 
 def test_documented_kinds_are_exactly_these() -> None:
-    assert {k.value for k in Down} == {"trust", "config", "deploy", "labels", "evaluate"}
+    assert {k.value for k in Down} == {
+        "trust",
+        "config",
+        "deploy",
+        "labels",
+        "evaluate",
+        "pace",
+    }
     assert {k.value for k in Up} == {
         "state",
         "config",

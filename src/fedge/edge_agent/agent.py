@@ -18,6 +18,7 @@ from functools import partial
 import numpy as np
 
 from fedge import __version__
+from fedge.edge_agent.config import pace as telemetry_pace
 from fedge.edge_agent.config.freshness import DesiredFreshness
 from fedge.edge_agent.config.labels import apply_labels
 from fedge.edge_agent.config.privacy_budget import write_floor
@@ -63,6 +64,8 @@ class EdgeAgent:
         in-memory one (``MemoryBroker.session``) for fast behaviour tests."""
         self.settings = settings
         self.store = LocalStore(settings.data_dir / "agent.db")
+        # The telemetry pace the manager last asked for (issue 33), kept across restarts.
+        self.pace = telemetry_pace.current(self.store)
         self.counters: Counter[str] = Counter()
         # How fresh the signed desired state is (expiry and refresh: a freeze attack).
         self.freshness = DesiredFreshness(self.store, settings.desired_stale_after_days * 86400.0)
@@ -86,6 +89,9 @@ class EdgeAgent:
         write_floor(settings.data_dir, settings.privacy_floor)
         self.supervisor: SupernodeSupervisor | None = None
         self.session = self.store.get("session")
+        # Where the station serves its images to the manager (edge_agent/viewing/server.py;
+        # set by whoever starts that server, before start()), stated in every birth.
+        self.images_at: str | None = None
         # What the station serves now; its parts read and change it there (serving.py).
         self.serving_state = ServingState(
             threading.Lock(),
@@ -182,6 +188,7 @@ class EdgeAgent:
             connected=self.mqtt.connected.is_set,
             emit_metrics=self._emit_metrics,
             heartbeat=self._heartbeat,
+            telemetry_pace=lambda: self.pace.factor,
         )
         self.metrics.read(
             AgentReadings(
@@ -283,7 +290,9 @@ class EdgeAgent:
         if not self.mqtt.connected.is_set():
             return
         edge, session = self.settings.edge, self.serving_state.session
-        birth = liveness(edge, session, EdgeState.ONLINE, self.serving, self.applied_version)
+        birth = liveness(
+            edge, session, EdgeState.ONLINE, self.serving, self.applied_version, self.images_at
+        )
         self.mqtt.publish(self._topic(topics.Up.STATE), codec.encode(birth), qos=0)
 
     def alive(self) -> bool:
@@ -314,7 +323,9 @@ class EdgeAgent:
     def _statements(self) -> list[tuple[topics.Up, bytes]]:
         """What a new session states, in order: the birth, then what is in force."""
         edge, session = self.settings.edge, self.serving_state.session
-        birth = liveness(edge, session, EdgeState.ONLINE, self.serving, self.applied_version)
+        birth = liveness(
+            edge, session, EdgeState.ONLINE, self.serving, self.applied_version, self.images_at
+        )
         return in_force(
             birth,
             configs=self.configs,
@@ -358,6 +369,7 @@ class EdgeAgent:
             topics.Down.DEPLOY.value: self.handle_deploy,
             topics.Down.LABELS.value: self.handle_labels,
             topics.Down.EVALUATE.value: self.handle_evaluate,
+            topics.Down.PACE.value: self.handle_pace,
         }
 
     def _handle_trust(self, payload: bytes) -> None:
@@ -383,6 +395,20 @@ class EdgeAgent:
             station=self.station,
             counters=self.counters,
         )
+
+    def handle_pace(self, envelope: bytes) -> None:
+        """The manager, short of space, asks for telemetry less often (or normal again)."""
+        settings = self.settings
+        applied = telemetry_pace.apply_pace(
+            envelope,
+            fleet=settings.fleet,
+            edge=settings.edge,
+            keys=self.keys,
+            store=self.store,
+            counters=self.counters,
+        )
+        if applied is not None:
+            self.pace = applied
 
     def handle_config(self, envelope: bytes) -> None:
         self.configs.handle(envelope)
@@ -456,6 +482,7 @@ class EdgeAgent:
             "thresholds": self.serving_state.thresholds().describe(),
             "probation": self.deployments.probation.status(),
             "backlog": self.store.backlog(),
+            "telemetry_pace": {"factor": self.pace.factor, "reason": self.pace.reason},
             "counters": dict(self.counters),
             "training": None if self.supervisor is None else self.supervisor.status(),
             "station": self.station.counts(),

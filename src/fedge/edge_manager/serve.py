@@ -27,6 +27,7 @@ from pathlib import Path
 
 import grpc
 
+from fedge.edge_manager.desired import pace
 from fedge.edge_manager.desired.publisher import DesiredPublisher
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet.liveness import SilenceSweep
@@ -116,6 +117,7 @@ class ManagerService:
         self._space: space.DiskSpace | None = None
         self._space_due = 0.0
         self._low_since: float | None = None
+        self.pacer = pace.Pacer(self.counters)
         self._serve_lock: int | None = None  # run/serve.pid, when this service took it
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -341,6 +343,7 @@ class ManagerService:
                     # Every tick below writes the store: they wait for it with ingest
                     # (and would only log the same failure again and again).
                     continue
+                self.pacer.tick(fleet, self._low_since is not None, self._space, time.time())
                 self._drive_rollouts(rollouts)
                 if self.publisher.follow_key(fleet):
                     self.key = fleet.key

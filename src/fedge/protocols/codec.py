@@ -29,6 +29,7 @@ from fedge.protocols.evaluation import EvaluationReport, EvaluationRequest
 from fedge.protocols.labels import StationLabels
 from fedge.protocols.liveness import Liveness
 from fedge.protocols.manifest import ModelManifest
+from fedge.protocols.pace import TelemetryPace
 from fedge.protocols.records import RECORD_TYPE, RecordBatch
 from fedge.protocols.trust import KeyRotation, TrustChain, TrustReport
 from fedge.protocols.validate import OMIT_KEY
@@ -57,6 +58,7 @@ KINDS: dict[type[Any], str] = {
     KeyRotation: "key_rotation",
     TrustChain: "trust_chain",
     TrustReport: "trust_report",
+    TelemetryPace: "telemetry_pace",
 }
 
 

@@ -4,6 +4,7 @@
     fedge/v1/{fleet}/{edge}/down/config        retained, signed EdgeConfig      (cloud writes)
     fedge/v1/{fleet}/{edge}/down/deploy        retained, signed DeploymentDesired
     fedge/v1/{fleet}/{edge}/down/evaluate      retained, signed EvaluationRequest (the gate)
+    fedge/v1/{fleet}/{edge}/down/pace          retained, signed TelemetryPace (low space)
     fedge/v1/{fleet}/{edge}/up/state           retained Liveness (birth, will)  (edge writes)
     fedge/v1/{fleet}/{edge}/up/config          retained ConfigReport
     fedge/v1/{fleet}/{edge}/up/deploy          retained DeployStatus
@@ -40,6 +41,7 @@ class Down(StrEnum):
     DEPLOY = "deploy"
     LABELS = "labels"
     EVALUATE = "evaluate"
+    PACE = "pace"
 
 
 class Up(StrEnum):

@@ -6,12 +6,14 @@ filled to the last byte with a ballast file while two real agents stream predict
 real ``fedge manager serve``. Then the ballast goes, and nothing is restarted.
 """
 
+import itertools
 import json
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -285,3 +287,98 @@ def test_serve_refuses_a_store_it_cannot_write(plant: Plant, tmp_path: Path) -> 
     finally:
         _umount(mount)
     assert os.path.exists(tmp_path)
+
+
+def _metric_gaps(fh: FleetHome, edge: str, since: float) -> list[float]:
+    """Seconds between the station's successive metric reports after ``since`` (its own
+    clock: when each was emitted, not when it arrived)."""
+    rows = fh.db.query(
+        "SELECT at FROM telemetry WHERE edge=? AND name='predictions' AND at > ? ORDER BY at",
+        (edge, since),
+    )
+    ats = [float(row["at"]) for row in rows]
+    return [later - earlier for earlier, later in itertools.pairwise(ats)]
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+@pytest.mark.timeout(300)
+def test_low_space_slows_the_fleets_telemetry_not_its_predictions(tmp_path: Path) -> None:
+    """Under the headroom (8 MiB here) the manager asks the station for metrics 6x less
+    often and back to normal once space returns; predictions keep flowing meanwhile."""
+    edge = "st-01"
+    mount = tmp_path / "home"
+    _mount_tmpfs(mount, TMPFS_MB)
+    processes = Processes(tmp_path / "logs")
+    broker: MosquittoBroker | None = None
+    fh: FleetHome | None = None
+    try:
+        fh = make_fleet_home(tmp_path, edges=(edge,))
+        fh.home.save_settings(replace(fh.home.settings(), low_space_percent=0.0, low_space_mib=8.0))
+        port = free_port()
+        fh.set_agent_option(edge, "http_port", port)
+        broker = fh.broker()
+        broker.start()
+        ready = tmp_path / "serve.ready"
+        serve = processes.start(
+            "serve", "manager", "serve", "--home", str(mount), "--ready-file", str(ready)
+        )
+        wait_until(ready.exists, 30, "manager serve to be ready", expect=bool)
+        publish_model(fh, 1, seed=1)
+        agent = processes.start(edge, "agent", "run", "--config", str(fh.agents[edge]))
+        row = wait_deploy_done(fh, deploy(fh, 1, [edge]), edge)
+        assert row["deploy_stage"] == "active", agent.output()
+        with fh.fleet() as fleet:
+            fleet.push_config(
+                EdgeConfig(FLEET, edge, version=1, report_interval_s=0.5), time.time()
+            )
+        wait_until(partial(_config_version, port), 20, "the config", expect=lambda v: v == 1)
+        normal_from = time.time()
+        time.sleep(4)
+        assert _median(_metric_gaps(fh, edge, normal_from)) < 1.5
+
+        # Low, not full: leave 4 MiB of the 24 (the store keeps writing).
+        ballast = mount / "ballast"
+        ballast.write_bytes(b"\0" * (shutil.disk_usage(mount).free - 4 * 1024 * 1024))
+        pace = wait_until(
+            lambda: agent_status(port)["telemetry_pace"],
+            20,
+            "the station to be asked for telemetry less often",
+            expect=lambda p: p["factor"] == 6.0,
+        )
+        assert "short of space" in pace["reason"], pace
+        slowed_from = time.time()
+        drop_images(fh.inbox(edge), "low", 20, seed=7)
+        wait_until(
+            lambda: count_predictions(fh, edge)["n"],
+            60,
+            "the predictions made while space is low stored at their pace",
+            expect=lambda n: n == 20,
+        )
+        time.sleep(max(0.0, slowed_from + 12 - time.time()))
+        slowed = _metric_gaps(fh, edge, slowed_from + 0.5)
+        assert slowed and _median(slowed) > 2.5, slowed
+
+        ballast.unlink()
+        wait_until(
+            lambda: agent_status(port)["telemetry_pace"]["factor"],
+            20,
+            "the station back to the normal telemetry pace",
+            expect=lambda f: f == 1.0,
+        )
+        again_from = time.time()
+        time.sleep(5)
+        assert _median(_metric_gaps(fh, edge, again_from + 0.5)) < 1.5
+        log = serve.output()
+        assert log.count("asked 1 station(s) for telemetry 6x less often") == 1, log[-3000:]
+        assert "Traceback" not in log, log[-3000:]
+    finally:
+        processes.close()
+        if broker is not None:
+            broker.stop()
+        if fh is not None:
+            fh.close()
+        _umount(mount)

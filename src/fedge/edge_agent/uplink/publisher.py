@@ -42,6 +42,7 @@ class Publisher:
         connected: Callable[[], bool],
         emit_metrics: Callable[[], None],
         heartbeat: Callable[[], None] = lambda: None,
+        telemetry_pace: Callable[[], float] = lambda: 1.0,
     ) -> None:
         self.settings = settings
         self.store = store
@@ -52,6 +53,7 @@ class Publisher:
         self._connected = connected
         self._emit_metrics = emit_metrics
         self._heartbeat = heartbeat
+        self._telemetry_pace = telemetry_pace
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="publisher", daemon=True)
 
@@ -93,6 +95,9 @@ class Publisher:
                     last_beat = time.monotonic()
                     self._heartbeat()  # the manager's liveness sweep (issue 27)
                 interval = 5.0 if config is None else config.report_interval_s
+                # The manager short of space asks for metrics less often (issue 33);
+                # the records that matter and the heartbeat keep their pace.
+                interval *= self._telemetry_pace()
                 if time.monotonic() - last_metrics >= interval:
                     last_metrics = time.monotonic()
                     self._emit_metrics()

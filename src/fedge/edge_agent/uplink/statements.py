@@ -9,6 +9,7 @@ agent is done with.
 import time
 
 from fedge import __version__
+from fedge.edge_agent.config.pace import current as current_pace
 from fedge.edge_agent.config.station import Configs
 from fedge.edge_agent.deploy.models import Deployments
 from fedge.edge_agent.identity.trust import KeyTrust
@@ -19,10 +20,18 @@ from fedge.protocols.liveness import EdgeState, Liveness
 
 
 def liveness(
-    edge: str, session: int, state: EdgeState, serving: str, applied_version: int
+    edge: str,
+    session: int,
+    state: EdgeState,
+    serving: str,
+    applied_version: int,
+    images_at: str | None = None,
 ) -> Liveness:
-    """The agent's liveness now: a birth (online) or a goodbye (offline)."""
-    return Liveness(edge, session, state, __version__, serving, applied_version, time.time())
+    """The agent's liveness now: a birth (online) or a goodbye (offline); ``images_at``:
+    where it serves its images to the manager (edge_agent/viewing/server.py), if it does."""
+    return Liveness(
+        edge, session, state, __version__, serving, applied_version, time.time(), images_at
+    )
 
 
 def in_force(
@@ -57,10 +66,16 @@ def done_versions(
     trust: KeyTrust,
 ) -> dict[str, int]:
     """The version of each desired document the agent is done with (for gRPC polls)."""
-    return {
+    done = {
         topics.Down.CONFIG.value: max(applied_version, deployments.config_done_version),
         topics.Down.DEPLOY.value: deployments.done_version,
         topics.Down.LABELS.value: int(store.get("labels_version") or 0),
         topics.Down.EVALUATE.value: evaluations.done_version,
         topics.Down.TRUST.value: trust.done_version,
     }
+    # Named only once one arrived: a manager older than the pace document (issue 33)
+    # refuses a kind it does not know, and a newer one sends what is missing anyway.
+    pace = current_pace(store).version
+    if pace:
+        done[topics.Down.PACE.value] = pace
+    return done

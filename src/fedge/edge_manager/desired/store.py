@@ -99,6 +99,23 @@ def latest_config(store: Store, edge: str) -> EdgeConfig | None:
     return None if row is None else codec.decode(str(row[0]).encode(), EdgeConfig)
 
 
+def latest_document(store: Store, edge: str, kind: str) -> str | None:
+    """``edge``'s newest desired document of ``kind`` as JSON text (None: none yet)."""
+    row = store.conn.execute(
+        "SELECT document FROM desired WHERE edge=? AND kind=? ORDER BY version DESC LIMIT 1",
+        (edge, kind),
+    ).fetchone()
+    return None if row is None else str(row[0])
+
+
+def delete_older(store: Store, edge: str, kind: str, version: int) -> None:
+    """Delete ``edge``'s desired documents of ``kind`` older than ``version`` (kinds whose
+    newest document says everything, so older ones are never needed)."""
+    store.conn.execute(
+        "DELETE FROM desired WHERE edge=? AND kind=? AND version < ?", (edge, kind, version)
+    )
+
+
 def latest_version(store: Store, edge: str, kind: str) -> int | None:
     """The newest version of ``edge``'s desired documents of ``kind`` (None: none yet)."""
     version = store.scalar("SELECT max(version) FROM desired WHERE edge=? AND kind=?", (edge, kind))
