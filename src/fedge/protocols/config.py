@@ -6,6 +6,7 @@ copy alone (see ../shared/research/edge-fleet-protocols.md, section 0).
 """
 
 import math
+import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -25,6 +26,12 @@ class TrainingPolicy:
     enabled: bool = False
     max_minutes: float = 10.0
     threads: int = 1
+    # Optional (issue 31), absent on the wire while None: when the manager's job
+    # scheduler may place jobs here -- shifts "HH:MM-HH:MM" in the station's local time
+    # (``utc_offset_minutes`` east of UTC) and/or "idle Nm", once the line has scored
+    # nothing for N minutes. Any one open window suffices; absent: any time.
+    windows: tuple[str, ...] | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    utc_offset_minutes: int | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.finite(self.max_minutes, "training.max_minutes", minimum=0.1)
@@ -32,6 +39,23 @@ class TrainingPolicy:
             raise ValidationError(f"training.max_minutes must be <= 1440, got {self.max_minutes}")
         if not 1 <= self.threads <= 256:
             raise ValidationError(f"training.threads must be in [1, 256], got {self.threads}")
+        for window in self.windows or ():
+            if not (_SHIFT.fullmatch(window) or _IDLE.fullmatch(window)):
+                raise ValidationError(
+                    f"training.windows: {window!r} is neither a shift (HH:MM-HH:MM, e.g. "
+                    "22:00-06:00) nor an idle window (idle Nm, e.g. idle 30m)"
+                )
+        if self.windows is not None and not self.windows:
+            raise ValidationError("training.windows is empty; leave it out to train any time")
+        offset = self.utc_offset_minutes
+        if offset is not None and not -14 * 60 <= offset <= 14 * 60:
+            raise ValidationError(
+                f"training.utc_offset_minutes must be within +-840, got {self.utc_offset_minutes}"
+            )
+
+
+_SHIFT = re.compile(r"([01]\d|2[0-3]):[0-5]\d-(([01]\d|2[0-3]):[0-5]\d|24:00)")
+_IDLE = re.compile(r"idle [1-9]\d{0,3}m")
 
 
 @dataclass(frozen=True)
@@ -81,6 +105,11 @@ class EdgeConfig:
     # Optional extension: the station shares thumbnails of what it scores (None: its
     # images stay on the station, the default). An agent without it refuses such a config.
     thumbnails: ThumbnailPolicy | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # Optional extension (issue 30): operators may view this station's images on demand,
+    # fetched from the station through the manager over mutual TLS and never stored there
+    # (protocols/viewing.py). Only True is sent; absent (None): off, the default. The
+    # agent enforces it from its own signed copy. An agent without it refuses such a config.
+    operator_viewing: bool | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
     # When this signature stops counting (issue 24, protocols/freshness.py): the manager
     # re-signs the same version with a later expiry before then; a station refuses a
     # config that arrives expired. Absent on documents not (yet) stamped by `manager serve`.
@@ -102,6 +131,8 @@ class EdgeConfig:
                 f"batch_max_records must be in [1, 10000], got {self.batch_max_records}"
             )
         validate.finite(self.issued_at, "issued_at", minimum=0.0)
+        if self.operator_viewing is False:
+            raise ValidationError("operator_viewing is sent only as true; leave it out for off")
 
     def threshold_for(self, class_name: str) -> float:
         return self.class_thresholds.get(class_name, self.default_threshold)

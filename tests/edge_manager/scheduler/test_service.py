@@ -5,6 +5,7 @@ from pathlib import Path
 
 import pytest
 
+from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.fleet import edge_store
 from fedge.edge_manager.scheduler import store as queue_store
 from fedge.edge_manager.scheduler.errors import SchedulerError
@@ -19,6 +20,9 @@ from fedge.edge_manager.scheduler.service import (
     tick,
 )
 from fedge.edge_manager.store import Store
+from fedge.protocols import codec
+from fedge.protocols.config import EdgeConfig, TrainingPolicy
+from fedge.protocols.errors import ValidationError
 
 POLICY = Policy()
 
@@ -162,3 +166,45 @@ def test_priority_changes_only_while_waiting(store: Store) -> None:
     assert round_boundary_free.state is JobState.COMPLETED
     started = tick(store, POLICY, fleet_stations(store), 6.0).start
     assert [p.job_id for p in started] == ["c", "b"]
+
+
+def push_training(store: Store, edge: str, policy: TrainingPolicy) -> None:
+    config = EdgeConfig(fleet="plant-a", edge=edge, version=1, training=policy)
+    with store.transaction() as conn:
+        desired_store.write(conn, edge, desired_store.CONFIG, 1, codec.encode(config).decode(),
+                            "signed", 0.0)  # fmt: skip
+
+
+def test_windows_come_from_the_stations_signed_config(store: Store) -> None:
+    # st-1 trains on the night shift (UTC+1), st-2 once its line was idle 30 minutes.
+    night = TrainingPolicy(enabled=True, windows=("22:00-06:00",), utc_offset_minutes=60)
+    push_training(store, "st-1", night)
+    push_training(store, "st-2", TrainingPolicy(enabled=True, windows=("idle 30m",)))
+    noon = 12 * 3600.0
+    store.conn.execute(
+        "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
+        "threshold, config_version, latency_ms, source) VALUES "
+        "('p1', 'st-2', 1, ?, 'inspect:1', '{}', 'ok', 0.5, 1, 1.0, 'test')",
+        (noon - 600.0,),
+    )
+    submit(store, "any", stations="any 1", now=1.0)
+    submit(store, "night", stations="st-1", now=2.0)
+    submit(store, "idle", stations="st-2", now=3.0)
+    # At noon st-1 is off shift and st-2 scored 10 minutes ago: only st-3 may train; the
+    # jobs pinned elsewhere are passed over and wait.
+    assert tick(store, POLICY, fleet_stations(store), noon).start == (Placement("any", ("st-3",)),)
+    assert tick(store, POLICY, fleet_stations(store), noon + 1200.0).start == (
+        Placement("idle", ("st-2",)),
+    )
+    # 21:30 UTC is 22:30 at UTC+1: the night shift is open.
+    assert tick(store, POLICY, fleet_stations(store), 21.5 * 3600).start == (
+        Placement("night", ("st-1",)),
+    )
+
+
+def test_a_malformed_window_is_refused_before_it_is_signed() -> None:
+    for window in ("25:00-06:00", "idle 0m", "always"):
+        with pytest.raises(ValidationError, match=r"training\.windows"):
+            TrainingPolicy(enabled=True, windows=(window,))
+    with pytest.raises(ValidationError, match="empty"):
+        TrainingPolicy(enabled=True, windows=())

@@ -13,6 +13,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
+from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.fleet import edge_store
 from fedge.edge_manager.scheduler import store as queue_store
 from fedge.edge_manager.scheduler.decide import decide
@@ -22,6 +23,7 @@ from fedge.edge_manager.scheduler.policy import Policy, queue_key
 from fedge.edge_manager.scheduler.queue import Actions, Queued, Running, State, Station
 from fedge.edge_manager.scheduler.store import JobRecord
 from fedge.edge_manager.scheduler.submit import build_job
+from fedge.edge_manager.scheduler.windows import parse_window
 from fedge.edge_manager.store import Store
 
 DAY_S = 86_400.0
@@ -60,9 +62,26 @@ def submit_job(
 
 
 def fleet_stations(store: Store) -> list[Station]:
-    """Every enrolled station with one training slot and no window (windows in the signed
-    station config are not read yet: issue 31, item 2)."""
-    return [Station(name) for name in edge_store.names(store)]
+    """Every enrolled station with one training slot, and the training windows of its
+    signed desired config (``training.windows``; none: any time). The idle window counts
+    from the newest part the station reported scoring (never: idle since always)."""
+    last_scored = queue_store.last_scored(store)
+    stations = []
+    for name in edge_store.names(store):
+        config = desired_store.latest_config(store, name)
+        policy = None if config is None else config.training
+        if policy is None or policy.windows is None:
+            stations.append(Station(name))
+            continue
+        stations.append(
+            Station(
+                name,
+                windows=tuple(parse_window(w) for w in policy.windows),
+                utc_offset_s=60 * (policy.utc_offset_minutes or 0),
+                idle_since=last_scored.get(name, 0.0),
+            )
+        )
+    return stations
 
 
 def snapshot(store: Store, policy: Policy, stations: Sequence[Station], now: float) -> State:

@@ -63,6 +63,14 @@ def teams(store: Store) -> dict[str, float | None]:
     }
 
 
+def last_scored(store: Store) -> dict[str, float]:
+    """When each station last reported scoring a part (its line's last activity)."""
+    return {
+        r["edge"]: r["at"]
+        for r in store.query("SELECT edge, max(at) AS at FROM predictions GROUP BY edge")
+    }
+
+
 def submit(store: Store, job: Job, job_dir: str, who: str) -> None:
     stations = "" if job.stations is None else json.dumps(sorted(job.stations))
     with store.transaction() as conn:

@@ -65,6 +65,19 @@ class IdleWindow:
 Window = ShiftWindow | IdleWindow
 
 
+def parse_window(text: str) -> Window:
+    """A window as the station's signed config writes it: ``"22:00-06:00"`` or
+    ``"idle 30m"`` (protocols.config.TrainingPolicy.windows)."""
+    value = text.strip()
+    if value.startswith("idle "):
+        minutes = value[5:].strip().removesuffix("m")
+        try:
+            return IdleWindow(int(minutes) * 60.0)
+        except ValueError as exc:
+            raise WindowError(f"idle window {text!r} is not 'idle Nm' (e.g. idle 30m)") from exc
+    return ShiftWindow.parse(value)
+
+
 def _seconds_of_day(text: str) -> int:
     hours, minutes = text.strip().split(":")
     value = int(hours) * 3600 + int(minutes) * 60
