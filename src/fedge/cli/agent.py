@@ -21,6 +21,7 @@ from fedge.edge_agent.inference.watcher import watch
 from fedge.edge_agent.lock import lock_data_dir
 from fedge.edge_agent.settings import load_settings
 from fedge.edge_agent.systemd import UNIT_DIR, Notifier, render_unit, service_for
+from fedge.edge_agent.viewing.server import bind_image_server
 from fedge.privacy.floor import PrivacyFloor, default_floor
 from fedge.privacy.settings import PrivacyError
 
@@ -57,6 +58,7 @@ def run(
     agent = EdgeAgent(settings)
     try:  # bind before anything starts: a taken port is refused with nothing running
         api = bind_local_api(agent, settings.http_port) if settings.http_port else None
+        images = bind_image_server(agent)  # states its address in the births (issue 30)
     except AgentError:
         agent.store.close()
         agent.station.close()
@@ -67,6 +69,8 @@ def run(
     agent.start()
     if api is not None:
         start_local_api(api)
+    if images is not None:
+        images.start()
     if settings.watch_dir is not None:
         inbox = settings.watch_dir
         threading.Thread(target=watch, args=(agent, inbox, stop), daemon=True).start()

@@ -280,6 +280,31 @@ def set_thumbnails(
     warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
 
 
+@app.command("set-viewing")
+@friendly_errors
+def set_viewing(
+    edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
+    allow: Annotated[
+        bool,
+        typer.Option("--allow/--deny", help="Let operators view its images on demand, or not."),
+    ] = True,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """Let operators view a station's images on demand in the console, fetched from the
+    station over mutual TLS and never stored at the manager (a new signed config
+    version; the station enforces it). Off by default. The manager's home is an
+    admin's: in the console only an admin account may change it.
+
+    Example: fedge edge set-viewing st-01 --allow
+    """
+    _, fleet = open_fleet(home)
+    edges = fleet.edges() if edge == "all" else [edge]
+    state = "operators may view its images" if allow else "its images stay on the station"
+    for pushed in fleet.set_viewing(edges, allow):
+        console.print(f"{pushed.edge}: desired config v{pushed.version} ({state})")
+    warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
+
+
 def _images(policy: Any) -> str:
     """What a station's config says of its images (a ThumbnailPolicy, its dict, or None)."""
     if policy is None:

@@ -22,6 +22,7 @@ from fedge.console.errors import BadInput
 from fedge.console.views import manifest_of
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.labels import operations as label_operations
 from fedge.edge_manager.labels.current import Applied
 from fedge.edge_manager.monitor import alert_store
 from fedge.edge_manager.rollout.service import Rollouts
@@ -153,6 +154,23 @@ def add_label(fleet: Fleet, change: LabelChange, who: str) -> str:
             f"({label_id}; was labelled by {previous.who})"
         )
     return f"{change.prediction_id} labelled {change.label} ({label_id})"
+
+
+WITHDRAW_FIELDS = frozenset({"csrf", "prediction_id"})
+
+
+def withdraw_label(fleet: Fleet, form: Mapping[str, str], who: str) -> str:
+    """An operator's undo: the prediction's label given at the manager is withdrawn, here
+    and (in the next labels document) at the station; returns what was done."""
+    _only(form, WITHDRAW_FIELDS)
+    prediction_id = form.get("prediction_id", "").strip()
+    if not prediction_id:
+        raise BadInput("choose a prediction whose label to withdraw")
+    gone = label_operations.withdraw_label(fleet, prediction_id, who)
+    return (
+        f"{prediction_id}: label {gone.label} withdrawn by {who} (given by {gone.who}); "
+        "the station drops it too"
+    )
 
 
 ROLLOUT_FIELDS = frozenset({"csrf", "reason"})

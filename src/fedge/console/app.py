@@ -20,7 +20,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from fedge.console import accounts, actions, audit, health, pages, views
+from fedge.console import accounts, actions, audit, health, images, pages, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.cert_login import (
@@ -52,6 +52,7 @@ class Console:
         self.https = https  # served over TLS: cookies are Secure (never sent over plain HTTP)
         self.sessions = Sessions()
         self.crl = Revocations(home.pki().crl_path)  # certificate logins (cert_login.py)
+        self.images = images.ImageViews(images.manager_files(home))  # stations' images
         self.live = LiveFeed(self.run, self.sessions, poll_s, lambda: health.notice(home.root))
         env = Environment(
             loader=FileSystemLoader(HERE / "templates"), autoescape=select_autoescape()
@@ -327,6 +328,19 @@ class Console:
         target = str(form.get("prediction_id", ""))[:128]
         return await self.act(request, "label", target, do, lambda _: "labels", lambda _: "/labels")
 
+    async def withdraw(self, request: Request) -> Response:
+        """Undo a label: withdrawn at the manager and, through the labels document, at
+        the station."""
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return actions.withdraw_label(fleet, form, account.name)
+
+        form = await request.form()
+        target = str(form.get("prediction_id", ""))[:128]
+        return await self.act(
+            request, "withdraw-label", target, do, lambda _: "labels", lambda _: "/labels"
+        )
+
     async def rollout_action(self, request: Request) -> Response:
         rollout_id = str(request.path_params["rollout_id"])[:64]
         operation = str(request.path_params["operation"])[:16]
@@ -363,6 +377,49 @@ class Console:
             return actions.act_on_alerts(fleet, actions.parse_alerts(form), account.name)
 
         return await self.act(request, action, picked, do, lambda _: "alerts", lambda _: "/alerts")
+
+    async def viewing(self, request: Request) -> Response:
+        """Allow or stop operator viewing of a station's images: an admin's decision."""
+        edge = str(request.path_params["edge"])
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            return images.set_viewing(fleet, edge, images.parse_viewing(form))
+
+        return await self.act(
+            request,
+            "set-viewing",
+            edge,
+            do,
+            lambda _: f"edge:{edge}",
+            lambda _: f"/edges/{edge}",
+            admin_only=True,
+        )
+
+    async def station_image(self, request: Request) -> Response:
+        """A prediction's image asked of its station now, relayed, never stored; every
+        attempt is in the audit log (images.py)."""
+        edge = str(request.path_params["edge"])[:64]
+        prediction_id = str(request.path_params["prediction_id"])[:128]
+        action, target = "view-image", f"{edge}/{prediction_id}"
+        who = await self.user(request)
+        if who is None:
+            await self._audit("-", "-", action, target, "no session", Outcome.REFUSED)
+            return JSONResponse({"error": "log in first", "reason": "session"}, 403)
+        account = who[1]
+        if not account.role.can_act:
+            await self._audit(account.name, account.role, action, target, "role", Outcome.REFUSED)
+            message = f"{account.name} is a viewer: only operators view stations' images"
+            return JSONResponse({"error": message, "reason": "role"}, 403)
+        bad = self.images.check(edge, prediction_id)
+        if bad is not None:
+            await self._audit(account.name, account.role, action, target, bad, Outcome.INVALID)
+            return JSONResponse({"error": bad, "reason": "bad_request"}, 400)
+        asked = await self.run(lambda fleet: images.ask(fleet, edge, prediction_id))
+        outcome = await images.fetch(self.images, edge, prediction_id, asked)
+        result = images.audit_outcome(outcome)
+        # Written before the bytes go out: no view without its audit entry.
+        await self._audit(account.name, account.role, action, target, outcome.detail, result)
+        return images.reply(outcome)
 
     async def thumbnail(self, request: Request) -> Response:
         """A thumbnail a station shared (its config said so), for any logged-in user."""
@@ -408,8 +465,11 @@ def create_app(
         Route("/edges/{edge}/threshold", console.threshold, methods=["POST"]),
         Route("/edges/{edge}/thumbnails", console.thumbnails, methods=["POST"]),
         Route("/edges/{edge}/thumbnails/{name}", console.thumbnail),
+        Route("/edges/{edge}/viewing", console.viewing, methods=["POST"]),
+        Route("/edges/{edge}/images/{prediction_id}", console.station_image),
         Route("/labels", console.labels_page, methods=["GET"]),
         Route("/labels", console.label, methods=["POST"]),
+        Route("/labels/withdraw", console.withdraw, methods=["POST"]),
         Route("/audit", console.audit_page),
         Route("/security", console.security_view),
         Route("/models", console.models_page),

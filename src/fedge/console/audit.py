@@ -18,6 +18,7 @@ class Outcome(StrEnum):
     DONE = "done"
     REFUSED = "refused"  # not allowed: role, CSRF, login failure
     INVALID = "invalid"  # allowed, but the input was wrong; nothing changed
+    FAILED = "failed"  # allowed and well formed, but the far side did not deliver (a station)
 
 
 @dataclass(frozen=True)

@@ -2,11 +2,12 @@
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-# Pages load nothing from elsewhere (plants are offline) and run no inline script.
+# Pages load nothing from elsewhere (plants are offline) and run no inline script. blob:
+# images are a station's image the page fetched itself (labels.js, issue 30).
 SECURITY_HEADERS = [
     (
         b"content-security-policy",
-        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        b"default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data: blob:; "
         b"frame-ancestors 'none'; form-action 'self'; base-uri 'none'",
     ),
     (b"x-content-type-options", b"nosniff"),

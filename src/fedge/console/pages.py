@@ -6,13 +6,14 @@ from fedge.console import (
     alerts,
     audit,
     histograms,
+    images,
     incidents,
     jobs,
     model_page,
     registry_views,
     views,
 )
-from fedge.console.fleet_table import STATES, TableQuery, fleet_table
+from fedge.console.fleet_table import PER_PAGE, STATES, TableQuery, fleet_table
 from fedge.console.queue import QueueQuery, label_queue
 from fedge.edge_manager.fleet.operations import Fleet
 
@@ -24,16 +25,24 @@ def context(
     query string; ``serve_notice``: what is wrong with ``manager serve``, health.py)."""
     if kind == "fleet":
         table = fleet_table(fleet, TableQuery.parse(params), serve_notice=serve_notice)
-        return {"table": table, "rows": table.rows, "states": STATES}
+        return {
+            "table": table,
+            "rows": table.rows,
+            "states": STATES,
+            "per_page_choices": PER_PAGE,
+        }
     if kind == "edge":
         return {
             "detail": views.edge_detail(fleet, key),
             "histograms": histograms.score_histograms(fleet, key),
             "deploys": histograms.deploy_history(fleet, key),
             "rollbacks": incidents.edge_rollbacks(fleet, key),
+            "viewing": images.station_viewing(fleet, [key])[key],
         }
     if kind == "labels":
-        return {"queue": label_queue(fleet, QueueQuery.parse(params))}
+        queue = label_queue(fleet, QueueQuery.parse(params))
+        shown = sorted({item.prediction.edge for item in queue.items})
+        return {"queue": queue, "viewing": images.station_viewing(fleet, shown)}
     if kind == "jobs":
         return {"jobs": jobs.list_jobs(fleet)}
     if kind == "job":

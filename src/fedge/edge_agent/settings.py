@@ -21,6 +21,11 @@ http_port = 8470                  # optional local API on 127.0.0.1, 0 = off; it
 heartbeat_s = 2.5                 # the birth repeated (MQTT QoS 0, or gRPC): the manager
                                   # marks a station silent for 7 s lost; 0 = off on MQTT
 superlink = "10.0.0.5:9092"       # the fleet's Flower SuperLink (stations that train)
+image_port = 8471                 # optional: serve kept images to the manager's certificate
+image_host = "10.0.0.21"          # over mutual TLS, only while the station's signed config
+                                  # allows operator viewing (issue 30); 0 = off (default).
+                                  # image_address: host:port the manager reaches it at
+                                  # (default image_host:image_port)
 
 # Where MQTT is blocked: records over gRPC (ReportUpload) with report_via = "grpc", which
 # also polls configs, deployments and labels over gRPC (DesiredSync) all the time; with
@@ -89,6 +94,7 @@ from fedge.protocols import validate
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import PublicKey
+from fedge.protocols.viewing import check_address
 from fedge.transport.session import MqttSettings
 
 
@@ -134,6 +140,11 @@ class AgentSettings:
     # edge_manager/fleet/liveness.py); 0: not over MQTT (its will still says lost).
     heartbeat_s: float = 2.5
     superlink: str = ""
+    # Kept images served on demand to the manager's certificate (edge_agent/viewing/):
+    # 0 = off. image_address is what the birth tells the manager (host:port).
+    image_port: int = 0
+    image_host: str = "127.0.0.1"
+    image_address: str = ""
     keep_images: int = 5000
     keep_bytes: int = 512 * 2**20
     keep_days: float = 30.0
@@ -251,6 +262,15 @@ def load_settings(path: Path) -> AgentSettings:
         _check_credentials(settings, path)
         if settings.report_via not in ("mqtt", "grpc"):
             raise SettingsError(f"{path}: report_via must be 'mqtt' or 'grpc'")
+        if not 0 <= settings.image_port < 65536:
+            raise SettingsError(f"{path}: image_port must be a port in 0..65535 (0 = off)")
+        if settings.image_port and settings.insecure:
+            raise SettingsError(
+                f"{path}: image_port needs mutual TLS (the fleet's certificates); an "
+                "insecure station serves no images"
+            )
+        if settings.image_address:
+            check_address(settings.image_address)
         if not 0 <= settings.heartbeat_s <= 3600:
             raise SettingsError(f"{path}: heartbeat_s must be seconds in 0..3600 (0 = off)")
         if settings.grpc_fallback_after_s < 0 or settings.grpc_poll_interval_s <= 0:

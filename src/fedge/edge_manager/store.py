@@ -274,6 +274,8 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("evaluation_reports", "foreign_items", "INTEGER NOT NULL DEFAULT 0"),
     ("evaluation_reports", "rejected_items", "INTEGER NOT NULL DEFAULT 0"),
     ("evaluation_reports", "dropped_reason", "TEXT NOT NULL DEFAULT ''"),
+    # Where the station serves its images to the manager (its birth's images_at, issue 30).
+    ("edges", "images_at", "TEXT NOT NULL DEFAULT ''"),
 )
 
 
@@ -313,6 +315,9 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
         5, "one current label per prediction (issue 15)", _one_label_per_prediction
     ),
     schema_store.Migration(6, "the job queue (issue 31)", schema_store.script(JOBS_SCHEMA)),
+    schema_store.Migration(
+        7, "edges.images_at: where a station serves its images (issue 30)", _columns("images_at")
+    ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -314,6 +314,27 @@ class StationData:
                 (prediction_id, label, when),
             )
 
+    def unlabel(self, prediction_id: str, at: float) -> bool:
+        """Withdraw the prediction's label if it is no newer than ``at`` (a withdrawal an
+        operator made then; a label given later stands); returns whether one went."""
+        _check_id(prediction_id)
+        with self._lock:
+            cursor = self._conn.execute(
+                "DELETE FROM labels WHERE prediction_id=? AND at <= ?", (prediction_id, at)
+            )
+        return cursor.rowcount > 0
+
+    def image(self, prediction_id: str) -> tuple[Path, int] | None:
+        """Where a kept image's bytes are, and how many: None when it was never kept or
+        retention removed it (issue 30: shown to an operator, never sent elsewhere)."""
+        _check_id(prediction_id)
+        self.flush()
+        with self._lock:
+            row = self._conn.execute(
+                "SELECT file, bytes FROM images WHERE prediction_id=?", (prediction_id,)
+            ).fetchone()
+        return None if row is None else (self.images_dir / str(row[0]), int(row[1]))
+
     def prune(self, now: float | None = None) -> int:
         """Apply the retention policy now, exactly (oldest first); returns how many went.
 

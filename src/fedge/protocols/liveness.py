@@ -5,10 +5,11 @@ persists it at every CONNECT, so the manager can drop a last will that arrives a
 edge already came back with a newer birth (the will-overtakes-rebirth race).
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fedge.protocols import validate
+from fedge.protocols.viewing import check_address
 
 
 class EdgeState(StrEnum):
@@ -26,6 +27,9 @@ class Liveness:
     serving: str = ""
     applied_config_version: int = 0
     at: float = 0.0
+    # Where the station serves its images to the manager over mutual TLS, host:port
+    # (protocols/viewing.py); absent where it serves none.
+    images_at: str | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.edge, "edge")
@@ -33,3 +37,5 @@ class Liveness:
         validate.bounded_text(self.agent_version, "agent_version", 64)
         validate.bounded_text(self.serving, "serving", 200)
         validate.u64(self.applied_config_version, "applied_config_version")
+        if self.images_at is not None:
+            check_address(self.images_at)

@@ -54,5 +54,14 @@ def apply_labels(
             record.label_id, record.prediction_id, record.label, record.who, record.at
         ):
             applied += 1
+    withdrawn = 0
+    for withdrawal in document.withdrawn or ():
+        try:
+            # Only a label no newer than the one withdrawn goes: one given since stands.
+            withdrawn += station.unlabel(withdrawal.prediction_id, withdrawal.at)
+        except (StationDataError, OSError) as exc:
+            counters["labels.station_failed"] += 1
+            log.error("withdrawal of %s not applied: %s", withdrawal.label_id, exc)
     store.put("labels_version", str(document.version))
     counters["labels.from_manager"] += applied
+    counters["labels.withdrawn"] += withdrawn

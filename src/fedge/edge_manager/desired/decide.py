@@ -20,6 +20,7 @@ class ConfigChange(TypedDict, total=False):
     clear_privacy: bool
     thumbnails: ThumbnailPolicy | None
     clear_thumbnails: bool
+    viewing: bool | None
 
 
 def next_config(
@@ -37,6 +38,7 @@ def next_config(
     clear_privacy: bool = False,
     thumbnails: ThumbnailPolicy | None = None,
     clear_thumbnails: bool = False,
+    viewing: bool | None = None,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
 
@@ -48,6 +50,8 @@ def next_config(
     ``clear_privacy`` removes it (no lifetime bound; each job's own target still holds).
     ``thumbnails`` makes the station share thumbnails of what it scores (None keeps the
     current choice); ``clear_thumbnails`` stops it: its images stay on the station.
+    ``viewing`` True lets operators view the station's images on demand, False stops it
+    (None keeps the current choice; off is sent as the field left out).
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -73,6 +77,7 @@ def next_config(
         thumbnails=None
         if clear_thumbnails
         else (base.thumbnails if thumbnails is None else thumbnails),
+        operator_viewing=base.operator_viewing if viewing is None else (True if viewing else None),
     )
 
 

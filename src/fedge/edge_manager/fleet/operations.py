@@ -209,6 +209,11 @@ class Fleet:
             return self._push_config(edges, "thumbnails", clear_thumbnails=True)
         return self._push_config(edges, "thumbnails", thumbnails=policy)
 
+    def set_viewing(self, edges: list[str], allowed: bool) -> list[Pushed]:
+        """Let operators view ``edges``' images on demand, or stop (issue 30; an admin's
+        decision, checked by the caller); a new signed config version each."""
+        return self._push_config(edges, "viewing", viewing=allowed)
+
     def _push_config(
         self,
         edges: list[str],

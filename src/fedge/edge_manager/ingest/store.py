@@ -63,7 +63,7 @@ class IngestTransaction:
     def went_online(self, edge: str, birth: Liveness, now: float) -> None:
         self._conn.execute(
             "UPDATE edges SET state=?, session=?, last_seen=?, agent_version=?, serving=?, "
-            "config_applied=max(config_applied, ?) WHERE edge=?",
+            "config_applied=max(config_applied, ?), images_at=? WHERE edge=?",
             (
                 birth.state.value,
                 birth.session,
@@ -71,6 +71,7 @@ class IngestTransaction:
                 birth.agent_version,
                 birth.serving,
                 birth.applied_config_version,
+                birth.images_at or "",
                 edge,
             ),
         )

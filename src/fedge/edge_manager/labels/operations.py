@@ -18,7 +18,7 @@ from fedge.edge_manager.labels import current as labels
 from fedge.edge_manager.labels import store as label_store
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.labels import MAX_LABELS, StationLabels
+from fedge.protocols.labels import MAX_LABELS, MAX_WITHDRAWALS, StationLabels
 from fedge.protocols.signing import MAX_ENVELOPE_BYTES
 
 if TYPE_CHECKING:
@@ -61,6 +61,25 @@ def add_label(fleet: Fleet, prediction_id: str, label: str, who: str) -> tuple[s
     return new.label_id, outcome
 
 
+def withdraw_label(fleet: Fleet, prediction_id: str, who: str) -> labels.Label:
+    """Withdraw the current label of ``prediction_id`` given at the manager (an
+    operator's undo, issue 30): it moves to the history as withdrawn, the prediction is
+    unlabelled again, and the station is told in the next labels document. Returns the
+    label withdrawn; a prediction without a manager-given label raises ManagerError."""
+    now = time.time()
+    with fleet.store.transaction() as conn:
+        current = labels.current_label(conn, prediction_id)
+        if current is None or current.origin is not labels.Origin.OPERATOR:
+            raise ManagerError(
+                f"{prediction_id} has no label given at the manager to withdraw "
+                "(a label given at the station is withdrawn there); nothing was changed"
+            )
+        label_store.delete_current(conn, current.label_id)
+        label_store.insert_history(conn, current, replaced_by=label_store.WITHDRAWN, at=now)
+        push_labels(fleet, current.edge, now)
+    return current
+
+
 def push_labels(fleet: Fleet, edge: str, now: float) -> None:
     """The edge's labels document: the newest labels given here, down to the station.
 
@@ -69,6 +88,7 @@ def push_labels(fleet: Fleet, edge: str, now: float) -> None:
     """
     records = label_store.newest_operator_labels(fleet.store, edge, MAX_LABELS)
     current = desired_store.latest_version(fleet.store, edge, LABELS)
+    withdrawn = label_store.newest_withdrawals(fleet.store, edge, MAX_WITHDRAWALS)
     while True:
         document = StationLabels(
             fleet=fleet.fleet,
@@ -76,6 +96,7 @@ def push_labels(fleet: Fleet, edge: str, now: float) -> None:
             version=int(current or 0) + 1,
             labels=tuple(reversed(records)),
             issued_at=now,
+            withdrawn=tuple(reversed(withdrawn)) or None,
         )
         encoded = codec.encode(document)
         # Measured on the signed envelope the edge will check against its limit.

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from fedge.edge_manager.store import Store
+from fedge.protocols.labels import Withdrawal
 from fedge.protocols.records import LabelRecord
 
 _COLUMNS = "label_id, prediction_id, edge, label, who, at, origin"
@@ -185,6 +186,19 @@ def newest_operator_labels(store: Store, edge: str, limit: int) -> list[LabelRec
     return [
         LabelRecord(r["label_id"], r["prediction_id"], r["label"], r["who"], r["at"]) for r in rows
     ]
+
+
+WITHDRAWN = "withdrawn"  # label_history.replaced_by of a label an operator withdrew
+
+
+def newest_withdrawals(store: Store, edge: str, limit: int) -> list[Withdrawal]:
+    """The newest ``limit`` withdrawals of ``edge``'s operator labels, newest first."""
+    rows = store.query(
+        "SELECT label_id, prediction_id, at FROM label_history WHERE edge=? AND "
+        "replaced_by=? AND origin='operator' ORDER BY replaced_at DESC, label_id LIMIT ?",
+        (edge, WITHDRAWN, limit),
+    )
+    return [Withdrawal(r["label_id"], r["prediction_id"], r["at"]) for r in rows]
 
 
 def delete_older_documents(store: Store, edge: str, kind: str, version: int) -> None:
