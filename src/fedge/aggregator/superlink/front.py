@@ -17,6 +17,20 @@ SuperNode, started with ``--trusted-entities``, checks it with Flower's own code
 front holds no key and cannot make a signature: a FAB the manager did not sign reaches
 stations unsigned and is refused there.
 
+**A station restarted within a minute rejoins at once** (issue 27). Flower keeps a node
+online for twice its heartbeat interval (60 s) after its last heartbeat and refuses to
+activate it again meanwhile (412, code 2004), so a SuperNode killed with its agent and
+restarted was refused for about a minute, and a job started then ran without the station.
+The front sees that refusal: when the key that asked is registered, it deactivates the
+key's node and activates it again, for the SuperNode that asked. It does so with the
+request's own node signature -- Flower's signature covers only a fresh timestamp
+(``flwr/superlink/routers/fleet/node_auth.py``), so it already authorises any call of
+that key's node for the next minutes -- and only for the node registered to that key,
+only right after its holder asked to activate it: the newest SuperNode of a station wins.
+A refusal it cannot lift carries the reason in Flower's public details
+(:mod:`fedge.protocols.node_refusal`): the key is not registered (not enrolled, revoked,
+renewed), or the node is still active and expires within a minute.
+
 It speaks HTTPS with the SuperLink's certificate from the fleet CA (plain HTTP only for a
 development home made ``--insecure``). SuperNodes present no client certificate (Flower's
 SuperNode has none to give); each Fleet request is signed with the station's registered
@@ -35,9 +49,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import logging
 import ssl
 from collections import Counter
+from collections.abc import Callable, Mapping
 
 import httpx
 from starlette.requests import Request
@@ -47,6 +63,7 @@ from starlette.types import Receive, Scope, Send
 from fedge.aggregator.jobs.directory import JobError
 from fedge.aggregator.superlink.signed_apps import SignedApps
 from fedge.protocols.app_signing import VALID_LICENSE
+from fedge.protocols.node_refusal import KEY_NOT_REGISTERED_DETAIL, still_active_detail
 from fedge.protocols.pki import TlsFiles
 from fedge.transport.http_server import Deadlines, GuardedServer
 
@@ -54,6 +71,13 @@ log = logging.getLogger(__name__)
 
 FLEET_PREFIX = "/v1/fleet/"
 GET_FAB = "/v1/fleet/get-fab"
+ACTIVATE = "/v1/fleet/activate-node"
+DEACTIVATE = "/v1/fleet/deactivate-node"
+PRECONDITION_FAILED = 412
+NODE_ACTIVATION_FAILED = 2004  # flwr.supercore.error.ApiErrorCode.FLEET_NODE_ACTIVATION_FAILED
+NODE_ONLINE_S = 60.0  # Flower: HEARTBEAT_PATIENCE (2) x HEARTBEAT_DEFAULT_INTERVAL (30 s)
+RegisteredNodes = Callable[[], Mapping[bytes, int]]
+"""The registered SuperNode keys (PEM SubjectPublicKeyInfo, as Flower sends them) -> node id."""
 # Flower 1.41's Fleet API: everything a SuperNode calls, nothing else.
 FLEET_ROUTES = frozenset(
     FLEET_PREFIX + name
@@ -120,6 +144,7 @@ class FleetOnly:
         signed_apps: SignedApps,
         *,
         node_auth: bool = True,
+        registered: RegisteredNodes | None = None,
         max_body: int = MAX_BODY_BYTES,
         max_small_body: int = MAX_SMALL_BODY_BYTES,
         body_s: float = DEADLINES.body_s,
@@ -128,6 +153,7 @@ class FleetOnly:
         self.verify = verify
         self.signed_apps = signed_apps
         self.node_auth = node_auth
+        self.registered = registered
         self.max_body = max_body
         self.max_small_body = max_small_body
         self.body_s = body_s
@@ -185,11 +211,66 @@ class FleetOnly:
             log.warning("the SuperLink behind the front did not answer %s: %s", path, exc)
             return JSONResponse({"error": "the SuperLink is not answering"}, status_code=502)
         self.counters["forwarded"] += 1
+        if path == ACTIVATE and upstream.status_code == PRECONDITION_FAILED:
+            upstream = await self._refused_activation(body, headers, upstream, peer)
         content = upstream.content
         if path == GET_FAB and upstream.status_code == 200:
             content = self._with_signature(content)
         out_headers = {k: v for k, v in upstream.headers.items() if k.lower() not in _NOT_FORWARDED}
         return Response(content, status_code=upstream.status_code, headers=out_headers)
+
+    async def _refused_activation(
+        self, body: bytes, headers: dict[str, str], refusal: httpx.Response, peer: str
+    ) -> httpx.Response:
+        """A refused ActivateNode: reactivated when the key's old node is what stands in
+        the way, else the refusal with its reason (see the module's docstring)."""
+        if (
+            self.registered is None
+            or self._client is None
+            or _error_code(refusal) != (NODE_ACTIVATION_FAILED)
+        ):
+            return refusal
+        # Imported here: only the SuperLink's process, which has Flower, serves the front.
+        from flwr.proto.fleet_pb2 import ActivateNodeRequest, DeactivateNodeRequest
+
+        request = ActivateNodeRequest()
+        try:
+            request.ParseFromString(body)
+            node_id = self.registered().get(bytes(request.public_key))
+        except Exception as exc:  # a DecodeError, or an unreadable list of keys
+            log.warning("cannot tell why activation from %s was refused: %s", peer, exc)
+            return refusal
+        if node_id is None:
+            self.counters["activation.not_registered"] += 1
+            log.warning("refused to activate a SuperNode from %s: key not registered", peer)
+            return _with_detail(refusal, KEY_NOT_REGISTERED_DETAIL)
+        try:
+            released = await self._client.post(
+                DEACTIVATE,
+                content=DeactivateNodeRequest(node_id=node_id).SerializeToString(),
+                headers=headers,
+            )
+            again = await self._client.post(ACTIVATE, content=body, headers=headers)
+        except httpx.HTTPError as exc:
+            log.warning("could not reactivate node %s for %s: %s", node_id, peer, exc)
+            return _with_detail(refusal, still_active_detail(node_id, NODE_ONLINE_S))
+        if again.status_code == 200:
+            self.counters["activation.reclaimed"] += 1
+            log.info(
+                "node %s was still active on the SuperLink: deactivated and activated again "
+                "for the SuperNode that asked (from %s)",
+                node_id,
+                peer,
+            )
+            return again
+        self.counters["activation.still_active"] += 1
+        log.warning(
+            "node %s is still active and could not be released (deactivate: %s, activate: %s)",
+            node_id,
+            released.status_code,
+            again.status_code,
+        )
+        return _with_detail(refusal, still_active_detail(node_id, NODE_ONLINE_S))
 
     @staticmethod
     async def _read(request: Request, limit: int) -> bytes | None:
@@ -226,6 +307,27 @@ class FleetOnly:
         return reply.SerializeToString()
 
 
+def _error_code(response: httpx.Response) -> int | None:
+    """The Flower error code in a refusal's JSON body (``{"code": ..., "detail": ...}``)."""
+    try:
+        payload = json.loads(response.content)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    code = payload.get("code") if isinstance(payload, dict) else None
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
+def _with_detail(refusal: httpx.Response, detail: str) -> httpx.Response:
+    """The refusal with ``detail`` as Flower's public details (``extra``), which the
+    SuperNode prints under the error's code."""
+    payload = json.loads(refusal.content)
+    payload["extra"] = detail
+    headers = {k: v for k, v in refusal.headers.items() if k.lower() not in _NOT_FORWARDED}
+    return httpx.Response(
+        refusal.status_code, headers=headers, content=json.dumps(payload).encode()
+    )
+
+
 class SuperLinkFront:
     """:class:`FleetOnly` on ``host:port``, served by a :class:`GuardedServer`."""
 
@@ -238,6 +340,7 @@ class SuperLinkFront:
         *,
         tls: TlsFiles | None,
         node_auth: bool = True,
+        registered: RegisteredNodes | None = None,
     ) -> None:
         self.host = host
         self.port = port
@@ -254,6 +357,7 @@ class SuperLinkFront:
             verify,
             signed_apps,
             node_auth=node_auth and tls is not None,
+            registered=registered,
         )
         try:
             self._server = GuardedServer(

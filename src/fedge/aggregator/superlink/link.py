@@ -267,6 +267,7 @@ class SuperLink:
                 self.signed_apps,
                 tls=self.tls,
                 node_auth=self.node_auth,
+                registered=self.registered_keys if self.node_auth else None,
             )
         except FrontError as exc:
             self.stop()
@@ -311,6 +312,18 @@ class SuperLink:
             name: AuthorizedNode(name, int(v["node_id"]), v["public_key"])
             for name, v in raw.items()
         }
+
+    def registered_keys(self) -> dict[bytes, int]:
+        """Each registered key as Flower's SuperNode sends it (PEM SubjectPublicKeyInfo)
+        -> its node id: how the front tells a still-active node from an unknown key."""
+        keys = {}
+        for node in self.authorized().values():
+            public = serialization.load_ssh_public_key(node.public_key.encode())
+            pem = public.public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+            keys[pem] = node.node_id
+        return keys
 
     def authorize(self, name: str, public_key: str) -> AuthorizedNode:
         """Admit the SuperNode of station ``name`` holding ``public_key`` (OpenSSH line,

@@ -13,6 +13,14 @@ the public key of the station's certificate. Flower reads that key in OpenSSH fo
 the supervisor writes the same P-256 key re-encoded (0600) beside its state. Without a CA
 the SuperNode speaks plain HTTP (``--insecure``), for development only.
 
+When the SuperNode is not on the SuperLink, the supervisor names the cause and what to do
+(issue 27, :mod:`fedge.edge_agent.training.causes`): a node still active after a kill
+(waited out: Flower releases it within a minute, and the fleet's front usually releases
+it at once), a key not registered or revoked, a CA that does not verify the SuperLink, or
+the network. Flower's SuperNode keeps retrying a network fault without saying which, so
+while it runs the supervisor reads its log every few seconds and, when connection attempts
+keep failing, tries the address itself to name the fault (refused, unreachable, timed out).
+
 The SuperNode is killed with the agent however the agent dies: it gets ``SIGKILL`` when
 its parent dies (Linux ``PR_SET_PDEATHSIG``), and Flower's own SuperExec and ClientApp
 processes follow their parent. A pid file lets a restarted agent remove a SuperNode
@@ -29,6 +37,8 @@ import os
 import re
 import shlex
 import signal
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -39,6 +49,7 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from fedge.edge_agent.training.causes import Diagnosis, current_section, diagnose, with_probe
 from fedge.protocols.pki import write_private
 from fedge.transport.ports import free_port
 
@@ -48,6 +59,9 @@ SUPERNODE = "flower-supernode"
 _PR_SET_PDEATHSIG = 1
 _BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
 _STABLE_S = 60.0  # a SuperNode up this long resets the back-off
+_WAIT_OUT_S = 5.0  # retry a refusal that resolves itself (a node still active) this often
+_WATCH_S = 5.0  # how often a running SuperNode's log is read for a connection fault
+_PROBE_TIMEOUT_S = 5.0
 AUTH_KEY_FILE = "node-auth.key"  # the station's key as Flower reads it (OpenSSH)
 TRUSTED_ENTITIES_FILE = "trusted-entities.yaml"  # whose signed apps the SuperNode runs
 # Flower's exit codes (flwr.supercore.exit.ExitCode) a station's operator must act on;
@@ -55,8 +69,8 @@ TRUSTED_ENTITIES_FILE = "trusted-entities.yaml"  # whose signed apps the SuperNo
 _EXIT_HINTS = {
     303: "SuperNode authentication needs TLS (a CA)",
     304: "the trusted-entities file (the manager keys apps must be signed by) is invalid",
-    305: "the SuperLink could not be reached or refused this station (TLS: a certificate "
-    "not from the fleet CA; or this station's key is not registered, or was revoked)",
+    305: "the connection to the SuperLink failed (the lines above it in the SuperNode's "
+    "log say why)",
 }
 _FLOWER_EXIT = re.compile(r"Exit Code: (\d+)")
 
@@ -170,6 +184,22 @@ def exit_reason(log_tail: str) -> str:
     return f", Flower exit code {code}" + (f": {_EXIT_HINTS[code]}" if code in _EXIT_HINTS else "")
 
 
+def probe(superlink: str, root_certificates: Path | None) -> BaseException | None:
+    """What connecting to ``superlink`` ("host:port") raises now (TCP, then the TLS
+    handshake against ``root_certificates``); None: it connects."""
+    host, _, port = superlink.rpartition(":")
+    host = host.strip("[]")
+    try:
+        with socket.create_connection((host, int(port)), timeout=_PROBE_TIMEOUT_S) as sock:
+            if root_certificates is not None:
+                context = ssl.create_default_context(cafile=str(root_certificates))
+                with context.wrap_socket(sock, server_hostname=host):
+                    pass
+    except (OSError, ValueError) as exc:
+        return exc
+    return None
+
+
 def _log_tail(path: Path, size: int = 4096) -> str:
     try:
         with open(path, "rb") as handle:
@@ -251,6 +281,10 @@ class SupernodeSupervisor:
         self._running_spec: SupernodeSpec | None = None
         self.starts = 0
         self.last_error = ""
+        # The cause last named (SupernodeCause's value), "" while none is; for status.
+        self.last_cause = ""
+        self._reported = ""  # the fault last logged while the SuperNode runs
+        self._next_watch = 0.0
         self._started_at = 0.0
         self._thread = threading.Thread(target=self._loop, name="supernode", daemon=True)
 
@@ -288,6 +322,7 @@ class SupernodeSupervisor:
             "pid": None if proc is None else proc.pid,
             "starts": self.starts,
             "last_error": self.last_error,
+            "last_cause": self.last_cause,
         }
 
     # -- the loop
@@ -306,15 +341,39 @@ class SupernodeSupervisor:
             if proc is not None and proc.poll() is not None:
                 code = proc.returncode
                 uptime = time.monotonic() - self._started_at
+                tail = _log_tail(self.log_file)
+                running = self._running_spec
+                diagnosis = None
+                if running is not None:
+                    diagnosis = diagnose(current_section(tail), running.superlink)
                 self.last_error = f"SuperNode exited with code {code} after {uptime:.0f}s"
-                self.last_error += exit_reason(_log_tail(self.log_file))
-                log.error("%s; restarting (see %s)", self.last_error, self.log_file)
+                if diagnosis is not None:
+                    self.last_error += f": {diagnosis.message}"
+                    self.last_cause = diagnosis.cause.value
+                else:
+                    self.last_error += exit_reason(tail)
+                    self.last_cause = ""
+                waits = diagnosis is not None and diagnosis.waits_it_out
+                log.log(
+                    logging.WARNING if waits else logging.ERROR,
+                    "%s; restarting (see %s)",
+                    self.last_error,
+                    self.log_file,
+                )
                 self._proc = None
-                failures = 0 if uptime > _STABLE_S else failures + 1
-                delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
+                self._reported = ""
+                if waits:
+                    # Resolves itself within a minute: retry often, without escalating.
+                    delay = _WAIT_OUT_S
+                else:
+                    failures = 0 if uptime > _STABLE_S else failures + 1
+                    delay = _BACKOFF_S[min(failures, len(_BACKOFF_S) - 1)]
                 if self._wake.wait(delay):
                     self._wake.clear()
                 continue
+            if proc is not None and time.monotonic() >= self._next_watch:
+                self._next_watch = time.monotonic() + _WATCH_S
+                self._watch()
             if proc is None and wanted is not None:
                 try:
                     self._start(wanted)
@@ -328,6 +387,30 @@ class SupernodeSupervisor:
                     continue
             if self._wake.wait(0.5):
                 self._wake.clear()
+
+    def _watch(self) -> None:
+        """Name a connection fault of the running SuperNode once (again when it changes),
+        and say when it is over."""
+        spec = self._running_spec
+        if spec is None:
+            return
+        diagnosis: Diagnosis | None = diagnose(
+            current_section(_log_tail(self.log_file)), spec.superlink
+        )
+        if diagnosis is None:
+            if self._reported:
+                log.info("the SuperNode reached the SuperLink at %s again", spec.superlink)
+                self._reported = ""
+                self.last_cause = ""
+            return
+        diagnosis = with_probe(
+            diagnosis, probe(spec.superlink, spec.root_certificates), spec.superlink
+        )
+        if diagnosis.message != self._reported:
+            self._reported = diagnosis.message
+            self.last_error = diagnosis.message
+            self.last_cause = diagnosis.cause.value
+            log.error("%s; the SuperNode keeps retrying (see %s)", diagnosis.message, self.log_file)
 
     def _start(self, spec: SupernodeSpec) -> None:
         if not self.available():
