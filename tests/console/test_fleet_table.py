@@ -8,6 +8,7 @@ from collections.abc import Iterator
 import pytest
 from conftest import FleetHome, console_login, make_fleet_home, publish_model, set_threshold
 
+from fedge.bench.console_fleet import fill, plan, publish_models
 from fedge.console.fleet_table import TableQuery, fleet_table
 from fedge.console.views import fleet_row
 from fedge.edge_manager.ingest.messages import Ingestor
@@ -108,7 +109,57 @@ def test_the_page_sorts_and_filters_from_its_query_string(fh: FleetHome) -> None
     assert shown.status_code == 200
     edges = re.findall(r'<tr data-edge="([^"]+)"', shown.text)
     assert edges == ["st-02", "st-01"]
-    assert "2 of 4 edges" in shown.text
+    assert "1-2 of 2 matching (4 edges)" in shown.text
     assert 'aria-sort="descending"' in shown.text
     none = client.get("/", params={"q": "nothing-like-this"})
     assert "No edge matches this filter." in none.text
+
+
+@pytest.fixture(scope="module")
+def plant(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
+    """130 stations in the bench's plant-like states (bench/console_fleet.py), through the
+    manager's real ingest."""
+    root = tmp_path_factory.mktemp("plant")
+    fh = make_fleet_home(root, edges=())
+    with fh.fleet() as fleet:
+        publish_models(fleet, root)
+        fill(fleet, [plan(i) for i in range(1, 131)], time.time())
+    yield fh
+    fh.close()
+
+
+def test_a_page_holds_its_share_of_the_sorted_filtered_rows(plant: FleetHome) -> None:
+    with plant.fleet() as fleet:
+        every = fleet_table(fleet, TableQuery.parse({"per": "1000"}))
+        second = fleet_table(fleet, TableQuery.parse({"per": "50", "page": "2"}))
+        past = fleet_table(fleet, TableQuery.parse({"per": "50", "page": "99"}))
+        lost = fleet_table(fleet, TableQuery.parse({"state": "lost", "per": "50"}))
+        bad = fleet_table(fleet, TableQuery.parse({"per": "7", "page": "-1"}))
+    names = [row.edge for row in every.rows]
+    assert len(names) == every.matched == every.total == 130 and every.pages == 1
+    assert [row.edge for row in second.rows] == names[50:100]
+    assert (second.page, second.pages, second.first, second.last) == (2, 3, 51, 100)
+    # Past the end shows the last page; the health still covers every station.
+    assert [row.edge for row in past.rows] == names[100:]
+    assert (past.page, past.first, past.last) == (3, 101, 130)
+    assert past.health == every.health
+    # Filters apply before paging: the count is of the matching rows.
+    assert lost.matched == sum(row.state == "lost" for row in every.rows) > 0
+    assert all(row.state == "lost" for row in lost.rows)
+    # A hand-edited page size or page falls back to the defaults.
+    assert (bad.query.per_page, bad.page, len(bad.rows)) == (100, 1, 100)
+
+
+def test_the_pager_keeps_the_view_and_the_page_says_what_it_cost(plant: FleetHome) -> None:
+    client, _ = console_login(plant, "viewer")
+    shown = client.get("/", params={"sort": "edge", "desc": "1", "per": "50", "page": "2"})
+    assert shown.status_code == 200
+    assert len(re.findall(r'<tr data-edge="', shown.text)) == 50
+    assert "51-100 of 130 edges" in shown.text
+    assert "page 2 of 3" in shown.text
+    assert 'href="?sort=edge&amp;desc=1&amp;page=3&amp;per=50" rel="next"' in shown.text
+    assert 'href="?sort=edge&amp;desc=1&amp;page=1&amp;per=50" rel="prev"' in shown.text
+    assert 'href="?sort=edge&amp;desc=1&amp;page=1&amp;per=250"' in shown.text
+    # Server-Timing (W3C): the store read and the render, measured apart.
+    timing = dict(part.strip().split(";dur=") for part in shown.headers["server-timing"].split(","))
+    assert set(timing) == {"data", "render"} and all(float(v) >= 0 for v in timing.values())
