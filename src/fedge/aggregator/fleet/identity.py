@@ -19,12 +19,18 @@ from typing import Literal
 
 from flwr.app import Message, MessageType, RecordDict
 from flwr.app.message import make_message
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
 from fedge.aggregator.fleet.grids import NODE_ID_BASE, WrappedGrid
 
 DISCOVERY_TIMEOUT_S = 120.0
+# Flower's error codes for a message its node was not there to take or answer
+# (flwr.common.constant.ErrorCode): the node may come back, so it is not written off.
+_UNAVAILABLE = frozenset(
+    {ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.REPLY_MESSAGE_UNAVAILABLE, ErrorCode.NODE_UNAVAILABLE}
+)
 METRICS_KEY = "metrics"
 PARTITION_ID_KEY = "partition-id"
 IDENTITY_KEY = "identity"
@@ -216,6 +222,18 @@ class IdentifiedGrid(WrappedGrid):
         if node is None:
             return
         if reply.has_error():
+            if reply.error.code in _UNAVAILABLE:
+                # The node was not there to answer: a SuperNode killed and not yet back
+                # (Flower keeps its node listed for up to a minute), or one re-activating.
+                # It is asked again the next time it is listed, so a job that waits for its
+                # stations (node_wait_s) takes it when it returns (issue 27).
+                log(
+                    INFO,
+                    "node %s did not answer who it is (%s); asked again when it is back",
+                    node,
+                    str(reply.error.reason)[:200],
+                )
+                return
             if self.unidentified == "node-id" and node not in self._real_of:
                 # A ClientApp that cannot answer QUERY (no handler): shown as itself.
                 self._real_of[node] = node

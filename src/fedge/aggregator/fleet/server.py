@@ -21,7 +21,9 @@ checkpointed (model, strategy and tier state). The process holds the job's lock 
 runs; killed, it leaves the newest checkpoint, and a resubmitted run continues from it.
 That life (states, resume, records, checkpoints) is the job runner's
 (:mod:`fedge.aggregator.jobs.runner`), shared with simulated jobs; this module gives it
-the stations on the SuperLink's grid, their own evaluation and the registry's model.
+the stations on the SuperLink's grid, their own evaluation and the registry's model. An
+anomaly job (``[task] family = "anomaly"``) plays its one round of good-part statistics
+the same way (:mod:`fedge.aggregator.anomaly.rounds`).
 
 A job in which no station trained in any round (every one refused, for its privacy floor or
 budget, or failed) ends FAILED, saying why: its final weights are the starting ones, and
@@ -51,8 +53,15 @@ from flwr.app import (
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from fedge.aggregator.anomaly.rounds import anomaly_rounds
 from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
 from fedge.aggregator.fleet.manifest import FleetJobManifest, parse_fleet_manifest
+from fedge.aggregator.fleet.tier_models import (
+    DISTILL,
+    ArchitectureSource,
+    distill_inputs,
+    tier_finish,
+)
 from fedge.aggregator.jobs.checkpoint import load_arrays
 from fedge.aggregator.jobs.control import ACCURACY_KEY, the_run
 from fedge.aggregator.jobs.directory import JOB_MANIFEST, RUNS_DB, JobError, clear_halt, job_lock
@@ -60,11 +69,12 @@ from fedge.aggregator.jobs.run_store import PartyEvaluation, RunState, RunStore
 from fedge.aggregator.jobs.runner import JobRounds, JobRun, execute_job
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.rounds.loop import EvaluateFn
-from fedge.aggregator.rounds.replies import to_array_record
+from fedge.aggregator.rounds.replies import no_reply_reason, to_array_record
 from fedge.aggregator.strategies.factory import build_strategy
 from fedge.protocols.model_spec import MODEL_SPEC_KEY
 
 JOB_ID_KEY = "job-id"  # what stations account a job's releases to (as a train message)
+ARCH_KEY = "arch"  # a distill job's architecture (fedge.party.families.round_spec)
 MODEL_SPEC = "model-spec.json"
 INITIAL_WEIGHTS = "initial.npz"
 PARTIES = "parties.json"
@@ -76,8 +86,13 @@ def read_parties(job_dir: Path) -> dict[str, int]:
     return data
 
 
-def run_fleet_job(grid: Grid, job_dir: Path) -> None:
-    """Run (or continue) the fleet job in ``job_dir`` on ``grid`` until done or halted."""
+def run_fleet_job(
+    grid: Grid, job_dir: Path, *, architectures: ArchitectureSource | None = None
+) -> None:
+    """Run (or continue) the fleet job in ``job_dir`` on ``grid`` until done or halted.
+
+    ``architectures``: the stations' model family at its sizes, which a distill job needs
+    (:mod:`fedge.federation.tier_server` passes it; :mod:`.tier_models`)."""
     with job_lock(job_dir, wait_s=_LOCK_WAIT_S):
         manifest = parse_fleet_manifest(
             (job_dir / JOB_MANIFEST).read_text(encoding="utf-8"), source=str(job_dir)
@@ -118,7 +133,7 @@ def run_fleet_job(grid: Grid, job_dir: Path) -> None:
 
             result = execute_job(
                 job,
-                lambda: _rounds(grid, job_dir, manifest, store, run_id, parties),
+                lambda: _rounds(grid, job_dir, manifest, store, run_id, parties, architectures),
                 verdict=untrained,
             )
             if result.state is RunState.COMPLETED:
@@ -167,16 +182,33 @@ def _rounds(
     store: RunStore,
     run_id: str,
     parties: dict[str, int],
+    architectures: ArchitectureSource | None = None,
 ) -> JobRounds:
     """The fleet's stations on ``grid``, the job's strategy, and their own evaluation."""
-    strategy, _ = build_strategy(
+    if manifest.anomaly is not None:  # one round of good-part statistics (issue 28)
+        return anomaly_rounds(
+            grid,
+            job_dir,
+            spec_text=(job_dir / MODEL_SPEC).read_text(encoding="utf-8"),
+            anomaly=manifest.anomaly,
+            backbone_path=job_dir / INITIAL_WEIGHTS,
+            parties=parties,
+            store=store,
+            run_id=run_id,
+            wait_for_parties=lambda stations: _wait_for_parties(stations, manifest, len(parties)),
+            eval_timeout_s=manifest.federation.eval_timeout_s,
+            round_timeout_s=manifest.federation.round_timeout_s,
+            max_weight=FLEET_MAX_WEIGHT,
+        )
+    spec_text = (job_dir / MODEL_SPEC).read_text(encoding="utf-8")
+    strategy, extra = build_strategy(
         manifest.kind,
         manifest.strategy_params(),
         per_round=manifest.federation.per_round or len(parties),
         seed=manifest.job.seed,
         clock=ClockMode.WALL,
+        **distill_inputs(manifest.kind, job_dir, spec_text, architectures),
     )
-    spec_text = (job_dir / MODEL_SPEC).read_text(encoding="utf-8")
     names = {party: edge for edge, party in parties.items()}
 
     def initial_arrays() -> ArrayRecord:
@@ -195,6 +227,8 @@ def _rounds(
         JOB_ID_KEY: run_id,
         **strategy.privacy.to_config(),
     }
+    if manifest.kind == DISTILL:  # the model evaluated is the largest architecture's
+        eval_config[ARCH_KEY] = str(extra[ARCH_KEY])
 
     def evaluation(stations: Grid) -> EvaluateFn:
         def evaluate(server_round: int, model: ArrayRecord) -> MetricRecord:
@@ -227,6 +261,7 @@ def _rounds(
         train_config=config,
         round_timeout_s=manifest.federation.round_timeout_s,
         max_weight=FLEET_MAX_WEIGHT,
+        finish=tier_finish(job_dir, parties),
     )
 
 
@@ -264,15 +299,14 @@ def _evaluate_on_stations(
         )
         for node in nodes
     ]
-    replies = {
-        r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout_s)
-    }
+    replies, delivered, waited_s = _send_and_receive(grid, messages, timeout_s)
     results = []
     for node in nodes:
         name = names.get(node, str(node))
         reply = replies.get(node)
         if reply is None:
-            results.append(PartyEvaluation(name, None, 0, f"no reply within {timeout_s:.0f}s"))
+            reason = no_reply_reason(waited_s, timeout_s, delivered=node in delivered)
+            results.append(PartyEvaluation(name, None, 0, reason))
         elif reply.has_error():
             reason = str(reply.error.reason)
             log(WARNING, "station %s could not evaluate: %s", name, reason[:300])
@@ -294,6 +328,26 @@ def _evaluate_on_stations(
                 continue
             results.append(PartyEvaluation(name, float(accuracy), examples))
     return results
+
+
+def _send_and_receive(
+    grid: Grid, messages: list[Message], timeout_s: float, pull_interval_s: float = 0.2
+) -> tuple[dict[int, Message], set[int], float]:
+    """Flower's ``send_and_receive``, saying which messages the SuperLink took and how
+    long it really waited: (replies by node, nodes delivered to, seconds waited)."""
+    started = time.monotonic()
+    pushed = list(grid.push_messages(messages))
+    waiting = {mid: m.metadata.dst_node_id for mid, m in zip(pushed, messages, strict=True) if mid}
+    delivered = set(waiting.values())
+    replies: dict[int, Message] = {}
+    while waiting and time.monotonic() - started < timeout_s:
+        for reply in grid.pull_messages(list(waiting)):
+            node = waiting.pop(reply.metadata.reply_to_message_id, None)
+            if node is not None:
+                replies[node] = reply
+        if waiting:
+            time.sleep(pull_interval_s)
+    return replies, delivered, time.monotonic() - started
 
 
 # ---------------------------------------------------------------- the Flower adapter

@@ -26,7 +26,7 @@ from flwr.app import Message
 from flwr.serverapp import Grid
 
 from fedge.aggregator.rounds import deadline as deadlines
-from fedge.aggregator.rounds.replies import Collected, sort_replies
+from fedge.aggregator.rounds.replies import Collected, no_reply_reason, sort_replies
 
 FoldFn = Callable[[str, Message], None]
 """Fold an on-time reply into fold group ``group``; ValueError: the reply is malformed."""
@@ -52,7 +52,8 @@ def collect_all(
             wall[node] = time.monotonic() - started
         if len(replies) < len(ids):
             backoff.wait(progressed=bool(got))
-    return sort_replies(list(ids.values()), replies, wall, missing=f"no answer within {timeout}s")
+    missing = no_reply_reason(time.monotonic() - started, timeout)
+    return sort_replies(list(ids.values()), replies, wall, missing=missing)
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,20 @@ class Collected:
         self.failures[node] = reason[:FAILURE_REASON_CHARS]
 
 
+def no_reply_reason(elapsed_s: float, timeout_s: float, *, delivered: bool = True) -> str:
+    """Why a party's reply is missing, with the time really waited (issue 27: "no reply
+    within 120s" was once said 58 s after the messages went out)."""
+    if not delivered:
+        return (
+            f"not delivered: the SuperLink did not take the message for this node (it was "
+            f"not connected when the message was sent); waited {elapsed_s:.0f} s for the "
+            "others"
+        )
+    if elapsed_s >= timeout_s:
+        return f"no reply within the {timeout_s:.0f} s allowed (waited {elapsed_s:.0f} s)"
+    return f"no reply after {elapsed_s:.0f} s of the {timeout_s:.0f} s allowed"
+
+
 def sort_replies(
     selected: Sequence[int],
     replies: Mapping[int, Message],
