@@ -49,7 +49,13 @@ from pathlib import Path
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from fedge.edge_agent.training.causes import Diagnosis, current_section, diagnose, with_probe
+from fedge.edge_agent.training.causes import (
+    Diagnosis,
+    SupernodeCause,
+    current_section,
+    diagnose,
+    with_probe,
+)
 from fedge.protocols.pki import write_private
 from fedge.transport.ports import free_port
 
@@ -410,7 +416,15 @@ class SupernodeSupervisor:
             self._reported = diagnosis.message
             self.last_error = diagnosis.message
             self.last_cause = diagnosis.cause.value
-            log.error("%s; the SuperNode keeps retrying (see %s)", diagnosis.message, self.log_file)
+            # A network fault may pass (a warning, as for the broker); anything else
+            # (TLS, a key no longer accepted) needs a person.
+            network = diagnosis.cause in (SupernodeCause.NETWORK, SupernodeCause.RETRYING)
+            log.log(
+                logging.WARNING if network else logging.ERROR,
+                "%s; the SuperNode keeps retrying (see %s)",
+                diagnosis.message,
+                self.log_file,
+            )
 
     def _start(self, spec: SupernodeSpec) -> None:
         if not self.available():
