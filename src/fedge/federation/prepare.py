@@ -5,7 +5,9 @@ is enrolled and has training enabled in its desired config, the model is in the 
 with trainable weights that match its signed manifest and build with their family, and
 ``min_parties``/``per_round`` fit the stations that train. Then the job directory gets the
 manifest, the model spec the stations build, the starting weights, the edge -> party
-map, a queued run in its run store, and the Flower app ``flwr run`` submits.
+map, a queued run in its run store, and the Flower app ``flwr run`` submits. An anomaly
+job's backbone is built here too, so a model whose features do not fit its images is
+refused before anything is written; the shape of its statistics goes in ``anomaly.json``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
+from fedge.aggregator.anomaly.rounds import write_shape
 from fedge.aggregator.fleet.grids import NODE_ID_BASE
 from fedge.aggregator.fleet.manifest import (
     FleetJobManifest,
@@ -37,11 +40,14 @@ from fedge.edge_manager.fleet import job_store as fleet_job_store
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.registry.versions import PublishedModel, Registry, parse_ref
+from fedge.federation.anomaly import anomaly_backbone_shape
 from fedge.party import families
 from fedge.party.errors import FamilyError
 from fedge.protocols.model_spec import ModelSpec
 
 APP_DIR = "app"
+STATION_CLIENTAPP = "fedge.party.station_app:app"
+ANOMALY_CLIENTAPP = "fedge.party.anomaly_app:app"
 
 
 def prepare(
@@ -80,6 +86,9 @@ def prepare(
         preprocess=preprocess,
     )
     _check_family(spec, weights)
+    anomaly_shape = (
+        None if manifest.anomaly is None else anomaly_backbone_shape(manifest, spec, weights)
+    )
     federation = manifest.federation
     for key, value in (
         ("min_parties", federation.min_parties),
@@ -103,7 +112,9 @@ def prepare(
     parties = {edge: NODE_ID_BASE + index for index, edge in enumerate(sorted(edges))}
     atomic_write_text(job_dir / PARTIES, json.dumps(parties, indent=1))
     atomic_write_text(job_dir / JOB_MANIFEST, manifest.text)
-    _write_app(job_dir)
+    if anomaly_shape is not None:
+        write_shape(job_dir, *anomaly_shape)
+    _write_app(job_dir, ANOMALY_CLIENTAPP if manifest.is_anomaly else STATION_CLIENTAPP)
     store = RunStore(job_dir / RUNS_DB)
     try:
         store.create_run(f"{manifest.name}-{uuid.uuid4().hex[:8]}", manifest.text, RunState.QUEUED)
@@ -190,7 +201,7 @@ def _check_family(spec: ModelSpec, weights: bytes) -> None:
         raise ManifestError(f"task.model: {exc}") from None
 
 
-def _write_app(job_dir: Path) -> None:
+def _write_app(job_dir: Path, clientapp: str) -> None:
     """The Flower app ``flwr run`` submits: fedge's apps, configured with this job dir."""
     app = job_dir / APP_DIR
     app.mkdir(exist_ok=True)
@@ -214,7 +225,7 @@ def _write_app(job_dir: Path) -> None:
                 "",
                 "[tool.flwr.app.components]",
                 'serverapp = "fedge.aggregator.fleet.server:app"',
-                'clientapp = "fedge.party.station_app:app"',
+                f'clientapp = "{clientapp}"',
                 "",
                 "[tool.flwr.app.config]",
                 f"job-dir = {json.dumps(str(job_dir.resolve()))}",

@@ -1,4 +1,9 @@
-"""Publishing a completed fleet job: ONNX export (checked against torch) and lineage, once."""
+"""Publishing a completed fleet job: ONNX export (checked against torch) and lineage, once.
+
+An anomaly job's model is the fleet's fit behind the task model's feature layers
+(:mod:`.anomaly`), published under ``<model>-anomaly`` without trainable weights: a later
+job fits it again from the stations' statistics, never from these weights.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +12,7 @@ import time
 from pathlib import Path
 
 from fedge.aggregator.fleet.manifest import load_fleet_manifest
-from fedge.aggregator.fleet.server import MODEL_SPEC
+from fedge.aggregator.fleet.server import INITIAL_WEIGHTS, MODEL_SPEC
 from fedge.aggregator.jobs.checkpoint import atomic_write_text, load_arrays
 from fedge.aggregator.jobs.directory import (
     FINAL_MODEL,
@@ -19,6 +24,7 @@ from fedge.aggregator.jobs.directory import (
 from fedge.aggregator.jobs.run_store import RunState, RunStore
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.registry.versions import TrainableSource, parse_ref
+from fedge.federation.anomaly import ANOMALY_CLASSES, export_anomaly
 from fedge.federation.prepare import ManagerView
 from fedge.party import families
 from fedge.protocols.manifest import Lineage
@@ -72,13 +78,23 @@ def _publish_once(job_dir: Path, home: ManagerHome) -> str:
         store.close()
     if spec.preprocess.channels != 1:
         raise JobError("exporting multi-channel families is not supported yet")
-    model = families.build(spec.family, spec.params, len(spec.classes))
-    final = load_arrays(job_dir / FINAL_MODEL)
-    families.load_state_arrays(model, final)
-    onnx_path = job_dir / "final.onnx"
-    export_onnx(model, onnx_path, image_size=spec.preprocess.image_size)
-    weights_path = job_dir / "final-weights.npz"
-    weights_path.write_bytes(families.weights_bytes(final))
+    classes, positive, trainable = spec.classes, None, None
+    if manifest.anomaly is not None:  # the fit behind the task model's feature layers
+        onnx_path, parts = export_anomaly(
+            job_dir, spec, manifest.anomaly, job_dir / INITIAL_WEIGHTS, job_dir / FINAL_MODEL
+        )
+        classes, positive = ANOMALY_CLASSES, ANOMALY_CLASSES[1:]
+        what = f"an anomaly model fitted on {parts} good parts"
+    else:
+        model = families.build(spec.family, spec.params, len(spec.classes))
+        final = load_arrays(job_dir / FINAL_MODEL)
+        families.load_state_arrays(model, final)
+        onnx_path = job_dir / "final.onnx"
+        export_onnx(model, onnx_path, image_size=spec.preprocess.image_size)
+        weights_path = job_dir / "final-weights.npz"
+        weights_path.write_bytes(families.weights_bytes(final))
+        trainable = TrainableSource(weights_path, spec.family, dict(spec.params))
+        what = f"{rounds} rounds of {manifest.kind}"
     parent_name, parent_version = parse_ref(manifest.task.model)
     with ManagerView(home) as (_, registry):
         for listed in registry.list():
@@ -94,19 +110,16 @@ def _publish_once(job_dir: Path, home: ManagerHome) -> str:
             onnx_path,
             name=manifest.publish_name,
             version=version,
-            classes=spec.classes,
-            positive_classes=parent.manifest.positive_classes,
+            classes=classes,
+            positive_classes=parent.manifest.positive_classes if positive is None else positive,
             lineage=Lineage(
                 parent_version=parent_version if parent_name == manifest.publish_name else None,
                 run_id=run_id,
                 data=f"fleet {manifest.federation.fleet}: examples {counts}"[:1000],
-                note=(
-                    f"federated job {manifest.name}: {rounds} rounds of {manifest.kind} from "
-                    f"{manifest.task.model}"
-                ),
+                note=f"federated job {manifest.name}: {what} from {manifest.task.model}",
             ),
             preprocess=spec.preprocess,
-            trainable=TrainableSource(weights_path, spec.family, dict(spec.params)),
+            trainable=trainable,
         )
     ref = published.manifest.ref
     atomic_write_text(job_dir / PUBLISHED, json.dumps({"ref": ref, "at": time.time()}))

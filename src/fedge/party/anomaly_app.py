@@ -5,9 +5,12 @@ state) and a ``"config"`` record with ``model-spec`` and the ``anomaly-*`` keys 
 :mod:`fedge.party.anomaly_round`; the reply is the station's sufficient statistics. An
 *evaluate* message carries the backbone and the fleet's fitted model
 (``"model"``: :func:`fedge.models.anomaly.statistics.fit_to_arrays`); the reply is the
-station's threshold on its held-out good parts. Both replies, and a *query*'s, name the
-station's edge (``"identity"``, as the station ClientApp answers a query). A station
-that cannot answer (no good parts, a family it cannot build) raises
+station's threshold on its held-out good parts. A fleet job's *train* message
+(:mod:`fedge.aggregator.anomaly.rounds`) carries the backbone under ``"backbone"`` and
+zero moments in ``"arrays"`` (the shapes the reply must have); the reply is then the
+moments of the station's good parts, weighted by their count. Both replies, and a
+*query*'s, name the station's edge (``"identity"``, as the station ClientApp answers a
+query). A station that cannot answer (no good parts, a family it cannot build) raises
 :class:`~fedge.party.errors.PartyError`: Flower turns it into an error reply, which the
 server counts as that station's failure.
 
@@ -19,22 +22,31 @@ from __future__ import annotations
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedge.party.anomaly_round import statistics_round, threshold_round
+from fedge.party.anomaly_round import moments_round, statistics_round, threshold_round
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, round_config
 from fedge.party.station_app import IDENTITY_KEY, Station, model_spec
 
 MODEL_KEY = "model"
+BACKBONE_KEY = "backbone"
+"""A fleet job's train message: the backbone here, the fleet's moments in ``"arrays"``."""
 
 app = ClientApp()
 
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    """This station's good parts' statistics."""
+    """This station's good parts' statistics (a fleet job's message: their moments)."""
     station = Station.from_node_config(context.node_config)
     config = round_config(msg)
-    stats, metrics = statistics_round(station, model_spec(config), _arrays(msg, ARRAYS_KEY), config)
+    if BACKBONE_KEY in msg.content.array_records:
+        stats, metrics = moments_round(
+            station, model_spec(config), _arrays(msg, BACKBONE_KEY), config
+        )
+    else:
+        stats, metrics = statistics_round(
+            station, model_spec(config), _arrays(msg, ARRAYS_KEY), config
+        )
     content = RecordDict(
         {
             ARRAYS_KEY: stats,

@@ -47,6 +47,27 @@ def statistics_round(
     station: Station, spec: ModelSpec, arrays: ArrayRecord, config: ConfigRecord
 ) -> tuple[ArrayRecord, dict[str, int | float]]:
     """The statistics of this station's operator-labelled good training parts."""
+    stats, metrics = good_statistics(station, spec, arrays, config)
+    return statistics_record(stats), metrics
+
+
+def moments_round(
+    station: Station, spec: ModelSpec, backbone: ArrayRecord, config: ConfigRecord
+) -> tuple[ArrayRecord, dict[str, int | float]]:
+    """A fleet job's reply: the per-part moments of the good parts, weighted by their
+    count (``num-examples``), so FedAvg's weighted mean is the pooled moments
+    (:func:`fedge.models.anomaly.statistics.statistics_to_moments`)."""
+    from fedge.models.anomaly.statistics import statistics_to_moments
+
+    stats, metrics = good_statistics(station, spec, backbone, config)
+    moments = statistics_to_moments(stats)
+    return ArrayRecord(array_dict={k: Array(v) for k, v in moments.items()}), metrics
+
+
+def good_statistics(
+    station: Station, spec: ModelSpec, arrays: ArrayRecord, config: ConfigRecord
+) -> tuple[SufficientStatistics, dict[str, int | float]]:
+    """The statistics of this station's good training parts, and the reply's metrics."""
     from fedge.models.anomaly import AnomalyError
     from fedge.models.anomaly.private import clip_features
     from fedge.models.anomaly.statistics import station_statistics
@@ -68,7 +89,7 @@ def statistics_round(
         stats = station_statistics(features, grid)
     except AnomalyError as exc:
         raise PartyError(f"station {station.edge}: {exc}") from exc
-    return statistics_record(stats), {"num-examples": stats.count, "skipped-unreadable": skipped}
+    return stats, {"num-examples": stats.count, "skipped-unreadable": skipped}
 
 
 def threshold_round(

@@ -35,6 +35,11 @@
     [publish]                  # optional: where the final model goes
     name = "inspect"           # default: the task model's name; version = latest + 1
 
+``[task] family = "anomaly"`` makes it an anomaly job instead (issue 28): the task
+model's feature layers are the backbone, the stations send their good parts' statistics,
+and ``[anomaly]`` says how (:mod:`fedge.aggregator.anomaly.spec`); ``[strategy]`` may be
+left out (FedAvg), and the published name defaults to ``<model>-anomaly``.
+
 Parsing is pure (no registry, no fleet): :mod:`fedge.federation.fleet_job` checks the
 edges and the model against the manager's store before anything is created.
 """
@@ -47,6 +52,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from fedge.aggregator.anomaly.spec import (
+    ANOMALY_FAMILY,
+    ANOMALY_KEYS,
+    CLASSIFIER_FAMILY,
+    FAMILIES,
+    AnomalySpec,
+    check_anomaly_job,
+    parse_anomaly,
+)
 from fedge.aggregator.jobs.spec import (
     CheckpointSpec,
     JobSpec,
@@ -77,6 +91,8 @@ class FleetTask:
     lr: float = 3e-3
     local_epochs: int = 2
     batch_size: int = 32
+    family: str = CLASSIFIER_FAMILY
+    """What the job fits: the classifier's weights, or an anomaly model from its features."""
 
 
 @dataclass(frozen=True)
@@ -102,10 +118,16 @@ class FleetJobManifest:
     checkpoint: CheckpointSpec
     publish_name: str
     text: str = field(default="", compare=False, repr=False)
+    anomaly: AnomalySpec | None = None
+    """``[anomaly]`` of an anomaly job (None: a classifier job)."""
 
     @property
     def name(self) -> str:
         return self.job.name
+
+    @property
+    def is_anomaly(self) -> bool:
+        return self.task.family == ANOMALY_FAMILY
 
     def strategy_params(self) -> dict[str, object]:
         return {"kind": self.kind, **self.params}
@@ -138,8 +160,21 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         raise ManifestError(f"job manifest {source or '<text>'} is not valid TOML: {exc}") from exc
     top = TomlTable(document, "", _TOP, error=ManifestError)
     job_table = top.table("job", frozenset(("name", "rounds", "seed")))
-    task_table = top.table("task", frozenset(("model", "lr", "local_epochs", "batch_size")))
-    strategy_table = top.table("strategy", frozenset(("kind", "params")))
+    task_table = top.table(
+        "task", frozenset(("model", "lr", "local_epochs", "batch_size", "family"))
+    )
+    family = task_table.text("family", CLASSIFIER_FAMILY, non_empty=True)
+    if family not in FAMILIES:
+        raise ManifestError(f"task.family must be one of {', '.join(FAMILIES)}, got {family!r}")
+    anomaly_job = family == ANOMALY_FAMILY
+    strategy_table = (
+        top.optional_table("strategy", frozenset(("kind", "params")))
+        if anomaly_job
+        else top.table("strategy", frozenset(("kind", "params")))
+    )
+    anomaly_table = top.optional_table("anomaly", ANOMALY_KEYS)
+    if anomaly_table is not None and not anomaly_job:
+        raise ManifestError('[anomaly] is for anomaly jobs: set [task] family = "anomaly"')
     fed = top.table("federation", _FEDERATION)
     checkpoint_table = top.optional_table("checkpoint", frozenset(("every", "keep")))
     publish_table = top.optional_table("publish", frozenset(("name",)))
@@ -165,8 +200,9 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         lr=lr,
         local_epochs=task_table.integer("local_epochs", minimum=1, default=2),
         batch_size=task_table.integer("batch_size", minimum=1, default=32),
+        family=family,
     )
-    kind = strategy_table.text("kind", non_empty=True)
+    kind = "fedavg" if strategy_table is None else strategy_table.text("kind", non_empty=True)
     misnamed = optimizer_as_kind(kind)
     if misnamed:
         raise ManifestError(f"strategy.kind: {misnamed}")
@@ -180,9 +216,11 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         raise ManifestError(
             f"strategy.kind: {kind!r} cannot run a fleet job (known: {known}){hint}"
         )
-    params_table = strategy_table.optional_table("params", None)
+    params_table = None if strategy_table is None else strategy_table.optional_table("params", None)
     params = dict(params_table.items()) if params_table else {}
     take_privacy(document, params)
+    if anomaly_job:
+        check_anomaly_job(job.rounds, kind, params)
 
     if fed.text("backend", non_empty=True) != "fleet":
         raise ManifestError('federation.backend must be "fleet" for a fleet job')
@@ -217,7 +255,7 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
             every=checkpoint_table.integer("every", minimum=1, default=1),
             keep=checkpoint_table.integer("keep", minimum=1, default=3),
         )
-    publish_name = model.split(":")[0]
+    publish_name = model.split(":")[0] + ("-anomaly" if anomaly_job else "")
     if publish_table is not None:
         publish_name = publish_table.text("name", publish_name, non_empty=True)
         if not _NAME.match(publish_name):  # it becomes a directory in the registry
@@ -233,6 +271,7 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         checkpoint=checkpoint,
         publish_name=publish_name,
         text=text,
+        anomaly=parse_anomaly(anomaly_table) if anomaly_job else None,
     )
     # edges = "all": the stations are counted against the fleet by `prepare`, which
     # validates again; here assume as many as SecAgg+ asks (at least 2; under it, 3).
@@ -280,7 +319,9 @@ def _positive(table: TomlTable, key: str, default: float) -> float:
     return value
 
 
-_TOP = frozenset(("job", "task", "strategy", "federation", "checkpoint", "privacy", "publish"))
+_TOP = frozenset(
+    ("job", "task", "strategy", "federation", "checkpoint", "privacy", "publish", "anomaly")
+)
 _FEDERATION = frozenset(
     (
         "backend",

@@ -195,6 +195,57 @@ def statistics_from_arrays(arrays: Mapping[str, npt.NDArray[np.generic]]) -> Suf
     )
 
 
+FIRST_MOMENT_KEY = "anomaly-first-moment"
+SECOND_MOMENT_KEY = "anomaly-second-moment"
+
+
+def statistics_to_moments(stats: SufficientStatistics) -> dict[str, Float64Array]:
+    """Per-part moments ``total / count`` and ``outer / count`` (and the grid).
+
+    What a fleet job's station sends with ``count`` as its weight: FedAvg's weighted mean
+    of the moments is then the pooled moments, so the fleet's statistics are exactly the
+    sums (:func:`statistics_from_moments`), up to float64 rounding.
+    """
+    if stats.count < 1:
+        raise StatisticsError(f"moments of {stats.count} parts are undefined; need at least 1")
+    return {
+        FIRST_MOMENT_KEY: stats.total / stats.count,
+        SECOND_MOMENT_KEY: stats.outer / stats.count,
+        GRID_KEY: np.array(stats.grid, dtype=np.float64),
+    }
+
+
+def statistics_from_moments(
+    arrays: Mapping[str, npt.NDArray[np.generic]], count: int
+) -> SufficientStatistics:
+    """The sums back from pooled moments of ``count`` parts (:func:`statistics_to_moments`)."""
+    missing = sorted({FIRST_MOMENT_KEY, SECOND_MOMENT_KEY, GRID_KEY} - set(arrays))
+    if missing:
+        raise StatisticsError(f"anomaly moments lack {missing} (got {sorted(arrays)})")
+    if count < 1:
+        raise StatisticsError(f"cannot rebuild statistics of {count} parts; need at least 1")
+    grid = np.asarray(arrays[GRID_KEY], dtype=np.float64)
+    if grid.shape != (2,):
+        raise StatisticsError(f"bad anomaly moments: grid {grid.shape}")
+    return SufficientStatistics(
+        count=count,
+        total=np.asarray(arrays[FIRST_MOMENT_KEY], dtype=np.float64) * count,
+        outer=np.asarray(arrays[SECOND_MOMENT_KEY], dtype=np.float64) * count,
+        grid=(round(float(grid[0])), round(float(grid[1]))),
+    )
+
+
+def zero_moments(grid: tuple[int, int], dims: int) -> dict[str, Float64Array]:
+    """Moments of the right shapes, all zero: what a fleet job sends before any station
+    answered (the shapes every reply must have)."""
+    locations = grid[0] * grid[1]
+    return {
+        FIRST_MOMENT_KEY: np.zeros((locations, dims)),
+        SECOND_MOMENT_KEY: np.zeros((locations, dims, dims)),
+        GRID_KEY: np.array(grid, dtype=np.float64),
+    }
+
+
 def fit_to_arrays(model: GaussianFit) -> dict[str, Float64Array]:
     """The fitted model as plain float64 arrays (what a station needs to score)."""
     return {

@@ -1,0 +1,259 @@
+"""An anomaly fleet job's one round, played by the job runner like any fleet job (issue 28).
+
+The stations' good-part statistics are sums, and FedAvg already adds: each station replies
+with its per-part moments (``total / n``, ``outer / n``) and ``num-examples = n``, and the
+streaming weighted mean (:class:`~fedge.aggregator.strategies.streaming.StreamingFedAvg`,
+float64 accumulators for float64 arrays) is the pooled moments; times the folded weight
+``N`` they are the pooled sums, so the fit equals PaDiM's fit on the pooled parts (Defard
+et al., ICPR 2021) up to float64 rounding. What the job runner gives every job comes with
+it: the run store counts each station's parts once (its reply's ``num-examples``),
+failures are data (a station with no good parts replies with an error), the round is
+checkpointed, and a killed aggregator resumes.
+
+:class:`StatisticsFedAvg` differs from FedAvg in two places: its train messages carry the
+backbone beside the (zero) moments they ask for, and the round's result carries the
+folded weight as ``anomaly-count``. After the round every station scores its held-out
+good parts with the fitted model and reports its threshold for the job's false-alarm rate
+(``anomaly-thresholds.json`` in the job directory; the run store's evaluation holds the
+share of held-out good parts under it).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from logging import WARNING
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from flwr.app import (
+    Array,
+    ArrayRecord,
+    ConfigRecord,
+    Message,
+    MessageType,
+    MetricRecord,
+    RecordDict,
+)
+from flwr.serverapp import Grid
+from flwr.supercore import log
+
+from fedge.aggregator.anomaly.spec import AnomalySpec
+from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
+from fedge.aggregator.jobs.checkpoint import atomic_write_text, load_arrays
+from fedge.aggregator.jobs.control import ACCURACY_KEY
+from fedge.aggregator.jobs.directory import JobError
+from fedge.aggregator.jobs.run_store import PartyEvaluation, RunStore
+from fedge.aggregator.jobs.runner import JobRounds
+from fedge.aggregator.rounds.deadline import RoundPlan
+from fedge.aggregator.rounds.fold import StreamingMean
+from fedge.aggregator.rounds.loop import EvaluateFn
+from fedge.aggregator.rounds.replies import arrays_of, to_array_record
+from fedge.aggregator.strategies.streaming import StreamingFedAvg
+from fedge.models.anomaly import AnomalyError
+from fedge.models.anomaly.statistics import (
+    COUNT_KEY,
+    GaussianFit,
+    fit,
+    fit_to_arrays,
+    statistics_from_moments,
+    zero_moments,
+)
+from fedge.protocols.model_spec import MODEL_SPEC_KEY
+
+BACKBONE_KEY = "backbone"  # the station reads it (fedge.party.anomaly_app.BACKBONE_KEY)
+MODEL_KEY = "model"
+SHAPE_FILE = "anomaly.json"  # {"grid": [h, w], "dims": d}: written by prepare
+THRESHOLDS_FILE = "anomaly-thresholds.json"
+
+
+class StatisticsFedAvg(StreamingFedAvg):
+    """FedAvg of the stations' moments, the backbone sent beside them (module docstring)."""
+
+    def __init__(self, *, per_round: int, seed: int, backbone: ArrayRecord) -> None:
+        super().__init__(per_round=per_round, seed=seed)
+        self.backbone = backbone
+
+    def _messages(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        plan: RoundPlan,
+    ) -> list[Message]:
+        messages = super()._messages(server_round, arrays, config, plan)
+        for message in messages:  # one content object shared by the round's messages
+            message.content[BACKBONE_KEY] = self.backbone
+        return messages
+
+    def aggregate(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        folds: dict[str, StreamingMean],
+        metrics: dict[str, float],
+    ) -> ArrayRecord:
+        fold = folds.get("")
+        parts = fold.total_weight if fold is not None and fold.count else 0.0
+        result = super().aggregate(server_round, arrays, folds, metrics)
+        if parts > 0:
+            result[COUNT_KEY] = Array(np.array([parts], dtype=np.float64))
+        return result
+
+
+def fleet_fit(arrays: Mapping[str, np.ndarray]) -> GaussianFit:
+    """The fleet's model from the round's result (pooled moments and ``anomaly-count``)."""
+    count = arrays.get(COUNT_KEY)
+    if count is None or count.shape != (1,) or not count[0] >= 1:
+        raise JobError("the anomaly round added no station's statistics: nothing to fit")
+    try:
+        return fit(statistics_from_moments(arrays, round(float(count[0]))))
+    except AnomalyError as exc:
+        raise JobError(f"cannot fit the fleet's anomaly model: {exc}") from exc
+
+
+def read_shape(job_dir: Path) -> tuple[tuple[int, int], int]:
+    data = json.loads((job_dir / SHAPE_FILE).read_text(encoding="utf-8"))
+    return (int(data["grid"][0]), int(data["grid"][1])), int(data["dims"])
+
+
+def write_shape(job_dir: Path, grid: tuple[int, int], dims: int) -> None:
+    atomic_write_text(job_dir / SHAPE_FILE, json.dumps({"grid": list(grid), "dims": dims}))
+
+
+def anomaly_rounds(
+    grid: Grid,
+    job_dir: Path,
+    *,
+    spec_text: str,
+    anomaly: AnomalySpec,
+    backbone_path: Path,
+    parties: dict[str, int],
+    store: RunStore,
+    run_id: str,
+    wait_for_parties: Callable[[IdentifiedGrid], None],
+    eval_timeout_s: float,
+    round_timeout_s: float,
+    max_weight: float,
+) -> JobRounds:
+    """The job runner's view of an anomaly job: the moments round and the thresholds."""
+    backbone = to_array_record(load_arrays(backbone_path))
+    strategy = StatisticsFedAvg(per_round=len(parties), seed=0, backbone=backbone)
+    grid_shape, dims = read_shape(job_dir)
+    names = {party: edge for edge, party in parties.items()}
+    config: dict[str, Any] = {MODEL_SPEC_KEY: spec_text, **anomaly.to_config()}
+
+    @contextmanager
+    def open_grid() -> Iterator[Grid]:
+        stations = IdentifiedGrid(grid, identify=identify_station(parties), unidentified="exclude")
+        wait_for_parties(stations)
+        yield stations
+
+    def evaluation(stations: Grid) -> EvaluateFn:
+        def evaluate(server_round: int, model: ArrayRecord) -> MetricRecord | None:
+            if server_round == 0:
+                return None  # zero moments: no model yet
+            fitted = fleet_fit(arrays_of(model))
+            results, thresholds = _thresholds_of_stations(
+                stations, backbone, fitted, config, eval_timeout_s, names
+            )
+            store.record_evaluation(run_id, server_round, results)
+            atomic_write_text(job_dir / THRESHOLDS_FILE, json.dumps(thresholds, indent=1))
+            scored = [(r.accuracy, r.examples) for r in results if r.accuracy is not None]
+            metrics = {"stations-evaluated": float(len(scored)), "good-parts": float(fitted.count)}
+            examples = sum(n for _, n in scored)
+            if examples:
+                metrics[ACCURACY_KEY] = sum(a * n for a, n in scored) / examples
+            return MetricRecord(dict(metrics))
+
+        return evaluate
+
+    return JobRounds(
+        strategy=strategy,
+        initial_arrays=lambda: to_array_record(zero_moments(grid_shape, dims)),
+        open_grid=open_grid,
+        evaluation=evaluation,
+        train_config=ConfigRecord(dict(config)),
+        round_timeout_s=round_timeout_s,
+        max_weight=max_weight,
+    )
+
+
+def _thresholds_of_stations(
+    grid: Grid,
+    backbone: ArrayRecord,
+    model: GaussianFit,
+    config: dict[str, Any],
+    timeout_s: float,
+    names: dict[int, str],
+) -> tuple[list[PartyEvaluation], dict[str, dict[str, float]]]:
+    """Every connected station's threshold on its held-out good parts, and the share of
+    them under it (its evaluation: what passes as good)."""
+    model_record = to_array_record(fit_to_arrays(model))
+    nodes = list(grid.get_node_ids())
+    messages = [
+        Message(
+            RecordDict(
+                {"arrays": backbone, MODEL_KEY: model_record, "config": ConfigRecord(dict(config))}
+            ),
+            dst_node_id=node,
+            message_type=MessageType.EVALUATE,
+        )
+        for node in nodes
+    ]
+    replies = {
+        r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout_s)
+    }
+    results: list[PartyEvaluation] = []
+    thresholds: dict[str, dict[str, float]] = {}
+    for node in nodes:
+        name = names.get(node, str(node))
+        reply = replies.get(node)
+        if reply is None:
+            results.append(PartyEvaluation(name, None, 0, f"no reply within {timeout_s:.0f}s"))
+            continue
+        if reply.has_error():
+            reason = str(reply.error.reason)[:500]
+            log(WARNING, "station %s set no anomaly threshold: %s", name, reason[:300])
+            results.append(PartyEvaluation(name, None, 0, reason))
+            continue
+        metrics: dict[str, Any] = dict(reply.content.metric_records.get("metrics", {}))
+        threshold, held = metrics.get("anomaly-threshold"), metrics.get("holdout-examples")
+        alarms = metrics.get("holdout-false-alarms")
+        # What a station reports is data to check, not to trust.
+        if not (
+            _number(threshold) and float(threshold) > 0
+            and isinstance(held, int) and not isinstance(held, bool) and held > 0
+            and isinstance(alarms, int) and not isinstance(alarms, bool) and 0 <= alarms <= held
+        ):  # fmt: skip
+            reason = (
+                f"malformed threshold reply: anomaly-threshold={threshold!r}, "
+                f"holdout-examples={held!r}, holdout-false-alarms={alarms!r}"
+            )
+            results.append(PartyEvaluation(name, None, 0, reason))
+            continue
+        results.append(PartyEvaluation(name, 1.0 - alarms / held, held))
+        thresholds[name] = {
+            "threshold": float(threshold),
+            "false_alarm_rate": float(metrics.get("anomaly-false-alarm-rate", 0.0)),
+            "holdout_examples": held,
+            "holdout_false_alarms": alarms,
+            "at": time.time(),
+        }
+    return results, thresholds
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
+
+
+def read_thresholds(job_dir: Path) -> dict[str, dict[str, float]]:
+    """Each station's reported anomaly threshold (empty before the job evaluated)."""
+    path = job_dir / THRESHOLDS_FILE
+    if not path.exists():
+        return {}
+    data: dict[str, dict[str, float]] = json.loads(path.read_text(encoding="utf-8"))
+    return data

@@ -1,0 +1,202 @@
+"""An anomaly fleet job on real SuperNodes: prepared, signed, run by the job runner, published.
+
+Real processes: the fleet's SuperLink, one ``flower-supernode`` per station started by the
+agent's own supervisor (:mod:`fedge.edge_agent.training.supervisor`) on the station's data
+directory (a real SQLite store and PNG files), trusting only apps the manager signed;
+fedge's fleet ServerApp and the stations' anomaly ClientApp, submitted with ``flwr run``
+(:func:`fedge.federation.fleet_job.submit`). The job's one round goes through the job
+runner like any fleet job. Shown (issue 28):
+
+- each station's good parts are counted once: the run store's ``num-examples`` per station
+  equal the parts its operators labelled good in its training split;
+- each station reports its threshold from its held-out good parts;
+- the published model is signed by the manager, scores ``score``/``anomaly_map`` in ONNX
+  Runtime, equals the fit on the pooled good parts, and scores held-out dents above the
+  held-out good parts at every station.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from conftest import FleetHome, make_fleet_home, png_bytes, publish_trainable
+
+from fedge.aggregator.anomaly.rounds import fleet_fit, read_thresholds
+from fedge.aggregator.jobs.checkpoint import load_arrays
+from fedge.aggregator.jobs.run_store import RunStore
+from fedge.aggregator.superlink.link import SuperLink
+from fedge.datasets.defects import CLASSES, make_defect_images
+from fedge.edge_agent.training.supervisor import SupernodeSpec, SupernodeSupervisor
+from fedge.federation import fleet_job
+from fedge.federation.prepare import prepare
+from fedge.federation.publish import publish
+from fedge.models.anomaly.backbone import InspectionBackbone
+from fedge.models.anomaly.model import extract_features
+from fedge.models.anomaly.statistics import fit, station_statistics
+from fedge.models.inspection import INPUT_NAME, new_model
+from fedge.party import trainer
+from fedge.party.station_store import Retention, StationData
+from fedge.protocols import signing
+from fedge.protocols.manifest import ModelManifest, Preprocess
+
+pytestmark = pytest.mark.integration
+
+STATIONS = {"st-01": 40, "st-02": 24, "st-03": 12}  # images kept, a quarter defects
+HOLDOUT = 20
+JOB = """
+[job]
+name = "normal-parts"
+rounds = 1
+
+[task]
+model = "inspect:1"
+family = "anomaly"
+
+[anomaly]
+false_alarm_rate = 0.05
+
+[federation]
+backend = "fleet"
+fleet = "plant-a"
+edges = "all"
+node_wait_s = 90.0
+round_timeout_s = 240.0
+eval_timeout_s = 240.0
+"""
+
+
+def keep_parts(data_dir: Path, edge: str, n: int, seed: int) -> None:
+    data = StationData(data_dir, Retention(holdout_percent=HOLDOUT))
+    images, labels = make_defect_images(n, seed=seed, scratch_fraction=0.25)
+    for index, (image, label) in enumerate(zip(images, labels, strict=True)):
+        pid = f"{edge}-{index:03d}"
+        data.keep(pid, png_bytes(image), ".png", at=time.time() + index)
+        data.label(pid, CLASSES[int(label)], at=float(index))
+    data.close()
+
+
+def good_parts(data_dir: Path, *, holdout: bool) -> np.ndarray:
+    data = StationData(data_dir, Retention(holdout_percent=HOLDOUT), readonly=True)
+    try:
+        chosen = [i for i in data.labelled() if i.label == "clean" and i.holdout == holdout]
+    finally:
+        data.close()
+    return trainer.load_examples(chosen, ("clean",), Preprocess(32)).x
+
+
+@pytest.mark.timeout(900)
+def test_an_anomaly_fleet_job_counts_each_station_once_and_publishes_a_signed_model(
+    tmp_path: Path, supervisors: list[SupernodeSupervisor]
+) -> None:
+    started = time.monotonic()
+    fh: FleetHome = make_fleet_home(tmp_path, edges=tuple(STATIONS))
+    publish_trainable(fh, tmp_path, tuple(STATIONS))
+    for seed, (edge, n) in enumerate(STATIONS.items()):
+        keep_parts(fh.data_dir(edge), edge, n, seed=70 + seed)
+    superlink = SuperLink(tmp_path / "superlink", "127.0.0.1", fh.settings.superlink_port)
+    superlink.start()
+    try:
+        for edge in STATIONS:
+            supervisor = SupernodeSupervisor(fh.data_dir(edge) / "supernode")
+            supervisors.append(supervisor)
+            supervisor.start()
+            supervisor.apply(
+                SupernodeSpec(
+                    superlink.address, edge, fh.data_dir(edge), HOLDOUT, 1, 120.0,
+                    trusted_entities=signing_yaml(fh),
+                )
+            )  # fmt: skip
+        manifest = tmp_path / "job.toml"
+        manifest.write_text(JOB, encoding="utf-8")
+        job_dir = tmp_path / "job"
+        prepare(manifest, job_dir, fh.home)
+        assert 'clientapp = "fedge.party.anomaly_app:app"' in (
+            job_dir / "app" / "pyproject.toml"
+        ).read_text()
+        fleet_job.submit(
+            job_dir,
+            superlink.local_address,
+            signing=(fh.home.signing_key(), superlink.signed_apps),
+        )
+        result = fleet_job.wait(job_dir, timeout_s=400)
+        assert result.state.value == "completed", result.error
+        print(f"anomaly fleet job: {time.monotonic() - started:.1f} s")
+
+        # Every station's good training parts counted once, in the run store.
+        store = RunStore(job_dir / "runs.db")
+        try:
+            names = store.party_names(result.run_id)
+            counted = {
+                names[int(r["party"])]: int(r["metrics"]["num-examples"])
+                for r in store.party_metrics(result.run_id)
+            }
+            (round_1,) = store.rounds(result.run_id)
+        finally:
+            store.close()
+        expected = {e: len(good_parts(fh.data_dir(e), holdout=False)) for e in STATIONS}
+        assert all(n > 0 for n in expected.values()), expected
+        assert counted == expected
+        assert round_1["failed"] == [], round_1
+
+        # Each station's threshold from its own held-out good parts.
+        thresholds = read_thresholds(job_dir)
+        assert sorted(thresholds) == sorted(STATIONS)
+        for edge, reported in thresholds.items():
+            assert reported["threshold"] > 0, edge
+            assert reported["holdout_examples"] == len(good_parts(fh.data_dir(edge), holdout=True))
+
+        # The fleet's model is the fit on the pooled good parts.
+        backbone = InspectionBackbone(new_model(0, width=4)).eval()
+        pooled_images = np.concatenate(
+            [good_parts(fh.data_dir(e), holdout=False) for e in STATIONS]
+        )
+        pooled = fit(station_statistics(*extract_features(backbone, pooled_images)))
+        model = fleet_fit(load_arrays(job_dir / "final.npz"))
+        assert model.count == sum(expected.values())
+        np.testing.assert_allclose(model.mean, pooled.mean, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(model.covariance, pooled.covariance, rtol=0, atol=1e-9)
+
+        # Published once, signed by the manager, with lineage.
+        ref = publish(job_dir, fh.home)
+        assert ref == "inspect-anomaly:1"
+        assert publish(job_dir, fh.home) == ref
+        with fh.fleet() as fleet:
+            published = fleet.registry.get("inspect-anomaly", 1)
+        keys = signing.trusted(fh.home.signing_key().public)
+        assert signing.open_signed(published.envelope, ModelManifest, keys) == published.manifest
+        assert published.manifest.lineage.run_id == result.run_id
+        assert [o.name for o in published.manifest.outputs] == ["score", "anomaly_map"]
+
+        # The published model: a held-out dent scores above the held-out good parts.
+        session = ort.InferenceSession(str(published.path), providers=["CPUExecutionProvider"])
+        for seed, edge in enumerate(STATIONS):
+            good = good_parts(fh.data_dir(edge), holdout=True)
+            dents, _ = make_defect_images(
+                8, seed=900 + seed, scratch_fraction=1.0, dent_fraction=1.0
+            )
+            good_scores = score(session, good)
+            dent_scores = score(session, dents.astype(np.float32)[:, None] / 255.0)
+            print(edge, np.round(good_scores, 1), np.round(dent_scores, 1))
+            assert np.median(dent_scores) > good_scores.max(), edge
+    except BaseException:
+        for log in sorted(tmp_path.rglob("*.log")):
+            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    finally:
+        superlink.stop()
+        fh.close()
+
+
+def score(session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
+    (scores,) = session.run(["score"], {INPUT_NAME: images.astype(np.float32)})
+    return np.asarray(scores)
+
+
+def signing_yaml(fh: FleetHome) -> str:
+    from fedge.protocols.app_signing import trusted_entities_yaml
+
+    return trusted_entities_yaml(fh.home.signing_key().public)
