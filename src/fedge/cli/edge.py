@@ -123,8 +123,16 @@ def revoke(edge: str, home: HomeOption = DEFAULT_HOME) -> None:
 @friendly_errors
 def set_threshold(
     edge: Annotated[str, typer.Argument(help="Edge id, or 'all'.")],
-    value: Annotated[float, typer.Argument(help="Threshold in [0, 1].")],
+    value: Annotated[float | None, typer.Argument(help="Threshold in [0, 1].")] = None,
     class_name: Annotated[str | None, typer.Option("--class", help="Only this class.")] = None,
+    anomaly: Annotated[
+        float | None,
+        typer.Option(
+            "--anomaly",
+            help="Instead: the anomaly score over which a part is novel (a distance > 0; "
+            "the station reports its quantile after an anomaly job).",
+        ),
+    ] = None,
     model: Annotated[
         str | None,
         typer.Option(
@@ -143,9 +151,21 @@ def set_threshold(
     that model's recommended thresholds (if it was published with some).
 
     Example: fedge edge set-threshold st-07 0.72 --class scratch --model inspect:4
+    Example: fedge edge set-threshold st-07 --anomaly 14.2
     """
+    if (value is None) == (anomaly is None):
+        raise typer.BadParameter("give a threshold VALUE or --anomaly VALUE (one of them)")
     _, fleet = open_fleet(home)
     edges = fleet.edges() if edge == "all" else [edge]
+    if anomaly is not None:
+        for pushed in fleet.set_anomaly_threshold(edges, anomaly, force=force):
+            console.print(
+                f"{pushed.edge}: desired config v{pushed.version} (anomaly threshold {anomaly})",
+                highlight=False,
+            )
+        warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")
+        return
+    assert value is not None
     for pushed in fleet.set_threshold(edges, value, class_name, model, force=force):
         tie = f"for {pushed.model}" if pushed.model else "for any model: none is deployed"
         console.print(

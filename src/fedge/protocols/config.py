@@ -114,6 +114,11 @@ class EdgeConfig:
     # re-signs the same version with a later expiry before then; a station refuses a
     # config that arrives expired. Absent on documents not (yet) stamped by `manager serve`.
     expires_at: float | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # Optional extension (issue 28): the score over which the station's anomaly model
+    # calls a part novel (a Mahalanobis distance, not a probability: > 0, no upper bound).
+    # None: the anomaly model's scores are recorded, nothing is called novel. An agent
+    # without it refuses such a config.
+    anomaly_threshold: float | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
@@ -133,6 +138,10 @@ class EdgeConfig:
         validate.finite(self.issued_at, "issued_at", minimum=0.0)
         if self.operator_viewing is False:
             raise ValidationError("operator_viewing is sent only as true; leave it out for off")
+        if self.anomaly_threshold is not None:
+            validate.finite(self.anomaly_threshold, "anomaly_threshold", minimum=0.0)
+            if self.anomaly_threshold == 0:
+                raise ValidationError("anomaly_threshold must be > 0 (a distance)")
 
     def threshold_for(self, class_name: str) -> float:
         return self.class_thresholds.get(class_name, self.default_threshold)

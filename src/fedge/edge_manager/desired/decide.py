@@ -21,6 +21,8 @@ class ConfigChange(TypedDict, total=False):
     thumbnails: ThumbnailPolicy | None
     clear_thumbnails: bool
     viewing: bool | None
+    anomaly_threshold: float | None
+    clear_anomaly: bool
 
 
 def next_config(
@@ -39,6 +41,8 @@ def next_config(
     thumbnails: ThumbnailPolicy | None = None,
     clear_thumbnails: bool = False,
     viewing: bool | None = None,
+    anomaly_threshold: float | None = None,
+    clear_anomaly: bool = False,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
 
@@ -52,6 +56,8 @@ def next_config(
     current choice); ``clear_thumbnails`` stops it: its images stay on the station.
     ``viewing`` True lets operators view the station's images on demand, False stops it
     (None keeps the current choice; off is sent as the field left out).
+    ``anomaly_threshold`` sets the score over which the station's anomaly model calls a
+    part novel (None keeps the current one); ``clear_anomaly`` removes it.
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -78,6 +84,9 @@ def next_config(
         if clear_thumbnails
         else (base.thumbnails if thumbnails is None else thumbnails),
         operator_viewing=base.operator_viewing if viewing is None else (True if viewing else None),
+        anomaly_threshold=None
+        if clear_anomaly
+        else (base.anomaly_threshold if anomaly_threshold is None else anomaly_threshold),
     )
 
 

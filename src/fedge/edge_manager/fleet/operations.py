@@ -133,6 +133,18 @@ class Fleet:
             edges, "threshold", threshold=threshold, class_name=class_name, models=ties
         )
 
+    def set_anomaly_threshold(
+        self, edges: list[str], threshold: float | None, *, force: bool = False
+    ) -> list[Pushed]:
+        """The score over which each edge's anomaly model calls a part novel (issue 28;
+        None: no longer set), a new signed config version each. Refused, for all, on a bad
+        edge or value, or an edge in an unfinished rollout (unless ``force``)."""
+        self.edges(edges)
+        refuse_if_in_rollout(self.store.conn, edges, "set an anomaly threshold", force=force)
+        if threshold is None:
+            return self._push_config(edges, "anomaly threshold", clear_anomaly=True)
+        return self._push_config(edges, "anomaly threshold", anomaly_threshold=threshold)
+
     def _threshold_model(self, edge: str, model: str | None) -> str | None:
         """The model version ``edge``'s thresholds are for: ``model`` if it was deployed
         to the edge, else the model of its newest deployment."""
