@@ -297,9 +297,9 @@ def test_a_revoked_station_is_dropped_and_refused_afterwards(fleet: Fleet) -> No
         wait_until(
             lambda: supervisor.status()["pid"] != running, 30, "the revoked SuperNode to exit"
         )
-        # ...and the supervisor's restart is refused at activation.
+        # ...and the supervisor's restart is refused at activation, naming why (issue 27).
         wait_until(
-            lambda: "refused this station" in str(supervisor.status()["last_error"]),
+            lambda: "does not know this station's key" in str(supervisor.status()["last_error"]),
             60,
             "the restarted SuperNode to be refused",
         )
