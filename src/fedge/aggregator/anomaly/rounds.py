@@ -225,7 +225,7 @@ def _thresholds_of_stations(
         alarms = metrics.get("holdout-false-alarms")
         # What a station reports is data to check, not to trust.
         if not (
-            _number(threshold) and float(threshold) > 0
+            isinstance(threshold, int | float) and _number(threshold) and threshold > 0
             and isinstance(held, int) and not isinstance(held, bool) and held > 0
             and isinstance(alarms, int) and not isinstance(alarms, bool) and 0 <= alarms <= held
         ):  # fmt: skip
@@ -235,6 +235,7 @@ def _thresholds_of_stations(
             )
             results.append(PartyEvaluation(name, None, 0, reason))
             continue
+        assert isinstance(threshold, int | float)  # checked above; for the type checker
         results.append(PartyEvaluation(name, 1.0 - alarms / held, held))
         thresholds[name] = {
             "threshold": float(threshold),
