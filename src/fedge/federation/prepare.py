@@ -41,6 +41,7 @@ from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.registry.versions import PublishedModel, Registry, parse_ref
 from fedge.federation.anomaly import anomaly_backbone_shape
+from fedge.federation.tier_prepare import check_tiers, serverapp_of, write_proxy
 from fedge.party import families
 from fedge.party.errors import FamilyError
 from fedge.protocols.model_spec import ModelSpec
@@ -106,8 +107,13 @@ def prepare(
         raise ManifestError(
             f"{exc} ({len(edges)} edge(s) of the job have training enabled)"
         ) from None
+    # A distill job: its tiers' architectures, its stations and its proxy images.
+    proxy = check_tiers(
+        manifest, spec, weights, manifest_dir=manifest_path.parent, stations=len(edges)
+    )
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / INITIAL_WEIGHTS).write_bytes(weights)
+    write_proxy(job_dir, proxy)
     atomic_write_text(job_dir / MODEL_SPEC, spec.to_json())
     parties = {edge: NODE_ID_BASE + index for index, edge in enumerate(sorted(edges))}
     atomic_write_text(job_dir / PARTIES, json.dumps(parties, indent=1))
@@ -224,7 +230,7 @@ def _write_app(job_dir: Path, clientapp: str) -> None:
                 'publisher = "fedge"',
                 "",
                 "[tool.flwr.app.components]",
-                'serverapp = "fedge.aggregator.fleet.server:app"',
+                f'serverapp = "{serverapp_of(job_dir)}"',
                 f'clientapp = "{clientapp}"',
                 "",
                 "[tool.flwr.app.config]",

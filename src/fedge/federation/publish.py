@@ -26,6 +26,7 @@ from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.registry.versions import TrainableSource, parse_ref
 from fedge.federation.anomaly import ANOMALY_CLASSES, export_anomaly
 from fedge.federation.prepare import ManagerView
+from fedge.federation.tier_publish import is_tier_job, publish_tiers
 from fedge.party import families
 from fedge.protocols.manifest import Lineage
 from fedge.protocols.model_spec import ModelSpec
@@ -48,6 +49,8 @@ def publish(job_dir: Path, home: ManagerHome) -> str:
     here) is found by its lineage instead of being published again.
     """
     with job_lock(job_dir, wait_s=60.0):
+        if is_tier_job(job_dir):  # one model per tier, each deployed to its stations
+            return publish_tiers(job_dir, home)
         return _publish_once(job_dir, home)
 
 

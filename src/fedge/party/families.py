@@ -15,6 +15,13 @@ Shipped families:
                         ``mlp-small`` (16), ``mlp`` (64) or ``mlp-large`` (256)
 =====================  ==================================================================
 
+A family may name sizes of itself (``architectures``: a name -> the params it overrides),
+so a distilling job can give each TiFL tier its own size (FedDF across tiers; a slow tier
+gets the compact one): ``inspection-cnn`` has ``cnn-large`` (width 16), ``cnn`` (8) and
+``cnn-small`` (4); ``digits-mlp`` has the simulator's ``mlp-large``, ``mlp`` and
+``mlp-small``. A round's config names the architecture (``arch``); a station asked for one
+its family does not have answers with an error (:func:`architecture_params`).
+
 A user adds a family with a Python entry point in the group ``fedge.model_families``
 whose object is a :class:`Family`, e.g. in their package's ``pyproject.toml``::
 
@@ -31,7 +38,7 @@ from __future__ import annotations
 import functools
 import io
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -40,8 +47,10 @@ import numpy.typing as npt
 import torch
 from torch import nn
 
+from fedge.models.architectures import Architectures
 from fedge.party.errors import FamilyError
 from fedge.protocols.manifest import Preprocess
+from fedge.protocols.model_spec import ModelSpec
 
 ENTRY_POINT_GROUP = "fedge.model_families"
 
@@ -56,6 +65,8 @@ class Family:
     preprocess: Callable[[Mapping[str, int]], Preprocess]
     # Label-preserving flips and quarter turns (surfaces have no orientation).
     augment_symmetries: bool = False
+    architectures: Mapping[str, Mapping[str, int]] = field(default_factory=dict, hash=False)
+    """Named sizes of the family: architecture name -> the params it sets."""
 
 
 def _inspection(params: Mapping[str, int], n_classes: int) -> nn.Module:
@@ -96,12 +107,21 @@ class _Flatten(nn.Module):
 
 SHIPPED: dict[str, Family] = {
     "inspection-cnn": Family(
-        "inspection-cnn", _inspection, _inspection_preprocess, augment_symmetries=True
+        "inspection-cnn",
+        _inspection,
+        _inspection_preprocess,
+        augment_symmetries=True,
+        architectures={
+            "cnn-large": {"width": 16},
+            "cnn": {"width": 8},
+            "cnn-small": {"width": 4},
+        },
     ),
     "digits-mlp": Family(
         "digits-mlp",
         lambda params, n: _Flatten(_digits(params, n)),
         lambda params: Preprocess(image_size=8, channels=1, scale=16.0 / 255.0),
+        architectures={name: {"hidden": hidden} for hidden, name in _DIGITS_HIDDEN.items()},
     ),
 }
 
@@ -147,6 +167,59 @@ def build(name: str, params: Mapping[str, int], n_classes: int, seed: int = 0) -
             raise
         except Exception as exc:
             raise FamilyError(f"family {name!r} cannot build {dict(params)}: {exc}") from exc
+
+
+# ---------------------------------------------------------------- named sizes (tiers)
+
+
+def architecture_params(family: str, params: Mapping[str, int], arch: str) -> dict[str, int]:
+    """``params`` with architecture ``arch`` of ``family`` applied (its size params set).
+
+    A FamilyError names the family's architectures when it has no ``arch``: a station
+    answers such a round with an error, and trains nothing."""
+    named = get_family(family).architectures
+    if arch not in named:
+        known = ", ".join(sorted(named)) or "none"
+        raise FamilyError(
+            f"model family {family!r} has no architecture {arch!r} (known: {known}); "
+            "name one of them in the job's strategy.params.tier_archs"
+        )
+    return {**params, **named[arch]}
+
+
+def round_spec(spec: ModelSpec, arch: object) -> ModelSpec:
+    """The spec a round trains: ``spec`` itself, or its family at size ``arch`` (the
+    round config's ``arch``, set by a distilling job)."""
+    if arch is None:
+        return spec
+    if not isinstance(arch, str) or not arch:
+        raise FamilyError(f"config['arch'] must name an architecture, got {arch!r}")
+    return ModelSpec(
+        family=spec.family,
+        params=architecture_params(spec.family, spec.params, arch),
+        classes=spec.classes,
+        preprocess=spec.preprocess,
+    )
+
+
+def architectures(spec: ModelSpec) -> Architectures:
+    """The family of ``spec`` at each of its named sizes, for the server's distillation
+    (:class:`~fedge.models.architectures.Architectures`: inputs as ``spec`` prepares them)."""
+    family = get_family(spec.family)
+    n_classes = len(spec.classes)
+
+    def build_arch(arch: str, seed: int) -> nn.Module:
+        return build(
+            spec.family, architecture_params(spec.family, spec.params, arch), n_classes, seed
+        )
+
+    shape = (spec.preprocess.channels, spec.preprocess.image_size, spec.preprocess.image_size)
+    return Architectures(
+        names=frozenset(family.architectures),
+        build=build_arch,
+        sample_shape=shape,
+        what=f"{spec.family} architecture",
+    )
 
 
 # ---------------------------------------------------------------- weights as arrays

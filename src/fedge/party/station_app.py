@@ -13,7 +13,9 @@ agent starts the SuperNode with says where the station's data is::
 
 A train message carries the global model (``"arrays"``) and a ``"config"`` record:
 ``model-spec`` (JSON: ``family``, ``params``, ``classes``, ``preprocess``), ``lr``,
-``local-epochs``, ``batch-size``, ``proximal-mu`` (FedProx), ``server-round``. Training
+``local-epochs``, ``batch-size``, ``proximal-mu`` (FedProx), ``server-round``, and in a
+distilling job ``arch``: the named size of the family this station's tier trains
+(:func:`fedge.party.families.round_spec`; one the family lacks is an error reply). Training
 is :mod:`fedge.party.trainer`'s, the one a simulated party runs too. The reply's
 ``"metrics"``:
 
@@ -109,6 +111,7 @@ if TYPE_CHECKING:
 
 IDENTITY_KEY = "identity"
 JOB_ID_KEY = "job-id"  # the aggregator's run id: what a DP-SGD round is accounted to
+ARCH_KEY = "arch"  # a distilling job's architecture for this station (families.round_spec)
 log = logging.getLogger(__name__)
 
 
@@ -178,6 +181,9 @@ def train_round(
     # queries run this module in a fresh process too, and torch costs them ~2 s each.
     from fedge.party import families, trainer
 
+    # A distilling job names this station's tier's architecture; an unknown one is an
+    # error reply, and nothing trains.
+    spec = families.round_spec(spec, config.get(ARCH_KEY))
     family = families.get_family(spec.family)
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
@@ -351,6 +357,7 @@ def evaluate_round(
         budget = EvaluationBudget.of(PrivacyFloor())  # the default floor's evaluation rules
     from fedge.party import families, trainer  # torch: only where a network is built
 
+    spec = families.round_spec(spec, (config or ConfigRecord()).get(ARCH_KEY))
     model = families.build(spec.family, spec.params, len(spec.classes))
     families.load_state_arrays(model, {k: v.numpy() for k, v in arrays.items()})
     _, held_items = _items(station)

@@ -35,6 +35,9 @@
     [publish]                  # optional: where the final model goes
     name = "inspect"           # default: the task model's name; version = latest + 1
 
+A ``distill`` job (one architecture per tier, one model per tier: kind ``distill`` with
+``tier_archs`` and a ``[distill]`` proxy table) is :mod:`.tier_models`'s.
+
 ``[task] family = "anomaly"`` makes it an anomaly job instead (issue 28): the task
 model's feature layers are the backbone, the stations send their good parts' statistics,
 and ``[anomaly]`` says how (:mod:`fedge.aggregator.anomaly.spec`); ``[strategy]`` may be
@@ -50,7 +53,7 @@ import re
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from fedge.aggregator.anomaly.spec import (
     ANOMALY_FAMILY,
@@ -61,6 +64,12 @@ from fedge.aggregator.anomaly.spec import (
     check_anomaly_job,
     parse_anomaly,
 )
+from fedge.aggregator.fleet.tier_models import (
+    DISTILL,
+    DistillSpec,
+    parse_distill,
+    tiered_params,
+)
 from fedge.aggregator.jobs.spec import (
     CheckpointSpec,
     JobSpec,
@@ -70,7 +79,6 @@ from fedge.aggregator.jobs.spec import (
 )
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.strategies.factory import (
-    KINDS,
     StrategyConfigError,
     build_strategy,
     optimizer_as_kind,
@@ -78,9 +86,14 @@ from fedge.aggregator.strategies.factory import (
 from fedge.privacy.settings import SECAGG_MIN_PARTIES
 from fedge.toml_table import TomlTable
 
+if TYPE_CHECKING:
+    import numpy as np
+
+    from fedge.models.architectures import Architectures
+
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}:[0-9]+$")
-FLEET_KINDS = ("fedavg", "fedprox", "tiered")
+FLEET_KINDS = ("fedavg", "fedprox", "tiered", DISTILL)
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,8 @@ class FleetJobManifest:
     federation: FleetFederation
     checkpoint: CheckpointSpec
     publish_name: str
+    distill: DistillSpec | None = None
+    """``[distill]`` of a distill job (None: any other kind)."""
     text: str = field(default="", compare=False, repr=False)
     anomaly: AnomalySpec | None = None
     """``[anomaly]`` of an anomaly job (None: a classifier job)."""
@@ -178,6 +193,7 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
     fed = top.table("federation", _FEDERATION)
     checkpoint_table = top.optional_table("checkpoint", frozenset(("every", "keep")))
     publish_table = top.optional_table("publish", frozenset(("name",)))
+    distill_table = top.optional_table(DISTILL, frozenset(("proxy", "max_images")))
 
     name = job_table.text("name", non_empty=True)
     if not _NAME.match(name):
@@ -208,17 +224,11 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         raise ManifestError(f"strategy.kind: {misnamed}")
     if kind not in FLEET_KINDS:
         known = ", ".join(FLEET_KINDS)
-        hint = (
-            " (distill needs a proxy set at the server; not in fleet jobs yet)"
-            if kind in KINDS
-            else ""
-        )
-        raise ManifestError(
-            f"strategy.kind: {kind!r} cannot run a fleet job (known: {known}){hint}"
-        )
+        raise ManifestError(f"strategy.kind: {kind!r} cannot run a fleet job (known: {known})")
     params_table = None if strategy_table is None else strategy_table.optional_table("params", None)
     params = dict(params_table.items()) if params_table else {}
     take_privacy(document, params)
+    distill = parse_distill(kind, params, distill_table)
     if anomaly_job:
         check_anomaly_job(job.rounds, kind, params)
 
@@ -270,6 +280,7 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         federation=federation,
         checkpoint=checkpoint,
         publish_name=publish_name,
+        distill=distill,
         text=text,
         anomaly=parse_anomaly(anomaly_table) if anomaly_job else None,
     )
@@ -280,17 +291,32 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
     return manifest
 
 
-def validate_strategy(manifest: FleetJobManifest, parties: int) -> None:
-    """Build the strategy once, as the job will, naming the offending parameter."""
+def validate_strategy(
+    manifest: FleetJobManifest,
+    parties: int,
+    *,
+    architectures: Architectures | None = None,
+    proxy_X: np.ndarray | None = None,
+) -> None:
+    """Build the strategy once, as the job will, naming the offending parameter.
+
+    A distill job is built whole only with its stations' ``architectures`` and the proxy
+    set (known once the registry is read); without them, as the tiered strategy it rests
+    on (its own keys are checked by :func:`~.tier_models.parse_distill`)."""
     per_round = manifest.federation.per_round or parties
+    kind, params = manifest.kind, manifest.strategy_params()
+    if kind == DISTILL and (architectures is None or proxy_X is None):
+        kind, params = "tiered", {**tiered_params(params), "kind": "tiered"}
     try:
         build_strategy(
-            manifest.kind,
-            manifest.strategy_params(),
+            kind,
+            params,
             per_round=max(1, per_round),
             seed=manifest.job.seed,
             clock=ClockMode.WALL,
             rounds=manifest.job.rounds,  # central DP's epsilon is checked against them
+            proxy_X=proxy_X,
+            architectures=architectures,
         )
     except StrategyConfigError as exc:
         message = str(exc)
@@ -320,7 +346,17 @@ def _positive(table: TomlTable, key: str, default: float) -> float:
 
 
 _TOP = frozenset(
-    ("job", "task", "strategy", "federation", "checkpoint", "privacy", "publish", "anomaly")
+    (
+        "job",
+        "task",
+        "strategy",
+        "federation",
+        "checkpoint",
+        "privacy",
+        "publish",
+        "anomaly",
+        DISTILL,
+    )
 )
 _FEDERATION = frozenset(
     (

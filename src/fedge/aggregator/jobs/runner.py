@@ -91,6 +91,9 @@ class JobRounds:
     round_timeout_s: float
     max_weight: float
     """SecAgg+: at least the largest ``num-examples`` a party reports."""
+    finish: Callable[[StreamingFedAvg], None] | None = None
+    """Called with the strategy once the final model is written, before the job is marked
+    completed: what else the job leaves (a distilling fleet job: each tier's model)."""
 
 
 @dataclass(frozen=True)
@@ -170,6 +173,8 @@ def _train(run: JobRun, job: JobRounds, checkpoint: Checkpoint | None, progress:
         raise _Halted()
     if first_round > run.rounds:  # killed after its last checkpoint, before completing
         save_arrays(run.job_dir / FINAL_MODEL, arrays_of(arrays))
+        if job.finish is not None:
+            job.finish(strategy)
         return
 
     store, run_id = run.store, run.run_id
@@ -216,6 +221,8 @@ def _train(run: JobRun, job: JobRounds, checkpoint: Checkpoint | None, progress:
             max_weight=job.max_weight,
         )
     save_arrays(run.job_dir / FINAL_MODEL, arrays_of(result.arrays))
+    if job.finish is not None:
+        job.finish(strategy)
 
 
 class _Progress:

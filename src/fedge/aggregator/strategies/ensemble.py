@@ -24,6 +24,7 @@ from flwr.app import ArrayRecord
 from torch import nn
 
 from fedge.models import digits
+from fedge.models.architectures import DIGITS, Architectures
 from fedge.models.distill import ProxyError, check_proxy, distillation_loss, teacher_logits
 from fedge.models.distill import distill as train_student
 
@@ -46,9 +47,12 @@ class DistillSettings:
             raise ValueError(f"distill_batch_size must be >= 1, got {self.batch_size}")
 
 
-def validate_proxy(proxy_X: object, n_features: int = digits.N_FEATURES) -> npt.NDArray[np.float32]:
-    """The proxy set as a float32 ``[n, n_features]`` copy; :class:`ProxyError` naming the flaw."""
-    check_proxy(proxy_X, n_features)
+def validate_proxy(
+    proxy_X: object, sample_shape: tuple[int, ...] = DIGITS.sample_shape
+) -> npt.NDArray[np.float32]:
+    """The proxy set as a float32 ``[n, *sample_shape]`` copy; :class:`ProxyError` naming
+    the flaw."""
+    check_proxy(proxy_X, sample_shape)
     assert isinstance(proxy_X, np.ndarray)
     return np.array(proxy_X, dtype=np.float32, order="C", copy=True)  # writable, ours
 
@@ -69,18 +73,22 @@ def distill_into_each(
     *,
     teachers: Iterable[str] | None = None,
     seed: int = 0,
+    architectures: Architectures = DIGITS,
 ) -> tuple[dict[str, ArrayRecord], dict[str, tuple[float, float]]]:
     """Distil the ensemble of ``teachers`` (default: all) into every architecture.
 
-    ``models`` maps an architecture name (:data:`fedge.models.digits.ARCHITECTURES`) to its
-    weights. Returns the distilled weights and, per architecture, the loss before and after.
+    ``models`` maps an architecture name (one of ``architectures``, by default the digits
+    MLPs) to its weights. Returns the distilled weights and, per architecture, the loss
+    before and after.
     """
     names = list(models)
     wanted = set(names if teachers is None else teachers)
     if not wanted & set(names):
         raise ValueError("no teacher among the models")
     X = torch.tensor(proxy_X, dtype=torch.float32)
-    built = {name: _built(name, models[name], seed + i) for i, name in enumerate(names)}
+    built = {
+        name: _built(architectures, name, models[name], seed + i) for i, name in enumerate(names)
+    }
     # The teacher is the ensemble BEFORE this round's distillation: frozen copies, so
     # distilling one architecture does not move the target of the next.
     members = [copy.deepcopy(built[name]) for name in names if name in wanted]
@@ -100,14 +108,15 @@ def distill_into_each(
                 batch_size=settings.batch_size,
                 temperature=settings.temperature,
                 seed=seed * 31 + index,
+                input_shape=architectures.sample_shape,
             )
         losses[name] = (before, divergence(student, target, X, settings.temperature))
         out[name] = digits.to_arrays(student)
     return out, losses
 
 
-def _built(arch: str, arrays: ArrayRecord, seed: int) -> nn.Module:
-    model = digits.make_model(arch, seed=seed)
+def _built(architectures: Architectures, arch: str, arrays: ArrayRecord, seed: int) -> nn.Module:
+    model = architectures.build(arch, seed)
     digits.load_arrays(model, arrays)
     return model.to("cpu")
 

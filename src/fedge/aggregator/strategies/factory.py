@@ -25,6 +25,8 @@ from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 if TYPE_CHECKING:
     import numpy as np
 
+    from fedge.models.architectures import Architectures
+
 # distill also needs the server's unlabeled proxy set (``proxy_X``): the simulator and jobs
 # pass their scenario's proxy split.
 KINDS = ("fedavg", "fedprox", "tiered", "distill")
@@ -113,10 +115,12 @@ def build_strategy(
     clock: ClockMode,
     proxy_X: "np.ndarray | None" = None,
     rounds: int | None = None,
+    architectures: "Architectures | None" = None,
 ) -> tuple[StreamingFedAvg, dict[str, float | str]]:
     """The strategy and the extra train config it needs (e.g. FedProx's mu, the arch).
 
-    ``proxy_X`` is the server's unlabeled proxy set; kind ``distill`` needs it. When the
+    ``proxy_X`` is the server's unlabeled proxy set; kind ``distill`` needs it, and takes
+    its tiers' architectures from ``architectures`` (default: the digits MLPs). When the
     train config carries ``"arch"``, the initial and evaluated model must be that arch.
     ``rounds``, when known (a job manifest), refuses central DP whose rounds would cost
     more than its ``privacy.epsilon``; ``start_rounds`` checks it again before training.
@@ -182,6 +186,7 @@ def build_strategy(
                 raise ValueError("distill needs the server's unlabeled proxy set (proxy_X)")
             # The training stack (torch) is imported only for this kind.
             from fedge.aggregator.strategies.feddf import DistillingTieredFedAvg
+            from fedge.models.architectures import DIGITS
 
             distilling = DistillingTieredFedAvg(
                 per_round=per_round,
@@ -189,6 +194,7 @@ def build_strategy(
                 clock=clock,
                 deadline=deadline,
                 proxy_X=proxy_X,
+                architectures=DIGITS if architectures is None else architectures,
                 **values,
             )
             train_config["arch"] = distilling.evaluation_arch

@@ -4,7 +4,10 @@ FedDF (Lin et al., NeurIPS 2020; ../shared/research/fl-algorithms.md section 5.1
 models of different architectures by distilling their ensemble on unlabeled server-side
 data. Here the architecture follows the device: a job gives each TIER an architecture
 (``tier_archs``, fastest tier first), so slow parties train a small model and fast parties
-a large one. The strategy keeps one global model per architecture. A round:
+a large one. The strategy keeps one global model per architecture. Which architectures
+exist is the caller's catalogue (:class:`~fedge.models.architectures.Architectures`): the
+digits MLPs in the simulator, a registry model's family at several sizes on a fleet
+(:mod:`fedge.aggregator.fleet.tier_models`), the same code either way. A round:
 
 1. TiFL picks a tier (:class:`~fedge.aggregator.strategies.tiered.TieredFedAvg`); before tiers exist
    (the profiling rounds) every party gets the largest architecture. Each party receives
@@ -36,7 +39,10 @@ from fedge.aggregator.rounds.fold import StreamingMean
 from fedge.aggregator.rounds.replies import arrays_of, serialise, to_array_record
 from fedge.aggregator.strategies import ensemble
 from fedge.aggregator.strategies.tiered import TieredFedAvg
+from fedge.aggregator.tiers.architectures import architecture_of
+from fedge.aggregator.tiers.groups import Tiers
 from fedge.models import digits
+from fedge.models.architectures import DIGITS, Architectures
 
 DEFAULT_TIER_ARCHS = ("mlp-large", "mlp-large", "mlp", "mlp-small", "mlp-small")
 
@@ -51,6 +57,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
         distill_epochs: int = 5,
         distill_lr: float = 1e-3,
         distill_batch_size: int = 32,
+        architectures: Architectures = DIGITS,
         **kwargs: Any,
     ) -> None:
         if kwargs.get("server_opt") is not None:
@@ -68,16 +75,14 @@ class DistillingTieredFedAvg(TieredFedAvg):
             raise ValueError("tier_archs must name one architecture per tier, got none")
         if not all(isinstance(a, str) for a in archs):
             raise ValueError(f"tier_archs must be architecture names, got {list(archs)}")
-        unknown = sorted(set(archs) - set(digits.ARCHITECTURES))
-        if unknown:
-            known = ", ".join(sorted(digits.ARCHITECTURES))
-            raise ValueError(f"tier_archs: unknown architecture(s) {unknown} (known: {known})")
+        architectures.check(archs)
         if len(archs) != self.n_tiers:
             raise ValueError(
                 f"tier_archs needs one architecture per tier: {self.n_tiers} tiers, "
                 f"{len(archs)} architectures"
             )
-        self.proxy_X = ensemble.validate_proxy(proxy_X)
+        self.architectures = architectures
+        self.proxy_X = ensemble.validate_proxy(proxy_X, architectures.sample_shape)
         self.distill_settings = ensemble.DistillSettings(
             temperature=temperature,
             epochs=distill_epochs,
@@ -85,7 +90,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
             batch_size=distill_batch_size,
         )
         self.tier_archs = archs
-        sizes = {a: digits.count_parameters(digits.make_model(a)) for a in set(archs)}
+        sizes = {a: architectures.parameters(a) for a in set(archs)}
         self.evaluation_arch = max(archs, key=lambda a: sizes[a])
         """The largest architecture: the model returned as the global one."""
         self.models: dict[str, ArrayRecord] = {}
@@ -97,19 +102,20 @@ class DistillingTieredFedAvg(TieredFedAvg):
 
     def arch_of(self, node: int, server_round: int) -> str:
         """The architecture ``node`` trains in ``server_round`` (its tier's)."""
-        if server_round <= self.profiling_rounds or self.tiers is None:
-            return self.evaluation_arch
-        tier = self.tiers.tier_of(node)
-        if tier is None:
-            # Dropouts are the slowest parties; anyone else unknown gets the largest.
-            return self.tier_archs[-1] if node in self.tiers.dropouts else self.evaluation_arch
-        # A re-tiering may form fewer tiers than configured: map proportionally.
-        return self.tier_archs[tier * len(self.tier_archs) // self.tiers.n_tiers]
+        tiers = None if server_round <= self.profiling_rounds else self.tiers
+        return architecture_of(node, tiers, self.tier_archs, self.evaluation_arch)
+
+    def final_tiers(self) -> Tiers | None:
+        """The tiers the next round would use: formed from the profiles when the job
+        ended before tiering (as many rounds as profiling ones), else the current ones."""
+        if self.tiers is None and self.profiles:
+            self._form_tiers()
+        return self.tiers
 
     def _ensure_models(self, arrays: ArrayRecord) -> None:
         if self.models:
             return
-        probe = digits.make_model(self.evaluation_arch)
+        probe = self.architectures.build(self.evaluation_arch, 0)
         try:
             digits.load_arrays(probe, arrays)
         except digits.ModelError as exc:
@@ -119,7 +125,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
             ) from None
         self.models[self.evaluation_arch] = arrays
         for index, arch in enumerate(sorted(set(self.tier_archs) - {self.evaluation_arch})):
-            model = digits.make_model(arch, seed=self.seed + 1 + index)
+            model = self.architectures.build(arch, self.seed + 1 + index)
             self.models[arch] = digits.to_arrays(model)
 
     def _messages(
@@ -176,6 +182,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
                 self.distill_settings,
                 teachers=self.trained,
                 seed=self.seed * 100_003 + server_round,
+                architectures=self.architectures,
             )
             for arch, (before, after) in self.distill_losses.items():
                 metrics[f"distill-kl-before/{arch}"] = before
@@ -207,7 +214,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
         models = {arch: to_array_record(values) for arch, values in arrays.items()}
         for arch, record in models.items():
             try:
-                digits.load_arrays(digits.make_model(arch), record)
+                digits.load_arrays(self.architectures.build(arch, 0), record)
             except digits.ModelError as exc:
                 raise ValueError(f"checkpoint's {arch} model: {exc}") from None
         self.models = models
