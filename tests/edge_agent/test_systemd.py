@@ -155,7 +155,9 @@ def test_install_service_prints_the_unit_with_out_dash(tmp_path: Path) -> None:
     )
     assert result.exit_code == 0, result.output
     fedge = Path(sys.executable).parent / "fedge"
-    assert result.output == UNIT.replace(
+    # The config is under pytest's /tmp: a warning on stderr, the unit alone on stdout.
+    assert result.stderr.startswith(f"warning: config {config} is under /tmp")
+    assert result.stdout == UNIT.replace(
         "ExecStart=/opt/fedge/bin/fedge agent run --config /etc/fedge/agent.toml",
         f"ExecStart={fedge} agent run --config {config}",
     )
@@ -176,7 +178,9 @@ def test_install_service_writes_the_unit_and_says_how_to_enable_it(
     unit = written.read_text()
     assert f"--config {config}\n" in unit, "the config path is made absolute"
     assert f"ReadWritePaths={data_dir}\n" in unit
-    assert result.output.splitlines() == [
+    warned = [line.split(" ")[1] for line in result.stderr.splitlines()]
+    assert warned == ["config", "data_dir"]
+    assert result.stdout.splitlines() == [
         f"wrote {written}",
         "then, as root:",
         f"  install -d -o fedge {data_dir}",

@@ -5,12 +5,23 @@ import shutil
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
+from rich.table import Table
 
-from fedge.cli.common import console, friendly_errors, print_json, setup_logging
+from fedge.cli.common import (
+    console,
+    err_console,
+    fitted_table,
+    friendly_errors,
+    print_json,
+    setup_logging,
+    when,
+)
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.config.privacy_budget import read_floor, set_local_floor
 from fedge.edge_agent.errors import AgentError
@@ -20,7 +31,15 @@ from fedge.edge_agent.inference.local_api import add_label, bind_local_api, star
 from fedge.edge_agent.inference.watcher import watch
 from fedge.edge_agent.lock import lock_data_dir
 from fedge.edge_agent.settings import load_settings
-from fedge.edge_agent.systemd import UNIT_DIR, Notifier, render_unit, service_for
+from fedge.edge_agent.status.read import read_status
+from fedge.edge_agent.status.view import StationStatus, threshold_text
+from fedge.edge_agent.systemd import (
+    UNIT_DIR,
+    Notifier,
+    hidden_by_private_tmp,
+    render_unit,
+    service_for,
+)
 from fedge.edge_agent.viewing.server import bind_image_server
 from fedge.privacy.floor import PrivacyFloor, default_floor
 from fedge.privacy.settings import PrivacyError
@@ -190,6 +209,81 @@ def privacy_floor(
 
 @app.command()
 @friendly_errors
+def status(
+    config: ConfigOption,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+) -> None:
+    """What this station serves, the thresholds it decides with, its counts, its outbox
+    backlog and its last contact: from the running agent's local API, else from its
+    agent.db read-only (the first line says which).
+
+    Example: fedge agent status --config /etc/fedge/agent.toml
+    """
+    station = read_status(load_settings(config))
+    if as_json:
+        print_json(station.to_plain())
+        return
+    console.print(f"read from {station.source}", highlight=False, markup=False, soft_wrap=True)
+    console.print(_status_table(station))
+
+
+def _status_table(station: StationStatus) -> Table:
+    counts = station.counts
+    table = fitted_table("", "")
+    table.show_header = False
+    serving = station.serving or "nothing yet"
+    if counts.deployment:
+        serving += f" (deployment {counts.deployment})"
+    if station.execution_provider:
+        serving += f" on {station.execution_provider}"
+    rate = station.reject_rate
+    now = time.time()
+    if station.broker_connected is None:
+        broker = "unknown (the agent is not running)"
+    else:
+        broker = "connected" if station.broker_connected else "not connected"
+        if station.via_grpc:
+            broker += "; reporting over gRPC"
+    acknowledged = counts.last_acknowledged_at
+    oldest = counts.oldest_unsent_at
+    rows = (
+        ("edge", station.edge),
+        ("serving", serving),
+        ("config", f"v{station.config_version}" if station.config_version else "none applied"),
+        ("thresholds", threshold_text(station.thresholds)),
+        ("predictions", f"{counts.predictions} held on the station"),
+        ("rejects", f"{counts.rejects}" + ("" if rate is None else f" ({rate:.1%})")),
+        ("labels", str(counts.labels)),
+        (
+            "outbox",
+            f"{counts.pending_records} record(s) to seal, {counts.outbox_batches} batch(es) "
+            "unacknowledged"
+            + ("" if oldest is None else f"; oldest from {when(oldest)} ({_ago(now, oldest)})"),
+        ),
+        ("broker", broker),
+        (
+            "last acknowledged",
+            "never"
+            if acknowledged is None
+            else f"{when(acknowledged)} ({_ago(now, acknowledged)})",
+        ),
+    )
+    for name, value in rows:
+        table.add_row(name, escape(value))
+    return table
+
+
+def _ago(now: float, at: float) -> str:
+    seconds = max(0.0, now - at)
+    if seconds < 120:
+        return f"{seconds:.0f} s ago"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min ago"
+    return f"{seconds / 3600:.1f} h ago"
+
+
+@app.command()
+@friendly_errors
 def label(
     prediction_id: str,
     label_value: Annotated[str, typer.Argument(metavar="LABEL")],
@@ -257,6 +351,14 @@ def install_service(
     settings = load_settings(config)
     service = service_for(settings, config, _fedge_executable(), user)
     unit = render_unit(service)
+    for key, path in hidden_by_private_tmp(settings, config):
+        err_console.print(
+            f"[yellow]warning:[/yellow] {key} {path} is under /tmp or /var/tmp: the unit "
+            "runs with PrivateTmp=yes, so the service sees its own empty /tmp there, not "
+            "this path; move it (e.g. under /var/lib/fedge) before enabling the unit",
+            highlight=False,
+            soft_wrap=True,
+        )
     if out == Path("-"):
         typer.echo(unit, nl=False)
         return

@@ -8,6 +8,7 @@ directory (``--dir``), so any command can follow up on a job another one started
 
 import json
 import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -247,7 +248,12 @@ def _evaluation_table(run_id: str, rows: list[dict[str, Any]]) -> Table:
 
 @contextmanager
 def _progress_bar(title: str) -> "Iterator[ProgressFn]":
-    """A per-round progress bar, shown from the job's first report (not on early errors)."""
+    """A per-round progress bar, shown from the job's first report (not on early errors);
+    one line per round instead when stdout is not a terminal (a log, a pipe: issue 27,
+    a bar redirected printed nothing until the job ended)."""
+    if not console.is_terminal:
+        yield _round_lines(title)
+        return
     columns = (
         TextColumn("[bold]{task.description}"),
         BarColumn(),
@@ -269,6 +275,26 @@ def _progress_bar(title: str) -> "Iterator[ProgressFn]":
     finally:
         if bar.live.is_started:
             bar.stop()
+
+
+def _round_lines(title: str) -> "ProgressFn":
+    """One flushed line per finished round: ``training: round 3/10 done, accuracy 0.8123,
+    12.4 s`` (a job's first report, before any round, prints nothing)."""
+    started = time.monotonic()
+    printed = -1
+
+    def update(done: int, total: int, accuracy: float | None) -> None:
+        nonlocal printed
+        if done == printed or (done == 0 and printed < 0):
+            printed = done
+            return
+        printed = done
+        shown = "-" if accuracy is None else f"{accuracy:.4f}"
+        elapsed = time.monotonic() - started
+        line = f"{title}: round {done}/{total} done, accuracy {shown}, {elapsed:.1f} s"
+        print(line, flush=True)
+
+    return update
 
 
 def _report(result: "JobResult") -> None:

@@ -19,6 +19,11 @@ from fedge.cli.common import (
     when,
     write_secret_file,
 )
+from fedge.console.deciding import deciding
+from fedge.console.queries import config_at
+from fedge.console.views import manifest_of
+from fedge.edge_manager.fleet.edge_store import EdgeSummary
+from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.fleet.views import ThresholdsSource
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.security.enrollment import enroll as enroll_edge
@@ -426,13 +431,21 @@ def list_edges(
     """
     _, fleet = open_fleet(home)
     warn_if_not_serving(home, "the states shown are the last ones reported")
+    rows = [(row, _deciding(fleet, row)) for row in fleet.list()]
     if as_json:
-        print_json([asdict(summary) for summary in fleet.list()])
+        print_json([{**asdict(row), "threshold": threshold} for row, threshold in rows])
         return
     table = fitted_table(
-        "edge", "state", "session", "last seen", "serving", "config (desired/applied)", "deploy"
+        "edge",
+        "state",
+        "session",
+        "last seen",
+        "serving",
+        "config (desired/applied)",
+        "threshold",
+        "deploy",
     )
-    for row in fleet.list():
+    for row, threshold in rows:
         table.add_row(
             row.edge,
             row.state,
@@ -440,6 +453,19 @@ def list_edges(
             _when(row.last_seen),
             row.serving or "-",
             f"v{row.config_desired}/v{row.config_applied}",
+            escape(threshold),
             escape(row.deploy_stage or "-"),
         )
     console.print(table)
+
+
+def _deciding(fleet: Fleet, row: EdgeSummary) -> str:
+    """The threshold that decides at ``row``'s station, as the console's fleet table
+    shows it (console/deciding.py: the agent's own rule over the config it applied and
+    the model it serves), each per-class threshold that overrides the default named;
+    "?" when the applied config is no longer held."""
+    in_force = config_at(fleet, row.edge, row.config_applied)
+    if in_force is None:
+        return "?"
+    config = None if row.config_applied == 0 else in_force
+    return deciding(config, manifest_of(fleet, row.serving)).text()

@@ -13,6 +13,7 @@ only when the broker acknowledged it.
 import json
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -328,8 +329,17 @@ class LocalStore:
         return [e for e in entries if e.id not in exclude][:limit]
 
     def acknowledge(self, entry_id: int) -> None:
+        """Forget an acknowledged batch and note when: the station's last contact with
+        the far side that survives a restart (``fedge agent status``, issue 27), in the
+        same commit."""
+        with self._transaction() as conn:
+            conn.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
+            conn.execute(_PUT, (LAST_ACKNOWLEDGED, repr(time.time())))
+
+    def facts(self) -> "StoreFacts":
+        """What ``fedge agent status`` shows from this file (see :func:`read_facts`)."""
         with self._lock:
-            self._conn.execute("DELETE FROM outbox WHERE id=?", (entry_id,))
+            return _facts(self._conn)
 
     def prune(self, before: float, limit: int = 5000) -> int:
         """Forget the predictions and labels recorded before ``before``; return how many.
@@ -360,15 +370,7 @@ class LocalStore:
         """When the oldest record the manager has not acknowledged was made (None: all
         sent): the first outbox batch's first record, else the first pending record."""
         with self._lock:
-            row = self._conn.execute(
-                "SELECT json_extract(CAST(payload AS TEXT), '$.records[0].at') FROM outbox "
-                "ORDER BY id LIMIT 1"
-            ).fetchone()
-            if row is None:
-                row = self._conn.execute(
-                    "SELECT json_extract(record, '$.at') FROM pending ORDER BY id LIMIT 1"
-                ).fetchone()
-        return None if row is None or row[0] is None else float(row[0])
+            return _oldest_unsent(self._conn)
 
 
 # -- the file read from outside the agent (a benchmark checking what a station holds)
@@ -413,3 +415,74 @@ def read_records(path: Path) -> LocalRecords:
     return LocalRecords(
         {str(p): str(s) for p, s in predictions}, frozenset(str(r[0]) for r in labels)
     )
+
+
+# -- what `fedge agent status` shows (issue 27, item 7): from the running agent (its local
+# API calls LocalStore.facts) or from the file alone, read-only, when it is not running.
+
+LAST_ACKNOWLEDGED = "last_acknowledged_at"
+_PUT = (
+    "INSERT INTO kv (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value=excluded.value"
+)
+
+
+def _oldest_unsent(conn: sqlite3.Connection) -> float | None:
+    row = conn.execute(
+        "SELECT json_extract(CAST(payload AS TEXT), '$.records[0].at') FROM outbox "
+        "ORDER BY id LIMIT 1"
+    ).fetchone()
+    if row is None:
+        row = conn.execute(
+            "SELECT json_extract(record, '$.at') FROM pending ORDER BY id LIMIT 1"
+        ).fetchone()
+    return None if row is None or row[0] is None else float(row[0])
+
+
+@dataclass(frozen=True)
+class StoreFacts:
+    """The station's counts and pointers as its file holds them. Predictions and labels
+    are those still indexed (retention prunes them); ``None`` times: never / nothing."""
+
+    predictions: int
+    rejects: int
+    labels: int
+    pending_records: int
+    outbox_batches: int
+    oldest_unsent_at: float | None
+    last_acknowledged_at: float | None
+    active_model: str | None  # the active-model pointer (deploy/restore.py's JSON)
+    applied_config: str | None  # the config in force (encoded EdgeConfig)
+
+
+def _facts(conn: sqlite3.Connection) -> StoreFacts:
+    def count(sql: str) -> int:
+        return int(conn.execute(sql).fetchone()[0])
+
+    def value(key: str) -> str | None:
+        row = conn.execute("SELECT value FROM kv WHERE key=?", (key,)).fetchone()
+        return None if row is None else str(row[0])
+
+    acknowledged = value(LAST_ACKNOWLEDGED)
+    return StoreFacts(
+        predictions=count("SELECT count(*) FROM predictions"),
+        rejects=count("SELECT count(*) FROM predictions WHERE decision='reject'"),
+        labels=count("SELECT count(*) FROM labels"),
+        pending_records=count("SELECT count(*) FROM pending"),
+        outbox_batches=count("SELECT count(*) FROM outbox"),
+        oldest_unsent_at=_oldest_unsent(conn),
+        last_acknowledged_at=None if acknowledged is None else float(acknowledged),
+        active_model=value("active_model"),
+        applied_config=value("applied_config"),
+    )
+
+
+def read_facts(path: Path) -> StoreFacts:
+    """:class:`StoreFacts` of the agent file at ``path``, read-only (the agent may be
+    running, or not: WAL lets a reader in either way, and nothing is written)."""
+    if not path.is_file():
+        raise AgentError(f"no agent file at {path}: has this agent run with this data_dir yet?")
+    try:
+        with _read_only(path) as conn:
+            return _facts(conn)
+    except sqlite3.Error as exc:
+        raise AgentError(f"cannot read {path}: {exc}; is it an agent's agent.db?") from None

@@ -70,6 +70,29 @@ def service_for(
     return AgentService(settings.edge, executable, config, tuple(writable), user)
 
 
+# What PrivateTmp=yes replaces with a directory of the service's own: whatever the config
+# names under these is invisible to the agent run by the unit (issue 27, item 7).
+PRIVATE_TMP = (Path("/tmp"), Path("/var/tmp"))
+
+
+def hidden_by_private_tmp(settings: AgentSettings, config: Path) -> list[tuple[str, Path]]:
+    """The config's paths (by their agent.toml key; ``config`` itself as "config") that
+    the service will not see, because PrivateTmp=yes gives it its own /tmp and /var/tmp."""
+    named: list[tuple[str, Path | None]] = [
+        ("config", config),
+        ("data_dir", settings.data_dir),
+        ("watch_dir", settings.watch_dir),
+        ("ca_file", settings.ca_file),
+        ("cert_file", settings.cert_file),
+        ("key_file", settings.key_file),
+    ]
+    return [
+        (key, path)
+        for key, path in named
+        if path is not None and any(path.absolute().is_relative_to(tmp) for tmp in PRIVATE_TMP)
+    ]
+
+
 def render_unit(service: AgentService) -> str:
     """The systemd unit file for ``service``."""
     for path in (service.executable, service.config, *service.writable):

@@ -2,8 +2,9 @@
 
     POST /v1/score   body: image bytes (PNG/JPEG/BMP)   -> the prediction record (JSON)
     POST /v1/labels  {"prediction_id", "label", "who"}   -> {"label_id"}
-    GET  /v1/status                                      -> agent status, and whether
-                                                            torch / flwr are loaded
+    GET  /v1/status                                      -> agent status, its counts,
+                                                            and whether torch / flwr
+                                                            are loaded
     GET  /metrics, /healthz, /readyz                     -> Prometheus metrics, alive,
                                                             ready (issue 27)
 
@@ -17,6 +18,7 @@ import sys
 import threading
 import time
 import uuid
+from dataclasses import asdict
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -24,6 +26,7 @@ from typing import Any
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import AgentError, NotServingError, StorageError
 from fedge.edge_agent.inference.images import MAX_IMAGE_BYTES
+from fedge.edge_agent.status.view import counts_of
 from fedge.protocols import codec, validate
 from fedge.protocols.errors import ProtocolError
 from fedge.transport.metrics import probe_reply
@@ -92,9 +95,11 @@ class _Handler(BaseHTTPRequestHandler):
             self.end_headers()
             self.wfile.write(probe.body)
         elif self.path == "/v1/status":
-            self._reply(
-                HTTPStatus.OK, {**self.agent.status(), "imported": training_stack_imported()}
-            )
+            # The counts `fedge agent status` shows (issue 27): from the file, as they
+            # would be read with the agent stopped.
+            counts = asdict(counts_of(self.agent.store.facts()))
+            status = {**self.agent.status(), "counts": counts}
+            self._reply(HTTPStatus.OK, {**status, "imported": training_stack_imported()})
         else:
             self._reply(HTTPStatus.NOT_FOUND, {"error": f"no route {self.path}"})
 
