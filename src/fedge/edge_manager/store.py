@@ -276,6 +276,12 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("evaluation_reports", "dropped_reason", "TEXT NOT NULL DEFAULT ''"),
     # Where the station serves its images to the manager (its birth's images_at, issue 30).
     ("edges", "images_at", "TEXT NOT NULL DEFAULT ''"),
+    # Per monitor window, what the console draws over time (issue 27, item 8): the
+    # window's rejected predictions, and the input and score drift (the largest PSI,
+    # monitoring/drift.py) judged on it; NULL where the monitor did not judge drift.
+    ("estimates", "rejects", "INTEGER"),
+    ("estimates", "input_drift", "REAL"),
+    ("estimates", "score_drift", "REAL"),
 )
 
 
@@ -317,6 +323,11 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
     schema_store.Migration(6, "the job queue (issue 31)", schema_store.script(JOBS_SCHEMA)),
     schema_store.Migration(
         7, "edges.images_at: where a station serves its images (issue 30)", _columns("images_at")
+    ),
+    schema_store.Migration(
+        8,
+        "estimates.rejects, input_drift, score_drift: trends per window (issue 27)",
+        _columns("rejects", "input_drift", "score_drift"),
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -445,3 +445,22 @@ def test_one_edges_bad_rows_do_not_stop_the_others_being_watched(
     events = monitor.tick(2000.0)
     assert [(e.edge, e.condition) for e in events] == [(EDGE, AlertKind.INPUT_DRIFT)]
     assert [r.edge for r in alert_store.list_estimates(store)] == [EDGE]
+
+
+def test_each_window_records_its_rejects_and_drift_for_the_trends(
+    store: Store, monitor: Monitor
+) -> None:
+    camera = Camera(store)
+    camera.evaluate(WINDOW)
+    camera.shoot(WINDOW)
+    store.conn.execute("UPDATE predictions SET decision='reject' WHERE seq % 4 = 0")
+    monitor.tick(2000.0)
+    camera.shoot(WINDOW, brightness=0.75)
+    monitor.tick(2001.0)
+    bright, normal = alert_store.list_estimates(store)  # newest first
+    assert (normal.rejects, bright.rejects) == (WINDOW // 4, 0)
+    # The largest PSI of the window's image statistics: sampling noise in distribution
+    # (about 0.3 here, under the drift test's KS half), far above it under a brighter lamp.
+    assert normal.input_drift is not None and bright.input_drift is not None
+    assert bright.input_drift > 10 * normal.input_drift
+    assert normal.score_drift is not None and bright.score_drift is not None

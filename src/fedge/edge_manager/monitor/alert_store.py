@@ -202,7 +202,8 @@ def list_estimates(
             params.append(value)
     sql = (
         "SELECT edge, model, window_start, window_end, n, mpp, calibration, labelled, "
-        "true_accuracy FROM estimates" + (" WHERE " + " AND ".join(where) if where else "")
+        "true_accuracy, rejects, input_drift, score_drift FROM estimates"
+        + (" WHERE " + " AND ".join(where) if where else "")
     )
     sql += " ORDER BY window_end DESC LIMIT ?"
     return [StoredEstimate(**row) for row in store.query(sql, (*params, max(1, limit)))]
@@ -264,7 +265,8 @@ def last_estimate_end(store: Store, edge: str, model: str) -> float:
 def write_estimate(conn: sqlite3.Connection, edge: str, model: str, result: Estimate) -> None:
     conn.execute(
         "INSERT OR REPLACE INTO estimates (edge, model, window_start, window_end, n, mpp, "
-        "calibration, labelled, true_accuracy) VALUES (?,?,?,?,?,?,?,?,?)",
+        "calibration, labelled, true_accuracy, rejects, input_drift, score_drift) "
+        "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
         (
             edge,
             model,
@@ -275,6 +277,9 @@ def write_estimate(conn: sqlite3.Connection, edge: str, model: str, result: Esti
             result.calibration,
             result.labelled,
             result.true_accuracy,
+            result.rejects,
+            result.input_drift,
+            result.score_drift,
         ),
     )
 

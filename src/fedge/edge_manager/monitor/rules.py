@@ -90,6 +90,12 @@ class Estimate:
     calibration: float | None
     labelled: int
     true_accuracy: float | None
+    # What the console draws per window (issue 27, item 8): the window's rejected
+    # predictions and the drift judged on it (the largest PSI; None: not judged).
+    # Keyword-only, so StoredEstimate's own fields may follow without defaults.
+    rejects: int | None = field(default=None, kw_only=True)
+    input_drift: float | None = field(default=None, kw_only=True)
+    score_drift: float | None = field(default=None, kw_only=True)
 
 
 @dataclass(frozen=True)

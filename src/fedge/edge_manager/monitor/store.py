@@ -24,6 +24,7 @@ class WindowRecord:
     at: float
     label: str | None  # the manager's current label, if any
     rid: int = 0
+    decision: str = ""  # a prediction's "accept" / "reject" ('' : an evaluation row)
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,7 @@ class StoredPredictor:
     n_rows: int  # the evaluation rows it was fitted on
 
 
-_COLUMNS = "p.rowid AS rid, p.at, p.scores, p.stats, l.label"
+_COLUMNS = "p.rowid AS rid, p.at, p.scores, p.stats, p.decision, l.label"
 # The edge's newest rows through predictions_edge (edge, rowid), a bounded walk: no
 # predictions index on (edge, model), which every ingested row would have to update.
 _NEWEST_SQL = (
@@ -193,4 +194,5 @@ def _record(row: dict[str, Any]) -> WindowRecord:
         at=float(row["at"]),
         label=None if label is None else str(label),
         rid=int(row.get("rid") or 0),
+        decision=str(row.get("decision") or ""),
     )

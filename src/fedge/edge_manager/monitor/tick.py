@@ -210,16 +210,24 @@ class Monitor:
             for row, record_ in zip(current, oldest_first, strict=True)
             if record_.rid > reference.last_rowid
         ]
+        drift = drift_findings(
+            reference.columns,
+            drift_current,
+            self.policy.drift,
+            reference_source=reference.source,
+        )
+        # The window's trend figures beside its estimate (the console draws them).
+        result = replace(
+            result,
+            rejects=sum(r.decision == "reject" for r in newest),
+            input_drift=_judged(drift, AlertKind.INPUT_DRIFT),
+            score_drift=_judged(drift, AlertKind.SCORE_DRIFT),
+        )
         findings = [
             *self._off_delayed(
                 edge,
                 model,
-                drift_findings(
-                    reference.columns,
-                    drift_current,
-                    self.policy.drift,
-                    reference_source=reference.source,
-                ),
+                drift,
                 [r.rid for r in newest],
             ),
             accuracy_finding(
@@ -307,3 +315,11 @@ class Monitor:
         for alert in unserved:
             events += self._clear(conn, Clear(alert.alert_id, alert.kind, None), now)
         return events
+
+
+def _judged(findings: list[Finding], kind: AlertKind) -> float | None:
+    """The drift value (largest PSI) of ``kind`` among ``findings``; None: not judged."""
+    for finding in findings:
+        if finding.kind is kind and finding.holds is not None:
+            return finding.value
+    return None
