@@ -12,6 +12,9 @@ def console(
     ] = 1000,
     samples: Annotated[int, typer.Option(help="Fleet page requests timed.", min=5)] = 50,
     changes: Annotated[int, typer.Option(help="Threshold changes timed to the page.", min=1)] = 30,
+    labels: Annotated[
+        int, typer.Option(help="Labels given by keyboard in Chromium, timed (issue 30).", min=5)
+    ] = 20,
     json_path: Annotated[
         Path | None, typer.Option("--json", help="Also write the result to this file.")
     ] = None,
@@ -20,7 +23,8 @@ def console(
         typer.Option(help="Also save a PNG of the fleet page (headless Chromium), e.g. for docs."),
     ] = None,
 ) -> None:
-    """The console's fleet page at fleet scale, and how soon an applied threshold shows.
+    """The console's fleet page at fleet scale, how soon an applied threshold shows, and
+    labelling with a station's images (label until the next image shows; image view).
 
     Example: fedge bench console --edges 1000 --json out.json
     """
@@ -31,6 +35,6 @@ def console(
         "console",
         json_path,
         lambda progress: run_console_bench(
-            edges, samples, changes, progress=progress, screenshot=screenshot
+            edges, samples, changes, progress=progress, screenshot=screenshot, labels=labels
         ),
     )

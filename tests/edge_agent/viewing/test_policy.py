@@ -12,7 +12,7 @@ ON = ImageFacts(caller=Role.MANAGER, viewing_on=True, known=True, kept_bytes=123
 
 
 def facts(**change: object) -> ImageFacts:
-    return ImageFacts(**{**ON.__dict__, **change})  # type: ignore[arg-type]
+    return ImageFacts(**{**ON.__dict__, **change})
 
 
 def test_the_manager_gets_a_kept_image_while_the_policy_is_on() -> None:

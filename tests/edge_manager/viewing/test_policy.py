@@ -14,7 +14,7 @@ ASK = ViewFacts(
 
 
 def facts(**change: object) -> ViewFacts:
-    return ViewFacts(**{**ASK.__dict__, **change})  # type: ignore[arg-type]
+    return ViewFacts(**{**ASK.__dict__, **change})
 
 
 def test_asks_when_the_stations_policy_allows_and_it_states_an_address() -> None:
