@@ -11,6 +11,7 @@ from fedge.console import (
     jobs,
     model_page,
     registry_views,
+    trends,
     views,
 )
 from fedge.console.fleet_table import PER_PAGE, STATES, TableQuery, fleet_table
@@ -38,6 +39,7 @@ def context(
             "deploys": histograms.deploy_history(fleet, key),
             "rollbacks": incidents.edge_rollbacks(fleet, key),
             "viewing": images.station_viewing(fleet, [key])[key],
+            "trends": trends.edge_trends(fleet, key),
         }
     if kind == "labels":
         queue = label_queue(fleet, QueueQuery.parse(params))
