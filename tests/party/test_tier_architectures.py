@@ -22,7 +22,7 @@ def test_the_round_names_the_size_the_station_builds() -> None:
     small = families.round_spec(SPEC, "cnn-small")
     assert small.params == {"width": 4, "image_size": 32}
     assert small.family == SPEC.family and small.classes == SPEC.classes
-    with pytest.raises(FamilyError, match="no architecture 'cnn-huge'.*cnn, cnn-large, cnn-small"):
+    with pytest.raises(FamilyError, match=r"no architecture 'cnn-huge'.*cnn, cnn-large, cnn-small"):
         families.round_spec(SPEC, "cnn-huge")
     with pytest.raises(FamilyError, match="must name an architecture"):
         families.round_spec(SPEC, 7)

@@ -61,5 +61,5 @@ def test_bad_distill_manifests_name_the_field(archs: str, distill: str, message:
 
 def test_distill_table_only_for_distill() -> None:
     text = manifest().replace('kind = "distill"', 'kind = "tiered"').replace(ARCHS, "")
-    with pytest.raises(ManifestError, match="only for strategy.kind"):
+    with pytest.raises(ManifestError, match=r"only for strategy\.kind"):
         parse_fleet_manifest(text)
