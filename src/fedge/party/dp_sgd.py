@@ -3,15 +3,19 @@
 DP-SGD (Abadi et al., CCS 2016): every step samples a Poisson batch (each example with
 probability ``q``), clips every example's gradient to ``clipping_norm``, sums them and
 adds Gaussian noise of ``noise_multiplier * clipping_norm`` before the optimiser's step.
-Opacus' ``GradSampleModule`` computes the per-example gradients and its ``DPOptimizer``
-clips, sums and noises them; the Poisson sampling is ours, on tensors in memory, with
-the rate Opacus' Poisson loader uses (``1 / ceil(n / batch_size)``). The round's
+Models made of linear and convolution layers (the fleet's MLPs and inspection CNN) get
+the clipped sum from one forward and one backward pass (:mod:`fedge.party.clipping`,
+book-keeping, Bu et al. 2023) and their noise here, as Opacus' ``DPOptimizer`` adds it;
+any other model goes through Opacus' ``GradSampleModule`` (per-example gradients) and
+``DPOptimizer`` (clip, sum, noise). Either way the mechanism is the one Opacus'
+accountant counts. The Poisson sampling is ours, on tensors in memory, with the rate
+Opacus' Poisson loader uses (``1 / ceil(n / batch_size)``). The round's
 :class:`~fedge.privacy.settings.DpRelease` is that rate, the noise and the steps taken.
 
-The caller's model is trained in place and handed back clean: Opacus' ``GradSampleModule``
-shares the model's parameters and hooks into its layers, and every hook and per-sample
-attribute is removed before returning, so the same model object can be evaluated,
-exported, or trained again (privately or not).
+The caller's model is trained in place and handed back clean: every hook (ours or
+Opacus', which shares the model's parameters) and per-sample attribute is removed before
+returning, so the same model object can be evaluated, exported, or trained again
+(privately or not).
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from opacus.optimizers import DPOptimizer
 from opacus.validators import ModuleValidator
 from torch import nn
 
+from fedge.party import clipping
 from fedge.privacy.settings import DpRelease, PrivacyError
 
 Optimizer = Literal["sgd", "adam"]
@@ -143,6 +148,17 @@ def _train(
         if optimizer == "adam"
         else torch.optim.SGD(model.parameters(), lr=lr)
     )
+    expected_batch_size = max(1, int(len(labels) * sample_rate))
+    noise = torch.Generator(device=target).manual_seed(seed + 1)
+    if clipping.supported(model):
+        return _book_kept(
+            model,
+            base,
+            (inputs, labels, sample_rate, sampler),
+            (noise_multiplier, clipping_norm, expected_batch_size, noise),
+            epochs * batches,
+            max_seconds,
+        )
     try:
         private_model = GradSampleModule(model, batch_first=True, loss_reduction="mean")
     except (ValueError, NotImplementedError) as exc:
@@ -152,9 +168,9 @@ def _train(
         base,
         noise_multiplier=noise_multiplier,
         max_grad_norm=clipping_norm,
-        expected_batch_size=max(1, int(len(labels) * sample_rate)),
+        expected_batch_size=expected_batch_size,
         loss_reduction="mean",
-        generator=torch.Generator(device=target).manual_seed(seed + 1),
+        generator=noise,
     )
     started = time.perf_counter()
     deadline = None if max_seconds is None else started + max_seconds
@@ -174,6 +190,51 @@ def _train(
         loss=float(np.mean(losses)) if losses else float("nan"),
         steps=steps,
         release=DpRelease(float(noise_multiplier), sample_rate, steps),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _book_kept(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    data: tuple[torch.Tensor, torch.Tensor, float, torch.Generator],
+    mechanism: tuple[float, float, int, torch.Generator],
+    steps: int,
+    max_seconds: float | None,
+) -> PrivateTraining:
+    """DP-SGD's steps with :class:`~fedge.party.clipping.BookKeeping`'s clipped sum and
+    Opacus' noise and scaling: ``(sum_i clip_C(g_i) + N(0, (sigma C)^2)) / E[batch]``."""
+    inputs, labels, sample_rate, sampler = data
+    noise_multiplier, clipping_norm, expected_batch_size, noise = mechanism
+    parameters = [p for p in model.parameters() if p.requires_grad]
+    clipper = clipping.BookKeeping(model)
+    losses: list[float] = []
+    started = time.perf_counter()
+    taken = 0
+    try:
+        for _ in range(steps):
+            chosen = torch.rand(len(labels), generator=sampler, device=labels.device) < sample_rate
+            optimizer.zero_grad(set_to_none=True)
+            if bool(chosen.any()):
+                loss, _ = clipper.clipped_sum(inputs[chosen], labels[chosen], clipping_norm)
+                losses.append(loss)
+            # an empty Poisson batch still steps: noise only, as Opacus does
+            clipping.add_noise(parameters, noise_multiplier * clipping_norm,
+                               expected_batch_size, noise)  # fmt: skip
+            optimizer.step()
+            taken += 1
+            if max_seconds is not None and time.perf_counter() - started >= max_seconds:
+                break
+    finally:
+        clipper.close()
+        for parameter in model.parameters():
+            parameter.grad = None
+        model.to(torch.device("cpu"))
+        model.eval()  # handed back in eval mode, as the Opacus path does
+    return PrivateTraining(
+        loss=float(np.mean(losses)) if losses else float("nan"),
+        steps=taken,
+        release=DpRelease(float(noise_multiplier), sample_rate, taken),
         seconds=time.perf_counter() - started,
     )
 

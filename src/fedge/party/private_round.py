@@ -122,7 +122,8 @@ def train_round(
         except BaseException:
             ledger.cancel(job, server_round, attempt)  # an error reply: no update left
             raise
-        ledger.settle(job, server_round, attempt, trained.release)
+        if trained.release != release:  # a time cap stopped it early: fewer steps
+            ledger.settle(job, server_round, attempt, trained.release)
         delta, accountant = spec.delta, spec.accountant
         _, lifetime_delta = ledger.lifetime()
         return PrivateRound(
