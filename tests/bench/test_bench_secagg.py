@@ -30,7 +30,10 @@ KEYS = {
 
 def test_bench_secagg_prints_and_writes_its_json(tmp_path: Path) -> None:
     out = tmp_path / "secagg.json"
+    # The silent-dropout round on real processes has its own test
+    # (tests/aggregator/privacy/test_secagg_silent_dropout.py): skipped here.
     args = ["bench", "secagg", "--parties", "4", "--params", "500", "--rounds", "1"]
+    args += ["--silent-parties", "0"]
     result = CliRunner().invoke(app, [*args, "--json", str(out)])
     assert result.exit_code == 0, result.output
     written = json.loads(out.read_text())
@@ -39,6 +42,7 @@ def test_bench_secagg_prints_and_writes_its_json(tmp_path: Path) -> None:
     assert written["seconds_per_round"] > 0 and written["plain_seconds_per_round"] > 0
     assert 0 <= written["max_abs_error"] <= written["error_bound"] < 1e-3
     assert written["dropouts_survived"] == 1
+    assert written["silent_dropouts_survived"] is None and written["silent"] == "skipped"
 
 
 def test_bench_secagg_refuses_too_few_parties() -> None:

@@ -15,14 +15,21 @@ comes first (Ray starts its actors). Reported:
 - ``dropouts_survived``: one more SecAgg+ round in which party 1 dies before sending its
   masked vector; 1 when that round still ends with the weighted mean of the others
   (within the bound), else 0.
+- ``silent_dropouts_survived``: the same on real processes, where the party dies
+  silently: a SuperLink and ``silent.parties`` SuperNodes, one SIGKILLed after SecAgg+'s
+  key stages and before its masked vector (:mod:`fedge.bench.secagg_silent`), beside
+  ``silent_round_s`` against its bound ``silent_round_bound_s`` and the clean round on the
+  same processes (``silent_clean_round_s``, ``silent_ratio``). ``silent=None`` skips it.
 """
 
 from __future__ import annotations
 
 import os
 import statistics
+import tempfile
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -30,7 +37,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedge.aggregator.fleet.identity import PartitionOrderedGrid
-from fedge.aggregator.privacy.secagg import SecAggSettings, quantization_error_bound, run_secagg
+from fedge.aggregator.privacy.secagg import SecAggSettings, run_secagg
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.bench.machine import machine_info
@@ -38,10 +45,10 @@ from fedge.bench.secagg_apps import (
     BASE_EXAMPLES,
     DROP_PARTITION,
     DROP_STAGE,
-    examples_of,
-    party_update,
     secagg_app,
 )
+from fedge.bench.secagg_silent import SilentSettings, run_silent_dropout, silent_verdict
+from fedge.bench.secagg_silent_server import survivors_bound, weighted_mean
 from fedge.bench.sim_overhead_apps import initial_arrays
 from fedge.sim.flower_backend import RAY_CPUS, launch_simulation
 
@@ -60,6 +67,7 @@ def run_secagg_bench(
     seed: int = 0,
     num_cpus: int = RAY_CPUS,
     progress: Callable[[str], None] | None = None,
+    silent: SilentSettings | None = None,
 ) -> dict[str, Any]:
     if parties < 4:
         raise ValueError(
@@ -125,12 +133,12 @@ def run_secagg_bench(
         ).arrays
         assert survived is not None
         rest = [p for p in range(parties) if p != DROPPED_PARTITION]
-        expected = _weighted_mean(sent, rest)
+        expected = weighted_mean(sent, rest)
         dropout["error"] = max(
             float(np.abs(survived[k].numpy().astype(np.float64) - expected[k]).max())
             for k in expected
         )
-        dropout["bound"] = _bound(sent, rest, settings)
+        dropout["bound"] = survivors_bound(sent, rest, settings)
         dropout["completed"] = bool(records) and len(records[-1].on_time) == len(rest)
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -138,9 +146,15 @@ def run_secagg_bench(
     launch_simulation(server_app, secagg_app, parties, {"seed": seed}, num_cpus=num_cpus)
     if len(secure_s) != rounds or not dropout:
         raise RuntimeError(f"the simulation ended after {len(secure_s)} of {rounds} timed rounds")
+    silent_figures: dict[str, Any] = {"silent_dropouts_survived": None, "silent": "skipped"}
+    if silent is not None:
+        say(f"silent dropout: {silent.parties} SuperNodes, one SIGKILLed mid-round")
+        with tempfile.TemporaryDirectory(prefix="fedge-secagg-silent-") as tmp:
+            result = run_silent_dropout(Path(tmp), silent, say)
+        silent_figures = {**silent_verdict(result, silent), "silent": "flower-superlink"}
     seconds = statistics.median(secure_s)
     plain_seconds = statistics.median(plain_s)
-    bound = _bound(sent, list(range(parties)), settings)
+    bound = survivors_bound(sent, list(range(parties)), settings)
     survived_ok = dropout["completed"] and dropout["error"] <= dropout["bound"]
     return {
         "benchmark": "secagg",
@@ -166,6 +180,7 @@ def run_secagg_bench(
         "plain_seconds_per_round_each": [round(s, 4) for s in plain_s],
         "runtime": "flwr.simulation (Ray)",
         "ray_cpus": num_cpus,
+        **silent_figures,
     }
 
 
@@ -181,26 +196,4 @@ def _max_abs_difference(a: ArrayRecord, b: ArrayRecord) -> float:
     return max(
         float(np.abs(a[k].numpy().astype(np.float64) - b[k].numpy().astype(np.float64)).max())
         for k in a
-    )
-
-
-def _weighted_mean(sent: dict[str, np.ndarray], partitions: list[int]) -> dict[str, np.ndarray]:
-    weights = [float(examples_of(p)) for p in partitions]
-    total = sum(weights)
-    mean = {k: np.zeros(v.shape, np.float64) for k, v in sent.items()}
-    for weight, partition in zip(weights, partitions, strict=True):
-        for k, v in party_update(sent, partition).items():
-            mean[k] += weight / total * v
-    return mean
-
-
-def _bound(sent: dict[str, np.ndarray], partitions: list[int], settings: SecAggSettings) -> float:
-    # The updates are the model plus offsets of ~0.01: 0.1 covers the largest offset.
-    largest = max(float(np.abs(v).max()) for v in sent.values()) + 0.1
-    return quantization_error_bound(
-        [examples_of(p) for p in partitions],
-        largest,
-        clipping_range=settings.clipping_range,
-        quantization_range=settings.quantization_range,
-        max_weight=settings.max_weight,
     )

@@ -12,10 +12,18 @@ A party can be made to die mid-protocol (the "killed party" of the SecAgg+ tests
 benchmark's ``dropouts_survived``): the round config's ``drop-partition`` names it and
 ``drop-stage`` says where -- ``collect`` (it raises instead of training: no masked
 vector) or ``unmask`` (it sent its masked vector, then raises instead of sending its key
-shares). Used by :mod:`fedge.bench.secagg` and the SecAgg+ tests.
+shares) -- both leave an error reply -- or ``silent``: on real processes only, it writes
+``silent-<partition>`` into the node's ``signal-dir`` (node config) and hangs before its
+masked vector, so its SuperNode can be SIGKILLed mid-round and nothing is ever sent
+(:mod:`fedge.bench.secagg_silent`). Used by :mod:`fedge.bench.secagg` and the SecAgg+
+tests.
 """
 
 from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -29,6 +37,9 @@ from fedge.party.secagg import FITINS_CONFIG, is_secagg_message, secagg_mod
 PARTITION_ID = "partition-id"
 DROP_PARTITION = "drop-partition"
 DROP_STAGE = "drop-stage"
+SIGNAL_DIR = "signal-dir"
+SILENT = "silent"
+SILENT_HANG_S = 600.0  # far past any stage timeout; the node is killed long before
 BASE_EXAMPLES = 8
 OFFSET_SCALE = 0.01
 _DROP_STATE = "fedge-drop"
@@ -69,6 +80,8 @@ def drop_mod(message: Message, context: Context, call_next: ClientAppCallable) -
             )
             if doomed and config.get(DROP_STAGE) == "collect":
                 raise PartyKilledError(f"partition {partition} killed before its masked vector")
+            if doomed and config.get(DROP_STAGE) == SILENT:
+                _hang_until_killed(context, partition)
         if stage == Stage.UNMASK:
             state = context.state.config_records.get(_DROP_STATE, ConfigRecord())
             if state.get(DROP_STAGE) == "unmask":
@@ -103,6 +116,19 @@ def train(msg: Message, context: Context) -> Message:
 def query(msg: Message, context: Context) -> Message:
     metrics = MetricRecord({PARTITION_ID: _partition_id(context)})
     return Message(RecordDict({METRICS_KEY: metrics}), reply_to=msg)
+
+
+def _hang_until_killed(context: Context, partition: int) -> None:
+    """Say so in the signal directory, then wait to be SIGKILLed (with the SuperNode)."""
+    directory = context.node_config.get(SIGNAL_DIR)
+    if not isinstance(directory, str) or not directory:
+        raise ValueError(
+            f"drop-stage '{SILENT}' needs node_config['{SIGNAL_DIR}'] (a directory the "
+            "harness watches): it is for SuperNodes started by fedge.bench.secagg_silent"
+        )
+    Path(directory, f"{SILENT}-{partition}").write_text(str(os.getpid()))
+    time.sleep(SILENT_HANG_S)
+    raise PartyKilledError(f"partition {partition} was told to die silently, and was not killed")
 
 
 def _partition_id(context: Context) -> int:

@@ -23,6 +23,17 @@ Error, dropout and quantisation:
   virtual one (issue 32): a party past it is recorded *late* and is a dropout to the
   protocol (its vector is not summed). Late replies cannot be kept for a later round, so
   ``late_policy = "stale"`` is refused.
+* A party that dies silently (SIGKILL, power cut) sends nothing, and Flower 1.41's
+  SuperLink reports it (an error reply, "node unavailable") only once its heartbeat
+  expires, 37.5-60 s after the death (patience 2 x the SuperNode's 30 s interval). So
+  every stage waits on our own clock (:class:`~fedge.aggregator.rounds.collect.PolledGrid`):
+  a key stage at most ``key_stage_timeout_s``, the masked-vector stage at most the round's
+  deadline (else ``timeout``), each plus one pull interval and one pull. A party killed
+  after the key stages and before its masked vector makes the round last at most the
+  masked-vector stage's limit plus the other three stages (which do not wait for it: it
+  is no longer asked), and it is recorded failed ("no answer within T s") -- or late
+  when a deadline applied. The bound is the stages' limits, never Flower's expiry, as
+  long as those limits are shorter; with longer ones Flower's reply ends the wait first.
 * Never fewer than three (:data:`SECAGG_MIN_PARTIES`, issue 24): the sum of two updates
   is no secret from either party, who subtracts its own. A round asks at least three
   parties, TiFL's tiers under SecAgg+ hold at least three, the reconstruction threshold
@@ -53,6 +64,7 @@ from flwr.supercore import log
 
 from fedge.aggregator.fleet.identity import IdentifiedGrid
 from fedge.aggregator.privacy.secagg_round import NodeMap, SecAggRound, StageRecorder
+from fedge.aggregator.rounds.collect import PolledGrid
 from fedge.aggregator.rounds.loop import CheckpointFn, EvaluateFn, RoundOutcome, run_rounds
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.aggregator.strategies.tiered import TieredFedAvg
@@ -257,7 +269,10 @@ def run_secagg(
         strategy.min_tier_size = max(strategy.min_tier_size, SECAGG_MIN_PARTIES)
     settings.check_round(min(parties, strategy.per_round))
     nodes = _node_map(grid)
-    wire = recorder(nodes.wire) if recorder is not None else nodes.wire
+    # Every stage waits on our own clock (PolledGrid), so a party that dies silently
+    # costs the stage's timeout, never Flower's heartbeat expiry or its 3 s pull sleep.
+    polled = PolledGrid(nodes.wire, strategy.pull_interval_s)
+    wire = recorder(polled) if recorder is not None else polled
     config = train_config or ConfigRecord()
 
     def play(server_round: int, arrays: ArrayRecord) -> RoundOutcome | None:

@@ -148,6 +148,7 @@ class StageRecorder(WrappedGrid):
         self.late_s: dict[int, float | None] = {}  # wire node id -> its time (None: unknown)
         self.deadline_s: float | None = None  # the round's, set when the round is planned
         self.clock = ClockMode.WALL
+        self.waited_s: dict[str, float] = {}  # stage -> wall seconds it waited for replies
 
     def get_node_ids(self) -> Iterable[int]:
         return self.inner.get_node_ids()
@@ -162,9 +163,10 @@ class StageRecorder(WrappedGrid):
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
         sent = list(messages)
-        stage = _stage_of(sent)
-        sent_at = time.time()
+        stage = stage_of(sent)
+        sent_at, started = time.time(), time.monotonic()
         replies = list(self.inner.send_and_receive(sent, timeout=timeout))
+        self.waited_s[stage] = time.monotonic() - started
         collecting = stage == Stage.COLLECT_MASKED_VECTORS
         for reply in replies:
             node = reply.metadata.src_node_id
@@ -184,9 +186,9 @@ class StageRecorder(WrappedGrid):
                 # The stage waited until the deadline (its timeout): still working is late.
                 self.late_s[node] = None
             else:
-                self.failures.setdefault(
-                    node, f"SecAgg+ {stage} stage: no answer within {timeout} s"
-                )
+                waited = self.waited_s[stage]
+                reason = f"SecAgg+ {stage} stage: no answer within {timeout} s"
+                self.failures.setdefault(node, f"{reason} (waited {waited:.1f} s)")
         return replies
 
     def _set_aside_late(self, replies: list[Message]) -> list[Message]:
@@ -432,7 +434,8 @@ class SecAggRound(Strategy):
         )
 
 
-def _stage_of(messages: list[Message]) -> str:
+def stage_of(messages: list[Message]) -> str:
+    """The SecAgg+ stage a batch of messages asks for ("unknown": none)."""
     for message in messages:
         record = message.content.config_records.get(RECORD_KEY_CONFIGS)
         if record is not None and Key.STAGE in record:

@@ -16,15 +16,20 @@ replies as they arrive instead:
 
 A failed or missing reply is data (:class:`~fedge.aggregator.rounds.replies.Collected`), never a
 reason to wait longer than the round's timeout.
+
+:class:`PolledGrid` gives code that only knows ``send_and_receive`` (Flower's SecAgg+
+workflow) the same loop: Flower's deployment grid sleeps 3 s between pulls, so its
+``send_and_receive`` ends up to 3 s past its timeout and paces every stage to 3 s.
 """
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from flwr.app import Message
 from flwr.serverapp import Grid
 
+from fedge.aggregator.fleet.grids import WrappedGrid
 from fedge.aggregator.rounds import deadline as deadlines
 from fedge.aggregator.rounds.replies import Collected, no_reply_reason, sort_replies
 
@@ -163,3 +168,45 @@ class Backoff:
             self.current_s = self.floor_s
         time.sleep(self.current_s)
         self.current_s = min(self.current_s * 2, self.ceiling_s)
+
+
+class PolledGrid(WrappedGrid):
+    """``send_and_receive`` as our collect loops do it: push, then pull with
+    :class:`Backoff` (at most ``ceiling_s`` apart) until every reply is in or ``timeout``
+    has passed on the monotonic clock.
+
+    So a wait ends within ``timeout + ceiling_s`` plus one pull, whatever the grid behind
+    it does between pulls: a party that died silently costs at most the caller's timeout.
+    (Flower 1.41's SuperLink answers for a dead node only once its heartbeat expires:
+    ``HEARTBEAT_PATIENCE`` 2 x the SuperNode's 30 s interval after its last heartbeat,
+    which it sends every 17.5-22.5 s, so 37.5-60 s after the death.)
+    """
+
+    def __init__(self, inner: Grid, ceiling_s: float = 0.01) -> None:
+        super().__init__(inner)
+        self.ceiling_s = ceiling_s
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        waiting = {m for m in self.push_messages(messages) if m}
+        end = None if timeout is None else time.monotonic() + timeout
+        replies: list[Message] = []
+        backoff = Backoff(self.ceiling_s)
+        while waiting:
+            got = list(self.pull_messages(waiting))
+            replies.extend(got)
+            waiting -= {r.metadata.reply_to_message_id for r in got}
+            if not waiting or (end is not None and time.monotonic() >= end):
+                break
+            backoff.wait(progressed=bool(got))
+        return replies
