@@ -9,7 +9,7 @@ import pytest
 from conftest import FleetHome, console_login, make_fleet_home, publish_model, set_threshold
 
 from fedge.bench.console_fleet import fill, plan, publish_models
-from fedge.console.fleet_table import TableQuery, fleet_table
+from fedge.console.fleet_table import ALL_ROWS, TableQuery, fleet_table
 from fedge.console.views import fleet_row
 from fedge.edge_manager.ingest.messages import Ingestor
 from fedge.edge_manager.ingest.store import IngestTransaction
@@ -163,3 +163,10 @@ def test_the_pager_keeps_the_view_and_the_page_says_what_it_cost(plant: FleetHom
     # Server-Timing (W3C): the store read and the render, measured apart.
     timing = dict(part.strip().split(";dur=") for part in shown.headers["server-timing"].split(","))
     assert set(timing) == {"data", "render"} and all(float(v) >= 0 for v in timing.values())
+
+
+def test_the_live_feed_carries_every_edge_whatever_page_is_shown(plant: FleetHome) -> None:
+    with plant.fleet() as fleet:
+        every = fleet_table(fleet, TableQuery(per_page=ALL_ROWS))
+    assert len(every.rows) == every.matched == 130
+    assert (every.page, every.pages, every.first, every.last) == (1, 1, 1, 130)

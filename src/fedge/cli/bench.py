@@ -11,7 +11,7 @@ import typer
 
 from fedge.cli.bench_common import JsonOption, run_bench
 from fedge.cli.bench_console import console
-from fedge.cli.bench_fleet import config_push, ingest, metrics
+from fedge.cli.bench_fleet import config_push, heartbeat, ingest, metrics
 from fedge.cli.bench_secagg import secagg
 from fedge.cli.common import friendly_errors
 
@@ -23,6 +23,7 @@ app.command("console")(friendly_errors(console))  # wired in fedge.cli.bench_con
 app.command("config-push")(friendly_errors(config_push))  # fedge.cli.bench_fleet
 app.command("ingest")(friendly_errors(ingest))  # fedge.cli.bench_fleet
 app.command("metrics")(friendly_errors(metrics))  # fedge.cli.bench_fleet
+app.command("heartbeat")(friendly_errors(heartbeat))  # fedge.cli.bench_fleet
 
 
 @app.command()
@@ -147,6 +148,51 @@ def sim_overhead(
             params=params,
             seed=seed,
             num_cpus=cpus,
+            progress=progress,
+        ),
+    )
+
+
+@app.command("sim-scale")
+@friendly_errors
+def sim_scale(
+    parties: Annotated[
+        str, typer.Option(help="Fleet sizes, comma-separated (each in a fresh process).")
+    ] = "1000,10000",
+    rounds: Annotated[int, typer.Option(help="Rounds per size (the first is untimed).", min=2)] = 5,
+    scenario: Annotated[str, typer.Option(help="Scenario name or path.")] = "fleet-scale",
+    strategy: Annotated[str, typer.Option(help="The scenario's strategy to run.")] = "fedavg",
+    seed: Annotated[int, typer.Option(help="Seed of the split and the strategy.")] = 0,
+    peer_max: Annotated[
+        int,
+        typer.Option(
+            help="Run sizes up to this on Flower's simulation runtime too (0: none).", min=0
+        ),
+    ] = 1000,
+    json_path: JsonOption = None,
+) -> None:
+    """Time per round and peak memory of the simulator at fleet sizes (and Flower's runtime).
+
+    Example: fedge bench sim-scale --parties 1000,10000 --json out.json
+    """
+    from fedge.bench.sim_scale import run_sim_scale
+
+    try:
+        sizes = [int(part) for part in parties.split(",") if part.strip()]
+    except ValueError:
+        raise typer.BadParameter(
+            f"a comma-separated list of integers, got {parties!r}", param_hint="--parties"
+        ) from None
+    run_bench(
+        "sim-scale",
+        json_path,
+        lambda progress: run_sim_scale(
+            sizes,
+            rounds=rounds,
+            scenario=scenario,
+            strategy=strategy,
+            seed=seed,
+            peer_max=peer_max,
             progress=progress,
         ),
     )

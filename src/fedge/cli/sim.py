@@ -22,6 +22,21 @@ def sim(
     seeds: Annotated[int, typer.Option(help="Seeds 0..N-1.")] = 1,
     backend: Annotated[str, typer.Option(help="inprocess (default) or flower.")] = "inprocess",
     rounds: Annotated[int | None, typer.Option(help="Override the scenario's rounds.")] = None,
+    parties: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            help="Run the scenario's fleet at this size (groups keep their shares; "
+            "a scenario with data.samples_per_party scales its data too).",
+        ),
+    ] = None,
+    ray_address: Annotated[
+        str | None,
+        typer.Option(
+            help="With --backend flower: run on this existing Ray cluster (HOST:PORT of its "
+            "head) instead of a private Ray on this machine."
+        ),
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -53,6 +68,10 @@ def sim(
     loaded = load_scenario(scenario)
     if rounds is not None:
         loaded = loaded.with_rounds(rounds)
+    if parties is not None:
+        loaded = loaded.with_parties(parties)
+    if ray_address and backend != "flower":
+        raise typer.BadParameter("--ray-address needs --backend flower", param_hint="--ray-address")
     names = [s.strip() for s in strategies.split(",") if s.strip()]
     for name in names:
         loaded.strategy(name)  # unknown names fail before anything runs
@@ -70,7 +89,14 @@ def sim(
         def advance(label: str, server_round: int, of: int) -> None:
             progress.update(task, advance=1, description=label)
 
-        comparison = compare(loaded, names, range(seeds), backend=backend, progress=advance)
+        comparison = compare(
+            loaded,
+            names,
+            range(seeds),
+            backend=backend,
+            progress=advance,
+            ray_address=ray_address,
+        )
     md, png, summary = write_report(comparison, out, loaded)
     table = fitted_table(
         "strategy",
@@ -111,6 +137,9 @@ def sim(
             )
     summary["machine"] = machine_info()
     summary["backend"] = backend
+    summary["parties"] = loaded.fleet.parties
+    if ray_address:
+        summary["ray_address"] = ray_address
     if json_path is not None:
         json_path.write_text(json.dumps(summary, indent=1, default=str))
     console.print(f"report: {md}\nplot:   {png}", markup=False, highlight=False)

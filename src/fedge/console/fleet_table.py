@@ -47,6 +47,7 @@ STATES = ("online", freshness.STALE, "lost", "offline", "never-seen", "revoked")
 # Rows a page may show; the last is a whole 1,000-station plant on one page.
 PER_PAGE = (50, 100, 250, 1000)
 DEFAULT_PER_PAGE = 100
+ALL_ROWS = 0  # per_page of the live feed, which carries every edge's cells
 
 
 @dataclass(frozen=True)
@@ -57,7 +58,7 @@ class TableQuery:
     model: str = ""
     text: str = ""
     page: int = 1  # from 1; past the last page shows the last
-    per_page: int = DEFAULT_PER_PAGE
+    per_page: int = DEFAULT_PER_PAGE  # ALL_ROWS: one page of every row (the live feed)
 
     @classmethod
     def parse(cls, params: dict[str, str]) -> "TableQuery":
@@ -92,7 +93,7 @@ class Table:
     @property
     def first(self) -> int:
         """The 1-based position of the page's first row among the matched (0: none)."""
-        return (self.page - 1) * self.query.per_page + 1 if self.rows else 0
+        return (self.page - 1) * max(self.query.per_page, 0) + 1 if self.rows else 0
 
     @property
     def last(self) -> int:
@@ -206,7 +207,7 @@ def fleet_table(
     seen = [e.last_seen for e in edges if e.last_seen is not None]
     health = fleet_health(serve_notice, shown, max(seen, default=None), now)
     matched = [r for _, r in present] + absent
-    per = query.per_page
+    per = query.per_page if query.per_page > 0 else max(1, len(matched))
     pages = max(1, -(-len(matched) // per))
     page = min(query.page, pages)
     rows = matched[(page - 1) * per : page * per]

@@ -10,7 +10,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Protocol, TypeVar
 
-from fedge.console.fleet_table import fleet_table
+from fedge.console.fleet_table import ALL_ROWS, TableQuery, fleet_table
 from fedge.console.sessions import Sessions
 from fedge.edge_manager.fleet.operations import Fleet
 
@@ -50,7 +50,10 @@ class LiveFeed:
             if self._snapshot is None or now - self._snapshot[0] >= self.poll_s / 4:
 
                 def build(fleet: Fleet) -> str:
-                    table = fleet_table(fleet, serve_notice=self._notice())
+                    # Every edge's cells, whichever page a browser shows (one snapshot
+                    # serves every stream; a page puts in place the rows it has).
+                    every = TableQuery(per_page=ALL_ROWS)
+                    table = fleet_table(fleet, every, serve_notice=self._notice())
                     edges = {row.edge: row.cells for row in table.rows}
                     payload = {"edges": edges, "health": table.health.to_json()}
                     return json.dumps(payload, sort_keys=True)

@@ -9,6 +9,7 @@ fleet's parties is the simulator's (:func:`fedge.sim.data.make_partitions`); wha
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -41,14 +42,17 @@ class Partitions:
 
     test: Split
     proxy_X: FloatArray
-    parties: tuple[Split, ...]
-    """Each party's local training data."""
-    validation: tuple[Split, ...]
+    parties: Sequence[Split]
+    """Each party's local training data (a tuple, or a lazy sequence at fleet scale)."""
+    validation: Sequence[Split]
     """Each party's local validation split (possibly empty for a 1-sample party)."""
     test_indices: IndexArray
     proxy_indices: IndexArray
-    party_indices: tuple[IndexArray, ...]
-    validation_indices: tuple[IndexArray, ...]
+    party_indices: Sequence[IndexArray]
+    validation_indices: Sequence[IndexArray]
+    sizes: tuple[int, ...] = ()
+    """Training plus validation samples of each party, where known without drawing its
+    data (fleet scale); empty: read from the index arrays."""
 
     @property
     def num_parties(self) -> int:
@@ -56,6 +60,8 @@ class Partitions:
 
     def party_size(self, partition_id: int) -> int:
         """Training plus validation samples of one party."""
+        if self.sizes:
+            return self.sizes[partition_id]
         return len(self.party_indices[partition_id]) + len(self.validation_indices[partition_id])
 
 

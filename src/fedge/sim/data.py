@@ -15,12 +15,21 @@ The split follows ../shared/research/fl-algorithms.md section 9.1:
 
 Everything is deterministic for ``(scenario, seed)`` and cached per process, because every
 ClientApp call needs the partition of its party. The cached arrays are read-only.
+
+At fleet scale (``data.samples_per_party`` > 0, issue 29) step 3 changes: a party draws
+its samples from the pool *with replacement* (its Dirichlet mix, its group's share of
+the data), from its own random stream, the first time it is asked -- so 10,000 parties
+cost nothing until they train, a party's data is the same whoever asks and in whatever
+order, and only the parties asked lately are kept (:class:`_Draws`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, TypeVar, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -40,7 +49,10 @@ VALIDATION_FRACTION = 0.1
 """Share of each party's samples kept for local validation (TiFL's per-client test data)."""
 
 # Independent random streams, so changing one step never reshuffles another.
-_TEST_STREAM, _PROXY_STREAM, _LABEL_STREAM, _VALIDATION_STREAM = range(4)
+_TEST_STREAM, _PROXY_STREAM, _LABEL_STREAM, _VALIDATION_STREAM, _DRAW_STREAM = range(5)
+# Parties whose drawn indices are kept at fleet scale: a round's worth and then some.
+DRAWS_KEPT = 512
+_T = TypeVar("_T")
 
 
 def make_partitions(scenario: Scenario, seed: int) -> Partitions:
@@ -77,6 +89,8 @@ def _partitions(data: DataSpec, fleet: FleetSpec, seed: int) -> Partitions:
     proxy_indices, pool = _stratified_take(
         pool, labels, data.proxy_fraction, _rng(seed, _PROXY_STREAM)
     )
+    if data.samples_per_party:
+        return _streamed(data, fleet, seed, features, labels, test_indices, proxy_indices, pool)
     sizes = party_sizes(fleet, len(pool))
     if min(sizes) < 1:
         raise ScenarioError(
@@ -109,6 +123,124 @@ def _partitions(data: DataSpec, fleet: FleetSpec, seed: int) -> Partitions:
         party_indices=tuple(train_shards),
         validation_indices=tuple(validation_shards),
     )
+
+
+def _streamed(
+    data: DataSpec,
+    fleet: FleetSpec,
+    seed: int,
+    features: npt.NDArray[np.float32],
+    labels: LabelArray,
+    test_indices: IndexArray,
+    proxy_indices: IndexArray,
+    pool: IndexArray,
+) -> Partitions:
+    """Fleet scale: the same test and proxy splits, each party's data drawn lazily."""
+    sizes = party_sizes(fleet, fleet.parties * data.samples_per_party)
+    if min(sizes) < 1:
+        raise ScenarioError(
+            f"data.samples_per_party = {data.samples_per_party} gives some of the "
+            f"{fleet.parties} parties no sample (their group's data_share is too small); "
+            "raise data.samples_per_party"
+        )
+    draws = _Draws(pool, labels, sizes, data.alpha, seed)
+
+    def rows(indices: IndexArray) -> Split:
+        return frozen(features[indices]), frozen(labels[indices])
+
+    test_indices, proxy_indices = np.sort(test_indices), np.sort(proxy_indices)
+    return Partitions(
+        test=rows(test_indices),
+        proxy_X=frozen(features[proxy_indices]),
+        parties=_Lazy(len(sizes), lambda p: rows(draws(p)[0])),
+        validation=_Lazy(len(sizes), lambda p: rows(draws(p)[1])),
+        test_indices=frozen(test_indices),
+        proxy_indices=frozen(proxy_indices),
+        party_indices=_Lazy(len(sizes), lambda p: draws(p)[0]),
+        validation_indices=_Lazy(len(sizes), lambda p: draws(p)[1]),
+        sizes=sizes,
+    )
+
+
+class _Draws:
+    """Each party's (training, validation) indices, drawn when first asked and kept for
+    the :data:`DRAWS_KEPT` parties asked most recently (thread-safe: the in-process grid
+    runs parties on a pool)."""
+
+    def __init__(
+        self,
+        pool: IndexArray,
+        labels: LabelArray,
+        sizes: tuple[int, ...],
+        alpha: float,
+        seed: int,
+    ) -> None:
+        classes = np.unique(labels[pool])
+        self._pools = [np.sort(pool[labels[pool] == label]) for label in classes]
+        self._sizes = sizes
+        self._alpha = alpha
+        self._seed = seed
+        self._kept: OrderedDict[int, tuple[IndexArray, IndexArray]] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def __call__(self, party: int) -> tuple[IndexArray, IndexArray]:
+        with self._lock:
+            if party in self._kept:
+                self._kept.move_to_end(party)
+                return self._kept[party]
+        drawn = self._draw(party)  # outside the lock: a pure function of the party
+        with self._lock:
+            self._kept[party] = drawn
+            while len(self._kept) > DRAWS_KEPT:
+                self._kept.popitem(last=False)
+        return drawn
+
+    def _draw(self, party: int) -> tuple[IndexArray, IndexArray]:
+        if not 0 <= party < len(self._sizes):
+            raise IndexError(f"party {party} of {len(self._sizes)}")
+        rng = np.random.default_rng([self._seed, _DRAW_STREAM, party])
+        mix = rng.dirichlet(np.full(len(self._pools), self._alpha))
+        if not np.all(np.isfinite(mix)) or mix.sum() <= 0:
+            mix = np.full(len(self._pools), 1.0 / len(self._pools))
+        counts = rng.multinomial(self._sizes[party], mix / mix.sum())
+        chosen = np.concatenate(
+            [
+                rng.choice(pool, size=n, replace=True)
+                for pool, n in zip(self._pools, counts, strict=True)
+            ]
+        ).astype(np.int64)
+        shuffled = rng.permutation(chosen)
+        n_validation = validation_size(len(shuffled))
+        return frozen(np.sort(shuffled[n_validation:])), frozen(np.sort(shuffled[:n_validation]))
+
+
+class _Lazy(Sequence[_T]):
+    """A read-only sequence whose items are made when read (a party's data at fleet scale)."""
+
+    def __init__(self, length: int, make: Callable[[int], _T]) -> None:
+        self._length = length
+        self._make = make
+
+    def __len__(self) -> int:
+        return self._length
+
+    @overload
+    def __getitem__(self, index: int) -> _T: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[_T]: ...
+
+    def __getitem__(self, index: int | slice) -> _T | Sequence[_T]:
+        if isinstance(index, slice):
+            return [self._make(i) for i in range(*index.indices(self._length))]
+        if index < 0:
+            index += self._length
+        if not 0 <= index < self._length:
+            raise IndexError(f"index {index} of {self._length}")
+        return self._make(index)
+
+    def __iter__(self) -> Iterator[_T]:
+        return (self._make(i) for i in range(self._length))
 
 
 def validation_size(n_samples: int) -> int:

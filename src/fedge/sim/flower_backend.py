@@ -24,6 +24,9 @@ both are bridged here:
 Ray is started with 2 CPUs (one actor per CPU, ``client_resources.num_cpus = 1``), no
 dashboard, a small object store, its servers on 127.0.0.1, ERROR-level logging, no worker
 output on the driver, usage stats off, and a private temp dir that is removed afterwards.
+With ``ray_address`` (``fedge sim --backend flower --ray-address HOST:PORT``, issue 29) it
+joins an existing Ray cluster instead, whose nodes say what they offer: Flower makes one
+actor per CPU of every node, so the parties run across the whole cluster.
 """
 
 from __future__ import annotations
@@ -54,8 +57,16 @@ RAY_OBJECT_STORE_BYTES = 200 * 1024 * 1024
 # ---------------------------------------------------------------- the simulation runtime
 
 
-def backend_config(num_cpus: int = RAY_CPUS, temp_dir: str | None = None) -> dict[str, Any]:
-    """Flower's backend config: ``num_cpus`` one-CPU actors on a quiet, bounded Ray."""
+def backend_config(
+    num_cpus: int = RAY_CPUS, temp_dir: str | None = None, ray_address: str | None = None
+) -> dict[str, Any]:
+    """Flower's backend config: ``num_cpus`` one-CPU actors on a quiet, bounded Ray of
+    its own, or (``ray_address``) one actor per CPU of an existing cluster."""
+    client_resources = {"num_cpus": 1, "num_gpus": 0.0}
+    if ray_address:
+        # A cluster's resources, addresses and temp dirs are its own: only connect.
+        joined = {"address": ray_address, "logging_level": ERROR, "log_to_driver": False}
+        return {"client_resources": client_resources, "init_args": joined}
     init_args: dict[str, Any] = {
         "num_cpus": num_cpus,
         "num_gpus": 0,
@@ -67,7 +78,7 @@ def backend_config(num_cpus: int = RAY_CPUS, temp_dir: str | None = None) -> dic
     }
     if temp_dir is not None:
         init_args["_temp_dir"] = temp_dir
-    return {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
+    return {"client_resources": client_resources, "init_args": init_args}
 
 
 def write_app_dir(directory: Path, config: dict[str, bool | int | float | str]) -> Path:
@@ -116,6 +127,7 @@ def launch_simulation(
     config: dict[str, bool | int | float | str],
     *,
     num_cpus: int = RAY_CPUS,
+    ray_address: str | None = None,
 ) -> None:
     """Run ``server_app`` against ``client_app`` on Flower's simulation runtime (Ray).
 
@@ -157,7 +169,7 @@ def launch_simulation(
             client_app=client_app,
             server_app=server_app,
             backend_name="ray",
-            backend_config=backend_config(num_cpus, str(ray_dir)),
+            backend_config=backend_config(num_cpus, str(ray_dir), ray_address),
             server_app_context=context,
             app_dir=str(app_dir),
             run=run,
@@ -174,10 +186,16 @@ def run_on_flower(
     *,
     progress: ProgressFn | None = None,
     num_cpus: int = RAY_CPUS,
+    ray_address: str | None = None,
 ) -> Curve:
     """One strategy on ``scenario`` with Flower's simulation runtime (Ray actors)."""
     return run_strategies_on_flower(
-        scenario, (strategy_name,), seed, progress=progress, num_cpus=num_cpus
+        scenario,
+        (strategy_name,),
+        seed,
+        progress=progress,
+        num_cpus=num_cpus,
+        ray_address=ray_address,
     )[0]
 
 
@@ -188,6 +206,7 @@ def run_strategies_on_flower(
     *,
     progress: ProgressFn | None = None,
     num_cpus: int = RAY_CPUS,
+    ray_address: str | None = None,
 ) -> list[Curve]:
     """Several strategies, one after the other, in ONE Flower simulation (one Ray start).
 
@@ -217,7 +236,14 @@ def run_strategies_on_flower(
     # The parties' DP ledgers (one job per strategy run, so runs never share a budget).
     with tempfile.TemporaryDirectory(prefix="fedge-ledgers-") as ledgers:
         config = run_config(scenario, seed, ledgers)
-        launch_simulation(server_app, client_app, scenario.fleet.parties, config)
+        launch_simulation(
+            server_app,
+            client_app,
+            scenario.fleet.parties,
+            config,
+            num_cpus=num_cpus,
+            ray_address=ray_address,
+        )
     if len(curves) != len(strategy_names):
         raise RuntimeError(
             f"the Flower simulation of {', '.join(strategy_names)} (seed {seed}) returned "

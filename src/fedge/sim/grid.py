@@ -36,17 +36,13 @@ class InProcessGrid(LocalGrid):
     ) -> None:
         super().__init__(run_id, run_config)
         self._client_app = client_app
-        # Node ids are NODE_ID_BASE + partition-id (Flower reserves 0 and 1).
-        self._contexts = {
-            NODE_ID_BASE + partition: Context(
-                run_id=run_id,
-                node_id=NODE_ID_BASE + partition,
-                node_config={"partition-id": partition, "num-partitions": num_nodes},
-                state=RecordDict(),
-                run_config=dict(run_config or {}),
-            )
-            for partition in range(num_nodes)
-        }
+        # Node ids are NODE_ID_BASE + partition-id (Flower reserves 0 and 1). A node's
+        # Context is made when it is first asked: 10,000 parties cost nothing until
+        # they train (issue 29); it is kept after, as its state must be.
+        self._num_nodes = num_nodes
+        self._run_id = run_id
+        self._run_config = dict(run_config or {})
+        self._contexts: dict[int, Context] = {}
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="party")
         self._pending: dict[str, Future[Message]] = {}
         self._lock = threading.Lock()
@@ -56,13 +52,13 @@ class InProcessGrid(LocalGrid):
     # -- Grid contract (the rest is LocalGrid's)
 
     def get_node_ids(self) -> Iterable[int]:
-        return list(self._contexts)
+        return list(range(NODE_ID_BASE, NODE_ID_BASE + self._num_nodes))
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
         for message in messages:
             node_id = message.metadata.dst_node_id
-            if node_id not in self._contexts:
+            if not NODE_ID_BASE <= node_id < NODE_ID_BASE + self._num_nodes:
                 raise ValueError(f"no node {node_id} in this grid")
             message_id = str(uuid4())
             message.metadata.__dict__["_message_id"] = message_id
@@ -108,8 +104,23 @@ class InProcessGrid(LocalGrid):
 
     # -- the party side
 
+    def _context(self, node_id: int) -> Context:
+        with self._lock:
+            context = self._contexts.get(node_id)
+            if context is None:
+                partition = node_id - NODE_ID_BASE
+                context = Context(
+                    run_id=self._run_id,
+                    node_id=node_id,
+                    node_config={"partition-id": partition, "num-partitions": self._num_nodes},
+                    state=RecordDict(),
+                    run_config=dict(self._run_config),
+                )
+                self._contexts[node_id] = context
+            return context
+
     def _call(self, message: Message) -> Message:
-        context = self._contexts[message.metadata.dst_node_id]
+        context = self._context(message.metadata.dst_node_id)
         started = time.perf_counter()
         try:
             reply = self._client_app(message, context)

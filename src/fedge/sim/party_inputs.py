@@ -22,10 +22,12 @@ from fedge.party.messages import round_config
 from fedge.privacy.settings import PrivacyError, PrivacySpec
 from fedge.sim.data import make_partitions
 from fedge.sim.profiles import DeviceProfile, profiles_for
-from fedge.sim.scenario import Scenario, load_scenario
+from fedge.sim.scenario import Scenario, ScenarioError, load_scenario
 
 PRIVACY_DIR_KEY = "privacy-dir"
 """run_config key: where each party keeps its DP-SGD ledger (``party-<id>.db``)."""
+PARTIES_KEY = "fleet-parties"
+"""run_config key: the fleet's size as run, when ``fedge sim --parties`` resized it."""
 
 
 class PartyConfigError(PartyError):
@@ -81,6 +83,9 @@ def party_from_context(context: Context) -> Party:
         context.node_config.get("partition-id"), "node_config['partition-id']", minimum=0
     )
     scenario = _scenario(scenario_ref)
+    if PARTIES_KEY in context.run_config:
+        resized = as_int(context.run_config[PARTIES_KEY], f"run_config[{PARTIES_KEY!r}]", minimum=1)
+        scenario = _resized(scenario_ref, resized)
     parties = scenario.fleet.parties
     if "num-partitions" in context.node_config:
         declared = as_int(
@@ -141,6 +146,14 @@ def round_settings(message: Message, scenario: Scenario) -> RoundSettings:
 @functools.lru_cache(maxsize=8)
 def _scenario(name_or_path: str) -> Scenario:
     return load_scenario(name_or_path)
+
+
+@functools.lru_cache(maxsize=8)
+def _resized(name_or_path: str, parties: int) -> Scenario:
+    try:
+        return _scenario(name_or_path).with_parties(parties)
+    except ScenarioError as exc:
+        raise PartyConfigError(str(exc)) from exc
 
 
 def as_int(value: object, name: str, *, minimum: int) -> int:

@@ -53,6 +53,12 @@ class DataSpec:
     """Of the whole dataset: the stratified, held-out test set."""
     proxy_fraction: float = 0.1
     """Of what remains after the test split: unlabeled server-side data (FedDF-style KD)."""
+    samples_per_party: int = 0
+    """0: the parties split what is left, every sample used once. N > 0: fleet scale
+    (issue 29) -- each party draws its data (N samples on average, sized by its group's
+    ``data_share``) from that pool when it is first asked, with replacement, as stations
+    of one plant see parts alike; nothing is kept for parties not being asked, so memory
+    does not grow with the fleet (sim/data.py)."""
 
     def __post_init__(self) -> None:
         if self.dataset not in DATASETS:
@@ -64,6 +70,11 @@ class DataSpec:
             raise ScenarioError(f"data.test_fraction must be in (0, 1), got {self.test_fraction}")
         if not (math.isfinite(self.proxy_fraction) and 0 <= self.proxy_fraction < 1):
             raise ScenarioError(f"data.proxy_fraction must be in [0, 1), got {self.proxy_fraction}")
+        if isinstance(self.samples_per_party, bool) or not 0 <= self.samples_per_party <= 1_000_000:
+            raise ScenarioError(
+                f"data.samples_per_party must be 0 (split the dataset) or a count up to "
+                f"1,000,000, got {self.samples_per_party!r}"
+            )
 
 
 @dataclass(frozen=True)
@@ -231,6 +242,38 @@ class Scenario:
         assert isinstance(rounds, int)  # checked when the scenario was read
         return rounds
 
+    def with_parties(self, parties: int) -> Scenario:
+        """The same fleet at another size (``fedge sim --parties``, issue 29): a lognormal
+        fleet draws more parties; a fleet of groups keeps each group's share of the
+        parties (largest remainder, at least one each) and of the data. Parties per
+        round stay as they are, capped at the fleet."""
+        _at_least(parties, 1, "parties")
+        fleet = self.fleet
+        if parties == fleet.parties:
+            return self
+        groups = fleet.groups
+        if groups:
+            if parties < len(groups):
+                raise ScenarioError(
+                    f"--parties {parties} is fewer than the scenario's {len(groups)} "
+                    "fleet.groups (each keeps at least one party)"
+                )
+            ideal = [group.count * parties / fleet.parties for group in groups]
+            counts = [max(1, math.floor(value)) for value in ideal]
+            order = sorted(range(len(groups)), key=lambda i: ideal[i] - math.floor(ideal[i]))
+            while sum(counts) < parties:
+                counts[order.pop()] += 1
+            while sum(counts) > parties:  # the floors of one lifted a small group
+                counts[max(range(len(counts)), key=counts.__getitem__)] -= 1
+            groups = tuple(
+                dataclasses.replace(group, count=count)
+                for group, count in zip(groups, counts, strict=True)
+            )
+        resized = dataclasses.replace(
+            fleet, parties=parties, per_round=min(fleet.per_round, parties), groups=groups
+        )
+        return dataclasses.replace(self, fleet=resized)
+
     def with_rounds(self, rounds: int) -> Scenario:
         """Every strategy runs ``rounds`` rounds (``fedge sim --rounds``)."""
         _at_least(rounds, 1, "rounds")
@@ -309,6 +352,7 @@ def parse_scenario(text: str, *, source: str = "") -> Scenario:
             dataset=data.text("dataset", "digits"),
             test_fraction=data.number("test_fraction", 0.2),
             proxy_fraction=data.number("proxy_fraction", 0.1),
+            samples_per_party=data.integer("samples_per_party", minimum=0, default=0),
         ),
         fleet=FleetSpec(
             parties=fleet.integer("parties"),
@@ -341,7 +385,9 @@ def parse_scenario(text: str, *, source: str = "") -> Scenario:
 _TOP_FIELDS = frozenset(
     ("name", "description", "data", "fleet", "device", "training", "strategies")
 )
-_DATA_FIELDS = frozenset(("dataset", "alpha", "test_fraction", "proxy_fraction"))
+_DATA_FIELDS = frozenset(
+    ("dataset", "alpha", "test_fraction", "proxy_fraction", "samples_per_party")
+)
 _FLEET_FIELDS = frozenset(
     ("parties", "per_round", "groups", "speed_distribution", "lognormal_sigma")
 )
