@@ -235,3 +235,25 @@ def test_a_reservation_is_settled_to_what_training_took_or_cancelled(tmp_path: P
             ledger.reserve("", 3, ROUND, attempt="c", job_epsilon=None, delta=DELTA)
     finally:
         ledger.close()
+
+
+def test_a_shared_ledger_stays_open_and_a_replaced_file_is_opened_afresh(tmp_path: Path) -> None:
+    from fedge.party import budget
+
+    path = tmp_path / "privacy.db"
+    first = budget.shared(path)
+    assert budget.shared(path) is first  # kept open: no checkpoint on close every round
+    first.reserve("job-a", 1, ROUND, attempt="a", job_epsilon=None, delta=DELTA)
+    # Another process sees the reservation at once (it is committed, FULL sync).
+    assert BudgetLedger(path).history("job-a") == [ROUND]
+    # A restore puts another file in its place: the shared ledger follows the new file.
+    other = tmp_path / "restored.db"
+    BudgetLedger(other).close()
+    os.replace(other, path)
+    for suffix in ("-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    again = budget.shared(path)
+    assert again is not first
+    assert again.history("job-a") == []
+    again.reserve("job-a", 2, ROUND, attempt="b", job_epsilon=None, delta=DELTA)
+    assert BudgetLedger(path).history("job-a") == [ROUND]

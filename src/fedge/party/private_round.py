@@ -30,8 +30,7 @@ import numpy as np
 import numpy.typing as npt
 from torch import nn
 
-from fedge.party import dp_sgd
-from fedge.party.budget import BudgetLedger
+from fedge.party import budget, dp_sgd
 from fedge.privacy import accounting
 from fedge.privacy.floor import PrivacyFloor, PrivacyFloorError, plan_refusal
 from fedge.privacy.settings import DpRelease, PrivacyError, PrivacyMode, PrivacySpec
@@ -92,47 +91,44 @@ def train_round(
     refusal = plan_refusal(floor, release)
     if refusal is not None:
         raise PrivacyFloorError(refusal)
-    ledger = BudgetLedger(ledger_path)
+    ledger = budget.shared(ledger_path)  # kept open: closing checkpoints (an fsync)
     attempt = uuid4().hex
+    ledger.reserve(
+        job,
+        server_round,
+        release,
+        attempt=attempt,
+        job_epsilon=spec.epsilon,
+        delta=spec.delta,
+        accountant=spec.accountant,
+    )
     try:
-        ledger.reserve(
-            job,
-            server_round,
-            release,
-            attempt=attempt,
-            job_epsilon=spec.epsilon,
-            delta=spec.delta,
-            accountant=spec.accountant,
+        trained = dp_sgd.train_private(
+            model,
+            x,
+            y,
+            epochs=epochs,
+            lr=lr,
+            batch_size=batch_size,
+            noise_multiplier=release.noise_multiplier,
+            clipping_norm=spec.clipping_norm,
+            seed=seed,
+            optimizer=optimizer,
+            max_seconds=max_seconds,
+            threads=threads,
         )
-        try:
-            trained = dp_sgd.train_private(
-                model,
-                x,
-                y,
-                epochs=epochs,
-                lr=lr,
-                batch_size=batch_size,
-                noise_multiplier=release.noise_multiplier,
-                clipping_norm=spec.clipping_norm,
-                seed=seed,
-                optimizer=optimizer,
-                max_seconds=max_seconds,
-                threads=threads,
-            )
-        except BaseException:
-            ledger.cancel(job, server_round, attempt)  # an error reply: no update left
-            raise
-        if trained.release != release:  # a time cap stopped it early: fewer steps
-            ledger.settle(job, server_round, attempt, trained.release)
-        delta, accountant = spec.delta, spec.accountant
-        _, lifetime_delta = ledger.lifetime()
-        return PrivateRound(
-            loss=trained.loss,
-            seconds=trained.seconds,
-            release=trained.release,
-            epsilon_round=accounting.epsilon_spent([trained.release], delta, accountant),
-            epsilon_job=ledger.spent(job, delta=delta, accountant=accountant),
-            epsilon_total=ledger.spent(None, delta=lifetime_delta, accountant=accountant),
-        )
-    finally:
-        ledger.close()
+    except BaseException:
+        ledger.cancel(job, server_round, attempt)  # an error reply: no update left
+        raise
+    if trained.release != release:  # a time cap stopped it early: fewer steps
+        ledger.settle(job, server_round, attempt, trained.release)
+    delta, accountant = spec.delta, spec.accountant
+    _, lifetime_delta = ledger.lifetime()
+    return PrivateRound(
+        loss=trained.loss,
+        seconds=trained.seconds,
+        release=trained.release,
+        epsilon_round=accounting.epsilon_spent([trained.release], delta, accountant),
+        epsilon_job=ledger.spent(job, delta=delta, accountant=accountant),
+        epsilon_total=ledger.spent(None, delta=lifetime_delta, accountant=accountant),
+    )
