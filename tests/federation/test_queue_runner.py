@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from fedge.aggregator.jobs.directory import JobError
+from fedge.aggregator.jobs.run_store import RunState
 from fedge.edge_manager.fleet import edge_store
 from fedge.edge_manager.scheduler import store as queue_store
 from fedge.edge_manager.scheduler.lifecycle import JobState
@@ -14,6 +15,7 @@ from fedge.edge_manager.scheduler.policy import Policy
 from fedge.edge_manager.scheduler.queue import Placement, Station, Suspension
 from fedge.edge_manager.scheduler.service import cancel, fleet_stations, submit_job, tick
 from fedge.edge_manager.scheduler.store import JobRecord
+from fedge.edge_manager.scheduler.windows import ShiftWindow
 from fedge.edge_manager.store import Store
 from fedge.federation.queue_runner import InMemoryFleetJobs, QueueRunner
 
@@ -204,3 +206,24 @@ def test_a_start_the_fleet_refuses_fails_that_job_only(store: Store) -> None:
     assert queue_store.job(store, "bad").state is JobState.FAILED
     assert "refused by the fleet" in queue_store.events(store, "bad")[-1].detail
     assert queue_store.job(store, "good").state is JobState.RUNNING
+
+
+def test_a_station_leaving_its_window_mid_round_finishes_the_round(store: Store) -> None:
+    fleet = InMemoryFleetJobs()
+    day = (ShiftWindow.parse("06:00-18:00"),)
+    stations = [Station("st-1", windows=day), Station("st-2")]
+    run = QueueRunner(store, fleet, Policy(), lambda: stations)
+    submit(store, "be", "be", "any 2", 1.0)
+    assert run.step(7 * 3600.0).start == (Placement("be", ("st-1", "st-2")),)
+    # 18:00: st-1's shift ends mid-round. The round goes on; the job is asked to stop after it.
+    evening = 18 * 3600.0 + 60
+    run.step(evening)
+    assert queue_store.job(store, "be").state is JobState.SUSPENDING
+    assert fleet.halt_requested == {"be"} and fleet.states["be"] is RunState.RUNNING
+    fleet.round_ends("be", at=evening + 30)
+    run.step(evening + 60)
+    assert queue_store.job(store, "be").state is JobState.SUSPENDED
+    # Not asked again until the window opens: at night nothing resumes, at 06:00 it does.
+    assert run.step(23 * 3600.0).resume == ()
+    assert run.step(30 * 3600.0).resume == (Placement("be", ("st-1", "st-2")),)
+    assert "st-1 left its training window" in queue_store.events(store, "be")[2].detail

@@ -20,9 +20,9 @@ Each :meth:`QueueRunner.step`:
      suspension, so the job keeps its place and its checkpoint;
 2. **decides** (:func:`fedge.edge_manager.scheduler.service.tick`, stations pinned: a
    fleet job resumes only on the stations its checkpoint's party map names);
-3. **acts**: starts, resumes, and asks the chosen BE jobs to halt after their current
-   round. A start or resume the fleet refuses fails the job, with the reason; the
-   queue goes on.
+3. **acts**: starts, resumes, and asks the chosen BE jobs -- and jobs with a station
+   that left its training window -- to halt after their current round. A start or
+   resume the fleet refuses fails the job, with the reason; the queue goes on.
 
 :class:`FleetJobs` is the boundary: :class:`InMemoryFleetJobs` (here, shipped as
 library code for tests and the simulator) and
@@ -105,8 +105,11 @@ class QueueRunner:
         for placement in actions.resume:
             record = queue_store.job(self.store, placement.job_id)
             self._carry_out(record, now, self._resume)
-        for suspension in actions.suspend:
-            self._ask_to_stop(queue_store.job(self.store, suspension.job_id))
+        stopping = {s.job_id for s in actions.suspend} | {d.job_id for d in actions.drop}
+        for job_id in sorted(stopping):
+            record = queue_store.job(self.store, job_id)
+            if record.state in STOPPING:
+                self._ask_to_stop(record)
         return actions
 
     # -- observe

@@ -158,7 +158,30 @@ def tick(
             at=now,
             detail=f"preempted for {suspension.for_job} (FitGpp)",
         )
+    _stop_for_windows(store, actions, now)
     return actions
+
+
+def _stop_for_windows(store: Store, actions: Actions, now: float) -> None:
+    """A running job with a station outside its window finishes the round there, then
+    stops (suspended, its checkpoint kept); it resumes on its stations once every one of
+    them may train again. A fleet job cannot drop one party mid-job (its party map and
+    checkpoint are its stations'), so the whole job waits; the suspension counts as one
+    of its preemptions."""
+    left: dict[str, list[str]] = {}
+    for drop in actions.drop:
+        left.setdefault(drop.job_id, []).append(drop.station_id)
+    for job_id, stations in sorted(left.items()):
+        if queue_store.job(store, job_id).state is not JobState.RUNNING:
+            continue
+        queue_store.transition(
+            store,
+            job_id,
+            JobState.SUSPENDING,
+            who=SCHEDULER,
+            at=now,
+            detail=f"{', '.join(sorted(stations))} left its training window: stops after its round",
+        )
 
 
 def cancel(store: Store, job_id: str, *, who: str, now: float) -> JobRecord:
