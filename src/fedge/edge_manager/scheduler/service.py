@@ -21,6 +21,7 @@ from fedge.edge_manager.scheduler.errors import SchedulerError
 from fedge.edge_manager.scheduler.lifecycle import HOLDING, WAITING, JobState, cancel_target
 from fedge.edge_manager.scheduler.policy import Policy, queue_key
 from fedge.edge_manager.scheduler.queue import Actions, Queued, Running, State, Station
+from fedge.edge_manager.scheduler.quota import used_station_seconds
 from fedge.edge_manager.scheduler.store import JobRecord
 from fedge.edge_manager.scheduler.submit import build_job
 from fedge.edge_manager.scheduler.windows import parse_window
@@ -113,17 +114,11 @@ def snapshot(store: Store, policy: Policy, stations: Sequence[Station], now: flo
 
 def _remaining_quota(store: Store, now: float) -> dict[str, float]:
     """Station-seconds each team with a quota may still use: its quota less the station
-    time of its jobs submitted in the last 24 h (run so far x stations)."""
+    time its jobs held in the last 24 hours (:mod:`.quota`)."""
     quotas = {t: q for t, q in queue_store.teams(store).items() if q is not None}
-    used = dict.fromkeys(quotas, 0.0)
-    for record in queue_store.jobs(store):
-        if record.job.team not in quotas or record.job.submitted_at < now - DAY_S:
-            continue
-        ran = record.ran_s
-        if record.state is JobState.RUNNING and record.started_at is not None:
-            ran += now - record.started_at
-        used[record.job.team] += ran * record.job.demand
-    return {team: quota * 3600.0 - used[team] for team, quota in quotas.items()}
+    since = now - DAY_S
+    used = used_station_seconds(queue_store.hold_events(store, quotas, since), since, now)
+    return {team: quota * 3600.0 - used.get(team, 0.0) for team, quota in quotas.items()}
 
 
 def tick(

@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
 from fedge.edge_manager.scheduler.errors import SchedulerError
 from fedge.edge_manager.scheduler.lifecycle import JobState, check_transition
 from fedge.edge_manager.scheduler.queue import Job, JobKind
+from fedge.edge_manager.scheduler.quota import HoldEvent
 from fedge.edge_manager.store import Store
 
 
@@ -61,6 +63,22 @@ def teams(store: Store) -> dict[str, float | None]:
         r["team"]: r["quota_station_hours"]
         for r in store.query("SELECT team, quota_station_hours FROM teams ORDER BY team")
     }
+
+
+def hold_events(store: Store, teams: Collection[str], since: float) -> list[HoldEvent]:
+    """The state changes of ``teams``' jobs that may have held stations since ``since``
+    (a job that ended before then cannot have), each job's in time order."""
+    if not teams:
+        return []
+    marks = ", ".join("?" for _ in teams)
+    rows = store.query(
+        "SELECT e.job_id, j.team, j.demand, e.at, e.state FROM queue_events e "
+        "JOIN queue_jobs j ON j.job_id = e.job_id "
+        f"WHERE j.team IN ({marks}) AND (j.updated_at >= ? OR j.state IN ('running', "
+        "'suspending', 'cancelling')) ORDER BY e.job_id, e.at, e.rowid",
+        (*teams, since),
+    )
+    return [HoldEvent(r["job_id"], r["team"], r["demand"], r["at"], r["state"]) for r in rows]
 
 
 def last_scored(store: Store) -> dict[str, float]:
