@@ -66,7 +66,7 @@ def fleet_stations(store: Store) -> list[Station]:
     """Every enrolled station with one training slot, and the training windows of its
     signed desired config (``training.windows``; none: any time). The idle window counts
     from the newest part the station reported scoring (never: idle since always)."""
-    last_scored = queue_store.last_scored(store)
+    last_scored: dict[str, float] | None = None  # read only if some station has windows
     stations = []
     for name in edge_store.names(store):
         config = desired_store.latest_config(store, name)
@@ -74,6 +74,8 @@ def fleet_stations(store: Store) -> list[Station]:
         if policy is None or policy.windows is None:
             stations.append(Station(name))
             continue
+        if last_scored is None:
+            last_scored = queue_store.last_scored(store)
         stations.append(
             Station(
                 name,
