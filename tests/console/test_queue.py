@@ -24,3 +24,18 @@ def test_the_query_string_falls_back_to_defaults() -> None:
     query = QueueQuery.parse({"order": "random", "decision": "maybe", "page": "x", "edge": "st-01"})
     assert query == QueueQuery(edge="st-01")
     assert QueueQuery.parse({"page": "3", "order": "newest"}).link(page=4) == "?order=newest&page=4"
+
+
+def novel_item(prediction_id: str, scratch: float) -> QueueItem:
+    scores = {"clean": 1 - scratch, "scratch": scratch}
+    row = Unlabelled(prediction_id, "st-01", 0.0, "inspect:1", "accept", 0.5, "{}", "", True, 31.5)
+    return QueueItem(row, scores, ("clean", "scratch"), margin(scores, 0.5, ("scratch",)))
+
+
+def test_novel_parts_come_first_in_either_order() -> None:
+    # Issue 28: a novel part is confidently called clean (a wide margin); it still leads.
+    newest_first = [item("a", 0.48), novel_item("n1", 0.01), item("b", 0.9), novel_item("n2", 0.3)]
+    by_margin = order(newest_first, "margin")
+    assert [i.prediction.prediction_id for i in by_margin] == ["n2", "n1", "a", "b"]
+    by_time = order(newest_first, "newest")
+    assert [i.prediction.prediction_id for i in by_time] == ["n1", "n2", "a", "b"]

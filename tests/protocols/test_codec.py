@@ -32,6 +32,7 @@ from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, TensorSpec, Trainable
 from fedge.protocols.pace import TelemetryPace
 from fedge.protocols.records import (
+    AnomalyScore,
     LabelRecord,
     MetricRecord,
     PredictionRecord,
@@ -129,6 +130,36 @@ PREDICTIONS = RecordBatch(
             source="cam-1/frame-17.png",
         ),
     ),
+)
+# Issue 28: an anomaly model served beside the classifier (optional, omitted while unset).
+ANOMALY_PREDICTIONS = RecordBatch(
+    edge="edge-01",
+    stream=Stream.PREDICTIONS,
+    session=7,
+    seq=43,
+    records=(
+        PredictionRecord(
+            prediction_id="p-0002",
+            at=T0,
+            model="inspect:2",
+            scores={"ok": 0.875, "defect": 0.125},
+            decision="accept",
+            threshold=0.5,
+            config_version=3,
+            latency_ms=8.5,
+            anomaly=AnomalyScore("inspect-anomaly:1", 14.5, 12.25),
+        ),
+    ),
+)
+ANOMALY_DEPLOYMENT = DeploymentDesired(
+    fleet="plant-a",
+    edge="edge-01",
+    version=5,
+    deployment_id="dep-43",
+    manifest_envelope='{"kind":"signed"}',
+    grpc_target="manager:50051",
+    issued_at=T0,
+    anomaly_envelope='{"kind":"signed","n":2}',
 )
 LABELS = RecordBatch(
     edge="edge-01",
@@ -396,6 +427,22 @@ GOLDEN: list[tuple[Any, bytes]] = [
         b'{"edge":"edge-01","factor":6.0,"fleet":"plant-a","issued_at":1700000000.5,'
         b'"kind":"telemetry_pace","reason":"short of space","schema":1,"version":3}',
     ),
+    (
+        ANOMALY_PREDICTIONS,
+        b'{"edge":"edge-01","kind":"record_batch","records":['
+        b'{"anomaly":{"model":"inspect-anomaly:1","score":14.5,"threshold":12.25},'
+        b'"at":1700000000.5,"config_version":3,"decision":"accept","latency_ms":8.5,'
+        b'"model":"inspect:2","prediction_id":"p-0002","scores":{"defect":0.125,"ok":0.875},'
+        b'"source":"","threshold":0.5}],'
+        b'"schema":1,"seq":43,"session":7,"stream":"predictions"}',
+    ),
+    (
+        ANOMALY_DEPLOYMENT,
+        b'{"anomaly_envelope":"{\\"kind\\":\\"signed\\",\\"n\\":2}","deployment_id":"dep-43",'
+        b'"edge":"edge-01","fleet":"plant-a","grpc_target":"manager:50051",'
+        b'"issued_at":1700000000.5,"kind":"deployment",'
+        b'"manifest_envelope":"{\\"kind\\":\\"signed\\"}","schema":1,"version":5}',
+    ),
 ]
 GOLDEN_IDS = [
     "edge_config",
@@ -424,6 +471,8 @@ GOLDEN_IDS = [
     "batch_thumbnails",
     "edge_config_thumbnails",
     "telemetry_pace",
+    "batch_predictions_anomaly",
+    "deployment_anomaly",
 ]
 
 

@@ -33,11 +33,19 @@ def deploy(
             "would undo this).",
         ),
     ] = False,
+    anomaly: Annotated[
+        str | None,
+        typer.Option(
+            help="NAME:VERSION of an anomaly model to serve beside it (e.g. inspect-anomaly:1): "
+            "fetched, verified, swapped and rolled back with it.",
+        ),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Deploy a model version; each edge downloads, verifies, smoke-tests and swaps.
 
     Example: fedge deploy inspect:3 --edges st-01,st-02 --wait 30
+    Example: fedge deploy inspect:3 --anomaly inspect-anomaly:1 --all
     """
     if not edges and not all_edges:
         raise ManagerError("say which edges: --edges st-01,st-02 or --all")
@@ -47,8 +55,10 @@ def deploy(
     name, version = parse_ref(model)
     _, fleet = open_fleet(home)
     targets = fleet.edges() if all_edges else [e.strip() for e in (edges or "").split(",")]
-    deployment_id = fleet.deploy(name, version, targets, force=force)
-    console.print(f"deployment {deployment_id}: {model} -> {', '.join(targets)}")
+    companion = None if anomaly is None else parse_ref(anomaly)
+    deployment_id = fleet.deploy(name, version, targets, force=force, anomaly=companion)
+    beside = "" if anomaly is None else f" (anomaly model {anomaly} beside it)"
+    console.print(f"deployment {deployment_id}: {model}{beside} -> {', '.join(targets)}")
     warn_if_not_serving(home, "the deployment is stored and is sent to the edges once it runs")
     if wait <= 0:
         return

@@ -17,6 +17,7 @@ from fedge.cli.common import (
     warn_if_not_serving,
     when,
 )
+from fedge.console.queue import ORDERS, QueueQuery, label_queue
 from fedge.edge_manager.labels.current import Applied
 
 app = typer.Typer(help="Operator labels.", no_args_is_help=True)
@@ -96,3 +97,61 @@ def stats(
             "-" if agreement is None else f"{agreement:.0%}",
         )
     console.print(table)
+
+
+@app.command()
+@friendly_errors
+def queue(
+    edge: Annotated[str, typer.Option(help="Only this edge's predictions.")] = "",
+    order: Annotated[str, typer.Option(help="margin (least certain first) or newest.")] = "margin",
+    limit: Annotated[int, typer.Option(help="How many to show (one page).", min=1, max=25)] = 25,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    home: HomeOption = DEFAULT_HOME,
+) -> None:
+    """What to label first: the console's label queue.
+
+    Novel parts lead (called clean, but over their station's anomaly threshold), then
+    the least certain (or the newest). Label one with `fedge labels add`.
+
+    Example: fedge labels queue --edge st-02 --limit 10
+    """
+    if order not in ORDERS:
+        raise typer.BadParameter(f"--order is one of {', '.join(ORDERS)}, got {order!r}")
+    _, fleet = open_fleet(home)
+    found = label_queue(fleet, QueueQuery(edge=edge, order=order))
+    items = found.items[:limit]
+    if as_json:
+        print_json(
+            {
+                "rule": found.rule,
+                "total": found.total,
+                "items": [
+                    {
+                        "prediction_id": i.prediction.prediction_id,
+                        "edge": i.prediction.edge,
+                        "model": i.prediction.model,
+                        "decision": i.prediction.decision,
+                        "novel": i.prediction.novel,
+                        "anomaly_score": i.prediction.anomaly_score,
+                        "margin": i.margin,
+                        "at": i.prediction.at,
+                    }
+                    for i in items
+                ],
+            }
+        )
+        return
+    table = fitted_table("prediction", "edge", "model", "decision", "novel", "anomaly", "margin")
+    for i in items:
+        p = i.prediction
+        table.add_row(
+            p.prediction_id,
+            p.edge,
+            p.model,
+            p.decision,
+            "novel" if p.novel else "",
+            "-" if p.anomaly_score is None else f"{p.anomaly_score:.2f}",
+            "-" if i.margin is None else f"{i.margin:.3f}",
+        )
+    console.print(table)
+    console.print(f"{found.total} unlabelled; order: {found.rule}", highlight=False)

@@ -3,7 +3,11 @@
 Ordered by what teaches the model most: the smallest *margin* first, the distance
 between a prediction's deciding defect score and the threshold it was decided with --
 uncertainty sampling (Lewis & Gale, SIGIR 1994): the parts the station was least sure
-about. Newest first is the other order. The margin is taken over the newest
+about. Newest first is the other order. In both, *novel* parts come first (issue 28):
+ones the classifier called clean whose anomaly score is over the station's anomaly
+threshold -- a defect nobody has labelled yet, which a margin cannot rank (the
+classifier is confidently wrong about it) -- newest first among them. The margin is
+taken over the newest
 :data:`CANDIDATES` unlabelled predictions that match the filters (bounded work per page
 view however large the backlog); the total counts them all.
 """
@@ -23,6 +27,7 @@ from fedge.edge_manager.ingest import thumbnail_store
 PAGE = 25
 CANDIDATES = 5000
 ORDERS = {"margin": "smallest margin first", "newest": "newest first"}
+NOVEL_FIRST = "novel parts first (called clean, anomaly score over the station's threshold)"
 
 
 @dataclass(frozen=True)
@@ -83,11 +88,15 @@ def margin(scores: dict[str, float], threshold: float, positives: tuple[str, ...
 
 
 def order(items: list[QueueItem], by: str) -> list[QueueItem]:
-    """``items`` (newest first) by ``by``: 'margin' puts the smallest first, unknown
-    margins last, newest first among equals; 'newest' keeps them."""
+    """``items`` (newest first) by ``by``, novel parts first in either order: 'margin'
+    puts the smallest first, unknown margins last, newest first among equals; 'newest'
+    keeps them."""
     if by == "newest":
-        return items
-    return sorted(items, key=lambda i: math.inf if i.margin is None else i.margin)
+        return sorted(items, key=lambda i: not i.prediction.novel)
+    return sorted(
+        items,
+        key=lambda i: (not i.prediction.novel, math.inf if i.margin is None else i.margin),
+    )
 
 
 def label_queue(fleet: Fleet, query: QueueQuery = QueueQuery()) -> Queue:
@@ -117,7 +126,7 @@ def label_queue(fleet: Fleet, query: QueueQuery = QueueQuery()) -> Queue:
         for i in shown
     ]  # fmt: skip
     edges, models = queue_store.choices(store)
-    rule = ORDERS[query.order]
+    rule = NOVEL_FIRST + ", then " + ORDERS[query.order]
     if query.order == "margin":
         rule += " (|defect score - the threshold that decided it|: least certain first)"
     return Queue(

@@ -19,6 +19,10 @@ class Unlabelled:
     threshold: float
     scores: str  # a JSON object: class -> score
     source: str
+    # Issue 28: called clean, but over the station's anomaly threshold (queue.py puts it
+    # first), and the anomaly model's score (None: none served beside the classifier).
+    novel: bool = False
+    anomaly_score: float | None = None
 
 
 def _where(edge: str, model: str, decision: str) -> tuple[str, list[Any]]:
@@ -33,14 +37,27 @@ def _where(edge: str, model: str, decision: str) -> tuple[str, list[Any]]:
 
 def unlabelled(store: Store, edge: str, model: str, decision: str, limit: int) -> list[Unlabelled]:
     """The newest ``limit`` unlabelled predictions of ``edge``, ``model`` and ``decision``
-    ('' : any), newest first."""
+    ('' : any): the novel ones first (so however large the backlog, none is left out of
+    the ``limit``), newest first within each."""
     where, params = _where(edge, model, decision)
     return [
-        Unlabelled(str(i), str(e), float(at), str(m), str(d), float(t), str(s), str(src))
-        for i, e, at, m, d, t, s, src in store.conn.execute(
+        Unlabelled(
+            str(i),
+            str(e),
+            float(at),
+            str(m),
+            str(d),
+            float(t),
+            str(s),
+            str(src),
+            bool(novel or 0),
+            None if score is None else float(score),
+        )
+        for i, e, at, m, d, t, s, src, novel, score in store.conn.execute(
             "SELECT p.prediction_id, p.edge, p.at, p.model, p.decision, p.threshold, p.scores, "
-            f"p.source FROM predictions p WHERE {where} GROUP BY p.prediction_id "
-            "ORDER BY p.at DESC, p.prediction_id LIMIT ?",
+            f"p.source, max(p.novel), max(p.anomaly_score) FROM predictions p WHERE {where} "
+            "GROUP BY p.prediction_id ORDER BY max(p.novel) DESC, p.at DESC, p.prediction_id "
+            "LIMIT ?",
             (*params, limit),
         )
     ]

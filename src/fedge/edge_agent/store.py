@@ -65,18 +65,34 @@ def _arrival(conn: sqlite3.Connection) -> None:
     )
 
 
+# Added for issue 28: the anomaly model a prediction was scored with beside the
+# classifier, and its score ('' and NULL without one). Files of before gain them on open.
+ANOMALY_COLUMNS = (("anomaly_model", "TEXT NOT NULL DEFAULT ''"), ("anomaly_score", "REAL"))
+
+
+def _anomaly(conn: sqlite3.Connection) -> None:
+    for column, definition in ANOMALY_COLUMNS:
+        schema_store.add_column(conn, "predictions", column, definition)
+
+
 # The agent file's schema versions (fedge/schema_store.py; 0: written before versions,
 # by any earlier agent). A change to SCHEMA is a new migration here.
 MIGRATIONS: tuple[schema_store.Migration, ...] = (
     schema_store.Migration(1, "every table and index of SCHEMA", schema_store.script(SCHEMA)),
     schema_store.Migration(2, "predictions.arrival and its index", _arrival),
+    schema_store.Migration(3, "predictions.anomaly_model, anomaly_score (issue 28)", _anomaly),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
 def _record_json(record: Record) -> str:
-    # Records are flat dataclasses of plain values: their __dict__ is their JSON form.
-    return json.dumps(vars(record), separators=(",", ":"))
+    # Records are flat dataclasses of plain values: their __dict__ is their JSON form
+    # (a prediction's anomaly score is the one nested dataclass, issue 28).
+    plain = vars(record)
+    anomaly = getattr(record, "anomaly", None)
+    if anomaly is not None:
+        plain = {**plain, "anomaly": vars(anomaly)}
+    return json.dumps(plain, separators=(",", ":"))
 
 
 @dataclass(frozen=True)
@@ -191,14 +207,24 @@ class LocalStore:
         keys = arrivals or [""] * len(records)
         pending = [(Stream.PREDICTIONS.value, _record_json(r)) for r in records]
         index = [
-            (r.prediction_id, r.at, r.model, r.decision, r.source, key)
+            (
+                r.prediction_id,
+                r.at,
+                r.model,
+                r.decision,
+                r.source,
+                key,
+                "" if r.anomaly is None else r.anomaly.model,
+                None if r.anomaly is None else r.anomaly.score,
+            )
             for r, key in zip(records, keys, strict=True)
         ]
         with self._transaction() as conn:
             conn.executemany("INSERT INTO pending (stream, record) VALUES (?,?)", pending)
             conn.executemany(
                 "INSERT OR IGNORE INTO predictions (prediction_id, at, model, decision, "
-                f"source, {ARRIVAL_COLUMN}) VALUES (?,?,?,?,?,?)",
+                f"source, {ARRIVAL_COLUMN}, anomaly_model, anomaly_score) "
+                "VALUES (?,?,?,?,?,?,?,?)",
                 index,
             )
 
@@ -234,6 +260,15 @@ class LocalStore:
                 "SELECT 1 FROM predictions WHERE prediction_id=?", (prediction_id,)
             ).fetchone()
         return row is not None
+
+    def anomaly_models(self) -> dict[str, str]:
+        """The anomaly model each prediction was scored with beside the classifier, by
+        prediction id (issue 28; those scored without one are left out)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT prediction_id, anomaly_model FROM predictions WHERE anomaly_model != ''"
+            ).fetchall()
+        return {str(p): str(m) for p, m in rows}
 
     def has_source(self, source: str) -> bool:
         with self._lock:

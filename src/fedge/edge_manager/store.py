@@ -282,6 +282,13 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("estimates", "rejects", "INTEGER"),
     ("estimates", "input_drift", "REAL"),
     ("estimates", "score_drift", "REAL"),
+    # Issue 28: the anomaly model scored beside the classifier ('' / NULL: none), and
+    # whether the part was novel (called clean, scored over the station's anomaly
+    # threshold; NULL: no verdict, no anomaly model or no threshold in force): the label
+    # queue puts novel parts first, the monitor's novel_rate counts them.
+    ("predictions", "anomaly_model", "TEXT NOT NULL DEFAULT ''"),
+    ("predictions", "anomaly_score", "REAL"),
+    ("predictions", "novel", "INTEGER"),
 )
 
 
@@ -293,6 +300,12 @@ def _columns(*names: str) -> Callable[[sqlite3.Connection], None]:
             schema_store.add_column(conn, table, column, definition)
 
     return apply
+
+
+def _anomaly_columns(conn: sqlite3.Connection) -> None:
+    _columns("anomaly_model", "anomaly_score", "novel")(conn)
+    # Novel parts are few; the label queue reads them first, newest first.
+    conn.execute("CREATE INDEX IF NOT EXISTS predictions_novel ON predictions (at) WHERE novel = 1")
 
 
 def _one_label_per_prediction(conn: sqlite3.Connection) -> None:
@@ -328,6 +341,11 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
         8,
         "estimates.rejects, input_drift, score_drift: trends per window (issue 27)",
         _columns("rejects", "input_drift", "score_drift"),
+    ),
+    schema_store.Migration(
+        9,
+        "predictions.anomaly_model, anomaly_score, novel and their index (issue 28)",
+        _anomaly_columns,
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

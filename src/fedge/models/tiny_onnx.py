@@ -97,6 +97,31 @@ def build_broken_model(path: Path, *, size: int = 32, n_classes: int = 2) -> Pat
     return _save(graph, path)
 
 
+def build_brightness_anomaly(path: Path, *, size: int = 32, scale: float = 20.0) -> Path:
+    """Write an anomaly model with the published anomaly models' interface (``image`` in;
+    ``score`` ``[batch]`` and ``anomaly_map`` ``[batch, size, size]`` out) whose score is
+    the image's mean brightness times ``scale``: bright parts are the anomalies, so a
+    test chooses which parts are novel by the images it sends."""
+    scale_value = numpy_helper.from_array(np.array(scale, dtype=np.float32), "scale")
+    nodes = [
+        helper.make_node("ReduceMean", [INPUT_NAME], ["mean"], axes=[1, 2, 3], keepdims=0),
+        helper.make_node("Mul", ["mean", "scale"], ["score"]),
+        helper.make_node("ReduceMean", [INPUT_NAME], ["plane"], axes=[1], keepdims=0),
+        helper.make_node("Mul", ["plane", "scale"], ["anomaly_map"]),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "brightness_anomaly",
+        [_image_input(size)],
+        [
+            helper.make_tensor_value_info("score", TensorProto.FLOAT, ["batch"]),
+            helper.make_tensor_value_info("anomaly_map", TensorProto.FLOAT, ["batch", size, size]),
+        ],
+        initializer=[scale_value],
+    )
+    return _save(graph, path)
+
+
 def _image_input(size: int) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(INPUT_NAME, TensorProto.FLOAT, ["batch", 1, size, size])
 

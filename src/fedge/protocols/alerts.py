@@ -24,13 +24,21 @@ class AlertKind(StrEnum):
     INPUT_DRIFT = "input_drift"  # image statistics drifted from the reference window
     SCORE_DRIFT = "score_drift"  # score features (top, margin, entropy) drifted
     ACCURACY_ESTIMATE = "accuracy_estimate"  # label-free (MPP) accuracy below the minimum
+    # Parts the classifier called clean but the anomaly model scored over the station's
+    # anomaly threshold, arriving faster than its false-alarm rate explains (issue 28).
+    NOVEL_RATE = "novel_rate"
     # A station rolled a model back on its own after the rollout that moved it completed
     # (raised by the rollout driver, not the monitor; an operator acknowledges it).
     LOCAL_ROLLBACK = "local_rollback"
 
 
 MONITOR_KINDS = frozenset(
-    {AlertKind.INPUT_DRIFT, AlertKind.SCORE_DRIFT, AlertKind.ACCURACY_ESTIMATE}
+    {
+        AlertKind.INPUT_DRIFT,
+        AlertKind.SCORE_DRIFT,
+        AlertKind.ACCURACY_ESTIMATE,
+        AlertKind.NOVEL_RATE,
+    }
 )
 """The kinds the monitor raises and clears itself (it leaves the others alone)."""
 

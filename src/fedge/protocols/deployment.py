@@ -1,6 +1,6 @@
 """Deployments: the model an edge should run (desired) and how far it got (status)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 
 from fedge.protocols import validate
@@ -21,6 +21,10 @@ class DeploymentDesired:
     manifest_envelope: str
     grpc_target: str = ""
     issued_at: float = 0.0
+    # The registry's signed manifest of an anomaly model served beside the classifier
+    # (issue 28): downloaded, verified and smoke-tested with it, swapped in with it, and
+    # rolled back with it. Left out while unset, so an agent of before decodes the rest.
+    anomaly_envelope: str | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
@@ -29,6 +33,8 @@ class DeploymentDesired:
         validate.identifier(self.deployment_id, "deployment_id")
         validate.bounded_text(self.manifest_envelope, "manifest_envelope", 64 * 1024)
         validate.bounded_text(self.grpc_target, "grpc_target", 256)
+        if self.anomaly_envelope is not None:
+            validate.bounded_text(self.anomaly_envelope, "anomaly_envelope", 64 * 1024)
 
 
 class DeployStage(StrEnum):

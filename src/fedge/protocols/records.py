@@ -33,6 +33,25 @@ class MetricRecord:
 
 
 @dataclass(frozen=True)
+class AnomalyScore:
+    """The anomaly model's view of a scored part, served beside the classifier (issue 28).
+
+    ``threshold`` is the station's anomaly threshold in force when it was scored (None:
+    none set, so no part is called novel).
+    """
+
+    model: str  # "name:version" of the anomaly model
+    score: float  # the largest Mahalanobis distance over feature locations
+    threshold: float | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+
+    def __post_init__(self) -> None:
+        validate.bounded_text(self.model, "anomaly model", 200)
+        validate.finite(self.score, "anomaly score", minimum=0.0)
+        if self.threshold is not None:
+            validate.finite(self.threshold, "anomaly threshold", minimum=0.0)
+
+
+@dataclass(frozen=True)
 class PredictionRecord:
     prediction_id: str
     at: float
@@ -46,6 +65,21 @@ class PredictionRecord:
     # Statistics of the scored image (monitoring.features.image_stats), for drift and
     # label-free accuracy at the manager; left out by agents from before they existed.
     stats: dict[str, float] | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # The anomaly model's score where the deployment carries one (issue 28); left out
+    # otherwise, so a manager of before decodes every station that serves no such model.
+    anomaly: AnomalyScore | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+
+    @property
+    def novel(self) -> bool:
+        """The classifier called the part clean, but its anomaly score is over the
+        station's anomaly threshold: a defect nobody labelled yet, perhaps (issue 28)."""
+        anomaly = self.anomaly
+        return (
+            self.decision == "accept"
+            and anomaly is not None
+            and anomaly.threshold is not None
+            and anomaly.score > anomaly.threshold
+        )
 
     def __post_init__(self) -> None:
         validate.identifier(self.prediction_id, "prediction_id")

@@ -276,6 +276,10 @@ class Deployments:
                     if not previous
                     else f"not on probation: {model.ref} serves already"
                 )
+            if model.anomaly is not None:
+                # The pair is judged as one (issue 28); a change of the anomaly model
+                # alone, beside a classifier that serves already, is not on probation.
+                note += f"; anomaly model {model.anomaly_ref} beside it"
             history = restore.decode_history(self.store.get("model_history"))
             configs = served.decode_configs(self.store.get(served.CONFIGS))
             payload = self.reports.status(
@@ -319,7 +323,11 @@ class Deployments:
             self._serving.install(model)
             self.probation.start(trial)
         self.counters["deploy.active"] += 1
-        log.info("now serving %s", model.ref)
+        log.info(
+            "now serving %s%s",
+            model.ref,
+            f" with anomaly model {model.anomaly_ref}" if model.anomaly is not None else "",
+        )
         self.reports.publish(payload)
         if verdict is not None:
             self.reports.publish(verdict)

@@ -52,6 +52,10 @@ class KeptModel:
     manifest: str = ""
     deployment_id: str = ""
     deployment_version: int = 0
+    # The anomaly model served beside it (issue 28; "": none): its file and signed
+    # manifest, re-verified with it at every start and by a rollback to it.
+    anomaly_path: str = ""
+    anomaly_envelope: str = ""
 
     @property
     def ref(self) -> str:
@@ -59,16 +63,20 @@ class KeptModel:
 
     def verified_manifest(self, keys: TrustedKeys) -> ModelManifest:
         if self.manifest_envelope:
-            envelope = self.manifest_envelope.encode()
-            if isinstance(keys, KeyRing) and _signer(envelope) in keys.retired:
-                # Verified by this agent when it was kept, under a key the manager has
-                # since rotated away from: the station's own record still stands.
-                return deployer.unverified_manifest(envelope)
-            return deployer.open_manifest(envelope, keys)
+            return _kept_manifest(self.manifest_envelope, keys)
         try:
             return codec.decode(self.manifest.encode(), ModelManifest)
         except ProtocolError as exc:
             raise DeployError("bad_pointer", f"stored manifest of {self.ref}: {exc}") from None
+
+
+def _kept_manifest(text: str, keys: TrustedKeys) -> ModelManifest:
+    envelope = text.encode()
+    if isinstance(keys, KeyRing) and _signer(envelope) in keys.retired:
+        # Verified by this agent when it was kept, under a key the manager has
+        # since rotated away from: the station's own record still stands.
+        return deployer.unverified_manifest(envelope)
+    return deployer.open_manifest(envelope, keys)
 
 
 def _signer(envelope: bytes) -> str:
@@ -88,6 +96,8 @@ def kept_from(desired: DeploymentDesired, model: runtime.LoadedModel) -> KeptMod
         manifest=codec.encode(model.manifest).decode(),
         deployment_id=desired.deployment_id,
         deployment_version=desired.version,
+        anomaly_path="" if model.anomaly is None else str(model.anomaly.path),
+        anomaly_envelope=desired.anomaly_envelope or "",
     )
 
 
@@ -97,7 +107,7 @@ def kept_from(desired: DeploymentDesired, model: runtime.LoadedModel) -> KeptMod
 def _plain(kept: KeptModel) -> dict[str, Any]:
     # "manifest" and "path" are the keys of the original pointer: an older agent started
     # on this store still restores its active model.
-    return {
+    plain: dict[str, Any] = {
         "path": str(kept.path),
         "manifest": kept.manifest,
         "manifest_envelope": kept.manifest_envelope,
@@ -106,6 +116,10 @@ def _plain(kept: KeptModel) -> dict[str, Any]:
         "deployment_id": kept.deployment_id,
         "deployment_version": kept.deployment_version,
     }
+    if kept.anomaly_path:  # only then: a pointer without one reads as before
+        plain["anomaly_path"] = kept.anomaly_path
+        plain["anomaly_envelope"] = kept.anomaly_envelope
+    return plain
 
 
 def _from_plain(data: Any) -> KeptModel:
@@ -126,6 +140,8 @@ def _from_plain(data: Any) -> KeptModel:
             manifest=manifest,
             deployment_id=str(data.get("deployment_id", "")),
             deployment_version=int(data.get("deployment_version", 0)),
+            anomaly_path=str(data.get("anomaly_path", "")),
+            anomaly_envelope=str(data.get("anomaly_envelope", "")),
         )
     except (ProtocolError, TypeError, ValueError) as exc:
         raise DeployError("bad_pointer", f"unreadable model pointer: {exc}") from None
@@ -326,7 +342,29 @@ def verify(
         )
     model = runtime.load(kept.path, manifest, preferred)
     runtime.smoke_test(model)
-    return model
+    if not kept.anomaly_path:
+        return model
+    # The pair serves together or not at all: an anomaly model that no longer verifies
+    # fails the kept pair, and the next candidate is tried.
+    anomaly_manifest = _kept_manifest(kept.anomaly_envelope, keys)
+    anomaly_path = Path(kept.anomaly_path)
+    _check_file(anomaly_path, anomaly_manifest.sha256, anomaly_manifest.ref)
+    anomaly = runtime.load(anomaly_path, anomaly_manifest, preferred)
+    runtime.check_anomaly(model, anomaly)
+    return model.with_anomaly(anomaly)
+
+
+def _check_file(path: Path, sha256: str, ref: str) -> None:
+    try:
+        digest = deployer._sha256(path)
+    except OSError as exc:
+        raise DeployError("unreadable", f"{ref} at {path}: {exc}") from None
+    if digest != sha256:
+        raise DeployError(
+            "hash_mismatch",
+            f"{ref} at {path} changed on disk since it was verified "
+            f"(sha256 {digest[:12]}… != manifest {sha256[:12]}…)",
+        )
 
 
 def prune_models(models_root: Path, kept: Iterable[KeptModel]) -> list[Path]:
@@ -339,7 +377,9 @@ def prune_models(models_root: Path, kept: Iterable[KeptModel]) -> list[Path]:
     (issue "A fault-injection and soak suite", defect 8). Call it with no deployment under
     way. Returns the directories removed.
     """
+    kept = list(kept)
     keep = {k.path.parent.resolve() for k in kept}
+    keep |= {Path(k.anomaly_path).parent.resolve() for k in kept if k.anomaly_path}
     removed: list[Path] = []
     if not models_root.is_dir():
         return removed

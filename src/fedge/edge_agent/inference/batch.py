@@ -19,7 +19,7 @@ from fedge.edge_agent.errors import InferenceError
 from fedge.edge_agent.inference.runtime import LoadedModel
 from fedge.monitoring.features import image_stats_many
 from fedge.protocols.config import EdgeConfig
-from fedge.protocols.records import PredictionRecord
+from fedge.protocols.records import AnomalyScore, PredictionRecord
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,7 @@ def record_for(
     source: str,
     at: float,
     stats: dict[str, float] | None = None,
+    anomaly: AnomalyScore | None = None,
 ) -> PredictionRecord:
     """The prediction record of one image's probabilities under the config in force.
 
@@ -113,6 +114,7 @@ def record_for(
         latency_ms=latency_ms,
         source=source[:512],
         stats=stats,
+        anomaly=anomaly,
     )
 
 
@@ -122,17 +124,44 @@ def score(
     images: Sequence[np.ndarray],
     sources: Sequence[str],
 ) -> list[Scored]:
-    """Score ``images`` (prepared: H x W or C x H x W) into records, not yet stored."""
+    """Score ``images`` (prepared: H x W or C x H x W) into records, not yet stored.
+
+    Where ``model`` carries an anomaly model (issue 28), the same prepared batch goes
+    through it too, and each record holds its score, the anomaly model's version and the
+    station's anomaly threshold in force; the latency is both models'.
+    """
     if len(sources) != len(images):
         raise InferenceError(f"{len(images)} images but {len(sources)} sources")
     probs, latency_ms, batch = _run(model, images)
+    if batch is None and images:
+        batch = np.stack([_shaped(np.asarray(image)) for image in images])
+    anomalies: list[AnomalyScore | None] = [None] * len(images)
+    if model.anomaly is not None and batch is not None:
+        anomalies, anomaly_ms = _anomaly_scores(model.anomaly, config, batch)
+        latency_ms += anomaly_ms
     at = time.time()
     # Computed on the prepared image (what the model saw), after the model call so that
     # the measured latency stays the model's own.
-    if batch is None and images:
-        batch = np.stack([_shaped(np.asarray(image)) for image in images])
     stats = [] if batch is None else image_stats_many(batch)
     return [
-        Scored(record_for(model, config, row, latency_ms, source, at, image_stats), row)
-        for row, source, image_stats in zip(probs, sources, stats, strict=True)
+        Scored(record_for(model, config, row, latency_ms, source, at, image_stats, anomaly), row)
+        for row, source, image_stats, anomaly in zip(probs, sources, stats, anomalies, strict=True)
     ]
+
+
+def _anomaly_scores(
+    anomaly: LoadedModel, config: EdgeConfig | None, batch: np.ndarray
+) -> tuple[list[AnomalyScore | None], float]:
+    """The anomaly model's score of every image of ``batch``, and its ms per image."""
+    started = time.perf_counter()
+    scores = anomaly.run(batch.astype(anomaly.input_dtype, copy=False))
+    per_image_ms = (time.perf_counter() - started) * 1000.0 / len(batch)
+    if scores.shape != (len(batch),) or not np.all(np.isfinite(scores)):
+        raise InferenceError(
+            f"anomaly model {anomaly.ref} returned shape {scores.shape} (or non-finite "
+            f"scores) for a batch of {len(batch)}"
+        )
+    threshold = None if config is None else config.anomaly_threshold
+    return [
+        AnomalyScore(anomaly.ref, max(0.0, float(value)), threshold) for value in scores.tolist()
+    ], per_image_ms

@@ -8,7 +8,7 @@ that serves is reported in the agent's status and telemetry (issue 25).
 """
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -48,10 +48,21 @@ class LoadedModel:
     input_name: str
     output_name: str
     input_dtype: type[np.floating]
+    # An anomaly model served beside this classifier (issue 28): loaded, smoke-tested,
+    # swapped and rolled back with it, as one serving pair.
+    anomaly: "LoadedModel | None" = None
 
     @property
     def ref(self) -> str:
         return self.manifest.ref
+
+    @property
+    def anomaly_ref(self) -> str:
+        """``name:version`` of the anomaly model served beside it ("" when none)."""
+        return "" if self.anomaly is None else self.anomaly.ref
+
+    def with_anomaly(self, anomaly: "LoadedModel | None") -> "LoadedModel":
+        return replace(self, anomaly=anomaly)
 
     @property
     def provider(self) -> str:
@@ -92,6 +103,33 @@ def load(
     if dtype is None:
         raise DeployError("spec_mismatch", f"input dtype {expected_in.dtype} is not supported")
     return LoadedModel(manifest, path, session, inputs[0].name, outputs[0].name, dtype)
+
+
+def check_anomaly(classifier: LoadedModel, anomaly: LoadedModel) -> None:
+    """The anomaly model must take the classifier's images as they are (one decode and
+    one prepared batch serve both), and give one finite score per image."""
+    theirs, ours = anomaly.manifest, classifier.manifest
+    if theirs.inputs[0].shape[1:] != ours.inputs[0].shape[1:] or theirs.preprocess not in (
+        None,
+        ours.preprocess,
+    ):
+        raise DeployError(
+            "anomaly_mismatch",
+            f"anomaly model {theirs.ref} takes {theirs.inputs[0].shape} images prepared as "
+            f"{theirs.preprocess}, but {ours.ref} takes {ours.inputs[0].shape} prepared as "
+            f"{ours.preprocess}; publish it from the classifier's own backbone",
+        )
+    shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in theirs.inputs[0].shape)
+    try:
+        scores = anomaly.run(np.full(shape, 0.5, dtype=anomaly.input_dtype))
+    except InferenceError as exc:
+        raise DeployError("smoke_test_failed", f"anomaly model: {exc}") from None
+    if scores.ndim != 1 or not np.all(np.isfinite(scores)):
+        raise DeployError(
+            "smoke_test_failed",
+            f"anomaly model {theirs.ref}: output shape {scores.shape} or values not one "
+            "finite score per image",
+        )
 
 
 def smoke_test(model: LoadedModel) -> None:

@@ -99,6 +99,7 @@ def next_deployment(
     manifest_envelope: str,
     grpc_target: str,
     now: float,
+    anomaly_envelope: str | None = None,
 ) -> DeploymentDesired:
     return DeploymentDesired(
         fleet=fleet,
@@ -108,4 +109,5 @@ def next_deployment(
         manifest_envelope=manifest_envelope,
         grpc_target=grpc_target,
         issued_at=now,
+        anomaly_envelope=anomaly_envelope,
     )

@@ -276,11 +276,13 @@ class Fleet:
         *,
         force: bool = False,
         within_rollout: str | None = None,
+        anomaly: tuple[str, int] | None = None,
     ) -> str:
         """A deployment of ``name:version`` to ``edges``; its id. Refused, with nothing
         written, for an unknown or damaged model, an unknown edge, or an edge in an
         unfinished staged rollout -- unless ``force``, or the call is that rollout's own
-        (``within_rollout``: its id)."""
+        (``within_rollout``: its id). ``anomaly``: an anomaly model (name, version) the
+        edges serve beside it (issue 28), fetched, verified and swapped in with it."""
         if is_wildcard(self.grpc_target.rpartition(":")[0]):  # edges fetch the model there
             raise ManagerError(
                 f"edges cannot fetch a model from {self.grpc_target}, a wildcard address; "
@@ -290,6 +292,9 @@ class Fleet:
         self.edges(edges)
         refuse_if_in_rollout(self.store.conn, edges, "deploy", within=within_rollout, force=force)
         model.verify()  # a damaged registry copy is refused here, before anything is written
+        companion = None if anomaly is None else self.registry.get(*anomaly)
+        if companion is not None:
+            companion.verify()
         deployment_id = f"d-{uuid.uuid4().hex[:12]}"
         now = time.time()
         with self._writing():
@@ -304,6 +309,7 @@ class Fleet:
                     manifest_envelope=model.envelope.decode(),
                     grpc_target=self.grpc_target,
                     now=now,
+                    anomaly_envelope=None if companion is None else companion.envelope.decode(),
                 )
                 self._write_desired(edge, DEPLOY, desired.version, codec.encode(desired), now)
         return deployment_id

@@ -213,8 +213,8 @@ class IngestTransaction:
     def add_predictions(self, edge: str, seq: int, records: Sequence[PredictionRecord]) -> None:
         self._conn.executemany(
             "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
-            "threshold, config_version, latency_ms, source, stats) "
-            "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+            "threshold, config_version, latency_ms, source, stats, anomaly_model, "
+            "anomaly_score, novel) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (
                     r.prediction_id,
@@ -230,6 +230,10 @@ class IngestTransaction:
                     r.source,
                     # '' from an agent that sends no image statistics (monitor.py)
                     "" if r.stats is None else json.dumps(r.stats, sort_keys=True),
+                    "" if r.anomaly is None else r.anomaly.model,
+                    None if r.anomaly is None else r.anomaly.score,
+                    # NULL: no verdict (no anomaly model, or no threshold in force)
+                    None if r.anomaly is None or r.anomaly.threshold is None else int(r.novel),
                 )
                 for r in records
             ],

@@ -51,10 +51,30 @@ class WindowRow:
 
 
 @dataclass(frozen=True)
+class NovelPolicy:
+    """The ``novel_rate`` CUSUM's parameters (:mod:`fedge.edge_manager.monitor.novel`)."""
+
+    in_control_rate: float = 0.01  # the anomaly threshold's false-alarm rate (p0)
+    alarm_rate: float = 0.10  # the rate of novel parts to catch (p1)
+    limit: float = 5.0  # the CUSUM's decision limit h
+    min_judged: int = 10  # parts with an anomaly verdict before the rate is judged
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.in_control_rate < self.alarm_rate < 1.0:
+            raise ValueError(
+                "need 0 < in_control_rate < alarm_rate < 1, got "
+                f"{self.in_control_rate} and {self.alarm_rate}"
+            )
+        if self.limit <= 0 or self.min_judged < 1:
+            raise ValueError(f"limit must be > 0 and min_judged >= 1, got {self}")
+
+
+@dataclass(frozen=True)
 class MonitorPolicy:
     drift: DriftPolicy = field(default_factory=DriftPolicy)
     min_estimated_accuracy: float = 0.8
     accuracy_clear_margin: float = 0.03  # the accuracy alert clears at minimum + this
+    novel: NovelPolicy = field(default_factory=NovelPolicy)
 
     @property
     def min_window(self) -> int:

@@ -25,6 +25,9 @@ class WindowRecord:
     label: str | None  # the manager's current label, if any
     rid: int = 0
     decision: str = ""  # a prediction's "accept" / "reject" ('' : an evaluation row)
+    # Issue 28: whether the part was novel; None where no anomaly verdict was made (no
+    # anomaly model beside the classifier, or no anomaly threshold set; evaluation rows).
+    novel: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -41,7 +44,7 @@ class StoredPredictor:
     n_rows: int  # the evaluation rows it was fitted on
 
 
-_COLUMNS = "p.rowid AS rid, p.at, p.scores, p.stats, p.decision, l.label"
+_COLUMNS = "p.rowid AS rid, p.at, p.scores, p.stats, p.decision, l.label, p.novel"
 # The edge's newest rows through predictions_edge (edge, rowid), a bounded walk: no
 # predictions index on (edge, model), which every ingested row would have to update.
 _NEWEST_SQL = (
@@ -195,4 +198,5 @@ def _record(row: dict[str, Any]) -> WindowRecord:
         label=None if label is None else str(label),
         rid=int(row.get("rid") or 0),
         decision=str(row.get("decision") or ""),
+        novel=None if row.get("novel") is None else bool(row["novel"]),
     )

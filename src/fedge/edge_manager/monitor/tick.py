@@ -15,7 +15,9 @@
 and judges them (:mod:`fedge.edge_manager.monitor.rules`): input and score drift, and the
 MPP estimate of accuracy (Ghanta et al., OpML'19) from a predictor fitted on the model's
 evaluation rows -- the held-out images and their re-lit copies (``monitoring.relight``),
-so it has seen lighting change -- kept in ``mpp_models``. Estimates go to ``estimates``;
+so it has seen lighting change -- kept in ``mpp_models``; and, where an anomaly model
+serves beside the classifier, the rate of novel parts
+(:mod:`fedge.edge_manager.monitor.novel`, issue 28). Estimates go to ``estimates``;
 alerts are raised and cleared in ``alerts`` and returned, for ``serve`` to publish on the
 alerts topic.
 
@@ -47,6 +49,7 @@ from dataclasses import dataclass, replace
 from fedge.edge_manager.monitor import alert_store
 from fedge.edge_manager.monitor import store as monitor_store
 from fedge.edge_manager.monitor.alert_store import AlertView
+from fedge.edge_manager.monitor.novel import novel_finding
 from fedge.edge_manager.monitor.rules import (
     Clear,
     Estimate,
@@ -233,6 +236,8 @@ class Monitor:
             accuracy_finding(
                 result, self.policy.min_estimated_accuracy, self.policy.accuracy_clear_margin
             ),
+            # Issue 28: novel parts (called clean, over the anomaly threshold) by CUSUM.
+            novel_finding([r.novel for r in oldest_first], self.policy.novel),
         ]
         return _Judgement(key, result, record, findings, new_reference)
 

@@ -21,6 +21,10 @@ until the edge says otherwise, and is read whatever the criteria (it always abor
   (an alert about the previous model is not the new model's fault).
 - ``est_accuracy_drop``: the previous model's MPP estimate on the edge minus the new
   model's (``estimates``, weighted by window size).
+- ``novel_rate`` (issue 28): the new model's novel parts -- called clean, scored over the
+  station's anomaly threshold by the anomaly model served beside it -- over its parts
+  with an anomaly verdict, once there are MIN_NOVEL_IMAGES: a classifier that passes
+  what the anomaly model calls unusual at a rate its false alarms do not explain.
 
 Clock domains. ``moved_at`` is the manager's time; a prediction's or telemetry record's
 ``at`` is the station's. "Since the move" is therefore judged by when the manager
@@ -50,6 +54,8 @@ SCORED_METRIC = "predictions"
 MIN_AGREEMENT_LABELS = 20
 # Images scored or failed since the move before an error_rate is judged.
 MIN_ERROR_RATE_IMAGES = 20
+# Parts with an anomaly verdict since the move before a novel_rate is judged.
+MIN_NOVEL_IMAGES = 20
 
 
 def settled_at(conn: Transaction, edge: str, deployment_id: str) -> float | None:
@@ -109,6 +115,7 @@ def moved_health(
         Metric.EST_ACCURACY_DROP: lambda: estimate_drop(
             conn, edge, model, previous_model, moved_at
         ),
+        Metric.NOVEL_RATE: lambda: novel_rate(conn, edge, model, moved_at),
     }
     observed: dict[str, float] = {}
     for metric in metrics:
@@ -196,6 +203,13 @@ def agreement_drop(
     new = agreement(conn, edge, model, since=since, min_labels=MIN_AGREEMENT_LABELS)
     old = agreement(conn, edge, previous_model, min_labels=MIN_AGREEMENT_LABELS)
     return None if new is None or old is None else old - new
+
+
+def novel_rate(conn: Transaction, edge: str, model: str, since: float) -> float | None:
+    """Novel parts over parts with an anomaly verdict, of ``model``'s predictions on
+    ``edge`` received since ``since``; None below MIN_NOVEL_IMAGES verdicts."""
+    novel, judged = reports.novel_counts_since(conn, edge, model, since)
+    return None if judged < MIN_NOVEL_IMAGES else novel / judged
 
 
 def open_alerts(conn: Transaction, edge: str, model: str, since: float) -> float:

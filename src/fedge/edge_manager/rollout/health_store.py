@@ -115,6 +115,20 @@ def latencies_since(conn: sqlite3.Connection, edge: str, model: str, since: floa
     ]
 
 
+def novel_counts_since(
+    conn: sqlite3.Connection, edge: str, model: str, since: float
+) -> tuple[int, int]:
+    """(novel, with a verdict) among ``model``'s predictions on ``edge`` received at or
+    after ``since`` (issue 28; ``novel`` NULL: no verdict)."""
+    row = conn.execute(
+        "SELECT coalesce(sum(p.novel), 0), count(p.novel) FROM predictions p "
+        + _RECEIVED_PREDICTION
+        + "AND p.model=?",
+        (edge, since, model),
+    ).fetchone()
+    return int(row[0]), int(row[1])
+
+
 def manifest_json(conn: sqlite3.Connection, name: str, version: int) -> str | None:
     """The manifest JSON of ``name:version`` in the registry (None: not published)."""
     row = conn.execute(

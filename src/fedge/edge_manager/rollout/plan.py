@@ -54,11 +54,20 @@ class Metric(StrEnum):
     LATENCY_P95_MS = "latency_p95_ms"  # of the new model's predictions
     ALERTS = "alerts"  # open alerts raised on the edge since it moved
     EST_ACCURACY_DROP = "est_accuracy_drop"  # MPP estimate, previous model minus new model
+    # Novel parts (called clean, over the anomaly threshold) over parts with a verdict,
+    # of the new model's predictions (issue 28)
+    NOVEL_RATE = "novel_rate"
 
 
 # Metrics that are never below 0, so ``METRIC>=0`` always holds (the drops can be < 0).
 NON_NEGATIVE = frozenset(
-    {Metric.FAILED_ACTIVATION, Metric.ERROR_RATE, Metric.LATENCY_P95_MS, Metric.ALERTS}
+    {
+        Metric.FAILED_ACTIVATION,
+        Metric.ERROR_RATE,
+        Metric.LATENCY_P95_MS,
+        Metric.ALERTS,
+        Metric.NOVEL_RATE,
+    }
 )
 DEFAULT_ACTIVATION_TIMEOUT_S = 600.0
 DEFAULT_ROLLBACK_TIMEOUT_S = 600.0
