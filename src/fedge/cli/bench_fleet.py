@@ -1,5 +1,6 @@
 """``fedge bench config-push`` and ``fedge bench ingest``: the fleet's MQTT paths under
-load, plain and (``--tls``) mutual TLS side by side (registered by :mod:`fedge.cli.bench`).
+load, plain and (``--tls``) mutual TLS side by side; ``metrics`` and ``heartbeat``: what
+scraping and liveness cost at fleet scale (registered by :mod:`fedge.cli.bench`).
 """
 
 from typing import Annotated
@@ -99,6 +100,42 @@ def metrics(
             records=records,
             repeats=repeats,
             scrape_interval_s=scrape_interval,
+            timeout_s=timeout,
+            progress=progress,
+        ),
+    )
+
+
+def heartbeat(
+    edges: Annotated[int, typer.Option(help="Simulated stations (one MQTT session each).")] = 1000,
+    heartbeat_s: Annotated[
+        float, typer.Option("--heartbeat", help="Seconds between a station's births.")
+    ] = 2.5,
+    lost_after: Annotated[
+        float, typer.Option(help="Seconds of silence after which serve marks a station lost.")
+    ] = 7.0,
+    phase: Annotated[float, typer.Option(help="Seconds measured on each side.")] = 60.0,
+    workers: Annotated[int, typer.Option(help="Processes the stations are spread over.")] = 4,
+    cut: Annotated[int, typer.Option(help="Stations cut after the phase, timed to lost.")] = 10,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for any one step.")] = 120.0,
+    json_path: JsonOption = None,
+) -> None:
+    """Broker and manager CPU of liveness heartbeats at N stations, vs none; cut to lost.
+
+    Example: fedge bench heartbeat --edges 1000 --json out.json
+    """
+    from fedge.bench.heartbeat import run_heartbeat
+
+    run_bench(
+        "heartbeat",
+        json_path,
+        lambda progress: run_heartbeat(
+            edges,
+            heartbeat_s=heartbeat_s,
+            lost_after_s=lost_after,
+            phase_s=phase,
+            workers=workers,
+            cut=cut,
             timeout_s=timeout,
             progress=progress,
         ),

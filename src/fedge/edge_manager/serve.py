@@ -61,7 +61,7 @@ from fedge.protocols.pki import TlsFiles
 from fedge.transport.errors import TransportError
 from fedge.transport.grpc.contract import SinkResult
 from fedge.transport.grpc.server import GrpcServices
-from fedge.transport.metrics import MetricsError, MetricsServer, Readiness, mutual_tls_context
+from fedge.transport.metrics import MetricsError, MetricsServer, Readiness, ServerTlsContext
 from fedge.transport.mqtt import MqttSession
 from fedge.transport.session import (
     Message,
@@ -111,6 +111,9 @@ class ManagerService:
         self._queue: queue.SimpleQueue[WorkItem] = queue.SimpleQueue()
         # Ingest held while the store refuses writes (ingest/hold.py), oldest first.
         self._held: list[WorkItem] = []
+        # When the writer last found its queue empty (wall clock; 0: not yet): the
+        # silence sweep judges as of then (fleet/liveness.py).
+        self._taken_through = 0.0
         self._outage: hold.Outage | None = None
         self._connection = 0  # counts connections and disconnections (see Delivered)
         self.headroom = space.Headroom(self.settings.low_space_percent, self.settings.low_space_mib)
@@ -157,7 +160,7 @@ class ManagerService:
             self.settings.edge_lost_after_s,
             self.counters,
             started=time.time(),
-            caught_up=lambda: self._queue.empty() and not self._held,
+            stored_through=lambda: None if self._held else self._taken_through,
         )
         # Prometheus metrics read when scraped, in this serve's own registry (issue 27).
         self.registry = manager_registry(
@@ -222,7 +225,8 @@ class ManagerService:
             context, crl = None, None
             if not loopback and not self.settings.insecure:
                 files = self.home.pki().server_files("grpc")
-                context, crl = mutual_tls_context(files), files.crl
+                # Follows the files: a renewed certificate is served without a restart.
+                context, crl = ServerTlsContext(files), files.crl
             self.metrics_server = MetricsServer(
                 self.registry,
                 self.readiness,
@@ -358,11 +362,15 @@ class ManagerService:
     def _drain(self) -> list[WorkItem]:
         items: list[WorkItem] = []
         try:
+            asked = time.time()
             items.append(self._queue.get(timeout=self.poll_interval_s))
             while len(items) < self.max_batch:
+                asked = time.time()
                 items.append(self._queue.get_nowait())
         except queue.Empty:
-            pass
+            # Everything received before ``asked`` is in ``items``, stored before the
+            # sweep runs (fleet/liveness.py judges silence as of this moment).
+            self._taken_through = asked
         return items
 
     # -- ingest, and what it does while the store refuses writes (ingest/hold.py)

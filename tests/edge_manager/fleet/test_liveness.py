@@ -10,6 +10,7 @@ from fedge.edge_manager.store import Store
 
 
 def test_the_cutoff_waits_for_serve_itself_and_can_be_off() -> None:
+    # ``now`` is the moment serve has stored everything received before.
     assert sweep_cutoff(now=100.0, started=95.0, lost_after_s=7.0) is None
     assert sweep_cutoff(now=100.0, started=93.0, lost_after_s=7.0) == 93.0
     assert sweep_cutoff(now=100.0, started=0.0, lost_after_s=0.0) is None
@@ -30,12 +31,14 @@ def test_only_silent_online_edges_are_marked_lost(tmp_path: Path) -> None:
     _edge(store, "st-off", "offline", now - 100.0)
     _edge(store, "st-new", "never-seen", None)
     counters: Counter[str] = Counter()
-    backlog = [False]
-    sweep = SilenceSweep(7.0, counters, started=now - 60.0, caught_up=lambda: not backlog[0])
-    backlog[0] = True  # heartbeats still queued: no silence is judged
+    through: list[float | None] = [None]
+    sweep = SilenceSweep(7.0, counters, started=now - 60.0, stored_through=lambda: through[0])
+    assert sweep.tick(store, now) == []  # messages held by a store outage: nothing judged
+    # Everything stored only up to 2 s ago (a heartbeat of st-quiet may wait in the
+    # queue): silence is judged as of then, and 6 s of it is not enough.
+    through[0], sweep._due = now - 2.0, 0.0
     assert sweep.tick(store, now) == []
-    backlog[0] = False
-    sweep._due = 0.0
+    through[0], sweep._due = now, 0.0
     assert sweep.tick(store, now) == ["st-quiet"]
     assert counters["liveness.silent_lost"] == 1
     states = {s.edge: s.state for s in edge_store.summaries(store)}
@@ -57,7 +60,7 @@ def test_records_from_a_quiet_edge_bring_it_back_online(tmp_path: Path) -> None:
     store = Store(tmp_path / "manager.db")
     now = time.time()
     _edge(store, "st-old", "online", now - 8.0)
-    sweep = SilenceSweep(7.0, Counter(), started=now - 60.0, caught_up=lambda: True)
+    sweep = SilenceSweep(7.0, Counter(), started=now - 60.0, stored_through=lambda: now)
     assert sweep.tick(store, now) == ["st-old"]
     with IngestTransaction.open(store) as tx:
         tx.seen("st-old", now + 1.0)

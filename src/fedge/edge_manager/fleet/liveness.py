@@ -13,8 +13,12 @@ online again; a will or goodbye still says lost or offline at once.
 A cut is therefore visible within ``edge_lost_after_s`` + one sweep (at most 8 s by
 default) after the station's last heartbeat. The same rule holds for MQTT- and gRPC-mode
 stations. Serve's own absence must not read as every station's: nothing is swept until
-serve has run ``edge_lost_after_s`` itself, and not while its ingest queue holds
-messages not stored yet (a heartbeat waiting there is no silence).
+serve has run ``edge_lost_after_s`` itself. A heartbeat waiting in serve's ingest queue is
+no silence either, so silence is judged as of the moment up to which every message serve
+received is stored (``stored_through``: when its writer last found the queue empty), not
+as of now. Waiting for an empty queue instead starved the sweep at 1,000 stations: 400
+heartbeats a second leave it empty only by chance, and cuts showed after 11-12 s
+(``fedge bench heartbeat``, BENCHMARKS.md).
 """
 
 import logging
@@ -30,8 +34,9 @@ SWEEP_EVERY_S = 1.0
 
 
 def sweep_cutoff(now: float, started: float, lost_after_s: float) -> float | None:
-    """The ``last_seen`` under which an online edge is lost now; None: no sweep now
-    (the rule is off, or serve itself has not been up ``lost_after_s`` yet)."""
+    """The ``last_seen`` under which an online edge is lost as of ``now`` (the moment
+    serve has stored everything it received before); None: no sweep now (the rule is
+    off, or serve itself had not been up ``lost_after_s`` by then)."""
     if lost_after_s <= 0 or now - started < lost_after_s:
         return None
     return now - lost_after_s
@@ -46,20 +51,25 @@ class SilenceSweep:
         counters: Counter[str],
         *,
         started: float,
-        caught_up: Callable[[], bool],
+        stored_through: Callable[[], float | None],
     ) -> None:
+        """``stored_through``: the wall-clock moment before which every message serve
+        received is stored; None while some are held (a store outage): nothing judged."""
         self.lost_after_s = lost_after_s
         self.counters = counters
         self.started = started
-        self._caught_up = caught_up
+        self._stored_through = stored_through
         self._due = 0.0
 
     def tick(self, store: Store, now: float) -> list[str]:
         if now < self._due:
             return []
         self._due = now + SWEEP_EVERY_S
-        cutoff = sweep_cutoff(now, self.started, self.lost_after_s)
-        if cutoff is None or not self._caught_up():
+        through = self._stored_through()
+        if through is None:
+            return []
+        cutoff = sweep_cutoff(min(now, through), self.started, self.lost_after_s)
+        if cutoff is None:
             return []
         try:
             lost = edge_store.mark_silent_lost(store, cutoff)
