@@ -14,11 +14,15 @@ than adding bookkeeping to hot paths.
 answers them on its local API (:func:`probe_reply` is shared). Bound to loopback by
 default: metrics name stations, models and certificates. Bound elsewhere it needs an
 :class:`ssl.SSLContext` that requires a client certificate (the fleet's CA), so whoever
-reaches the port without a fleet credential gets nothing.
+reaches the port without a fleet credential gets nothing. :class:`ServerTlsContext`
+builds that context from the files and builds it again at the first handshake after they
+change, so a renewed certificate (the manager's CredentialKeeper, a station's renewal)
+is served without a restart.
 """
 
 import json
 import logging
+import os
 import ssl
 import threading
 from collections.abc import Callable, Mapping
@@ -161,7 +165,7 @@ class _Server(ThreadingHTTPServer):
         self,
         address: tuple[str, int],
         handler: type[BaseHTTPRequestHandler],
-        context: ssl.SSLContext | None,
+        context: "ssl.SSLContext | ServerTlsContext | None",
     ) -> None:
         self.context = context
         super().__init__(address, handler)
@@ -169,10 +173,13 @@ class _Server(ThreadingHTTPServer):
     def get_request(self) -> tuple[socket, Any]:
         conn, address = super().get_request()
         conn.settimeout(self.timeout_s)
-        if self.context is not None:
+        context = self.context
+        if isinstance(context, ServerTlsContext):
+            context = context.current()
+        if context is not None:
             # The handshake runs in the request's thread, on its first read (not here, in
             # the accepting one): a peer that never shakes hands stalls only its thread.
-            conn = self.context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+            conn = context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
         return conn, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -194,7 +201,7 @@ class MetricsServer:
         host: str,
         port: int,
         *,
-        context: ssl.SSLContext | None = None,
+        context: "ssl.SSLContext | ServerTlsContext | None" = None,
         crl: Path | None = None,
         name: str = "metrics",
     ) -> None:
@@ -252,3 +259,51 @@ def mutual_tls_context(files: TlsFiles) -> ssl.SSLContext:
         context.verify_flags |= ssl.VERIFY_CRL_CHECK_LEAF
     context.verify_mode = ssl.CERT_REQUIRED
     return context
+
+
+def _signature(files: TlsFiles) -> tuple[tuple[int, int, int], ...]:
+    paths = [files.cert, files.key, files.ca]
+    if files.crl is not None and files.crl.exists():
+        paths.append(files.crl)
+    stats = [os.stat(path) for path in paths]
+    return tuple((s.st_ino, s.st_size, s.st_mtime_ns) for s in stats)
+
+
+class ServerTlsContext:
+    """:func:`mutual_tls_context` of ``files``, built again once the files change.
+
+    :meth:`current` is asked at every accepted connection: one ``stat`` per file while
+    nothing changed; a new context after a renewal replaced the certificate (the manager's
+    ``CredentialKeeper`` or a station's renewal write new files in place), a new CA bundle
+    or a new CRL. A pair caught half written (the renewal moves the key, then the
+    certificate), or a file that cannot be read, keeps the context in use: the next
+    connection looks again. The same rule as gRPC's server (transport/grpc/tls.py).
+
+    Raises ``OSError`` / ``ssl.SSLError`` at construction when the files cannot serve.
+    """
+
+    def __init__(self, files: TlsFiles) -> None:
+        self.files = files
+        self._lock = threading.Lock()
+        self._signature = _signature(files)
+        self._context = mutual_tls_context(files)
+        self.reloads = 0
+
+    def current(self) -> ssl.SSLContext:
+        try:
+            signature = _signature(self.files)
+        except OSError:
+            return self._context
+        with self._lock:
+            if signature == self._signature:
+                return self._context
+        try:
+            context = mutual_tls_context(self.files)
+        except (OSError, ssl.SSLError) as exc:
+            log.debug("TLS files changed but cannot be loaded yet (%s); kept the current", exc)
+            return self._context
+        with self._lock:
+            self._signature, self._context = signature, context
+            self.reloads += 1
+        log.info("serving the renewed certificate %s", self.files.cert)
+        return context

@@ -4,9 +4,11 @@ Real HTTPS enrollment endpoint, real Mosquitto with mutual TLS and a CRL.
 """
 
 import datetime as dt
+import socket
 import ssl
 import urllib.error
 import urllib.request
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,10 +24,13 @@ from fedge.edge_agent.identity.renewal import (
     renew_certificate,
     renewal_due,
 )
+from fedge.edge_agent.viewing.server import ImageServer, StationImages
 from fedge.edge_manager.security import credentials
 from fedge.edge_manager.security.enroll_server import EnrollServer
 from fedge.edge_manager.security.enrollment import revoke
+from fedge.edge_manager.viewing.client import fetch_image
 from fedge.protocols import codec, pki
+from fedge.protocols.config import EdgeConfig
 from fedge.protocols.enrollment import RenewRequest
 from fedge.protocols.fleet_ca import FleetCA
 from fedge.protocols.pki import Role, TlsFiles
@@ -209,3 +214,54 @@ def test_a_renewal_by_an_old_key_before_the_confirmation_is_caught(
     live_after = [c.serial for c in credentials.certificates(fh.db, EDGE) if not c.revoked]
     assert live_after == live_before
     assert server.counters["refused_not_newest"] == 1
+
+
+@pytest.mark.integration
+def test_the_stations_tls_endpoint_serves_its_renewed_certificate_without_a_restart(
+    station: tuple[FleetHome, EnrollServer, TlsFiles], tmp_path: Path
+) -> None:
+    """The station's image endpoint (mutual TLS, transport/metrics.ServerTlsContext)
+    presents the certificate the station's renewal wrote at the next handshake."""
+    fh, server, tls = station
+    image = tmp_path / "p-1.png"
+    image.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))
+    images = StationImages(
+        config=lambda: EdgeConfig(
+            fleet=fh.settings.fleet, edge=EDGE, version=2, operator_viewing=True
+        ),
+        known=lambda pid: pid == "p-1",
+        kept=lambda pid: (image, image.stat().st_size) if pid == "p-1" else None,
+        counters=Counter(),
+    )
+    endpoint = ImageServer(images, tls, "127.0.0.1", 0)
+    endpoint.start()
+    manager = fh.home.pki().manager_files()
+    try:
+        old = current(tls)
+        assert _served_serial(endpoint.address, manager) == old.serial
+        renew_certificate(url(server), tls)
+        new = current(tls)
+        assert new.serial != old.serial
+        assert _served_serial(endpoint.address, manager) == new.serial
+        # The manager's own client checks the station's (renewed) certificate and fetches.
+        fetched = fetch_image(manager, EDGE, endpoint.address, "p-1", timeout_s=5.0)
+        assert fetched.data == image.read_bytes()
+    finally:
+        endpoint.stop()
+
+
+def _served_serial(address: str, client: TlsFiles) -> int:
+    host, port = address.rsplit(":", 1)
+    # Only reads what is presented: a station's certificate is of client purpose, which
+    # OpenSSL's server check refuses (the manager's client checks it by hand, viewing/).
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    context.load_cert_chain(str(client.cert), str(client.key))
+    with (
+        socket.create_connection((host, int(port)), timeout=5) as raw,
+        context.wrap_socket(raw) as connection,
+    ):
+        der = connection.getpeercert(binary_form=True)
+    assert der is not None
+    return pki.load_certificate(ssl.DER_cert_to_PEM_cert(der).encode()).serial_number

@@ -46,7 +46,7 @@ from fedge.protocols.viewing import (
     STATUS,
     Refusal,
 )
-from fedge.transport.metrics import mutual_tls_context
+from fedge.transport.metrics import ServerTlsContext
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ class _Server(ThreadingHTTPServer):
     timeout_s = 10.0  # a stalled peer costs its thread a bounded time
 
     def __init__(
-        self, address: tuple[str, int], handler: type[_Handler], context: ssl.SSLContext
+        self, address: tuple[str, int], handler: type[_Handler], context: ServerTlsContext
     ) -> None:
         self.context = context
         super().__init__(address, handler)
@@ -156,7 +156,9 @@ class _Server(ThreadingHTTPServer):
     def get_request(self) -> tuple[socket, Any]:
         conn, address = super().get_request()
         conn.settimeout(self.timeout_s)
-        conn = self.context.wrap_socket(conn, server_side=True, do_handshake_on_connect=False)
+        conn = self.context.current().wrap_socket(
+            conn, server_side=True, do_handshake_on_connect=False
+        )
         return conn, address
 
     def handle_error(self, request: Any, client_address: Any) -> None:
@@ -171,7 +173,8 @@ class ImageServer:
         self, images: StationImages, files: TlsFiles, host: str, port: int, advertised: str = ""
     ) -> None:
         try:
-            context = mutual_tls_context(files)
+            # Follows the files: the station's renewed certificate is served at once.
+            context = ServerTlsContext(files)
         except (OSError, ssl.SSLError) as exc:
             raise AgentError(f"cannot load the station's TLS files for images: {exc}") from None
         handler = type("ImageHandler", (_Handler,), {"images": images})
