@@ -112,6 +112,8 @@ def silent_verdict(result: dict[str, Any], settings: SilentSettings) -> dict[str
         "silent_max_abs_error": result["max_abs_error"],
         "silent_error_bound": result["error_bound"],
         "silent_dropout_reason": reason,
+        "silent_stages_s": {k: round(v, 3) for k, v in result["silent_stages_s"].items()},
+        "silent_clean_stages_s": {k: round(v, 3) for k, v in result["clean_stages_s"].items()},
         "silent_parties": settings.parties,
         "silent_params": settings.params,
     }
