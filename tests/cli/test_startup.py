@@ -37,6 +37,9 @@ HELP = [
     ["demo", "--help"],
     ["console", "--help"],
     ["console", "token", "--help"],
+    ["jobs", "--help"],
+    ["jobs", "submit", "--help"],
+    ["jobs", "run", "--help"],
 ]
 
 

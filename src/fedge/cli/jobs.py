@@ -22,7 +22,6 @@ from fedge.edge_manager.scheduler.policy import Policy, PolicyName
 from fedge.edge_manager.scheduler.queue import Actions
 from fedge.edge_manager.scheduler.store import JobRecord
 from fedge.edge_manager.store import Store
-from fedge.federation.link_jobs import queue_fleet_job, run_queue
 
 app = typer.Typer(
     help="The fleet's job queue: TE (urgent) and BE (best-effort) jobs, by team. "
@@ -121,6 +120,10 @@ def submit(
     now, by = time.time(), _who(who)
     with _store(home) as store:
         if manifest is not None:
+            # Lazily: link_jobs brings Flower and torch, which `fedge --help` and a
+            # station-only install must not import (tests/cli/test_startup.py).
+            from fedge.federation.link_jobs import queue_fleet_job
+
             record = queue_fleet_job(
                 store, manifest, Path(job_dir), kind=kind, team=team, stations=stations,
                 grace_s=grace, max_preemptions=max_preemptions, priority=priority, who=by,
@@ -239,6 +242,8 @@ def run_jobs(
 
     Example: fedge jobs run --policy fitgpp
     """
+    from fedge.federation.link_jobs import run_queue  # lazily: Flower and torch
+
     manager_home = ManagerHome(home)
     if not manager_home.db_path.is_file():
         raise SchedulerError(f"no manager home at {home}; create one with: fedge manager init")
