@@ -122,6 +122,15 @@ def revoke(edge: str, home: HomeOption = DEFAULT_HOME) -> None:
     )
 
 
+def _anomaly_value(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise typer.BadParameter(
+            f"--anomaly takes a number or 'recommended', got {text!r}"
+        ) from None
+
+
 # A negative VALUE (e.g. -0.1) is an argument, not an unknown option: it then gets the
 # library's range error rather than click's "No such option '-0'".
 @app.command("set-threshold", context_settings={"ignore_unknown_options": True})
@@ -131,11 +140,12 @@ def set_threshold(
     value: Annotated[float | None, typer.Argument(help="Threshold in [0, 1].")] = None,
     class_name: Annotated[str | None, typer.Option("--class", help="Only this class.")] = None,
     anomaly: Annotated[
-        float | None,
+        str | None,
         typer.Option(
             "--anomaly",
-            help="Instead: the anomaly score over which a part is novel (a distance > 0; "
-            "the station reports its quantile after an anomaly job).",
+            help="Instead: the anomaly score over which a part is novel (a distance > 0), "
+            "or 'recommended': the threshold the station itself reported for the anomaly "
+            "model deployed beside its classifier (its held-out good parts' quantile).",
         ),
     ] = None,
     model: Annotated[
@@ -157,15 +167,25 @@ def set_threshold(
 
     Example: fedge edge set-threshold st-07 0.72 --class scratch --model inspect:4
     Example: fedge edge set-threshold st-07 --anomaly 14.2
+    Example: fedge edge set-threshold all --anomaly recommended
     """
     if (value is None) == (anomaly is None):
         raise typer.BadParameter("give a threshold VALUE or --anomaly VALUE (one of them)")
     _, fleet = open_fleet(home)
     edges = fleet.edges() if edge == "all" else [edge]
     if anomaly is not None:
-        for pushed in fleet.set_anomaly_threshold(edges, anomaly, force=force):
+        chosen: dict[str, tuple[float, str]] = {}
+        for target in edges:  # every value is found before any is pushed
+            if anomaly == "recommended":
+                chosen[target] = fleet.recommended_anomaly_threshold(target)
+            else:
+                chosen[target] = (_anomaly_value(anomaly), "given")
+        for target, (threshold, source) in chosen.items():
+            (pushed,) = fleet.set_anomaly_threshold([target], threshold, force=force)
+            why = "" if source == "given" else f", reported by {target} for {source}"
             console.print(
-                f"{pushed.edge}: desired config v{pushed.version} (anomaly threshold {anomaly})",
+                f"{pushed.edge}: desired config v{pushed.version} "
+                f"(anomaly threshold {threshold:g}{why})",
                 highlight=False,
             )
         warn_if_not_serving(home, "the config is stored and is sent to the edges once it runs")

@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+from fedge.aggregator.anomaly.rounds import read_thresholds
 from fedge.aggregator.fleet.manifest import load_fleet_manifest
 from fedge.aggregator.fleet.server import INITIAL_WEIGHTS, MODEL_SPEC
 from fedge.aggregator.jobs.checkpoint import atomic_write_text, load_arrays
@@ -23,6 +24,7 @@ from fedge.aggregator.jobs.directory import (
 )
 from fedge.aggregator.jobs.run_store import RunState, RunStore
 from fedge.edge_manager.home.layout import ManagerHome
+from fedge.edge_manager.registry.recommendations import write_anomaly_thresholds
 from fedge.edge_manager.registry.versions import TrainableSource, parse_ref
 from fedge.federation.anomaly import ANOMALY_CLASSES, export_anomaly
 from fedge.federation.prepare import ManagerView
@@ -125,5 +127,11 @@ def _publish_once(job_dir: Path, home: ManagerHome) -> str:
             trainable=trainable,
         )
     ref = published.manifest.ref
+    if manifest.anomaly is not None:
+        # Each station's own threshold, kept with the version it was measured on: the
+        # operator pushes it with `fedge edge set-threshold EDGE --anomaly recommended`.
+        write_anomaly_thresholds(
+            home.artifacts, published.manifest.name, version, read_thresholds(job_dir)
+        )
     atomic_write_text(job_dir / PUBLISHED, json.dumps({"ref": ref, "at": time.time()}))
     return ref

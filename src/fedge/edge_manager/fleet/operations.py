@@ -28,14 +28,17 @@ from fedge.edge_manager.fleet.edge_store import EdgeSummary
 from fedge.edge_manager.home.layout import ManagerHome, is_wildcard
 from fedge.edge_manager.labels import current as labels
 from fedge.edge_manager.labels import operations as fleet_labels
+from fedge.edge_manager.registry.recommendations import recommended_anomaly_threshold
 from fedge.edge_manager.registry.versions import Registry, parse_ref
 from fedge.edge_manager.rollout.guard import refuse_if_in_rollout
 from fedge.edge_manager.security import key_rotation
 from fedge.edge_manager.store import Store
 from fedge.protocols import codec, validate
 from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
+from fedge.protocols.deployment import DeploymentDesired
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.signing import SigningKey
+from fedge.protocols.manifest import ModelManifest
+from fedge.protocols.signing import SigningKey, unverified_payload
 from fedge.protocols.thumbnails import ThumbnailPolicy
 
 CONFIG = desired_store.CONFIG
@@ -144,6 +147,25 @@ class Fleet:
         if threshold is None:
             return self._push_config(edges, "anomaly threshold", clear_anomaly=True)
         return self._push_config(edges, "anomaly threshold", anomaly_threshold=threshold)
+
+    def recommended_anomaly_threshold(self, edge: str) -> tuple[float, str]:
+        """The anomaly threshold ``edge`` reported for the anomaly model deployed beside
+        its classifier, and that model's ref (issue 28); ManagerError saying why none."""
+        self.edges([edge])
+        document = desired_store.latest_document(self.store, edge, DEPLOY)
+        envelope = None
+        if document is not None:
+            envelope = codec.decode(document.encode(), DeploymentDesired).anomaly_envelope
+        if envelope is None:
+            raise ManagerError(
+                f"{edge} has no anomaly model deployed beside its classifier (fedge deploy "
+                "MODEL --anomaly NAME:VERSION); nothing was changed"
+            )
+        anomaly = unverified_payload(envelope.encode(), ModelManifest)
+        value = recommended_anomaly_threshold(
+            self.registry.artifacts, anomaly.name, anomaly.version, edge
+        )
+        return value, anomaly.ref
 
     def _threshold_model(self, edge: str, model: str | None) -> str | None:
         """The model version ``edge``'s thresholds are for: ``model`` if it was deployed
