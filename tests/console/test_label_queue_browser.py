@@ -94,7 +94,9 @@ def test_ten_labels_by_keyboard_with_an_undo(
             labelled(n)
         assert browser.find_element(By.ID, "queue-total").text == "2 unlabelled"
         ActionChains(browser).send_keys("u").perform()  # the tenth comes back...
-        assert browser.find_element(By.ID, "queue-total").text == "3 unlabelled"
+        # ...once the manager has withdrawn its label (an undo is a request, not a redraw).
+        wait_for(browser, "the undo", 10, lambda d: d.find_element(
+            By.ID, "queue-total").text == "3 unlabelled")  # fmt: skip
         ActionChains(browser).send_keys("1").send_keys(Keys.ENTER).perform()  # ...as clean
         labelled(11)
         # The undo withdrew the tenth's label (here and at the station): this is a new one.
