@@ -395,6 +395,38 @@ def fleet_round(
     )
 
 
+@app.command("dp-sgd")
+@friendly_errors
+def dp_sgd(
+    stations: Annotated[int, typer.Option(help="Stations in the federation.", min=1)] = 3,
+    images: Annotated[int, typer.Option(help="Training images per station.", min=16)] = 2000,
+    rounds: Annotated[int, typer.Option(help="Federated rounds.", min=1)] = 4,
+    batch_size: Annotated[int, typer.Option(help="Both sides' batch size.", min=1)] = 64,
+    epsilon: Annotated[float, typer.Option(help="Each station's target for the job.")] = 8.0,
+    seed: Annotated[int, typer.Option(help="Data, initial model and noise seed.")] = 0,
+    json_path: JsonOption = None,
+) -> None:
+    """The stations' inspection CNN with DP-SGD against without: accuracy and round time.
+
+    Example: fedge bench dp-sgd --json dp-sgd.json
+    """
+    from fedge.bench.dp_sgd import run_dp_sgd
+
+    run_bench(
+        "dp-sgd",
+        json_path,
+        lambda progress: run_dp_sgd(
+            stations=stations,
+            images=images,
+            rounds=rounds,
+            batch_size=batch_size,
+            epsilon=epsilon,
+            seed=seed,
+            progress=progress,
+        ),
+    )
+
+
 @app.command()
 @friendly_errors
 def gpu(

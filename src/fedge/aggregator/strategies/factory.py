@@ -68,6 +68,13 @@ _SERVER_OPT: dict[str, type | tuple[type, ...]] = {
 }
 # Every kind but distill (whose architectures follow the tiers) may set the trained arch.
 _ARCH: dict[str, type | tuple[type, ...]] = {"arch": str}
+# A strategy's own local step (over the scenario's or job's task): e.g. DP-SGD's larger
+# batch at the same epsilon (its noise re-planned by the accountant) and its learning rate.
+_LOCAL_STEP: dict[str, tuple[str, type]] = {
+    "lr": ("lr", float),
+    "batch_size": ("batch-size", int),
+    "local_epochs": ("local-epochs", int),
+}
 
 
 class StrategyConfigError(AggregatorError):
@@ -133,6 +140,7 @@ def build_strategy(
     if kind not in KINDS:
         raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
     allowed = dict(_DEADLINE) | _PRIVACY | _SERVER_OPT
+    allowed |= {key: kind_ for key, (_, kind_) in _LOCAL_STEP.items()}
     if kind in ("tiered", "distill"):
         allowed |= _TIERED
     if kind == "distill":
@@ -168,6 +176,11 @@ def build_strategy(
     try:
         deadline = DeadlineConfig(**{k: values.pop(k) for k in list(values) if k in _DEADLINE})
         train_config: dict[str, float | str] = {}
+        for key, (config_key, _) in _LOCAL_STEP.items():
+            if key in values:
+                if not values[key] > 0:
+                    raise ValueError(f"{key} must be > 0, got {values[key]!r}")
+                train_config[config_key] = values.pop(key)
         if "arch" in values:
             from fedge.models.digits import ARCHITECTURES  # torch: only when asked for
 
