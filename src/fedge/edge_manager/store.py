@@ -260,6 +260,15 @@ CREATE TABLE IF NOT EXISTS queue_events (
 CREATE INDEX IF NOT EXISTS queue_events_job ON queue_events (job_id, at);
 """
 
+# Who holds which role in a team (issue 31 item 4; edge_manager/scheduler/team_store.py):
+# viewer, submitter or admin, and who granted it when.
+TEAM_MEMBERS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS team_members (
+    team TEXT NOT NULL REFERENCES teams (team), member TEXT NOT NULL, role TEXT NOT NULL,
+    granted_at REAL NOT NULL, granted_by TEXT NOT NULL, PRIMARY KEY (team, member));
+CREATE INDEX IF NOT EXISTS team_members_member ON team_members (member);
+"""
+
 # Columns added to existing tables after a release (table, column, definition); a store
 # from before gets them with their default (``CREATE TABLE IF NOT EXISTS`` leaves an old
 # table as it was). predictions.stats: the image statistics of the prediction as JSON (''
@@ -346,6 +355,9 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
         9,
         "predictions.anomaly_model, anomaly_score, novel and their index (issue 28)",
         _anomaly_columns,
+    ),
+    schema_store.Migration(
+        10, "team_members: roles per team (issue 31)", schema_store.script(TEAM_MEMBERS_SCHEMA)
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
