@@ -24,6 +24,7 @@ TINY = [
 KEYS = {
     "auroc_unseen", "pooled_max_abs_diff", "auroc_gain_smallest_station",
     "serving_cost_ratio", "seeds", "met_target", "machine",
+    "novel_alert_images", "mpp_drift_alert_images", "false_alerts",
 }  # fmt: skip
 
 
@@ -47,6 +48,12 @@ def test_two_seeds_report_the_contract_and_federated_equals_pooled(tmp_path: Pat
     cost = data["serving_cost"]
     assert cost["ratio"] == data["serving_cost_ratio"] > 1.0
     assert set(cost["ms_per_image"]) == {"classifier", "shared", "separate"}
+    # Issue 28: the pair through the agent's own scoring path, and the novel-defect streams.
+    assert set(cost["agent_serving_path"]["ms_per_image"]) == {"classifier", "with_anomaly"}
+    novel = cost["novel_detection"]
+    assert len(novel["novel_parts_clean_streams"]) == 5  # quality: the full size only
+    assert data["false_alerts"] == novel["false_alerts"] <= novel["clean_streams"] == 5
+    assert data["novel_alert_images"] == novel["novel_alert_images"]
     assert data["machine"]["cpu_count"] >= 1
 
 

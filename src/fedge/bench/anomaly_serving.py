@@ -1,0 +1,239 @@
+"""The anomaly model beside the classifier, as a station serves them (issue 28, items 3-4).
+
+Two figures of ``fedge bench anomaly`` come from here, both through the code that runs in
+production, not a copy of it:
+
+- **Novel-defect detection.** Both models exported to ONNX and loaded by the agent's own
+  runtime as one serving pair (:mod:`fedge.edge_agent.inference.runtime`), images scored
+  by the agent's scoring function (:func:`fedge.edge_agent.inference.batch.score`, which
+  writes each record's anomaly score and the station's threshold in force), one image per
+  call as a line camera sends them. The stream: ``warmup`` in-distribution parts (good
+  parts and the scratches the classifier knows), then the same with dents at ``rate``.
+  After every image the manager's rules judge the newest ``window`` records exactly as
+  the monitor's tick does: the ``novel_rate`` CUSUM (:mod:`fedge.edge_manager.monitor.novel`)
+  and the input/score drift alerts (:func:`fedge.edge_manager.monitor.rules.drift_findings`)
+  against the first ``window`` parts as their reference. ``novel_alert_images`` and
+  ``drift_alert_images`` count the images since the first dent until each fires (None:
+  not within the stream). ``false_alerts`` counts ``novel_rate`` alerts on in-distribution
+  streams of the same length (no dents).
+- **Serving cost.** The same function on the classifier alone against the pair, one image
+  per call, interleaved rounds, median ms per image; the ratio is the pair's cost.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from fedge.datasets.defects import make_defect_images
+from fedge.edge_agent.inference import batch as scoring
+from fedge.edge_agent.inference import runtime
+from fedge.edge_manager.monitor.novel import novel_finding
+from fedge.edge_manager.monitor.rules import MonitorPolicy, WindowRow, drift_findings
+from fedge.protocols.config import EdgeConfig
+from fedge.protocols.manifest import ModelManifest, Preprocess, TensorSpec
+from fedge.protocols.records import PredictionRecord
+
+WINDOW = 100  # the manager's monitor_min_window default
+
+
+@dataclass(frozen=True)
+class StreamSize:
+    warmup: int = 200  # in distribution, before the first dent (the drift reference and more)
+    after: int = 200  # parts after the first dent
+    rate: float = 0.10  # dents among them
+    clean_streams: int = 5
+
+
+def load_pair(
+    classifier_onnx: Path, anomaly_onnx: Path, image_size: int
+) -> tuple[runtime.LoadedModel, runtime.LoadedModel]:
+    """The classifier alone, and the classifier with the anomaly model beside it, loaded
+    and checked by the agent's runtime as a deployment loads them."""
+    preprocess = Preprocess(image_size=image_size)
+    image = TensorSpec("image", "float32", ("batch", 1, image_size, image_size))
+
+    def manifest(
+        path: Path, name: str, outputs: tuple[TensorSpec, ...], classes: tuple[str, ...]
+    ) -> ModelManifest:
+        data = path.read_bytes()
+        return ModelManifest(
+            name=name,
+            version=1,
+            sha256=hashlib.sha256(data).hexdigest(),
+            size=len(data),
+            inputs=(image,),
+            outputs=outputs,
+            classes=classes,
+            positive_classes=classes[1:],
+            preprocess=preprocess,
+        )
+
+    classifier = runtime.load(
+        classifier_onnx,
+        manifest(
+            classifier_onnx,
+            "inspect",
+            (TensorSpec("probs", "float32", ("batch", 2)),),
+            ("clean", "scratch"),
+        ),
+        (),
+    )
+    runtime.smoke_test(classifier)
+    anomaly = runtime.load(
+        anomaly_onnx,
+        manifest(
+            anomaly_onnx,
+            "inspect-anomaly",
+            (TensorSpec("score", "float32", ("batch",)),),
+            ("good", "anomalous"),
+        ),
+        (),
+    )
+    runtime.check_anomaly(classifier, anomaly)
+    return classifier, classifier.with_anomaly(anomaly)
+
+
+def _prepared(images: npt.NDArray[np.uint8]) -> list[npt.NDArray[np.float32]]:
+    return [(x.astype(np.float32) / np.float32(255.0))[None] for x in images]
+
+
+def _stream(
+    seed: int, size: StreamSize, with_dents: bool
+) -> tuple[list[npt.NDArray[np.float32]], int]:
+    """The stream's images and the index of its first dent (-1: none)."""
+    rng = np.random.default_rng(seed)
+    warm, _ = make_defect_images(size.warmup, seed=seed, scratch_fraction=0.3)
+    normal, _ = make_defect_images(size.after, seed=seed + 1, scratch_fraction=0.3)
+    after = list(normal)
+    first = -1
+    if with_dents:
+        dents, _ = make_defect_images(
+            size.after, seed=seed + 2, scratch_fraction=1.0, dent_fraction=1.0
+        )
+        is_dent = rng.random(size.after) < size.rate
+        is_dent[int(np.argmax(is_dent)) if is_dent.any() else 0] = True
+        after = [d if flag else n for d, n, flag in zip(dents, normal, is_dent, strict=True)]
+        first = size.warmup + int(np.argmax(is_dent))
+    return _prepared(np.concatenate([warm, np.stack(after)])), first
+
+
+def _row(record: PredictionRecord) -> WindowRow:
+    return WindowRow(record.scores, record.stats, record.at)
+
+
+def judge_stream(
+    pair: runtime.LoadedModel,
+    config: EdgeConfig,
+    images: Sequence[npt.NDArray[np.float32]],
+    first_dent: int,
+    *,
+    drift: bool = True,
+) -> dict[str, Any]:
+    """Score ``images`` one per call with the pair; after each, the monitor's findings on
+    the newest window. Images from the first dent until each alert first fires."""
+    policy = MonitorPolicy()
+    records: list[PredictionRecord] = []
+    fired: dict[str, int] = {}
+    start = max(first_dent, 0)
+    for index, image in enumerate(images):
+        (scored,) = scoring.score(pair, config, [image], [""])
+        records.append(scored.record)
+        if len(records) < WINDOW:
+            continue
+        window = records[-WINDOW:]
+        if (
+            "novel_rate" not in fired
+            and novel_finding(
+                [r.novel if r.anomaly is not None else None for r in window], policy.novel
+            ).holds
+        ):
+            fired["novel_rate"] = index + 1 - start
+        if drift and "drift" not in fired and index >= 2 * WINDOW - 1:
+            reference = [_row(r) for r in records[:WINDOW]]
+            current = [_row(r) for r in records[WINDOW:][-WINDOW:]]
+            findings = drift_findings(reference, current, policy.drift, reference_source="first")
+            if any(f.holds for f in findings):
+                fired["drift"] = index + 1 - start
+    novel_parts = sum(r.novel for r in records)
+    return {
+        "images": len(records),
+        "first_dent_at": first_dent,
+        "novel_parts": novel_parts,
+        "novel_alert_images": fired.get("novel_rate"),
+        "drift_alert_images": fired.get("drift"),
+    }
+
+
+def novel_detection(
+    pair: runtime.LoadedModel, threshold: float, seed: int, size: StreamSize = StreamSize()
+) -> dict[str, Any]:
+    """The dent stream and the in-distribution streams (module docstring)."""
+    config = EdgeConfig(fleet="bench", edge="st-01", version=1, anomaly_threshold=threshold)
+    images, first = _stream(seed, size, with_dents=True)
+    dented = judge_stream(pair, config, images, first)
+    clean = []
+    for stream in range(size.clean_streams):
+        images, _ = _stream(seed + 100 * (stream + 1), size, with_dents=False)
+        clean.append(judge_stream(pair, config, images, -1, drift=False))
+    return {
+        "method": (
+            "agent runtime + batch.score one image per call; after each image the monitor's "
+            f"rules on the newest {WINDOW} records (novel_rate CUSUM; input/score drift "
+            f"against the first {WINDOW})"
+        ),
+        "stream": {"warmup": size.warmup, "after": size.after, "dent_rate": size.rate},
+        "anomaly_threshold": round(threshold, 4),
+        "novel_alert_images": dented["novel_alert_images"],
+        "mpp_drift_alert_images": dented["drift_alert_images"],
+        "novel_parts_dent_stream": dented["novel_parts"],
+        "false_alerts": sum(s["novel_alert_images"] is not None for s in clean),
+        "clean_streams": size.clean_streams,
+        "novel_parts_clean_streams": [s["novel_parts"] for s in clean],
+    }
+
+
+def serving_cost(
+    classifier: runtime.LoadedModel,
+    pair: runtime.LoadedModel,
+    images: Sequence[npt.NDArray[np.float32]],
+    rounds: int,
+) -> dict[str, Any]:
+    """ms per image through :func:`batch.score`, one image per call: alone vs the pair."""
+    config = EdgeConfig(fleet="bench", edge="st-01", version=1, anomaly_threshold=1.0)
+    sides = {"classifier": classifier, "with_anomaly": pair}
+    for model in sides.values():  # warm-up
+        for image in images[:20]:
+            scoring.score(model, config, [image], [""])
+    per_round: dict[str, list[float]] = {name: [] for name in sides}
+    for _ in range(rounds):
+        for name, model in sides.items():
+            started = time.perf_counter()
+            for image in images:
+                scoring.score(model, config, [image], [""])
+            per_round[name].append((time.perf_counter() - started) / len(images) * 1e3)
+    median = {name: statistics.median(values) for name, values in per_round.items()}
+    return {
+        "method": (
+            "the agent's scoring path (runtime-loaded pair, batch.score: decode excluded, "
+            "records and image statistics included), one image per call, "
+            "median of interleaved rounds"
+        ),
+        "ms_per_image": {name: round(value, 4) for name, value in median.items()},
+        "ratio": round(median["with_anomaly"] / median["classifier"], 3),
+        "rounds": rounds,
+        "images_per_round": len(images),
+    }
+
+
+def prepared_images(count: int, seed: int) -> list[npt.NDArray[np.float32]]:
+    images, _ = make_defect_images(count, seed=seed, scratch_fraction=0.3)
+    return _prepared(images)
