@@ -12,7 +12,11 @@ from conftest import FleetHome, build_onnx_model, console_login, make_fleet_home
 from fedge.aggregator.jobs.directory import RUNS_DB
 from fedge.aggregator.jobs.run_store import PartyEvaluation, RunState, RunStore
 from fedge.aggregator.rounds.record import RoundRecord
+from fedge.console import views_store
 from fedge.console.jobs import accuracy_chart
+from fedge.edge_manager.fleet import edge_store
+from fedge.edge_manager.scheduler import service
+from fedge.edge_manager.scheduler.teams import TeamRole
 from fedge.protocols.manifest import Lineage
 
 
@@ -112,3 +116,40 @@ def test_the_job_page_shows_each_station_before_and_after_and_the_model_it_produ
     model = client.get("/models/inspect/7").text
     assert f'href="/jobs/{job_id}"' in model
     assert detail.count('class="tick"') == 3 + 5
+
+
+def test_the_jobs_page_shows_a_member_only_their_teams_jobs(fh: FleetHome) -> None:
+    with fh.fleet() as fleet:
+        store = fleet.store
+        learn_dir = next(j.job_dir for j in views_store.fleet_jobs(store) if j.name == "learn")
+        paint_dir = str(Path(learn_dir).parent / "paint-job")
+        store.conn.execute(
+            "INSERT INTO fleet_jobs (job_dir, name, model, prepared_at) VALUES (?,?,?,?)",
+            (paint_dir, "painted", "inspect:1", time.time() + 2),
+        )
+        if not edge_store.names(store):
+            edge_store.enroll(store, "st-01", "0" * 64, 0.0)
+        for team, admin in (("vision", "ana"), ("paint", "pia")):
+            service.add_team(store, team, None, who="root", now=0.0)
+            service.grant(store, team, admin, TeamRole.ADMIN, who="root", now=0.0)
+        for team, who, job_dir in (("vision", "ana", learn_dir), ("paint", "pia", paint_dir)):
+            service.submit_job(
+                store, kind="be", team=team, stations="any 1", grace_s=60.0, max_preemptions=1,
+                priority=0, job_dir=job_dir, who=who, now=1.0,
+            )  # fmt: skip
+
+    def names(client: object) -> dict[str, str]:
+        listing = client.get("/jobs").text  # type: ignore[attr-defined]
+        rows = re.findall(r'<tr data-job="(\d+)">(.*?)</tr>', listing, re.S)
+        return {re.search(r">([a-z]+)</a>", row).group(1): job for job, row in rows}  # type: ignore[union-attr]
+
+    ana, _ = console_login(fh, "viewer", "ana")
+    seen = names(ana)
+    assert sorted(seen) == ["gone", "learn"]  # hers, and one no team queued
+    admin, _ = console_login(fh, "admin", "boss")
+    every = names(admin)
+    assert sorted(every) == ["gone", "learn", "painted"]
+    assert ana.get(f"/jobs/{every['painted']}").status_code == 404
+    assert ana.get(f"/jobs/{every['learn']}").status_code == 200
+    pia, _ = console_login(fh, "operator", "pia")
+    assert sorted(names(pia)) == ["gone", "painted"]

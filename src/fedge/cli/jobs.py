@@ -30,7 +30,12 @@ app = typer.Typer(
 )
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")]
 WhoOption = Annotated[
-    str | None, typer.Option("--as", help="Who does it, for the audit log (default: you).")
+    str | None,
+    typer.Option(
+        "--as",
+        help="Who does it: an operator or console account, for the team's roles and the "
+        "audit log (default: your login name).",
+    ),
 ]
 
 
@@ -77,14 +82,15 @@ def team(
     quota: Annotated[
         float | None, typer.Option(help="Station-hours a day its jobs may use (none: no cap).")
     ] = None,
+    who: WhoOption = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Add a team (or change its quota).
+    """Add a team (or change its quota); roles: fedge team.
 
     Example: fedge jobs team vision --quota 40
     """
     with _store(home) as store:
-        queue_store.add_team(store, name, quota, time.time())
+        service.add_team(store, name, quota, who=_who(who), now=time.time())
     console.print(f"team {name}: quota {'none' if quota is None else f'{quota:g} station-h/day'}")
 
 
@@ -224,7 +230,7 @@ def priority(
     Example: fedge jobs priority job-1a2b3c4d5e 5
     """
     with _store(home) as store:
-        queue_store.set_priority(store, job_id, value, who=_who(who), at=time.time())
+        service.set_priority(store, job_id, value, who=_who(who), now=time.time())
     console.print(f"{job_id}: priority {value}", highlight=False)
 
 

@@ -22,6 +22,7 @@ from fedge.cli import (
     quickstart,
     rollout,
     sim,
+    team,
 )
 from fedge.cli.common import friendly_errors
 
@@ -43,6 +44,7 @@ app.add_typer(console.app, name="console")
 app.add_typer(rollout.app, name="rollout")
 app.add_typer(loop.app, name="loop")
 app.add_typer(jobs.app, name="jobs")
+app.add_typer(team.app, name="team")
 app.command("deploy")(deploy.deploy)
 app.command("sim")(sim.sim)
 app.command("quickstart")(quickstart.quickstart)

@@ -191,7 +191,7 @@ class Console:
                 context = {"security": await run_in_threadpool(security_page, self.home)}
             else:
                 context = await self.run(
-                    lambda fleet: pages.context(fleet, kind, edge, params, notice)
+                    lambda fleet: pages.context(fleet, kind, edge, params, notice, who[1])
                 )
             context["serve_notice"] = notice
         except ManagerError as exc:  # an edge that is not enrolled, an unknown rollout

@@ -15,8 +15,10 @@ from typing import Any
 from fedge.aggregator.jobs.directory import RUNS_DB
 from fedge.aggregator.jobs.run_store import RunStore
 from fedge.console import views_store
+from fedge.console.accounts import Account, Role
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.scheduler import team_store
 
 ACCURACY_KEYS = ("accuracy", "eval_accuracy", "federated_evaluate_accuracy")
 
@@ -124,9 +126,30 @@ def _summary(job: views_store.FleetJob) -> tuple[JobSummary, RunStore | None]:
     return summary, store
 
 
-def list_jobs(fleet: Fleet) -> list[JobSummary]:
+def _visible(fleet: Fleet, jobs: list[views_store.FleetJob], viewer: Account | None) -> set[str]:
+    """The job directories of ``jobs`` that ``viewer`` may see (None: every one)."""
+    dirs = {job.job_dir for job in jobs}
+    if viewer is None or viewer.role is Role.ADMIN:
+        return dirs
+    teams = team_store.teams_of_job_dirs(fleet.store, dirs)
+    members: dict[str, set[str]] = {}
+    for m in team_store.memberships(fleet.store):
+        members.setdefault(m.team, set()).add(m.member)
+    return {
+        d
+        for d in dirs
+        if d not in teams or not members.get(teams[d]) or viewer.name in members[teams[d]]
+    }
+
+
+def list_jobs(fleet: Fleet, viewer: Account | None = None) -> list[JobSummary]:
+    """The fleet's jobs that ``viewer`` may see (its teams', a console admin: all)."""
+    every = views_store.fleet_jobs(fleet.store)
+    visible = _visible(fleet, every, viewer)
     jobs = []
-    for job in views_store.fleet_jobs(fleet.store):
+    for job in every:
+        if job.job_dir not in visible:
+            continue
         summary, store = _summary(job)
         if store is not None:
             store.close()
@@ -134,9 +157,10 @@ def list_jobs(fleet: Fleet) -> list[JobSummary]:
     return jobs
 
 
-def job_detail(fleet: Fleet, job_id: str) -> JobDetail:
+def job_detail(fleet: Fleet, job_id: str, viewer: Account | None = None) -> JobDetail:
     job = views_store.fleet_job(fleet.store, int(job_id) if job_id.isdigit() else -1)
-    if job is None:
+    # Another team's job is not found, the same as one that does not exist.
+    if job is None or not _visible(fleet, [job], viewer):
         raise ManagerError(f"no job {job_id!r} on this fleet; see the jobs page")
     summary, store = _summary(job)
     if store is None or not summary.run_id:

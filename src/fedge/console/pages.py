@@ -14,16 +14,23 @@ from fedge.console import (
     trends,
     views,
 )
+from fedge.console.accounts import Account
 from fedge.console.fleet_table import PER_PAGE, STATES, TableQuery, fleet_table
 from fedge.console.queue import QueueQuery, label_queue
 from fedge.edge_manager.fleet.operations import Fleet
 
 
 def context(
-    fleet: Fleet, kind: str, key: str, params: dict[str, str], serve_notice: str | None = None
+    fleet: Fleet,
+    kind: str,
+    key: str,
+    params: dict[str, str],
+    serve_notice: str | None = None,
+    viewer: Account | None = None,
 ) -> dict[str, Any]:
     """What page ``kind`` shows (``key``: its edge, job or rollout id; ``params``: the
-    query string; ``serve_notice``: what is wrong with ``manager serve``, health.py)."""
+    query string; ``serve_notice``: what is wrong with ``manager serve``, health.py;
+    ``viewer``: who reads it, for what their teams may see)."""
     if kind == "fleet":
         table = fleet_table(fleet, TableQuery.parse(params), serve_notice=serve_notice)
         return {
@@ -46,9 +53,9 @@ def context(
         shown = sorted({item.prediction.edge for item in queue.items})
         return {"queue": queue, "viewing": images.station_viewing(fleet, shown)}
     if kind == "jobs":
-        return {"jobs": jobs.list_jobs(fleet)}
+        return {"jobs": jobs.list_jobs(fleet, viewer)}
     if kind == "job":
-        return {"detail": jobs.job_detail(fleet, key)}
+        return {"detail": jobs.job_detail(fleet, key, viewer)}
     if kind == "alerts":
         return {"board": alerts.alerts_page(fleet, params.get("all") == "1")}
     if kind == "alert":

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.fleet import edge_store
 from fedge.edge_manager.scheduler import store as queue_store
+from fedge.edge_manager.scheduler import team_store
 from fedge.edge_manager.scheduler.decide import decide
 from fedge.edge_manager.scheduler.errors import SchedulerError
 from fedge.edge_manager.scheduler.lifecycle import HOLDING, WAITING, JobState, cancel_target
@@ -24,6 +25,15 @@ from fedge.edge_manager.scheduler.queue import Actions, Queued, Running, State, 
 from fedge.edge_manager.scheduler.quota import used_station_seconds
 from fedge.edge_manager.scheduler.store import JobRecord
 from fedge.edge_manager.scheduler.submit import build_job
+from fedge.edge_manager.scheduler.teams import (
+    Membership,
+    TeamRole,
+    check_grant,
+    check_known_team,
+    check_may_administer,
+    check_may_submit,
+    check_revoke,
+)
 from fedge.edge_manager.scheduler.windows import parse_window
 from fedge.edge_manager.store import Store
 
@@ -45,7 +55,8 @@ def submit_job(
     now: float,
     job_id: str | None = None,
 ) -> JobRecord:
-    """Check and queue a job; a bad submission raises :class:`SchedulerError`, queues nothing."""
+    """Check and queue a job; a bad submission (or ``who`` may not submit for ``team``,
+    teams.py) raises :class:`SchedulerError` and queues nothing."""
     job = build_job(
         job_id=job_id or f"job-{uuid.uuid4().hex[:10]}",
         kind=kind,
@@ -58,6 +69,7 @@ def submit_job(
         teams=queue_store.teams(store),
         enrolled=edge_store.names(store),
     )
+    check_may_submit(team, team_store.members(store, team), who)
     queue_store.submit(store, job, job_dir, who)
     return queue_store.job(store, job.job_id)
 
@@ -147,13 +159,16 @@ def tick(
             pin_stations=pin_stations,
         )
     for suspension in actions.suspend:
+        # The audit log names whose job took the stations, not only which job.
+        urgent = queue_store.job(store, suspension.for_job)
         queue_store.transition(
             store,
             suspension.job_id,
             JobState.SUSPENDING,
             who=SCHEDULER,
             at=now,
-            detail=f"preempted for {suspension.for_job} (FitGpp)",
+            detail=f"preempted for {suspension.for_job} (team {urgent.job.team}, submitted by "
+            f"{urgent.submitted_by}; FitGpp)",
         )
     _stop_for_windows(store, actions, now)
     return actions
@@ -182,11 +197,59 @@ def _stop_for_windows(store: Store, actions: Actions, now: float) -> None:
 
 
 def cancel(store: Store, job_id: str, *, who: str, now: float) -> JobRecord:
-    """Cancel: a waiting job now, a running one at its next round boundary."""
-    current = queue_store.job(store, job_id).state
+    """Cancel: a waiting job now, a running one at its next round boundary (by a submitter
+    or admin of the job's team, teams.py)."""
+    record = queue_store.job(store, job_id)
+    check_may_submit(record.job.team, team_store.members(store, record.job.team), who)
     return queue_store.transition(
-        store, job_id, cancel_target(current), who=who, at=now, detail="cancelled"
+        store, job_id, cancel_target(record.state), who=who, at=now, detail="cancelled"
     )
+
+
+def set_priority(store: Store, job_id: str, priority: int, *, who: str, now: float) -> JobRecord:
+    """Change a waiting job's priority (by a submitter or admin of its team)."""
+    team = queue_store.job(store, job_id).job.team
+    check_may_submit(team, team_store.members(store, team), who)
+    return queue_store.set_priority(store, job_id, priority, who=who, at=now)
+
+
+def add_team(store: Store, team: str, quota: float | None, *, who: str, now: float) -> None:
+    """Add a team, or change its quota (an existing team's: by its admin)."""
+    if team in queue_store.teams(store):
+        check_may_administer(team, team_store.members(store, team), who)
+    queue_store.add_team(store, team, quota, now)
+
+
+def grant(
+    store: Store,
+    team: str,
+    member: str,
+    role: TeamRole,
+    *,
+    who: str,
+    now: float,
+    known: frozenset[str] | None = None,
+) -> None:
+    """Give ``member`` ``role`` in ``team`` (``known``: the people the manager knows --
+    operator and console accounts; None: not checked)."""
+    check_known_team(team, queue_store.teams(store))
+    if known is not None and member not in known:
+        raise SchedulerError(
+            f"no operator or console account {member!r}; add one with "
+            f"`fedge manager operator add {member}` or `fedge console token add {member}`"
+        )
+    members = team_store.members(store, team)
+    check_may_administer(team, members, who)
+    check_grant(team, members, member, role)
+    team_store.grant(store, Membership(team, member, role, now, who))
+
+
+def revoke(store: Store, team: str, member: str, *, who: str) -> None:
+    check_known_team(team, queue_store.teams(store))
+    members = team_store.members(store, team)
+    check_may_administer(team, members, who)
+    check_revoke(team, members, member)
+    team_store.revoke(store, team, member)
 
 
 def round_boundary(store: Store, job_id: str, *, now: float, detail: str = "") -> JobRecord:

@@ -9,6 +9,7 @@ from collections.abc import Collection
 
 from fedge.edge_manager.scheduler.errors import SchedulerError
 from fedge.edge_manager.scheduler.queue import Job, JobKind
+from fedge.edge_manager.scheduler.teams import check_known_team
 
 
 def parse_stations(spec: str, enrolled: Collection[str]) -> tuple[frozenset[str] | None, int]:
@@ -69,11 +70,7 @@ def build_job(
         job_kind = JobKind(kind)
     except ValueError as exc:
         raise SchedulerError(f"kind {kind!r}: give te (urgent) or be (best effort)") from exc
-    if team not in teams:
-        known = ", ".join(sorted(teams)) or "none yet"
-        raise SchedulerError(
-            f"unknown team {team!r} (teams: {known}); add it with: fedge jobs team {team}"
-        )
+    check_known_team(team, teams)
     names, demand = parse_stations(stations, enrolled)
     return Job(
         job_id,
