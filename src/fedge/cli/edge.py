@@ -236,22 +236,55 @@ def set_training(
         float, typer.Option(help="Longest local training of one round, in minutes.")
     ] = 10.0,
     threads: Annotated[int, typer.Option(help="CPU threads training may use.")] = 1,
+    window: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--window",
+            help="When the job scheduler may place jobs here: a shift '22:00-06:00' (local "
+            "time) or 'idle 30m' (the line scored nothing for 30 min); repeat for several, "
+            "any one open suffices. None: any time.",
+        ),
+    ] = None,
+    utc_offset_minutes: Annotated[
+        int | None,
+        typer.Option(help="The station's local time east of UTC, in minutes (shift windows)."),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Let a station train on its labelled images as a federated party (signed config).
 
     Example: fedge edge set-training st-01 --enable --max-minutes 10
+    --window 22:00-06:00 --window 'idle 30m' --utc-offset-minutes 60
     """
+    from fedge.edge_manager.scheduler.errors import SchedulerError
+    from fedge.edge_manager.scheduler.windows import parse_window
     from fedge.protocols.config import TrainingPolicy
     from fedge.protocols.errors import ProtocolError
 
-    _, fleet = open_fleet(home)
-    edges = fleet.edges() if edge == "all" else [edge]
+    windows = tuple(w.strip() for w in window) if window else None
     try:
-        policy = TrainingPolicy(enabled=enable, max_minutes=max_minutes, threads=threads)
+        # Both checks before anything is signed: the config's own and the scheduler's
+        # (which also refuses a shift that opens and closes at once).
+        policy = TrainingPolicy(
+            enabled=enable,
+            max_minutes=max_minutes,
+            threads=threads,
+            windows=windows,
+            utc_offset_minutes=utc_offset_minutes,
+        )
+        for text in windows or ():
+            parse_window(text)
     except ProtocolError as exc:
         raise typer.BadParameter(str(exc)) from None
+    except SchedulerError as exc:
+        raise typer.BadParameter(f"training window: {exc}") from None
+    _, fleet = open_fleet(home)
+    edges = fleet.edges() if edge == "all" else [edge]
     state = f"enabled, {max_minutes:g} min, {threads} thread(s)" if enable else "disabled"
+    if windows:
+        state += f", windows {', '.join(windows)}"
+        if utc_offset_minutes:
+            state += f" (UTC{utc_offset_minutes:+d} min)"
     for pushed in fleet.set_training(edges, policy):
         console.print(f"{pushed.edge}: desired config v{pushed.version} (training {state})")
 
