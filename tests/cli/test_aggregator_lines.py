@@ -6,10 +6,11 @@ A real ``fedge`` process on a pipe, running a short simulated job.
 
 import re
 import subprocess
+import urllib.request
 from pathlib import Path
 
 import pytest
-from conftest import FEDGE
+from conftest import FEDGE, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -46,3 +47,38 @@ def test_each_round_is_a_line_read_while_the_job_still_runs(tmp_path: Path) -> N
     ]
     assert lines[2].startswith("job ") and "completed after round 3/3" in lines[2]
     assert "\x1b[" not in first + rest  # no terminal control codes in a log
+
+
+def test_a_running_job_serves_its_metrics(tmp_path: Path) -> None:
+    """``--metrics-port``: Prometheus text from the job's run store while it runs."""
+    manifest = (ROOT / "examples" / "jobs" / "tiered-digits.toml").read_text()
+    short = tmp_path / "short.toml"
+    short.write_text(re.sub(r"(?m)^rounds = \d+", "rounds = 4", manifest, count=1))
+    port = free_port()
+    command = [
+        str(FEDGE), "aggregator", "run", str(short), "--dir", str(tmp_path / "job"),
+        "--metrics-port", str(port),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        assert process.stdout.readline().strip() == f"job metrics: http://127.0.0.1:{port}/metrics"
+        assert process.stdout.readline().startswith("training: round 1/4 done")
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as reply:
+            text = reply.read().decode()
+        running = process.poll() is None
+        _, errors = process.communicate(timeout=300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, errors
+    completed = re.search(r"(?m)^fedge_job_rounds_completed_total\{[^}]*\} (\S+)$", text)
+    assert completed is not None and float(completed.group(1)) >= 1.0, text[:2000]
+    assert running or float(completed.group(1)) >= 1.0
+    assert "fedge_job_round_duration_seconds_bucket" in text

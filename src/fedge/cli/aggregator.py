@@ -43,6 +43,15 @@ DEFAULT_DIR = Path("fedge-job")
 VerboseOption = Annotated[
     bool, typer.Option("--verbose", "-v", help="Also show Flower's per-round log lines.")
 ]
+MetricsPortOption = Annotated[
+    int,
+    typer.Option(
+        "--metrics-port",
+        min=0,
+        help="Serve the job's Prometheus metrics (rounds, round times, late and dropped "
+        "parties, epsilon) on 127.0.0.1:PORT while it runs; 0: off.",
+    ),
+]
 
 
 @app.command()
@@ -52,6 +61,7 @@ def run(
     job_dir: DirOption = DEFAULT_DIR,
     verbose: VerboseOption = False,
     home: HomeOption = DEFAULT_HOME,
+    metrics_port: MetricsPortOption = 0,
 ) -> None:
     """Validate a job manifest, then run it to the end, checkpointing every round.
 
@@ -69,11 +79,11 @@ def run(
         from fedge.edge_manager.home.layout import ManagerHome
         from fedge.federation.fleet_job import run_fleet_job
 
-        with _progress_bar("fleet rounds") as progress:
+        with _job_metrics(job_dir, metrics_port), _progress_bar("fleet rounds") as progress:
             fleet_result = run_fleet_job(manifest, job_dir, ManagerHome(home), progress=progress)
         _report_fleet(fleet_result, job_dir)
         return
-    with _progress_bar("training") as progress:
+    with _job_metrics(job_dir, metrics_port), _progress_bar("training") as progress:
         result = run_job(manifest, job_dir, progress=progress)
     _report(result)
 
@@ -84,6 +94,7 @@ def resume(
     job_dir: DirOption = DEFAULT_DIR,
     verbose: VerboseOption = False,
     home: HomeOption = DEFAULT_HOME,
+    metrics_port: MetricsPortOption = 0,
     manifest: Annotated[
         Path | None,
         typer.Option(
@@ -106,13 +117,32 @@ def resume(
         from fedge.edge_manager.home.layout import ManagerHome
         from fedge.federation.fleet_job import resume_fleet_job
 
-        with _progress_bar("fleet rounds") as progress:
+        with _job_metrics(job_dir, metrics_port), _progress_bar("fleet rounds") as progress:
             fleet_result = resume_fleet_job(job_dir, ManagerHome(home), progress=progress)
         _report_fleet(fleet_result, job_dir)
         return
-    with _progress_bar("resuming") as progress:
+    with _job_metrics(job_dir, metrics_port), _progress_bar("resuming") as progress:
         result = resume_job(job_dir, progress=progress)
     _report(result)
+
+
+@contextmanager
+def _job_metrics(job_dir: Path, port: int) -> Iterator[None]:
+    """The job's /metrics on loopback while the block runs (issue 27), read from its run
+    store on each scrape; nothing when ``port`` is 0."""
+    if not port:
+        yield
+        return
+    from fedge.aggregator.jobs.directory import RUNS_DB
+    from fedge.aggregator.jobs.metrics import serve_job_metrics
+
+    server = serve_job_metrics(job_dir / RUNS_DB, "127.0.0.1", port)
+    server.start()
+    console.print(f"job metrics: {server.url}/metrics", markup=False, highlight=False)
+    try:
+        yield
+    finally:
+        server.stop()
 
 
 def _amend(job_dir: Path, manifest: Path) -> None:
