@@ -13,6 +13,12 @@ with :func:`trainer.train_private` (DP-SGD at a target epsilon per station for t
 job, accounted by Opacus' RDP accountant in each station's ledger). Same data, same
 initial model, same seeds.
 
+With ``fine_tune`` both sides start from the fleet's model trained centrally on scratches
+only, and a third of the stations' defects are dents (the continuous-training case: a
+job starts from the served model; DP fine-tuning from a public model is where DP-SGD
+comes close to non-private accuracy, Tramèr and Boneh, ICLR 2021; De et al. 2022);
+without it both start from a fresh model on scratches.
+
 Reported: final accuracy on a held-out set of both and the drop in points, the median
 seconds of a round's training (every station's, one after the other) of both and their
 ratio, the epsilon each station spent, which clipping engine ran (book-keeping or
@@ -21,6 +27,7 @@ Opacus' hooks), and ``met_target``: drop <= 3 points and ratio <= 2 (the issue's
 
 from __future__ import annotations
 
+import copy
 import statistics
 import tempfile
 import time
@@ -33,10 +40,13 @@ import torch
 
 from fedge.bench.machine import machine_info
 from fedge.datasets.defects import make_defect_images
-from fedge.models.inspection import new_model
+from fedge.models.inspection import new_model, train_inspection_model
 from fedge.party import clipping, trainer
 from fedge.privacy.settings import PrivacyMode, PrivacySpec
 
+DENT_FRACTION = 1 / 3
+PRETRAIN_IMAGES = 2000
+PRETRAIN_EPOCHS = 3
 TARGET_DROP_POINTS = 3.0
 TARGET_RATIO = 2.0
 
@@ -47,15 +57,23 @@ def run_dp_sgd(
     images: int = 2000,
     rounds: int = 4,
     batch_size: int = 64,
+    dp_batch_size: int | None = None,
+    dp_lr: float | None = None,
     epsilon: float = 8.0,
     delta: float = 1e-3,
     clipping_norm: float = 1.0,
     seed: int = 0,
+    fine_tune: bool = False,
     progress: Callable[[str], None] | None = None,
 ) -> dict[str, Any]:
     """Both federations; returns the JSON's dict."""
-    data = [_station_data(images, seed * 1000 + s) for s in range(stations)]
-    test = _station_data(600, seed * 1000 + 999)
+    # Fine-tuning (the fleet's case: a job starts from the model the stations serve): the
+    # initial model is trained on scratches only, and a third of the stations' defects are
+    # dents it never saw (as at a station with another press).
+    dents = DENT_FRACTION if fine_tune else 0.0
+    data = [_station_data(images, seed * 1000 + s, dents) for s in range(stations)]
+    test = _station_data(600, seed * 1000 + 999, dents)
+    initial = _pretrained(seed) if fine_tune else new_model(seed)
     settings = trainer.TrainSettings(
         lr=3e-3, epochs=2, batch_size=batch_size, max_seconds=None, threads=1, seed=seed
     )
@@ -66,6 +84,18 @@ def run_dp_sgd(
         clipping_norm=clipping_norm,
         rounds_per_party=rounds,
     )
+
+    def private_step(step: trainer.TrainSettings) -> trainer.TrainSettings:
+        """DP-SGD's own batch and learning rate, where given (the same epsilon: the
+        accountant plans the noise for the batch's sample rate and steps)."""
+        return trainer.TrainSettings(
+            **{
+                **vars(step),
+                "batch_size": dp_batch_size or step.batch_size,
+                "lr": dp_lr or step.lr,
+            }
+        )
+
     with tempfile.TemporaryDirectory(prefix="fedge-bench-dp-") as ledgers:
 
         def train(model: torch.nn.Module, station: int, server_round: int, private: bool) -> Any:
@@ -75,14 +105,14 @@ def run_dp_sgd(
             return trainer.train_private(
                 model,
                 data[station],
-                step,
+                private_step(step),
                 spec,
                 ledger_path=Path(ledgers) / f"station-{station}.db",
                 job="bench-dp-sgd",
                 server_round=server_round,
             )
 
-        sides = {name: _Federation(new_model(seed), seed) for name in ("no_dp", "dp_sgd")}
+        sides = {name: _Federation(copy.deepcopy(initial), seed) for name in ("no_dp", "dp_sgd")}
         # Round by round, one side then the other: a machine whose load shifts weighs on
         # both sides alike.
         for server_round in range(1, rounds + 1):
@@ -101,6 +131,8 @@ def run_dp_sgd(
         "stations": stations,
         "images_per_station": images,
         "rounds": rounds,
+        "fine_tune": fine_tune,
+        "initial_accuracy": trainer.accuracy(initial, test),
         "privacy": {
             "epsilon": epsilon,
             "delta": delta,
@@ -112,6 +144,8 @@ def run_dp_sgd(
             "lr": settings.lr,
             "epochs": settings.epochs,
             "batch_size": settings.batch_size,
+            "dp_lr": dp_lr or settings.lr,
+            "dp_batch_size": dp_batch_size or settings.batch_size,
         },
         "no_dp": runs["no_dp"],
         "dp_sgd": runs["dp_sgd"],
@@ -129,8 +163,14 @@ def run_dp_sgd(
     }
 
 
-def _station_data(n: int, seed: int) -> trainer.Examples:
-    images, labels = make_defect_images(n, seed=seed)
+def _pretrained(seed: int) -> torch.nn.Module:
+    """The fleet's model before the job: trained centrally on scratches only."""
+    images, labels = make_defect_images(PRETRAIN_IMAGES, seed=seed * 1000 + 777)
+    return train_inspection_model(images, labels, epochs=PRETRAIN_EPOCHS, seed=seed)
+
+
+def _station_data(n: int, seed: int, dent_fraction: float) -> trainer.Examples:
+    images, labels = make_defect_images(n, seed=seed, dent_fraction=dent_fraction)
     x = (images.astype(np.float32) / 255.0)[:, None, :, :]
     return trainer.Examples(x, labels)
 

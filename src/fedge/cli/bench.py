@@ -401,9 +401,19 @@ def dp_sgd(
     stations: Annotated[int, typer.Option(help="Stations in the federation.", min=1)] = 3,
     images: Annotated[int, typer.Option(help="Training images per station.", min=16)] = 2000,
     rounds: Annotated[int, typer.Option(help="Federated rounds.", min=1)] = 4,
-    batch_size: Annotated[int, typer.Option(help="Both sides' batch size.", min=1)] = 64,
+    batch_size: Annotated[int, typer.Option(help="The batch size (both sides).", min=1)] = 64,
+    dp_batch_size: Annotated[
+        int | None, typer.Option(help="DP-SGD's own batch size (default: --batch-size).", min=1)
+    ] = None,
+    dp_lr: Annotated[
+        float | None, typer.Option(help="DP-SGD's own learning rate (default: 3e-3).")
+    ] = None,
     epsilon: Annotated[float, typer.Option(help="Each station's target for the job.")] = 8.0,
     seed: Annotated[int, typer.Option(help="Data, initial model and noise seed.")] = 0,
+    fine_tune: Annotated[
+        bool,
+        typer.Option(help="Start from a model trained on scratches; stations also see dents."),
+    ] = False,
     json_path: JsonOption = None,
 ) -> None:
     """The stations' inspection CNN with DP-SGD against without: accuracy and round time.
@@ -420,8 +430,11 @@ def dp_sgd(
             images=images,
             rounds=rounds,
             batch_size=batch_size,
+            dp_batch_size=dp_batch_size,
+            dp_lr=dp_lr,
             epsilon=epsilon,
             seed=seed,
+            fine_tune=fine_tune,
             progress=progress,
         ),
     )
