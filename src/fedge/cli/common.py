@@ -40,7 +40,7 @@ DEFAULT_HOME = Path("fedge-home")
 
 # What `pip install 'fedge[agent]'` leaves out: the commands that need these import them
 # in their bodies, so on a station they fail with one line instead of a traceback.
-TRAINING_MODULES = frozenset({"torch", "flwr", "onnx", "ray", "sklearn", "matplotlib"})
+TRAINING_MODULES = frozenset({"torch", "flwr", "onnx", "ray", "sklearn", "matplotlib", "optuna"})
 CONSOLE_MODULES = frozenset({"starlette", "jinja2", "uvicorn", "multipart"})
 
 

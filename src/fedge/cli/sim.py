@@ -15,7 +15,9 @@ from fedge.cli.common import console, fitted_table, friendly_errors
 
 @friendly_errors
 def sim(
-    scenario: Annotated[str, typer.Option(help="Scenario name (shipped) or TOML path.")],
+    scenario: Annotated[
+        str | None, typer.Option(help="Scenario name (shipped) or TOML path.")
+    ] = None,
     strategies: Annotated[str, typer.Option(help="Comma-separated; the first is the baseline.")] = (
         "fedavg,tiered"
     ),
@@ -48,6 +50,14 @@ def sim(
         bool, typer.Option("--force", help="Replace the report an earlier run left in --out.")
     ] = False,
     json_path: Annotated[Path | None, typer.Option("--json", help="Write the summary.")] = None,
+    sweep: Annotated[
+        Path | None,
+        typer.Option(
+            help="Search a strategy's settings with Optuna instead (a sweep spec TOML: see "
+            "docs/jobs.md); trials run as BE jobs on the scheduler, the best is written as "
+            "a fleet job manifest in --out."
+        ),
+    ] = None,
 ) -> None:
     """Simulate the scenario's parties under each strategy and compare time to accuracy.
 
@@ -57,7 +67,14 @@ def sim(
     directory.
 
     Example: fedge sim --scenario tifl-digits --strategies fedavg,tiered --seeds 5 --json out.json
+
+    Example: fedge sim --sweep examples/sweeps/tiered-digits.toml --out sweeps/tiered
     """
+    if sweep is not None:
+        _sweep(sweep, out, json_path)
+        return
+    if scenario is None:
+        raise typer.BadParameter("give --scenario (or --sweep SPEC)", param_hint="--scenario")
     # Imported here, not at start-up: the simulator needs torch and Flower, which an
     # inference-only station (`pip install 'fedge[agent]'`) does not have.
     from fedge.sim.report import report_dir, speedup_text, write_report
@@ -147,3 +164,40 @@ def sim(
 
 def _num(value: object) -> str:
     return "-" if not isinstance(value, int | float) else f"{value:.2f}"
+
+
+def _sweep(spec_path: Path, out: Path | None, json_path: Path | None) -> None:
+    """``fedge sim --sweep``: a bad spec is one red line, and nothing is queued."""
+    from fedge.sim.sweep.run import run_sweep
+    from fedge.sim.sweep.spec import load_sweep
+
+    logging.getLogger("flwr").setLevel(logging.WARNING)
+    spec = load_sweep(spec_path)
+    out = out or Path("sweeps") / f"{spec.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+    report = run_sweep(
+        spec,
+        out,
+        on_trial=lambda t: console.print(
+            f"{t.job_id}: {t.state}"
+            + ("" if t.accuracy is None else f", accuracy {t.accuracy:.4f}")
+            + f" {t.params}",
+            markup=False,
+            highlight=False,
+        ),
+    )
+    table = fitted_table("rank", "trial", "accuracy", "settings", whole=("settings",))
+    for rank, t in enumerate(report.ranked, 1):
+        accuracy = "failed" if t.accuracy is None else f"{t.accuracy:.4f}"
+        settings = ", ".join(f"{k}={v:g}" for k, v in t.params.items())
+        table.add_row(str(rank), t.job_id, accuracy, settings)
+    console.print(table)
+    if json_path is not None:
+        json_path.write_text(json.dumps(report.to_json(), indent=1))
+    if report.fleet_manifest:
+        console.print(
+            f"best: {report.fleet_manifest}\nqueue it: fedge jobs submit --manifest "
+            f"{report.fleet_manifest} --job-dir JOB_DIR --kind be --team TEAM",
+            markup=False,
+            highlight=False,
+        )

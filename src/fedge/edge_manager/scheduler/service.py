@@ -11,7 +11,7 @@ beyond the store.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from fedge.edge_manager.desired import store as desired_store
 from fedge.edge_manager.fleet import edge_store
@@ -54,9 +54,11 @@ def submit_job(
     who: str,
     now: float,
     job_id: str | None = None,
+    enrolled: Collection[str] | None = None,
 ) -> JobRecord:
     """Check and queue a job; a bad submission (or ``who`` may not submit for ``team``,
-    teams.py) raises :class:`SchedulerError` and queues nothing."""
+    teams.py) raises :class:`SchedulerError` and queues nothing. ``enrolled``: the
+    stations it may name (default: the fleet's; a sweep's queue: its simulation slots)."""
     job = build_job(
         job_id=job_id or f"job-{uuid.uuid4().hex[:10]}",
         kind=kind,
@@ -67,7 +69,7 @@ def submit_job(
         priority=priority,
         now=now,
         teams=queue_store.teams(store),
-        enrolled=edge_store.names(store),
+        enrolled=edge_store.names(store) if enrolled is None else enrolled,
     )
     check_may_submit(team, team_store.members(store, team), who)
     queue_store.submit(store, job, job_dir, who)
