@@ -3,7 +3,11 @@
 import pytest
 
 from fedge.aggregator.rounds.clock import ClockMode
-from fedge.aggregator.strategies.factory import StrategyConfigError, build_strategy
+from fedge.aggregator.strategies.factory import (
+    LOCAL_STEP_KEYS,
+    StrategyConfigError,
+    build_strategy,
+)
 
 
 def test_a_strategy_sets_its_own_learning_rate_and_batch_size() -> None:
@@ -15,6 +19,7 @@ def test_a_strategy_sets_its_own_learning_rate_and_batch_size() -> None:
         clock=ClockMode.VIRTUAL,
     )
     assert config == {"lr": 0.2, "batch-size": 128}  # the parties' config keys
+    assert set(config) <= LOCAL_STEP_KEYS  # what a fleet job passes on over its task
     _, plain = build_strategy("fedavg", {}, per_round=2, seed=0, clock=ClockMode.VIRTUAL)
     assert plain == {}  # nothing set: the task's own step
 

@@ -70,7 +70,7 @@ from fedge.aggregator.jobs.runner import JobRounds, JobRun, execute_job
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.rounds.loop import EvaluateFn
 from fedge.aggregator.rounds.replies import no_reply_reason, to_array_record
-from fedge.aggregator.strategies.factory import build_strategy
+from fedge.aggregator.strategies.factory import LOCAL_STEP_KEYS, build_strategy
 from fedge.protocols.model_spec import MODEL_SPEC_KEY
 
 JOB_ID_KEY = "job-id"  # what stations account a job's releases to (as a train message)
@@ -251,6 +251,8 @@ def _rounds(
             "lr": manifest.task.lr,
             "local-epochs": manifest.task.local_epochs,
             "batch-size": manifest.task.batch_size,
+            # a strategy's own local step over the task's (e.g. DP-SGD's larger batch)
+            **{k: v for k, v in extra.items() if k in LOCAL_STEP_KEYS},
         }
     )
     return JobRounds(

@@ -75,6 +75,8 @@ _LOCAL_STEP: dict[str, tuple[str, type]] = {
     "batch_size": ("batch-size", int),
     "local_epochs": ("local-epochs", int),
 }
+LOCAL_STEP_KEYS = frozenset(key for key, _ in _LOCAL_STEP.values())
+"""The train config keys a strategy's own local step sets (every runner applies them)."""
 
 
 class StrategyConfigError(AggregatorError):
