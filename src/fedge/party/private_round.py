@@ -10,12 +10,13 @@ per round, which is the same composition):
    round that would take the job's or the party's lifetime epsilon past its bound is
    refused *before* training (:class:`BudgetExhaustedError`, which Flower turns into an
    error reply);
-3. train with Opacus (:func:`fedge.party.dp_sgd.train_private`);
+3. train with DP-SGD (:func:`fedge.party.dp_sgd.train_private`: clipped by book-keeping
+   or Opacus' hooks, the noise Opacus' optimizer adds; accounted by Opacus' accountant);
 4. settle the reservation to the release training made (the steps actually taken: a time
-   cap may stop it early), or cancel it if training failed (an error reply releases
-   nothing). Every training is its own ``(job, round, attempt)``: a round trained again
-   after a crash is a second release, counted as such; a party killed mid-training keeps
-   its planned release counted.
+   cap may stop it early; an unchanged release is not written again), or cancel it if
+   training failed (an error reply releases nothing). Every training is its own
+   ``(job, round, attempt)``: a round trained again after a crash is a second release,
+   counted as such; a party killed mid-training keeps its planned release counted.
 
 Used by the simulated party (:mod:`fedge.sim.party_app`) and the station's ClientApp.
 """
