@@ -13,7 +13,7 @@ change made for one is made for the other:
   (Li et al., MLSys 2020; ../shared/research/fl-algorithms.md section 6.1), stopping at
   ``max_seconds``;
 - :func:`train_private`: the same round as DP-SGD (:mod:`fedge.party.private_round`:
-  planned, checked against the party's ledger, trained with Opacus, recorded);
+  planned, checked against the party's ledger, trained, recorded);
 - :func:`evaluate` / :func:`accuracy`: the model on held-out examples.
 
 Unreadable files and labels the model has no class for are skipped and counted
