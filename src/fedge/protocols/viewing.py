@@ -44,6 +44,7 @@ class Refusal(StrEnum):
     PRUNED = "pruned"  # scored there, but retention has removed its image since
     TOO_LARGE = "too_large"  # over MAX_IMAGE_BYTES
     NOT_MANAGER = "not_manager"  # the caller's certificate is not the manager's
+    REVOKED = "revoked"  # the fleet's CRL at the station revokes the caller's certificate
     BAD_REQUEST = "bad_request"
 
 
@@ -53,6 +54,7 @@ STATUS = {
     Refusal.PRUNED: 410,
     Refusal.TOO_LARGE: 413,
     Refusal.NOT_MANAGER: 403,
+    Refusal.REVOKED: 403,
     Refusal.BAD_REQUEST: 400,
 }
 

@@ -8,7 +8,7 @@ from fedge.protocols.errors import ValidationError
 from fedge.protocols.pki import Role
 from fedge.protocols.viewing import MAX_IMAGE_BYTES, Refusal
 
-ON = ImageFacts(caller=Role.MANAGER, viewing_on=True, known=True, kept_bytes=1234)
+ON = ImageFacts(caller=Role.MANAGER, revoked=False, viewing_on=True, known=True, kept_bytes=1234)
 
 
 def facts(**change: object) -> ImageFacts:
@@ -23,6 +23,7 @@ def test_the_manager_gets_a_kept_image_while_the_policy_is_on() -> None:
     ("change", "refusal"),
     [
         ({"viewing_on": False}, Refusal.POLICY_OFF),
+        ({"revoked": True}, Refusal.REVOKED),
         ({"caller": Role.OPERATOR}, Refusal.NOT_MANAGER),
         ({"caller": Role.EDGE}, Refusal.NOT_MANAGER),
         ({"caller": None}, Refusal.NOT_MANAGER),
@@ -53,3 +54,8 @@ def test_viewing_is_on_only_where_the_applied_config_says_so() -> None:
 def test_off_is_the_field_left_out_never_false() -> None:
     with pytest.raises(ValidationError, match="operator_viewing"):
         EdgeConfig(fleet="f", edge="st-01", version=1, operator_viewing=False)
+
+
+def test_a_revoked_certificate_learns_nothing_whatever_else_holds() -> None:
+    revoked = facts(revoked=True, caller=Role.OPERATOR, viewing_on=False, known=False)
+    assert decide(revoked) is Refusal.REVOKED

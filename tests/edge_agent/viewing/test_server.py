@@ -64,9 +64,9 @@ def station(tmp_path: Path, pki: dict[str, TlsFiles]) -> Iterator[tuple[Station,
     images = StationImages(
         config=lambda: state.config,
         known=lambda pid: pid in state.known,
-        kept=lambda pid: (state.kept[pid], state.kept[pid].stat().st_size)
-        if pid in state.kept
-        else None,
+        kept=lambda pid: (
+            (state.kept[pid], state.kept[pid].stat().st_size) if pid in state.kept else None
+        ),
         counters=state.counters,
     )
     server = ImageServer(images, pki["station"], "127.0.0.1", 0)

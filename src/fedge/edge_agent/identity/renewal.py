@@ -24,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fedge.edge_agent.errors import AgentError
+from fedge.edge_agent.identity.crl import refresh_crl
 from fedge.edge_agent.identity.enroll import EnrollmentRefused, exchange, refusal
 from fedge.edge_agent.settings import AgentSettings
 from fedge.protocols import pki
@@ -32,7 +33,9 @@ from fedge.protocols.pki import CertInfo, TlsFiles
 
 log = logging.getLogger(__name__)
 RENEW_WHEN_LEFT = 1 / 3  # of the certificate's lifetime
-CHECK_EVERY_S = 3600.0
+# Each check also fetches the fleet's CRL (crl.py), so a revocation reaches the station's
+# own endpoints within this; one small HTTPS request per station per check.
+CHECK_EVERY_S = 300.0
 TIMEOUT_S = 15.0
 
 
@@ -126,6 +129,8 @@ class CertificateRenewer:
         self.now = now
         self.renewed = 0
         self.failures = 0
+        self.crl_updates = 0
+        self.crl_failures = 0
         # Confirmed at start too: a swap whose confirmation was lost (or a crash between
         # them) is confirmed then; confirming a certificate already confirmed is a no-op.
         self.confirm_pending = True
@@ -140,7 +145,9 @@ class CertificateRenewer:
         self._stop.set()
 
     def check(self) -> bool:
-        """Renew if due (then confirm the new certificate); True if renewed."""
+        """Fetch the fleet's CRL, renew if due (then confirm the new certificate); True
+        if renewed."""
+        self.refresh_crl()
         if self.confirm_pending:
             self.confirm()
         if not renewal_due(current(self.tls), self.now()):
@@ -157,6 +164,16 @@ class CertificateRenewer:
         self.confirm_pending = True
         self.confirm()
         return True
+
+    def refresh_crl(self) -> None:
+        """Adopt the manager's CRL when it is the fleet CA's and newer; a failure keeps
+        the one held and is retried at the next check."""
+        try:
+            if refresh_crl(self.url, self.tls):
+                self.crl_updates += 1
+        except (pki.CertificateError, OSError) as exc:
+            self.crl_failures += 1
+            log.warning("%s; keeping the CRL held, retrying at the next check", exc)
 
     def confirm(self) -> None:
         """Confirm the certificate in use; retried at the next check when it fails."""

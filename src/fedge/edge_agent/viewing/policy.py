@@ -2,7 +2,8 @@
 
 The station decides from its own signed config (protocols/viewing.py): whatever the
 manager believes, an image leaves only while ``operator_viewing`` is on in the config the
-agent applied, and only to the manager's certificate. The order of the checks matters:
+agent applied, and only to the manager's certificate, unless the fleet's CRL at the
+station revokes it (edge_agent/identity/crl.py). The order of the checks matters:
 a caller that may not see images learns nothing about which predictions exist.
 """
 
@@ -18,6 +19,7 @@ class ImageFacts:
     """What the station knows when asked for a prediction's image."""
 
     caller: Role | None  # the role in the client certificate TLS verified
+    revoked: bool  # the station's CRL revokes that certificate (or cannot be checked)
     viewing_on: bool  # the applied signed config allows operator viewing
     known: bool  # the station scored this prediction (its own store has it)
     kept_bytes: int | None  # the kept image's size; None: never kept, or pruned
@@ -30,6 +32,8 @@ def viewing_on(config: EdgeConfig | None) -> bool:
 
 def decide(facts: ImageFacts) -> Refusal | None:
     """None: send the image; else why not."""
+    if facts.revoked:
+        return Refusal.REVOKED
     if facts.caller is not Role.MANAGER:
         return Refusal.NOT_MANAGER
     if not facts.viewing_on:

@@ -5,7 +5,8 @@
                                        reason also in X-Fedge-Refusal (protocols/viewing.py)
 
 The TLS layer admits only certificates from the fleet's CA (the station's own CA file);
-:func:`~fedge.edge_agent.viewing.policy.decide` then wants the manager's role and the
+:func:`~fedge.edge_agent.viewing.policy.decide` then wants a certificate the fleet's CRL
+at the station does not revoke (edge_agent/identity/crl.py), the manager's role and the
 station's own signed config allowing operator viewing, every time (a config turned off is
 in force for the next request). Every image sent and every refusal is counted in the
 agent's counters (``images.sent``, ``images.bytes_sent``, ``images.refused.<reason>``),
@@ -32,12 +33,13 @@ from cryptography import x509
 
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.errors import AgentError, SettingsError
+from fedge.edge_agent.identity.crl import StationRevocations, crl_path
 from fedge.edge_agent.viewing.policy import ImageFacts, decide, viewing_on
 from fedge.party.errors import StationDataError
 from fedge.protocols import pki, validate
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ProtocolError
-from fedge.protocols.pki import Role, TlsFiles
+from fedge.protocols.pki import CertificateError, Role, TlsFiles
 from fedge.protocols.viewing import (
     IMAGE_PATH,
     MAX_IMAGE_BYTES,
@@ -59,6 +61,8 @@ class StationImages:
     known: Callable[[str], bool]  # the station scored this prediction
     kept: Callable[[str], tuple[Path, int] | None]  # its kept image, if still kept
     counters: Counter[str]
+    # Whether the fleet's CRL revokes a serial (CertificateError: it cannot be checked).
+    revoked: Callable[[int], bool] = lambda serial: False
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -78,8 +82,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (ProtocolError, StationDataError, ValueError) as exc:
             self._refuse(Refusal.BAD_REQUEST, str(exc))
             return
+        caller, revoked = self._caller()
         facts = ImageFacts(
-            caller=self._caller(),
+            caller=caller,
+            revoked=revoked,
             viewing_on=viewing_on(self.images.config()),
             known=self.images.known(prediction_id),
             kept_bytes=None if kept is None else kept[1],
@@ -106,17 +112,26 @@ class _Handler(BaseHTTPRequestHandler):
         counters["images.bytes_sent"] += len(data)
         log.info("images: sent %s (%d bytes) to the manager", prediction_id, len(data))
 
-    def _caller(self) -> Role | None:
+    def _caller(self) -> tuple[Role | None, bool]:
+        """The caller's role, and whether its certificate is revoked (True also when the
+        station's CRL is unusable: a broken list admits nobody)."""
         connection = self.connection
         if not isinstance(connection, ssl.SSLSocket):
-            return None
+            return None, False
         der = connection.getpeercert(binary_form=True)
         if der is None:
-            return None
+            return None, False
         try:
-            return pki.cert_info(x509.load_der_x509_certificate(der)).role
+            info = pki.cert_info(x509.load_der_x509_certificate(der))
         except (ValueError, ProtocolError):
-            return None
+            return None, False
+        try:
+            revoked = self.images.revoked(info.serial)
+        except CertificateError as exc:
+            log.warning("images: revocation cannot be checked, refusing everyone: %s", exc)
+            self.images.counters["images.crl_unusable"] += 1
+            revoked = True
+        return info.role, revoked
 
     def _refuse(self, refusal: Refusal, message: str) -> None:
         self.images.counters[f"images.refused.{refusal.value}"] += 1
@@ -133,6 +148,10 @@ class _Handler(BaseHTTPRequestHandler):
 def _reason(refusal: Refusal) -> str:
     return {
         Refusal.NOT_MANAGER: "only the manager's certificate may fetch this station's images",
+        Refusal.REVOKED: (
+            "the fleet's revocation list at this station revokes the caller's certificate "
+            "(or the station's list is unusable until it fetches a good one)"
+        ),
         Refusal.POLICY_OFF: (
             "this station's signed config does not allow operator viewing; its images stay "
             "on it (an admin can allow viewing on its edge page)"
@@ -216,6 +235,7 @@ def bind_image_server(agent: EdgeAgent) -> ImageServer | None:
         known=agent.store.has_prediction,
         kept=agent.station.image,
         counters=agent.counters,
+        revoked=StationRevocations(crl_path(files), files.ca).revoked,
     )
     server = ImageServer(
         images, files, settings.image_host, settings.image_port, settings.image_address

@@ -5,6 +5,9 @@ it enrols here, over server-authenticated TLS (the fleet CA's "enroll" certifica
 device pins the CA by the fingerprint in its token):
 
     GET  /v1/ca      the fleet CA certificate (public; the device checks its fingerprint)
+    GET  /v1/crl     the fleet CA's CRL (public, signed by the CA: stations fetch it at each
+                     renewal check and refuse revoked callers at their own endpoints,
+                     edge_agent/identity/crl.py); 404 while none was issued
     POST /v1/enroll  an EnrollRequest (edge, token, CSR) -> an EnrollResponse, or
                      400 (malformed), 403 (token or CSR refused), 411 (no length),
                      413 (oversized), 408 (body too slow)
@@ -32,6 +35,7 @@ import logging
 import ssl
 import threading
 from collections import Counter
+from pathlib import Path
 
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
@@ -111,6 +115,12 @@ class EnrollServer:
         if route == ("GET", "/v1/ca"):
             ca = await run_in_threadpool(self.home.pki().ca_path.read_bytes)
             return Response(ca, media_type="application/x-pem-file")
+        if route == ("GET", "/v1/crl"):
+            crl = await run_in_threadpool(_read_or_none, self.home.pki().crl_path)
+            if crl is None:
+                return self._refuse(404, "no_crl", "the fleet CA has issued no CRL yet")
+            self.count("crl_served")
+            return Response(crl, media_type="application/pkix-crl")
         if route == ("POST", "/v1/confirm"):
             return await self._confirm(request)
         if route not in (("POST", "/v1/enroll"), ("POST", "/v1/renew")):
@@ -186,3 +196,10 @@ class EnrollServer:
 
 def _json(status: int, body: bytes) -> Response:
     return Response(body, status_code=status, media_type="application/json")
+
+
+def _read_or_none(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
