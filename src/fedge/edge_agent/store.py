@@ -254,6 +254,20 @@ class LocalStore:
             ).rowcount
         return bool(inserted)
 
+    def withdraw_label(self, prediction_id: str, at: float) -> int:
+        """Drop the prediction's labels given at or before ``at`` (an operator's
+        withdrawal then), unless a label given after stands; how many went. The same rule
+        as the station's training set (StationData.unlabel), so the two agree; applying a
+        withdrawal again removes nothing more."""
+        with self._lock:
+            return int(
+                self._conn.execute(
+                    "DELETE FROM labels WHERE prediction_id=? AND at <= ? AND NOT EXISTS "
+                    "(SELECT 1 FROM labels WHERE prediction_id=? AND at > ?)",
+                    (prediction_id, at, prediction_id, at),
+                ).rowcount
+            )
+
     def has_prediction(self, prediction_id: str) -> bool:
         with self._lock:
             row = self._conn.execute(

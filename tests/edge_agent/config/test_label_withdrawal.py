@@ -50,11 +50,20 @@ def test_a_withdrawn_label_leaves_the_station_and_a_later_one_stands(tmp_path: P
         agent.handle_labels(withdrawn)
         assert [(i.prediction_id, i.label) for i in agent.station.labelled()] == [("p-2", "clean")]
         assert agent.counters["labels.withdrawn"] == 1
+        # The agent's own label index loses it too.
+        assert {(r["prediction_id"], r["label"]) for r in agent.store.labels()} == {
+            ("p-2", "clean"),
+        }  # fmt: skip
+        assert agent.counters["labels.index_withdrawn"] == 1
         agent.handle_labels(again)  # still lists the withdrawal: the newer label stands
         assert {(i.prediction_id, i.label) for i in agent.station.labelled()} == {
             ("p-1", "clean"), ("p-2", "clean"),
         }  # fmt: skip
         assert agent.counters["labels.withdrawn"] == 1
+        assert {(r["prediction_id"], r["label"]) for r in agent.store.labels()} == {
+            ("p-1", "clean"), ("p-2", "clean"),
+        }  # fmt: skip
+        assert agent.counters["labels.index_withdrawn"] == 1
     finally:
         agent.store.close()
         agent.station.close()

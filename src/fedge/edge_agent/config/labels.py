@@ -2,7 +2,8 @@
 
 Each label goes into the station's training set (:class:`~fedge.party.station_store.
 StationData`) and the agent's label index, once: the document carries the newest labels
-in full, so a document no newer than the last applied one is stale.
+in full, so a document no newer than the last applied one is stale. A withdrawal leaves
+both, unless a label given after it stands.
 """
 
 import logging
@@ -56,6 +57,11 @@ def apply_labels(
             applied += 1
     withdrawn = 0
     for withdrawal in document.withdrawn or ():
+        # The agent's label index too (what `fedge agent label` and the status show), on
+        # its own: each side is idempotent, so a failure of the other is retried alone.
+        counters["labels.index_withdrawn"] += store.withdraw_label(
+            withdrawal.prediction_id, withdrawal.at
+        )
         try:
             # Only a label no newer than the one withdrawn goes: one given since stands.
             withdrawn += station.unlabel(withdrawal.prediction_id, withdrawal.at)
