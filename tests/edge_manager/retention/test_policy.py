@@ -246,7 +246,8 @@ def test_the_monitors_history_goes_open_alerts_and_lineage_stay(store: Store) ->
     conn = store.conn
     for window_end in (OLD, RECENT):
         conn.execute(
-            "INSERT INTO estimates VALUES (?, 'inspect:1', ?, ?, 100, 0.9, 0.95, 0, NULL)",
+            "INSERT INTO estimates (edge, model, window_start, window_end, n, mpp, calibration, "
+            "labelled, true_accuracy) VALUES (?, 'inspect:1', ?, ?, 100, 0.9, 0.95, 0, NULL)",
             (EDGE, window_end - 60, window_end),
         )
     alerts = {"old-cleared": OLD, "recent-cleared": RECENT, "old-open": None}
