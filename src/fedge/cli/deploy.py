@@ -17,6 +17,7 @@ from fedge.cli.common import (
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import edge_store
 from fedge.edge_manager.registry.versions import parse_ref
+from fedge.edge_manager.scheduler import owned_models
 
 
 @friendly_errors
@@ -40,6 +41,10 @@ def deploy(
             "fetched, verified, swapped and rolled back with it.",
         ),
     ] = None,
+    who: Annotated[
+        str | None,
+        typer.Option("--as", help="Who deploys: a team's model needs its submitter or admin."),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Deploy a model version; each edge downloads, verifies, smoke-tests and swaps.
@@ -54,6 +59,7 @@ def deploy(
         raise ManagerError("--edges and --all contradict each other: give one of them")
     name, version = parse_ref(model)
     _, fleet = open_fleet(home)
+    owned_models.check_deploy(fleet.store, name, version, who)  # a team's model (issue 31)
     targets = fleet.edges() if all_edges else [e.strip() for e in (edges or "").split(",")]
     companion = None if anomaly is None else parse_ref(anomaly)
     deployment_id = fleet.deploy(name, version, targets, force=force, anomaly=companion)

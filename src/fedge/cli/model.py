@@ -20,6 +20,7 @@ from fedge.cli.common import (
 from fedge.cli.gate import gate
 from fedge.cli.model_distill import distill, train_teacher
 from fedge.cli.model_publish import publish
+from fedge.edge_manager.scheduler import owned_models
 
 app = typer.Typer(help="The model registry.", no_args_is_help=True)
 # The validation gate (cli/gate.py): `fedge model gate inspect:4`.
@@ -31,14 +32,19 @@ app.command()(publish)  # cli/model_publish.py
 @friendly_errors
 def list_models(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON instead of a table.")] = False,
+    team: Annotated[str | None, typer.Option(help="Only the models this team owns.")] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """List published models.
+    """List published models (--team: a team's own).
 
-    Example: fedge model list
+    Example: fedge model list --team vision
     """
     _, fleet = open_fleet(home)
     rows = fleet.registry.list()
+    if team is not None:
+        owned_models.check_known(fleet.store, team)
+        owners = owned_models.owners(fleet.store)
+        rows = [row for row in rows if owners.get((row.name, row.version)) == team]
     if as_json:
         print_json([row.to_json() for row in rows])
         return

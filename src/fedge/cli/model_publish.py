@@ -1,12 +1,15 @@
 """``fedge model publish``: store, hash, sign and register a model version."""
 
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, friendly_errors, open_fleet
+from fedge.cli.jobs import WhoOption, _who
 from fedge.edge_manager.registry.versions import TrainableSource
+from fedge.edge_manager.scheduler import owned_models
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.manifest import Lineage, ModelManifest, Preprocess, Thresholds
 
@@ -60,6 +63,13 @@ def publish(
         float | None,
         typer.Option(help="p95 latency (ms) it must keep on a station, or it is rolled back."),
     ] = None,
+    team: Annotated[
+        str | None,
+        typer.Option(
+            help="The team that owns it: only its members see it, its submitters deploy it."
+        ),
+    ] = None,
+    who: WhoOption = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Store, hash, sign and register an ONNX model (trainable with --weights --family).
@@ -87,6 +97,8 @@ def publish(
         raise typer.BadParameter("a trainable model needs --image-size (its preprocessing)")
     thresholds = _thresholds(threshold, class_threshold or [])
     _, fleet = open_fleet(home)
+    if team is not None:  # refused before anything is published
+        owned_models.check_team(fleet.store, team, _who(who))
     published = fleet.registry.publish(
         path,
         name=name,
@@ -101,7 +113,10 @@ def publish(
         thresholds=thresholds,
         latency_budget_ms=latency_budget_ms,
     )
-    console.print(published_line(published.manifest), markup=False, highlight=False, soft_wrap=True)
+    if team is not None:
+        owned_models.own(fleet.store, name, version, team, who=_who(who), now=time.time())
+    line = published_line(published.manifest) + ("" if team is None else f"; team {team}")
+    console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _thresholds(default: float | None, per_class: list[str]) -> Thresholds | None:

@@ -23,6 +23,7 @@ from fedge.edge_manager.rollout import views as rollout_views
 from fedge.edge_manager.rollout.machine import Step
 from fedge.edge_manager.rollout.plan import RolloutError, make_plan
 from fedge.edge_manager.rollout.service import Rollouts, default_edges
+from fedge.edge_manager.scheduler import owned_models
 
 app = typer.Typer(
     help="Staged rollouts: canary first, waves, abort criteria, rollback.", no_args_is_help=True
@@ -91,6 +92,10 @@ def start(
             "--force-unblessed", help="Roll out a model the gate did not bless (recorded)."
         ),
     ] = False,
+    who: Annotated[
+        str | None,
+        typer.Option("--as", help="Who rolls it out: a team's model needs its submitter or admin."),
+    ] = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
     """Start a staged rollout of a blessed model.
@@ -102,8 +107,9 @@ def start(
     whatever --abort-if says; so does a station whose probation verdict has not come
     within --probation-timeout of its activation (unless --no-wait-for-probation).
     """
-    name, _ = parse_ref(model)
+    name, version = parse_ref(model)
     _, fleet = open_fleet(home)
+    owned_models.check_deploy(fleet.store, name, version, who)  # a team's model (issue 31)
     if edges is None:
         targets = default_edges(fleet, name)
         if not targets:

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedge.console import incident_store, jobs
+from fedge.console.accounts import Account
 from fedge.console.conditions import readable
 from fedge.console.registry_views import ModelRow, models_page
 from fedge.edge_manager.errors import ManagerError, UnknownModelError
@@ -70,12 +71,15 @@ class ModelPage:
     job: jobs.JobSummary | None  # the fleet job whose run produced it
 
 
-def model_page(fleet: Fleet, name: str, version_text: str) -> ModelPage:
-    """Raises UnknownModelError (a ManagerError) for a version the registry lacks."""
+def model_page(
+    fleet: Fleet, name: str, version_text: str, viewer: Account | None = None
+) -> ModelPage:
+    """Raises UnknownModelError (a ManagerError) for a version the registry lacks, or one
+    of another closed team's (not found, the same as one that does not exist)."""
     if not version_text.isdigit():
         raise ManagerError(f"{version_text!r} is not a model version; see the models page")
     version = int(version_text)
-    rows = {(m.name, m.version): m for m in models_page(fleet).models}
+    rows = {(m.name, m.version): m for m in models_page(fleet, viewer).models}
     model = rows.get((name, version))
     if model is None:
         raise UnknownModelError(

@@ -61,10 +61,10 @@ def context(
     if kind == "alert":
         return {"shown": alerts.alert_page(fleet, key)}
     if kind == "models":
-        return {"registry": registry_views.models_page(fleet)}
+        return {"registry": registry_views.models_page(fleet, viewer)}
     if kind == "model":
         name, _, version = key.rpartition(":")
-        return {"model_view": model_page.model_page(fleet, name, version)}
+        return {"model_view": model_page.model_page(fleet, name, version, viewer)}
     if kind == "rollouts":
         return {"rollouts": registry_views.rollouts_page(fleet)}
     if kind == "rollout":

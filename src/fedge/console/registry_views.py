@@ -8,11 +8,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from fedge.console import incidents, views_store
+from fedge.console.accounts import Account, Role
 from fedge.console.conditions import readable
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.gate import run as gating
 from fedge.edge_manager.rollout import views as rollout_views
 from fedge.edge_manager.rollout.machine import MOVING, EdgeState, RolloutState
+from fedge.edge_manager.scheduler import owned_models
 
 # No further wave moves in these (an aborted one only waits for edges to come back).
 STOPPED = frozenset({"completed", "degraded", "aborted", "rolled_back"})
@@ -30,6 +32,7 @@ class ModelRow:
     classes: str
     verdict: gating.StoredVerdict | None  # the gate's newest, if it judged this version
     serving: int  # edges serving it now
+    team: str = ""  # the team that owns it ('': none, everyone's)
 
     @property
     def ref(self) -> str:
@@ -48,7 +51,15 @@ class ModelsPage:
     lineage: dict[str, list[LineageNode]]  # model name -> its root versions
 
 
-def models_page(fleet: Fleet) -> ModelsPage:
+def models_page(fleet: Fleet, viewer: Account | None = None) -> ModelsPage:
+    """The registry as ``viewer`` may see it: another closed team's versions are left out
+    (owned_models.py; None, or a console admin: every version)."""
+    owners = owned_models.owners(fleet.store)
+    hidden = (
+        frozenset()
+        if viewer is None
+        else owned_models.hidden(fleet.store, viewer.name, admin=viewer.role is Role.ADMIN)
+    )
     serving: dict[str, int] = defaultdict(int)
     for ref in views_store.serving_refs(fleet.store):
         serving[ref] += 1
@@ -64,8 +75,10 @@ def models_page(fleet: Fleet) -> ModelsPage:
             classes=",".join(r.classes),
             verdict=gating.stored(fleet.store, r.name, r.version),
             serving=serving.get(r.ref, 0),
+            team=owners.get((r.name, r.version), ""),
         )
         for r in fleet.registry.list()
+        if (r.name, r.version) not in hidden
     ]
     return ModelsPage(sorted(rows, key=lambda m: (m.name, -m.version)), _lineage(rows))
 

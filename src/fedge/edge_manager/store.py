@@ -269,6 +269,16 @@ CREATE TABLE IF NOT EXISTS team_members (
 CREATE INDEX IF NOT EXISTS team_members_member ON team_members (member);
 """
 
+# Which team owns a model version (issue 31 item 4; scheduler/model_team_store.py): the
+# one whose queued job published it, or named by `fedge model publish --team`. A version
+# with no row belongs to no team: everyone sees and deploys it, as before teams.
+MODEL_TEAMS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS model_teams (
+    name TEXT NOT NULL, version INTEGER NOT NULL, team TEXT NOT NULL REFERENCES teams (team),
+    recorded_at REAL NOT NULL, recorded_by TEXT NOT NULL, PRIMARY KEY (name, version));
+CREATE INDEX IF NOT EXISTS model_teams_team ON model_teams (team);
+"""
+
 # Columns added to existing tables after a release (table, column, definition); a store
 # from before gets them with their default (``CREATE TABLE IF NOT EXISTS`` leaves an old
 # table as it was). predictions.stats: the image statistics of the prediction as JSON (''
@@ -358,6 +368,11 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
     ),
     schema_store.Migration(
         10, "team_members: roles per team (issue 31)", schema_store.script(TEAM_MEMBERS_SCHEMA)
+    ),
+    schema_store.Migration(
+        11,
+        "model_teams: the team owning a model (issue 31)",
+        schema_store.script(MODEL_TEAMS_SCHEMA),
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

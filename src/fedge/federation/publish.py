@@ -26,6 +26,7 @@ from fedge.aggregator.jobs.run_store import RunState, RunStore
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.registry.recommendations import write_anomaly_thresholds
 from fedge.edge_manager.registry.versions import TrainableSource, parse_ref
+from fedge.edge_manager.scheduler import owned_models
 from fedge.federation.anomaly import ANOMALY_CLASSES, export_anomaly
 from fedge.federation.prepare import ManagerView
 from fedge.federation.tier_publish import is_tier_job, publish_tiers
@@ -101,9 +102,13 @@ def _publish_once(job_dir: Path, home: ManagerHome) -> str:
         trainable = TrainableSource(weights_path, spec.family, dict(spec.params))
         what = f"{rounds} rounds of {manifest.kind}"
     parent_name, parent_version = parse_ref(manifest.task.model)
-    with ManagerView(home) as (_, registry):
+    view = ManagerView(home)
+    with view as (_, registry):
         for listed in registry.list():
             if listed.name == manifest.publish_name and listed.run_id == run_id:
+                owned_models.own_published(
+                    view.store, job_dir, listed.name, listed.version, time.time()
+                )
                 atomic_write_text(
                     job_dir / PUBLISHED, json.dumps({"ref": listed.ref, "at": time.time()})
                 )
@@ -125,6 +130,10 @@ def _publish_once(job_dir: Path, home: ManagerHome) -> str:
             ),
             preprocess=spec.preprocess,
             trainable=trainable,
+        )
+        # A team's queued job publishes the team's model (issue 31 item 4).
+        owned_models.own_published(
+            view.store, job_dir, published.manifest.name, version, time.time()
         )
     ref = published.manifest.ref
     if manifest.anomaly is not None:

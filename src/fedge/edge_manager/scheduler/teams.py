@@ -109,3 +109,22 @@ def check_revoke(team: str, members: Mapping[str, TeamRole], member: str) -> Non
 def visible_teams(memberships: Collection[Membership], who: str) -> frozenset[str]:
     """The teams whose jobs ``who`` sees (any role)."""
     return frozenset(m.team for m in memberships if m.member == who)
+
+
+def may_see(team: str | None, members: Mapping[str, TeamRole], who: str, *, admin: bool) -> bool:
+    """``who`` sees what ``team`` owns (a model, a job): a team-less thing and an open
+    team's are everyone's; a closed team's are its members' and the console's admins'."""
+    return team is None or not members or admin or who in members
+
+
+def check_may_deploy(ref: str, team: str, members: Mapping[str, TeamRole], who: str) -> None:
+    """``who`` may deploy or roll out ``ref``, a model ``team`` owns: as for its jobs, a
+    submitter or admin of the team (an open team: anyone)."""
+    if not members or ((role := members.get(who)) is not None and role.can_submit):
+        return
+    held = "no role" if who not in members else "only a viewer's role"
+    raise SchedulerError(
+        f"{ref} belongs to team {team} and {who} holds {held} in it; only its submitters "
+        f"and admins deploy it (ask a team admin: fedge team grant {team} {who} "
+        "--role submitter); nothing was deployed"
+    )
