@@ -80,9 +80,18 @@ def observe(store: Store, model: str) -> Observation:
         )
         or 0
     )
+    # Issue 28 item 5: an alert raised on a model at an edge before that model's deployment
+    # passed its probation there was judged against the reference of before (the gate's
+    # held-out set, or the previous model's traffic), not the model's own; the rollout's
+    # criteria judge that period, and the monitor re-bases the reference after the pass.
+    # A loop that retrained on it would retrain on its own model's arrival.
     alerts = store.query(
-        "SELECT DISTINCT edge, kind FROM alerts WHERE cleared_at IS NULL AND raised_at > ? "
-        "AND substr(model, 1, ?) = ? ORDER BY edge, kind",
+        "SELECT DISTINCT a.edge, a.kind FROM alerts a WHERE a.cleared_at IS NULL "
+        "AND a.raised_at > ? AND substr(a.model, 1, ?) = ? AND NOT EXISTS (SELECT 1 "
+        "FROM deploy_events e JOIN deployments d ON d.deployment_id = e.deployment_id "
+        "WHERE e.edge = a.edge AND d.model_name || ':' || d.model_version = a.model "
+        "AND e.at >= a.raised_at AND (e.stage = 'passed' OR (e.stage = 'active' "
+        "AND e.reason LIKE 'not on probation%'))) ORDER BY a.edge, a.kind",
         (since, len(prefix), prefix),
     )
     return Observation(

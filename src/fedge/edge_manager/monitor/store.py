@@ -139,6 +139,58 @@ def evaluation_reference(store: Store, edge: str, model: str) -> list[WindowReco
     return [_record(r) for r in rows]
 
 
+@dataclass(frozen=True)
+class Deployed:
+    """The newest deployment of a model to an edge, as the edge reported it."""
+
+    deployment_id: str
+    first_at: float  # the manager's receive time of the edge's first report on it
+    passed_at: float | None  # ... and of its probation's pass (None: not yet)
+
+
+# The pass as the rollout reads it (rollout/health_store.passed_at): ``passed``, or an
+# agent's "active, not on probation" (a proven model; an agent of before sends no other).
+_PASSED = "(stage='passed' OR (stage='active' AND reason LIKE 'not on probation%'))"
+
+
+def deployed(store: Store, edge: str, model: str) -> Deployed | None:
+    """The newest deployment of ``model`` (``name:version``) that ``edge`` reported on,
+    and when it passed its probation there; None: no deployment of it known at ``edge``
+    (a model served before deployments were recorded, or whose events retention pruned)."""
+    row = store.one(
+        "SELECT e.deployment_id AS id, min(e.at) AS first, max(e.at) AS last "
+        "FROM deploy_events e "
+        "JOIN deployments d ON d.deployment_id = e.deployment_id WHERE e.edge=? "
+        "AND d.model_name || ':' || d.model_version = ? GROUP BY e.deployment_id "
+        "ORDER BY last DESC LIMIT 1",
+        (edge, model),
+    )
+    if row is None:
+        return None
+    passed = store.scalar(
+        f"SELECT min(at) FROM deploy_events WHERE edge=? AND deployment_id=? AND {_PASSED}",
+        (edge, str(row["id"])),
+    )
+    return Deployed(str(row["id"]), float(row["first"]), None if passed is None else float(passed))
+
+
+def settled_predictions(
+    store: Store, edge: str, model: str, since: float, scan: int, limit: int
+) -> list[WindowRecord]:
+    """The first ``limit`` predictions of ``model`` among ``edge``'s newest ``scan`` whose
+    batch the manager received at or after ``since`` (its clock, never the station's),
+    oldest first: a bounded walk of ``predictions_edge``, like :func:`newest_predictions`."""
+    rows = store.query(
+        f"SELECT {_COLUMNS} FROM (SELECT rowid AS r FROM predictions WHERE edge=? "
+        "ORDER BY rowid DESC LIMIT ?) AS n CROSS JOIN predictions p ON p.rowid = n.r "
+        "JOIN batches b ON b.edge = p.edge AND b.stream = 'predictions' AND b.seq = p.seq "
+        "LEFT JOIN labels l ON l.prediction_id = p.prediction_id "
+        "WHERE p.model=? AND b.received_at >= ? ORDER BY p.rowid LIMIT ?",
+        (edge, scan, model, since, limit),
+    )
+    return [_record(r) for r in rows]
+
+
 def drift_reference(store: Store, edge: str, model: str) -> StoredReference | None:
     row = store.one(
         "SELECT last_rowid, rows FROM drift_references WHERE edge=? AND model=?", (edge, model)

@@ -3,10 +3,12 @@
 ``serve`` calls :meth:`Monitor.tick` every ``monitor_interval_s`` on its worker thread
 (the store's one writer). Per edge and the model it serves, a tick reads
 
-- the **reference window**: the model's rows in ``evaluations`` for that edge when the
-  validation gate evaluated it there (at least ``min_window`` distinct images, as they
-  are: never the stations' re-lit copies, which are synthetic drift), else the model's
-  first ``min_window`` predictions on that edge;
+- the **reference window**: once the edge reported the model's deployment passed its
+  probation there, its first ``min_window`` predictions of that deployment (issue 28
+  item 5: the reference follows the model, see ``Windows.reference``), else the model's rows in
+  ``evaluations`` for that edge when the validation gate evaluated it there (at least
+  ``min_window`` distinct images, as they are: never the stations' re-lit copies, which
+  are synthetic drift), else the model's first ``min_window`` predictions on that edge;
 - the **current window**: the newest ``min_window`` predictions of the model among the
   edge's newest ``SCAN_WINDOWS * min_window`` (for drift against a prediction reference,
   only those after the reference window); an edge that just switched models is judged

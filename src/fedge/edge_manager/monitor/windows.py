@@ -52,9 +52,10 @@ SCAN_WINDOWS = 10
 @dataclass(frozen=True)
 class Reference:
     rows: tuple[WindowRow, ...]
-    source: str  # "evaluations" or "predictions"
+    source: str  # "settled", "evaluations" or "predictions"; "settling": none yet
     last_rowid: int  # predictions after it are the current window's (0 for evaluations)
     n_evaluations: int = 0  # the evaluation rows it was read from
+    settled_after: float | None = None  # "settled": the probation pass it follows
 
     @cached_property
     def columns(self) -> Columns:
@@ -85,6 +86,15 @@ def row(record: WindowRecord) -> WindowRow:
         at=record.at,
         label=record.label,
     )
+
+
+def _stored_rows(text: str) -> tuple[list[Any], float | None]:
+    """A persisted reference's rows, and the pass it follows (None: a first-predictions
+    reference, stored as a bare list before references were re-based per deployment)."""
+    value = json.loads(text)
+    if isinstance(value, dict):
+        return list(value["rows"]), float(value["settled_after"])
+    return list(value), None
 
 
 def _kept(stored: Any) -> WindowRecord:
@@ -125,7 +135,26 @@ class Windows:
         self, edge: str, model: str, edge_evals: int
     ) -> tuple[Reference, tuple[int, int, str] | None]:
         """The pair's reference, and a new prediction reference to store: its first and
-        last rowid and its rows as JSON (``drift_references``)."""
+        last rowid and its rows as JSON (``drift_references``).
+
+        Issue 28 item 5: a deployment's reference follows the model. Once the edge reported
+        the model's deployment passed its probation there, the model's first window of
+        predictions received since that deployment began there -- the images its
+        probation proved it on, then those after the pass if they were fewer -- is its
+        reference at that edge; never again the gate's held-out set, which after a retrain
+        on a new condition mixes the old and new conditions and so keeps drift alerts open
+        against the very traffic the model was trained and proven for (and a
+        drift-triggered loop retraining on them). During probation drift is judged as
+        before (a rollout's ``alerts`` criterion reads it); after the pass, until that
+        window is full, it is not judged. A model whose deployment is not known at the
+        edge (served before deployments were recorded) keeps the gate's or its first
+        predictions' reference."""
+        deployed = monitor_store.deployed(self.store, edge, model)
+        if deployed is not None and deployed.passed_at is not None:
+            return self._settled(edge, model, deployed, deployed.passed_at)
+        kept = self._stored(edge, model)
+        if kept is not None and kept.source == "settled":
+            return kept, None  # its deployment's events were pruned; its reference stays
         window = self.policy.min_window
         cached = self._references.get((edge, model))
         if edge_evals >= window:
@@ -140,20 +169,8 @@ class Windows:
                 cached = Reference(tuple(row(r) for r in rows), "evaluations", 0, edge_evals)
                 self._references[(edge, model)] = cached
                 return cached, None
-        if cached is not None and cached.source == "predictions":
-            return cached, None
-        stored = monitor_store.drift_reference(self.store, edge, model)
-        if stored is not None:
-            try:
-                kept_rows = tuple(row(_kept(r)) for r in json.loads(stored.rows))
-            except (ValueError, TypeError, KeyError, AttributeError):
-                kept_rows = ()
-            if len(kept_rows) < window:
-                log.warning("the stored drift reference of %s on %s is unusable", model, edge)
-            else:
-                reference = Reference(kept_rows, "predictions", stored.last_rowid)
-                self._references[(edge, model)] = reference
-                return reference, None
+        if kept is not None:
+            return kept, None
         records = monitor_store.first_predictions(self.store, edge, model, window)
         reference = Reference(
             tuple(row(r) for r in records),
@@ -163,8 +180,59 @@ class Windows:
         if len(records) < window:
             return reference, None
         self._references[(edge, model)] = reference  # the first window never changes
-        kept = [{"scores": r.scores, "stats": r.stats, "at": r.at} for r in records]
-        return reference, (records[0].rid, reference.last_rowid, json.dumps(kept))
+        kept_rows = [{"scores": r.scores, "stats": r.stats, "at": r.at} for r in records]
+        return reference, (records[0].rid, reference.last_rowid, json.dumps(kept_rows))
+
+    def _settled(
+        self, edge: str, model: str, deployed: monitor_store.Deployed, passed_at: float
+    ) -> tuple[Reference, tuple[int, int, str] | None]:
+        """The reference of a deployment that passed its probation (see :meth:`reference`)."""
+        kept = self._stored(edge, model)
+        if kept is not None and kept.settled_after == passed_at:
+            return kept, None
+        window = self.policy.min_window
+        records = monitor_store.settled_predictions(
+            self.store, edge, model, deployed.first_at, SCAN_WINDOWS * window, window
+        )
+        if len(records) < window:
+            return Reference((), "settling", 0), None
+        reference = Reference(
+            tuple(row(r) for r in records),
+            "settled",
+            records[-1].rid,
+            settled_after=passed_at,
+        )
+        self._references[(edge, model)] = reference
+        kept_rows = [{"scores": r.scores, "stats": r.stats, "at": r.at} for r in records]
+        text = json.dumps(
+            {
+                "settled_after": passed_at,
+                "deployment": deployed.deployment_id,
+                "rows": kept_rows,
+            }
+        )
+        return reference, (records[0].rid, reference.last_rowid, text)
+
+    def _stored(self, edge: str, model: str) -> Reference | None:
+        """The pair's persisted prediction reference (cached), if any and usable."""
+        cached = self._references.get((edge, model))
+        if cached is not None and cached.source in ("predictions", "settled"):
+            return cached
+        stored = monitor_store.drift_reference(self.store, edge, model)
+        if stored is None:
+            return None
+        try:
+            rows, settled_after = _stored_rows(stored.rows)
+            kept_rows = tuple(row(_kept(r)) for r in rows)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            kept_rows, settled_after = (), None
+        if len(kept_rows) < self.policy.min_window:
+            log.warning("the stored drift reference of %s on %s is unusable", model, edge)
+            return None
+        source = "predictions" if settled_after is None else "settled"
+        reference = Reference(kept_rows, source, stored.last_rowid, settled_after=settled_after)
+        self._references[(edge, model)] = reference
+        return reference
 
     def predictor(self, model: str, key: tuple[int, int], now: float) -> MppPredictor | None:
         """The model's MPP predictor, fitted once per set of evaluation rows and relabels,
