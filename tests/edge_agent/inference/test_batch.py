@@ -222,3 +222,29 @@ def test_a_full_disk_fails_scoring_clearly_and_the_inbox_keeps_the_file(
     assert watcher.scan_once() == 1
     assert (inbox / "done" / "img.png").exists()
     assert agent.store.backlog()["pending_records"] == filled + 1
+
+
+class _Companion:
+    """An anomaly model that answers ``answer`` (or raises it)."""
+
+    ref = "inspect-anomaly:1"
+    input_dtype = np.float32
+
+    def __init__(self, answer: object) -> None:
+        self.answer = answer
+
+    def run(self, batch: np.ndarray) -> object:
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+
+def test_a_failing_anomaly_model_leaves_the_classifiers_records_standing() -> None:
+    from fedge.edge_agent.inference.batch import _anomaly_scores
+
+    batch = np.zeros((3, 1, 8, 8), dtype=np.float32)
+    scores, _ = _anomaly_scores(_Companion(np.array([1.0, np.inf, 2.0])), None, batch)  # type: ignore[arg-type]
+    assert [None if s is None else s.score for s in scores] == [1.0, None, 2.0]
+    for broken in (np.zeros((3, 2)), RuntimeError("onnxruntime: bad input")):
+        scores, _ = _anomaly_scores(_Companion(broken), None, batch)  # type: ignore[arg-type]
+        assert scores == [None, None, None]

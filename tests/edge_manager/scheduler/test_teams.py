@@ -53,6 +53,8 @@ def test_a_team_always_keeps_an_admin() -> None:
     with pytest.raises(SchedulerError, match="without an admin"):
         check_grant("vision", {"ana": ADMIN, "bo": SUBMITTER}, "ana", VIEWER)
     check_grant("vision", {"ana": ADMIN, "bo": ADMIN}, "ana", VIEWER)
+    with pytest.raises(SchedulerError, match="without an admin"):  # the only member, too
+        check_grant("vision", {"ana": ADMIN}, "ana", SUBMITTER)
     with pytest.raises(SchedulerError, match="without an admin"):
         check_revoke("vision", {"ana": ADMIN, "bo": SUBMITTER}, "ana")
     check_revoke("vision", {"ana": ADMIN}, "ana")  # the last member: the team is open again

@@ -7,6 +7,8 @@ the agent's path near bare ONNX Runtime: the per-prediction commit, not the mode
 most of the agent's overhead (BENCHMARKS.md §3).
 """
 
+import logging
+import math
 import time
 import uuid
 from collections.abc import Sequence
@@ -20,6 +22,8 @@ from fedge.edge_agent.inference.runtime import LoadedModel
 from fedge.monitoring.features import image_stats_many
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.records import AnomalyScore, PredictionRecord
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -152,16 +156,33 @@ def score(
 def _anomaly_scores(
     anomaly: LoadedModel, config: EdgeConfig | None, batch: np.ndarray
 ) -> tuple[list[AnomalyScore | None], float]:
-    """The anomaly model's score of every image of ``batch``, and its ms per image."""
+    """The anomaly model's score of every image of ``batch``, and its ms per image.
+
+    The anomaly model is the classifier's companion: where it fails (it raises, answers
+    the wrong shape, or gives an image a non-finite distance) those images get no anomaly
+    score and the classifier's records stand -- a secondary model must not stop parts
+    being scored, nor count against the classifier in a rollout's error rate. The scorer
+    counts the images left without one (``anomaly.errors``).
+    """
     started = time.perf_counter()
-    scores = anomaly.run(batch.astype(anomaly.input_dtype, copy=False))
+    try:
+        scores = np.asarray(anomaly.run(batch.astype(anomaly.input_dtype, copy=False)))
+    except Exception as exc:  # ONNX Runtime's own errors, or an InferenceError
+        log.warning("anomaly model %s failed on a batch of %d: %s", anomaly.ref, len(batch), exc)
+        return [None] * len(batch), (time.perf_counter() - started) * 1000.0 / len(batch)
     per_image_ms = (time.perf_counter() - started) * 1000.0 / len(batch)
-    if scores.shape != (len(batch),) or not np.all(np.isfinite(scores)):
-        raise InferenceError(
-            f"anomaly model {anomaly.ref} returned shape {scores.shape} (or non-finite "
-            f"scores) for a batch of {len(batch)}"
+    if scores.shape != (len(batch),):
+        log.warning(
+            "anomaly model %s returned shape %s for a batch of %d: no anomaly scores",
+            anomaly.ref,
+            scores.shape,
+            len(batch),
         )
+        return [None] * len(batch), per_image_ms
     threshold = None if config is None else config.anomaly_threshold
     return [
-        AnomalyScore(anomaly.ref, max(0.0, float(value)), threshold) for value in scores.tolist()
+        AnomalyScore(anomaly.ref, max(0.0, float(value)), threshold)
+        if math.isfinite(value)
+        else None
+        for value in scores.tolist()
     ], per_image_ms

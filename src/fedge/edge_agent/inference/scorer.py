@@ -211,4 +211,6 @@ class Scorer:
             ) from None
         for item in scored:
             self.counters[f"decision.{item.record.decision}"] += 1
+        if model.anomaly is not None:  # images its companion could not score (batch.py)
+            self.counters["anomaly.errors"] += sum(s.record.anomaly is None for s in scored)
         return scored

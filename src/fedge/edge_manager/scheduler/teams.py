@@ -92,7 +92,9 @@ def check_grant(team: str, members: Mapping[str, TeamRole], member: str, role: T
             f"fedge team grant {team} {member} --role admin"
         )
     others = {m: r for m, r in members.items() if m != member}
-    if others and role is not TeamRole.ADMIN and TeamRole.ADMIN not in others.values():
+    # Also when the member is the only one: an admin demoting themselves would leave a
+    # closed team nobody can manage (revoking the last member opens it instead).
+    if role is not TeamRole.ADMIN and TeamRole.ADMIN not in others.values():
         raise SchedulerError(f"team {team} would be left without an admin; grant another first")
 
 
