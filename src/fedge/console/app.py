@@ -21,7 +21,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.templating import Jinja2Templates
 
-from fedge.console import accounts, actions, audit, health, images, pages, views
+from fedge.console import accounts, actions, audit, health, images, pages, teams, views
 from fedge.console.accounts import Account, Role
 from fedge.console.audit import Outcome
 from fedge.console.cert_login import (
@@ -236,6 +236,17 @@ class Console:
     async def alerts_page(self, request: Request) -> Response:
         return await self.page(request, "alerts")
 
+    async def teams_page(self, request: Request) -> Response:
+        """The console's admins and teams' admins only (console/teams.py)."""
+        who = await self.user(request)
+        if (
+            who is not None
+            and who[1].role is not Role.ADMIN
+            and not await self.run(lambda f: teams.administered(f, who[1]))
+        ):
+            return self.refuse(request, who, "only an admin or a team's admin can read teams")
+        return await self.page(request, "teams")
+
     async def alert_page(self, request: Request) -> Response:
         return await self.page(request, f"alert:{str(request.path_params['alert_id'])[:64]}")
 
@@ -367,6 +378,20 @@ class Console:
             lambda _: f"/rollouts/{rollout_id}",
         )
 
+    async def team_action(self, request: Request) -> Response:
+        """Grant or revoke a role in a team: its admins' and the console's admins'."""
+        team, operation = str(request.path_params["team"])[:128], request.path_params["op"]
+        operators = self.home.operator_accounts  # names only (operators.py)
+
+        def do(fleet: Fleet, account: Account, form: dict[str, str]) -> str:
+            if operation == "grant":
+                return teams.grant(fleet, account, team, form, operators())
+            return teams.revoke(fleet, account, team, form)
+
+        return await self.act(
+            request, f"team-{operation}", team, do, lambda _: "teams", lambda _: "/teams"
+        )
+
     async def clear_alert(self, request: Request) -> Response:
         alert_id = str(request.path_params["alert_id"])[:64]
 
@@ -485,6 +510,8 @@ def create_app(
         Route("/models", console.models_page),
         Route("/alerts", console.alerts_page, methods=["GET"]),
         Route("/jobs", console.jobs_page),
+        Route("/teams", console.teams_page),
+        Route("/teams/{team}/{op:str}", console.team_action, methods=["POST"]),
         Route("/jobs/{job_id}", console.job_page),
         Route("/alerts", console.act_on_alerts, methods=["POST"]),
         Route("/alerts/{alert_id}", console.alert_page),

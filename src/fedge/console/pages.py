@@ -11,6 +11,7 @@ from fedge.console import (
     jobs,
     model_page,
     registry_views,
+    teams,
     trends,
     views,
 )
@@ -60,6 +61,8 @@ def context(
         return {"board": alerts.alerts_page(fleet, params.get("all") == "1")}
     if kind == "alert":
         return {"shown": alerts.alert_page(fleet, key)}
+    if kind == "teams" and viewer is not None:
+        return {"teams": teams.teams_page(fleet, viewer), "roles": teams.ROLES}
     if kind == "models":
         return {"registry": registry_views.models_page(fleet, viewer)}
     if kind == "model":

@@ -231,9 +231,11 @@ def grant(
     who: str,
     now: float,
     known: frozenset[str] | None = None,
+    fleet_admin: bool = False,
 ) -> None:
     """Give ``member`` ``role`` in ``team`` (``known``: the people the manager knows --
-    operator and console accounts; None: not checked)."""
+    operator and console accounts; None: not checked; ``fleet_admin``: ``who`` is a
+    console admin, who administers every team)."""
     check_known_team(team, queue_store.teams(store))
     if known is not None and member not in known:
         raise SchedulerError(
@@ -241,15 +243,17 @@ def grant(
             f"`fedge manager operator add {member}` or `fedge console token add {member}`"
         )
     members = team_store.members(store, team)
-    check_may_administer(team, members, who)
+    if not fleet_admin:
+        check_may_administer(team, members, who)
     check_grant(team, members, member, role)
     team_store.grant(store, Membership(team, member, role, now, who))
 
 
-def revoke(store: Store, team: str, member: str, *, who: str) -> None:
+def revoke(store: Store, team: str, member: str, *, who: str, fleet_admin: bool = False) -> None:
     check_known_team(team, queue_store.teams(store))
     members = team_store.members(store, team)
-    check_may_administer(team, members, who)
+    if not fleet_admin:
+        check_may_administer(team, members, who)
     check_revoke(team, members, member)
     team_store.revoke(store, team, member)
 
