@@ -34,6 +34,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from fedge.aggregator.errors import AggregatorError
 from fedge.aggregator.jobs.run_store import RunState, RunStore
 from fedge.transport.metrics import MetricsServer, Readiness
 
@@ -62,7 +63,7 @@ class JobCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             runs = self._read()
-        except (sqlite3.Error, OSError, ValueError) as exc:
+        except (sqlite3.Error, OSError, ValueError, AggregatorError) as exc:
             log.warning("job metrics: cannot read the run store %s: %s", self.path, exc)
             return
         completed = CounterMetricFamily(
@@ -118,7 +119,7 @@ class JobCollector(Collector):
     def _read(self) -> list[tuple[str, str, list[dict[str, Any]], list[dict[str, Any]]]]:
         if not self.path.exists():  # not created yet: the job has not started
             return []
-        store = RunStore(self.path)
+        store = RunStore.read_only(self.path)  # a scrape never writes the job's store
         try:
             return [
                 (

@@ -137,6 +137,22 @@ class RunStore:
             conn.close()
             raise
 
+    @classmethod
+    def read_only(cls, path: Path | str) -> "RunStore":
+        """The store opened for reading only (a metrics scrape of a running job): no WAL
+        switch, no migration, never a write lock; a store of a newer fedge is refused."""
+        conn = sqlite3.connect(
+            f"file:{Path(path).resolve()}?mode=ro", uri=True, isolation_level=None, timeout=30.0
+        )
+        try:
+            schema_store.refuse_newer(conn, str(path), MIGRATIONS, AggregatorError)
+        except (AggregatorError, sqlite3.Error):
+            conn.close()
+            raise
+        store = cls.__new__(cls)
+        store.db = sqlite_utils.Database(conn)
+        return store
+
     @property
     def conn(self) -> sqlite3.Connection:
         return self.db.conn
