@@ -33,6 +33,7 @@ from fedge.aggregator.jobs.run_store import RunState, RunStore
 from fedge.aggregator.tiers.architectures import TierArchitectureError, stations_by_architecture
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.registry.versions import TrainableSource, parse_ref
+from fedge.edge_manager.scheduler import owned_models
 from fedge.federation.prepare import ManagerView
 from fedge.party import families
 from fedge.protocols.manifest import Lineage
@@ -64,6 +65,10 @@ def publish_tiers(job_dir: Path, home: ManagerHome) -> str:
             raise JobError(f"job {run_id}: {exc}") from None
         exported = {arch: _export(job_dir, arch) for arch in stations}  # all, before any
         refs = _publish(home, manifest, run_id, stations, exported, examples)
+        with ManagerView(home) as (fleet, _):  # a team's queued job: the team's models
+            for ref in refs.values():
+                name, version = parse_ref(ref)
+                owned_models.own_published(fleet.store, job_dir, name, version, time.time())
         record = {"ref": ", ".join(refs.values()), "tiers": refs, "stations": stations}
         atomic_write_text(job_dir / PUBLISHED, json.dumps({**record, "at": time.time()}))
     deployed: dict[str, str] = dict(record.get("deployed", {}))
