@@ -130,6 +130,11 @@ class SuperLinkJobs:
             deadline = time.monotonic() + _STOP_WAIT_S
             while is_live(job_dir) and time.monotonic() < deadline:
                 time.sleep(0.05)
+            if is_live(job_dir):  # not gone yet: never record a running job as halted
+                raise JobError(
+                    f"the ServerApp of {job_dir} (pid {pid}) still holds the job after "
+                    f"{_STOP_WAIT_S:g} s; the runner asks again at its next step"
+                )
         halt_job(job_dir)  # nobody runs it now: marked halted at once
 
     def view(self, record: JobRecord) -> RunView | None:
