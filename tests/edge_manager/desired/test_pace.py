@@ -29,11 +29,22 @@ def test_the_pacer_asks_once_per_change_and_says_why(tmp_path: Path) -> None:
             "SELECT json_extract(document, '$.reason') FROM desired WHERE kind='pace' LIMIT 1"
         )
         assert "short of space" in str(reason) and "1.0 MiB free" in str(reason)
-        pacer.tick(fleet, False, None, 4.0)
-        assert [pace.factor_at(fleet, e) for e in ("st-01", "st-02")] == [1.0, 1.0]
+    # A station enrolled while space is low is asked at the next look (every 10 s).
+    fh.enroll("st-03")
+    with fh.fleet() as fleet:
+        pacer.tick(fleet, True, LOW, 5.0)
+        assert pace.factor_at(fleet, "st-03") == 1.0
+        pacer.tick(fleet, True, LOW, 12.5)
+        assert pace.factor_at(fleet, "st-03") == 6.0
+        pacer.tick(fleet, False, None, 13.0)
+        assert [pace.factor_at(fleet, e) for e in ("st-01", "st-02", "st-03")] == [1.0] * 3
         versions = fleet.store.query("SELECT edge, version FROM desired WHERE kind='pace'")
-    assert sorted((r["edge"], r["version"]) for r in versions) == [("st-01", 2), ("st-02", 2)]
-    assert counters["store.pace_changes"] == 2
+    assert sorted((r["edge"], r["version"]) for r in versions) == [
+        ("st-01", 2),
+        ("st-02", 2),
+        ("st-03", 2),
+    ]
+    assert counters["store.pace_changes"] == 3
 
 
 class _FullFleet:

@@ -63,15 +63,21 @@ class Pacer:
     second later (the serve loop's one writer thread calls :meth:`tick`)."""
 
     RETRY_S = 1.0
+    # While slowed, look again this often for stations enrolled since (push_pace asks
+    # only those not already at the pace).
+    RECHECK_S = 10.0
 
     def __init__(self, counters: Counter[str]) -> None:
         self.counters = counters
         self.asked: float | None = None  # the factor last asked of the fleet this run
-        self._due = 0.0
+        self._retry_at = 0.0  # after a write the store refused
+        self._recheck_at = 0.0  # while slowed: the next look for newly enrolled stations
 
     def tick(self, fleet: Fleet, low_space: bool, measured: DiskSpace | None, now: float) -> None:
         want = wanted_factor(low_space)
-        if want == self.asked or now < self._due:
+        if now < self._retry_at:
+            return
+        if want == self.asked and (want == 1.0 or now < self._recheck_at):
             return
         reason = ""
         if want > 1.0 and measured is not None:
@@ -83,9 +89,10 @@ class Pacer:
                 raise
             self.counters["store.pace_failed"] += 1
             log.warning("could not ask the fleet for a telemetry pace of %gx: %s", want, exc)
-            self._due = now + self.RETRY_S
+            self._retry_at = now + self.RETRY_S
             return
         self.asked = want
+        self._recheck_at = now + self.RECHECK_S
         if not asked:
             return
         self.counters["store.pace_changes"] += 1
