@@ -180,9 +180,10 @@ def set_threshold(
                 chosen[target] = fleet.recommended_anomaly_threshold(target)
             else:
                 chosen[target] = (_anomaly_value(anomaly), "given")
-        for target, (threshold, source) in chosen.items():
-            (pushed,) = fleet.set_anomaly_threshold([target], threshold, force=force)
-            why = "" if source == "given" else f", reported by {target} for {source}"
+        values = {target: threshold for target, (threshold, _) in chosen.items()}
+        for pushed in fleet.set_anomaly_thresholds(values, force=force):
+            threshold, source = chosen[pushed.edge]
+            why = "" if source == "given" else f", reported by {pushed.edge} for {source}"
             console.print(
                 f"{pushed.edge}: desired config v{pushed.version} "
                 f"(anomaly threshold {threshold:g}{why})",

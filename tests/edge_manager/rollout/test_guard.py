@@ -58,6 +58,10 @@ def test_changes_to_an_edge_in_a_rollout_are_refused_unless_forced(fh: FleetHome
             fleet.set_threshold(["st-01"], 0.4)
         with pytest.raises(RolloutError, match=f"cannot unset a threshold: .*{named}"):
             fleet.clear_threshold(["st-01"], "scratch")
+        # One value each (``--anomaly recommended``): refused for all before any is pushed,
+        # though st-02 comes first and is free.
+        with pytest.raises(RolloutError, match=f"cannot set an anomaly threshold: .*{named}"):
+            fleet.set_anomaly_thresholds({"st-02": 12.5, "st-01": 14.0})
         assert fh.db.scalar("SELECT count(*) FROM desired") == desired  # nothing changed
         fleet.deploy("inspect", 1, ["st-02"])  # outside the rollout: as before
         fleet.set_threshold(["st-01"], 0.4, force=True)

@@ -13,7 +13,7 @@ rollout's own writes pass its id. Operators' labels live in fleet_labels.py.
 import hashlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Unpack
@@ -147,6 +147,20 @@ class Fleet:
         if threshold is None:
             return self._push_config(edges, "anomaly threshold", clear_anomaly=True)
         return self._push_config(edges, "anomaly threshold", anomaly_threshold=threshold)
+
+    def set_anomaly_thresholds(
+        self, values: Mapping[str, float], *, force: bool = False
+    ) -> list[Pushed]:
+        """Each edge its own anomaly threshold (``--anomaly recommended``: what each
+        reported), a new signed config version each; refused for all, before any is
+        pushed, on an unknown edge or one in an unfinished rollout (unless ``force``)."""
+        edges = list(values)
+        self.edges(edges)
+        refuse_if_in_rollout(self.store.conn, edges, "set an anomaly threshold", force=force)
+        pushed: list[Pushed] = []
+        for edge, threshold in values.items():
+            pushed += self._push_config([edge], "anomaly threshold", anomaly_threshold=threshold)
+        return pushed
 
     def recommended_anomaly_threshold(self, edge: str) -> tuple[float, str]:
         """The anomaly threshold ``edge`` reported for the anomaly model deployed beside
