@@ -116,7 +116,7 @@ def model_page(
                     rollout.rolled_back.append(edge)
     job = None
     if model.run_id:
-        job = next((j for j in jobs.list_jobs(fleet) if j.run_id == model.run_id), None)
+        job = next((j for j in jobs.list_jobs(fleet, viewer) if j.run_id == model.run_id), None)
     return ModelPage(
         model,
         ancestors,
