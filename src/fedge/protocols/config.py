@@ -119,6 +119,11 @@ class EdgeConfig:
     # None: the anomaly model's scores are recorded, nothing is called novel. An agent
     # without it refuses such a config.
     anomaly_threshold: float | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
+    # The anomaly model (name:version) the threshold was set for: a refit moves every
+    # score, so a station serving another anomaly model records its scores but calls
+    # nothing novel until a threshold for it arrives. None: whichever it serves (a
+    # threshold set before any anomaly model was deployed).
+    anomaly_threshold_model: str | None = field(default=None, metadata=validate.OMIT_WHEN_NONE)
 
     def __post_init__(self) -> None:
         validate.identifier(self.fleet, "fleet")
@@ -142,6 +147,15 @@ class EdgeConfig:
             validate.finite(self.anomaly_threshold, "anomaly_threshold", minimum=0.0)
             if self.anomaly_threshold == 0:
                 raise ValidationError("anomaly_threshold must be > 0 (a distance)")
+        if self.anomaly_threshold_model is not None:
+            validate.bounded_text(self.anomaly_threshold_model, "anomaly_threshold_model", 200)
+            if self.anomaly_threshold is None:
+                raise ValidationError("anomaly_threshold_model without an anomaly_threshold")
+
+    def anomaly_threshold_for(self, anomaly_model: str) -> float | None:
+        """The anomaly threshold in force for ``anomaly_model`` (name:version), if any."""
+        tied = self.anomaly_threshold_model
+        return self.anomaly_threshold if tied is None or tied == anomaly_model else None
 
     def threshold_for(self, class_name: str) -> float:
         return self.class_thresholds.get(class_name, self.default_threshold)

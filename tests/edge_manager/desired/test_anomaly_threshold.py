@@ -9,7 +9,7 @@ from fedge.edge_manager.desired.decide import next_config
 from fedge.edge_manager.errors import ManagerError
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
-from fedge.protocols.errors import ProtocolError
+from fedge.protocols.errors import ProtocolError, ValidationError
 
 
 def test_next_config_sets_keeps_and_clears_the_anomaly_threshold() -> None:
@@ -47,3 +47,18 @@ def test_the_manager_pushes_it_signed_per_edge(tmp_path: Path) -> None:
             assert pushed.version == 1
     finally:
         fh.close()
+
+
+def test_a_threshold_tied_to_an_anomaly_model_applies_to_that_model_only() -> None:
+    tied = EdgeConfig("plant-a", "st-01", 3, anomaly_threshold=9.5, anomaly_threshold_model="a:2")
+    assert tied.anomaly_threshold_for("a:2") == 9.5 and tied.anomaly_threshold_for("a:3") is None
+    loose = EdgeConfig("plant-a", "st-01", 3, anomaly_threshold=9.5)
+    assert loose.anomaly_threshold_for("a:3") == 9.5  # set before any model: whichever serves
+    assert codec.decode(codec.encode(tied), EdgeConfig) == tied
+    assert b"anomaly_threshold_model" not in codec.encode(loose)  # omitted while unset
+    with pytest.raises(ValidationError, match="without an anomaly_threshold"):
+        EdgeConfig("plant-a", "st-01", 3, anomaly_threshold_model="a:2")
+    cleared = next_config(tied, fleet="plant-a", edge="st-01", now=1.0, clear_anomaly=True)
+    assert (cleared.anomaly_threshold, cleared.anomaly_threshold_model) == (None, None)
+    kept = next_config(tied, fleet="plant-a", edge="st-01", now=1.0, threshold=0.6)
+    assert (kept.anomaly_threshold, kept.anomaly_threshold_model) == (9.5, "a:2")

@@ -77,6 +77,11 @@ def test_set_threshold_recommended_pushes_each_stations_own(tmp_path: Path) -> N
             with fh.fleet() as fleet:
                 config = fleet.desired_config(edge)
             assert config is not None and config.anomaly_threshold == expected
+            # Tied to the anomaly model it was reported for: another one's scores are not
+            # judged by it (a refit moves every score).
+            assert config.anomaly_threshold_model == "inspect-anomaly:1"
+            assert config.anomaly_threshold_for("inspect-anomaly:1") == expected
+            assert config.anomaly_threshold_for("inspect-anomaly:2") is None
         result = runner.invoke(app, ["edge", "set-threshold", "st-03", "--anomaly", "x", *home])
         assert result.exit_code == 2 and "a number or 'recommended'" in result.output
     finally:

@@ -179,7 +179,8 @@ def _anomaly_scores(
             len(batch),
         )
         return [None] * len(batch), per_image_ms
-    threshold = None if config is None else config.anomaly_threshold
+    # A threshold set for another anomaly model says nothing of this one's scores.
+    threshold = None if config is None else config.anomaly_threshold_for(anomaly.ref)
     return [
         AnomalyScore(anomaly.ref, max(0.0, float(value)), threshold)
         if math.isfinite(value)

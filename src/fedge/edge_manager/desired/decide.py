@@ -22,6 +22,7 @@ class ConfigChange(TypedDict, total=False):
     clear_thumbnails: bool
     viewing: bool | None
     anomaly_threshold: float | None
+    anomaly_threshold_model: str | None
     clear_anomaly: bool
 
 
@@ -42,6 +43,7 @@ def next_config(
     clear_thumbnails: bool = False,
     viewing: bool | None = None,
     anomaly_threshold: float | None = None,
+    anomaly_threshold_model: str | None = None,
     clear_anomaly: bool = False,
 ) -> EdgeConfig:
     """A full new document: the current one with one change and the version bumped.
@@ -57,7 +59,9 @@ def next_config(
     ``viewing`` True lets operators view the station's images on demand, False stops it
     (None keeps the current choice; off is sent as the field left out).
     ``anomaly_threshold`` sets the score over which the station's anomaly model calls a
-    part novel (None keeps the current one); ``clear_anomaly`` removes it.
+    part novel (None keeps the current one), for ``anomaly_threshold_model`` (the
+    anomaly model deployed beside the classifier; None: whichever it serves);
+    ``clear_anomaly`` removes both.
     """
     base = current or EdgeConfig(fleet=fleet, edge=edge, version=1)
     version = base.version + 1 if current is not None else 1
@@ -87,6 +91,11 @@ def next_config(
         anomaly_threshold=None
         if clear_anomaly
         else (base.anomaly_threshold if anomaly_threshold is None else anomaly_threshold),
+        anomaly_threshold_model=None
+        if clear_anomaly
+        else (
+            base.anomaly_threshold_model if anomaly_threshold is None else anomaly_threshold_model
+        ),
     )
 
 

@@ -140,42 +140,55 @@ class Fleet:
         self, edges: list[str], threshold: float | None, *, force: bool = False
     ) -> list[Pushed]:
         """The score over which each edge's anomaly model calls a part novel (issue 28;
-        None: no longer set), a new signed config version each. Refused, for all, on a bad
-        edge or value, or an edge in an unfinished rollout (unless ``force``)."""
-        self.edges(edges)
-        refuse_if_in_rollout(self.store.conn, edges, "set an anomaly threshold", force=force)
+        None: no longer set), a new signed config version each, tied to the anomaly model
+        deployed beside the edge's classifier. Refused, for all, on a bad edge or value,
+        or an edge in an unfinished rollout (unless ``force``)."""
         if threshold is None:
+            self.edges(edges)
+            refuse_if_in_rollout(self.store.conn, edges, "set an anomaly threshold", force=force)
             return self._push_config(edges, "anomaly threshold", clear_anomaly=True)
-        return self._push_config(edges, "anomaly threshold", anomaly_threshold=threshold)
+        return self.set_anomaly_thresholds(dict.fromkeys(edges, threshold), force=force)
 
     def set_anomaly_thresholds(
         self, values: Mapping[str, float], *, force: bool = False
     ) -> list[Pushed]:
         """Each edge its own anomaly threshold (``--anomaly recommended``: what each
-        reported), a new signed config version each; refused for all, before any is
-        pushed, on an unknown edge or one in an unfinished rollout (unless ``force``)."""
+        reported), tied to the anomaly model deployed beside its classifier (a refit
+        moves every score: a threshold for one model means nothing for the next); a new
+        signed config version each, refused for all, before any is pushed, on an unknown
+        edge or one in an unfinished rollout (unless ``force``)."""
         edges = list(values)
         self.edges(edges)
         refuse_if_in_rollout(self.store.conn, edges, "set an anomaly threshold", force=force)
         pushed: list[Pushed] = []
         for edge, threshold in values.items():
-            pushed += self._push_config([edge], "anomaly threshold", anomaly_threshold=threshold)
+            anomaly = self._deployed_anomaly(edge)
+            pushed += self._push_config(
+                [edge],
+                "anomaly threshold",
+                anomaly_threshold=threshold,
+                anomaly_threshold_model=None if anomaly is None else anomaly.ref,
+            )
         return pushed
+
+    def _deployed_anomaly(self, edge: str) -> ModelManifest | None:
+        """The anomaly model of ``edge``'s newest deployment (None: none beside it)."""
+        document = desired_store.latest_document(self.store, edge, DEPLOY)
+        envelope = None
+        if document is not None:
+            envelope = codec.decode(document.encode(), DeploymentDesired).anomaly_envelope
+        return None if envelope is None else unverified_payload(envelope.encode(), ModelManifest)
 
     def recommended_anomaly_threshold(self, edge: str) -> tuple[float, str]:
         """The anomaly threshold ``edge`` reported for the anomaly model deployed beside
         its classifier, and that model's ref (issue 28); ManagerError saying why none."""
         self.edges([edge])
-        document = desired_store.latest_document(self.store, edge, DEPLOY)
-        envelope = None
-        if document is not None:
-            envelope = codec.decode(document.encode(), DeploymentDesired).anomaly_envelope
-        if envelope is None:
+        anomaly = self._deployed_anomaly(edge)
+        if anomaly is None:
             raise ManagerError(
                 f"{edge} has no anomaly model deployed beside its classifier (fedge deploy "
                 "MODEL --anomaly NAME:VERSION); nothing was changed"
             )
-        anomaly = unverified_payload(envelope.encode(), ModelManifest)
         value = recommended_anomaly_threshold(
             self.registry.artifacts, anomaly.name, anomaly.version, edge
         )
