@@ -53,8 +53,9 @@ def _good(n: int, seed: int) -> np.ndarray:
 
 def test_the_inspection_backbone_concatenates_its_stages_on_an_8x8_grid() -> None:
     net = new_model(0)
-    assert feature_grid(InspectionBackbone(net), 32) == (16, 8, 8)
-    assert feature_grid(InspectionBackbone(net, stages=3, input_scale=None), 32) == (80, 8, 8)
+    assert feature_grid(InspectionBackbone(net), 32) == (18, 8, 8)  # stage 1 + the blob band
+    assert feature_grid(InspectionBackbone(net, blob_band=False), 32) == (16, 8, 8)
+    assert feature_grid(InspectionBackbone(net, stages=3, input_scale=None), 32) == (82, 8, 8)
     with pytest.raises(BackboneError, match="stages 1 to 3"):
         InspectionBackbone(net, stages=4)
 
