@@ -6,8 +6,8 @@ A backbone maps images ``[batch, 1, size, size]`` (pixels in [0, 1]) to a featur
 The default is the fleet's inspection CNN (:class:`~fedge.models.inspection.InspectionNet`)
 with its head dropped: PaDiM takes the activations of the first stages of a CNN trained
 elsewhere and concatenates them per location (Defard et al., ICPR 2021, section 3.1);
-here its first conv stage by default (16 channels at width 16), average-pooled to an 8x8
-grid (:class:`InspectionBackbone` says why not all three).
+here its first conv stage by default (16 channels at width 16) and a blob band (2
+channels), average-pooled to an 8x8 grid (:class:`InspectionBackbone` says why).
 
 A user's backbone is a TorchScript file (``torch.jit.save(torch.jit.script(module))`` or
 ``torch.jit.trace``): it loads without the user's Python code, which a station does not
@@ -65,8 +65,8 @@ class InspectionBackbone(nn.Module):
       no per-location Gaussian can whiten. The difference of Gaussians is scale space's
       band-pass blob detector (Lindeberg, IJCV 1998), here between the CNN's 3x3 view and
       the lighting's scale; its square is the band's local energy, so a blob of either
-      sign stands out. Dents 0.911 -> 0.957, pits 0.976 -> 0.977 (``fedge bench
-      anomaly``, 5 seeds, BENCHMARKS §22). The sigmas were chosen on seeds 0-1 of the
+      sign stands out. Dents 0.911 -> 0.961, pits 0.976 -> 0.979 (``fedge bench
+      anomaly``, medians of 5 seeds, BENCHMARKS §22). The sigmas were chosen on seeds 0-1 of the
       benchmark, which are among its five.
     """
 
