@@ -11,30 +11,27 @@ its own tier's architecture.
 
 from __future__ import annotations
 
-import io
 import json
 import urllib.request
 from pathlib import Path
-from typing import Any
 
 import pytest
 from conftest import (
     FleetHome,
     Processes,
-    free_port,
+    dump_flower_logs,
     make_fleet_home,
-    port_open,
+    score_and_label,
+    start_training_plant,
     wait_config_applied,
-    wait_until,
+    wait_serving,
 )
-from PIL import Image
 
 from fedge.aggregator.jobs.run_store import RunStore
 from fedge.datasets.defects import CLASSES, make_defect_images, write_png_dir
 from fedge.edge_manager.registry.versions import TrainableSource
 from fedge.models.inspection import export_onnx, new_model
 from fedge.party.families import state_arrays, weights_bytes
-from fedge.party.station_store import is_holdout
 from fedge.protocols.config import TrainingPolicy
 from fedge.protocols.manifest import Preprocess
 
@@ -42,10 +39,6 @@ pytestmark = pytest.mark.integration
 
 EDGES = ("st-01", "st-02", "st-03")
 WIDTHS = {"cnn": 8, "cnn-small": 4}
-# As test_fleet_learns (whose helpers below are copies: tests cannot import each other).
-IMAGES = 20
-HOLDOUT_PERCENT = 20
-MIN_HELD_OUT = 2
 
 
 def publish_teacher(fh: FleetHome, tmp_path: Path) -> None:
@@ -60,74 +53,6 @@ def publish_teacher(fh: FleetHome, tmp_path: Path) -> None:
             positive_classes=("scratch",), preprocess=Preprocess(image_size=32),
             trainable=TrainableSource(weights, "inspection-cnn", {"width": WIDTHS["cnn"]}),
         )  # fmt: skip
-
-
-def post(url: str, data: bytes, content_type: str) -> dict[str, Any]:
-    request = urllib.request.Request(url, data=data, headers={"Content-Type": content_type})
-    with urllib.request.urlopen(request, timeout=10) as response:
-        result: dict[str, Any] = json.loads(response.read())
-    return result
-
-
-def score_and_label(port: int, seed: int) -> list[str]:
-    """Score at least IMAGES generated parts through the station's API and label them
-    truthfully, going on (up to 3 * IMAGES) until the station holds out MIN_HELD_OUT.
-
-    Which image is held out hangs on its random prediction id: with 20 % held out, 20
-    images leave none out about once in 90 stations, and then that station rightly
-    cannot evaluate (CI saw it once). The test is about training, not that draw."""
-    images, labels = make_defect_images(3 * IMAGES, seed=seed)
-    ids: list[str] = []
-    for image, label in zip(images, labels, strict=True):
-        held_out = sum(is_holdout(pid, HOLDOUT_PERCENT) for pid in ids)
-        if len(ids) >= IMAGES and held_out >= MIN_HELD_OUT:
-            break
-        buffer = io.BytesIO()
-        Image.fromarray(image).save(buffer, format="PNG")
-        record = post(f"http://127.0.0.1:{port}/v1/score", buffer.getvalue(), "image/png")
-        body = {"prediction_id": record["prediction_id"], "label": CLASSES[int(label)]}
-        post(f"http://127.0.0.1:{port}/v1/labels", json.dumps(body).encode(), "application/json")
-        ids.append(record["prediction_id"])
-    return ids
-
-
-def start_fleet(fh: FleetHome, processes: Processes, tmp_path: Path) -> dict[str, int]:
-    """Broker, serve, SuperLink and the agents; returns each agent's HTTP port."""
-    processes.pidfiles.append(fh.home.root / "broker" / "mosquitto.pid")
-    processes.start("broker", "manager", "broker")
-    wait_until(lambda: port_open(fh.settings.broker_port), 15, "the managed broker to listen")
-    ready = tmp_path / "serve.ready"
-    processes.start("serve", "manager", "serve", "--ready-file", str(ready))
-    processes.start("superlink", "manager", "superlink")
-    wait_until(lambda: port_open(fh.settings.superlink_port), 60, "the SuperLink to listen")
-    ports = {}
-    for edge in EDGES:
-        ports[edge] = free_port()
-        fh.set_agent_option(edge, "http_port", ports[edge])
-        processes.start(edge, "agent", "run", "--config", str(fh.agents[edge]))
-    wait_until(ready.exists, 30, "manager serve to be ready")
-    for edge in EDGES:
-        wait_online(fh, edge)
-    return ports
-
-
-def wait_online(fh: FleetHome, edge: str) -> None:
-    def state() -> object:
-        return fh.edge_row(edge).get("state")
-
-    wait_until(state, 30, f"{edge} online", expect=lambda s: s == "online")
-
-
-def wait_serving(fh: FleetHome, edge: str, ref: str) -> None:
-    def serving() -> object:
-        return fh.edge_row(edge).get("serving")
-
-    wait_until(serving, 40, f"{edge} serving {ref}", expect=lambda s: s == ref)
-
-
-def dump_flower_logs(root: Path) -> None:
-    for log in sorted(root.rglob("supernode.log")) + sorted(root.rglob("superlink.log")):
-        print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def write_job(path: Path) -> Path:
@@ -182,7 +107,7 @@ def test_each_tier_serves_its_own_architecture_after_a_distill_job(
     processes.env["FEDGE_HOME"] = str(fh.home.root)
     publish_teacher(fh, tmp_path)
     try:
-        ports = start_fleet(fh, processes, tmp_path)
+        ports = start_training_plant(fh, processes, tmp_path, EDGES)
         with fh.fleet() as fleet:
             fleet.deploy("inspect", 1, list(EDGES))
             pushed = fleet.set_training(list(EDGES), TrainingPolicy(enabled=True, threads=1))

@@ -21,6 +21,7 @@ from conftest import (
     FleetHome,
     Processes,
     agent_status,
+    dump_flower_logs,
     free_port,
     keep_labelled_images,
     make_fleet_home,
@@ -91,11 +92,6 @@ def start_fleet(fh: FleetHome, processes: Processes, tmp_path: Path) -> None:
 
 def trains(port: int) -> bool:
     return bool(agent_status(port)["training"]["running"])
-
-
-def dump_flower_logs(root: Path) -> None:
-    for log in sorted(root.rglob("supernode.log")) + sorted(root.rglob("superlink.log")):
-        print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
 
 
 def rounds_of(job_dir: Path) -> list[dict[str, Any]]:
