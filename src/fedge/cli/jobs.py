@@ -85,9 +85,9 @@ def team(
     who: WhoOption = None,
     home: HomeOption = DEFAULT_HOME,
 ) -> None:
-    """Add a team (or change its quota); roles: fedge team.
+    """Add a team (or, as its admin, change its quota); its roles: fedge team grant.
 
-    Example: fedge jobs team vision --quota 40
+    Example: fedge team add vision --quota 40   (or: fedge jobs team vision --quota 40)
     """
     with _store(home) as store:
         service.add_team(store, name, quota, who=_who(who), now=time.time())

@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from fedge.cli import jobs as jobs_cli
 from fedge.cli.common import DEFAULT_HOME, HomeOption, console, fitted_table, print_json, when
 from fedge.cli.common import friendly_errors as _friendly
 from fedge.cli.jobs import JsonOption, WhoOption, _store, _who
@@ -30,23 +31,8 @@ def _known(home: Path, store: Store) -> frozenset[str]:
     return frozenset(operators) | {a.name for a in accounts.list_accounts(store)}
 
 
-@app.command()
-@_friendly
-def add(
-    name: Annotated[str, typer.Argument(help="The team's name.")],
-    quota: Annotated[
-        float | None, typer.Option(help="Station-hours a day its jobs may use (none: no cap).")
-    ] = None,
-    who: WhoOption = None,
-    home: HomeOption = DEFAULT_HOME,
-) -> None:
-    """Add a team (or, as its admin, change its quota).
-
-    Example: fedge team add vision --quota 40
-    """
-    with _store(home) as store:
-        service.add_team(store, name, quota, who=_who(who), now=time.time())
-    console.print(f"team {name}: quota {'none' if quota is None else f'{quota:g} station-h/day'}")
+# `fedge team add` is `fedge jobs team`: one command under both names.
+app.command("add")(jobs_cli.team)
 
 
 @app.command("list")
