@@ -4,7 +4,7 @@
 ``WrappedGrid`` stands in front of another grid and changes what the strategy sees.
 """
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from flwr.app import Message, RecordDict
 from flwr.common.constant import SUPERLINK_NODE_ID
@@ -54,11 +54,25 @@ class WrappedGrid(Grid):
     """A Grid in front of another (``inner``): the Run is the inner grid's.
 
     Subclasses change what the strategy sees (node ids, which messages pass) and forward
-    the rest.
+    the rest: by default every call goes to ``inner`` as it is.
     """
 
     def __init__(self, inner: Grid) -> None:
         self.inner = inner
+
+    def get_node_ids(self) -> Iterable[int]:
+        return self.inner.get_node_ids()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        return self.inner.push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return self.inner.pull_messages(message_ids)
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        return self.inner.send_and_receive(messages, timeout=timeout)
 
     def set_run(self, run: Run) -> None:
         self.inner.set_run(run)
