@@ -143,7 +143,7 @@ def test_an_anomaly_manifest_is_one_round_of_sums() -> None:
     [
         (3, "", "job.rounds must be 1 for an anomaly job"),
         (1, '[strategy]\nkind = "tiered"\n', 'strategy.kind must be "fedavg"'),
-        (1, "[privacy]\nmode = \"central\"\nepsilon = 8.0\n", "no strategy parameters or"),
+        (1, '[privacy]\nmode = "central"\nepsilon = 8.0\n', "no strategy parameters or"),
         (1, "[anomaly]\nstages = 4\n", "anomaly.stages must be 1, 2 or 3"),
         (1, "[anomaly]\nfalse_alarm_rate = 1.5\n", "anomaly.false_alarm_rate"),
         (1, "[anomaly]\nwindow = 3\n", "window"),
@@ -155,8 +155,8 @@ def test_bad_anomaly_manifests_name_the_field(rounds: int, extra: str, message: 
 
 
 def test_anomaly_settings_belong_to_anomaly_jobs() -> None:
-    text = JOB.format(rounds=1, extra="[strategy]\nkind = \"fedavg\"\n[anomaly]\nstages = 1\n")
+    text = JOB.format(rounds=1, extra='[strategy]\nkind = "fedavg"\n[anomaly]\nstages = 1\n')
     with pytest.raises(ManifestError, match=r"\[anomaly\] is for anomaly jobs"):
         parse_fleet_manifest(text.replace('family = "anomaly"\n', ""))
-    with pytest.raises(ManifestError, match="task.family must be one of"):
+    with pytest.raises(ManifestError, match=r"task\.family must be one of"):
         parse_fleet_manifest(text.replace('"anomaly"\n', '"gan"\n', 1))
