@@ -22,11 +22,10 @@ from conftest import (
     Processes,
     agent_status,
     dump_flower_logs,
-    free_port,
     keep_labelled_images,
     make_fleet_home,
-    port_open,
     publish_trainable,
+    start_training_plant,
     wait_until,
 )
 
@@ -71,23 +70,9 @@ def manifest(tmp_path: Path, name: str, rounds: int) -> Path:
     return path
 
 
-def start_fleet(fh: FleetHome, processes: Processes, tmp_path: Path) -> None:
-    """Broker, serve, SuperLink and the three agents, each training (its SuperNode up)."""
-    processes.pidfiles.append(fh.home.root / "broker" / "mosquitto.pid")
-    processes.start("broker", "manager", "broker")
-    wait_until(lambda: port_open(fh.settings.broker_port), 15, "the managed broker to listen")
-    ready = tmp_path / "serve.ready"
-    processes.start("serve", "manager", "serve", "--ready-file", str(ready))
-    processes.start("superlink", "manager", "superlink")
-    wait_until(lambda: port_open(fh.settings.superlink_port), 60, "the SuperLink to listen")
-    ports = {}
-    for edge in EDGES:
-        ports[edge] = free_port()
-        fh.set_agent_option(edge, "http_port", ports[edge])
-        processes.start(edge, "agent", "run", "--config", str(fh.agents[edge]))
-    wait_until(ready.exists, 30, "manager serve to be ready")
-    for edge in EDGES:
-        wait_until(partial(trains, ports[edge]), 90, f"{edge}'s SuperNode")
+def training(fh: FleetHome, edge: str, port: int) -> None:
+    """Ready, for this test: the station's SuperNode is up (it trains)."""
+    wait_until(partial(trains, port), 90, f"{edge}'s SuperNode")
 
 
 def trains(port: int) -> bool:
@@ -148,7 +133,7 @@ def test_a_te_job_preempts_a_be_fleet_job_which_resumes_and_publishes(
     for index, edge in enumerate(EDGES):
         keep_labelled_images(fh.data_dir(edge), seed=70 + index)
     try:
-        start_fleet(fh, processes, tmp_path)
+        start_training_plant(fh, processes, tmp_path, EDGES, ready=training)
         processes.cli("jobs", "team", "vision")
         be_dir, te_dir = tmp_path / "be-job", tmp_path / "te-job"
         be = submit(
