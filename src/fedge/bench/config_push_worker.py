@@ -30,7 +30,6 @@ import json
 import os
 import selectors
 import ssl
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -43,7 +42,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
 from fedge import __version__
-from fedge.bench.edge_login import EdgeLogin
+from fedge.bench.edge_login import EdgeLogin, emit
 from fedge.edge_agent.config.decisions import ConfigAction, decide_config
 from fedge.edge_agent.store import LocalStore
 from fedge.protocols import codec, topics
@@ -99,11 +98,6 @@ class SimEdge:
     timings: dict[int, list[float | None]] = field(default_factory=dict)
     # mid of an in-flight report -> the version it reports
     reports_in_flight: dict[int, int] = field(default_factory=dict)
-
-
-def emit(event: dict[str, Any]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 class Worker:

@@ -6,12 +6,21 @@ the *paths* of its certificate files (issue 13) -- a key's contents never travel
 spec, and no credential ever sits on a command line.
 """
 
+import json
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from fedge.bench.errors import BenchError
 from fedge.protocols.pki import TlsFiles
+from fedge.transport.session import MqttSettings
+
+
+def emit(event: dict[str, Any]) -> None:
+    """One event line to the parent on stdout (the helper processes' half of the talk)."""
+    sys.stdout.write(json.dumps(event) + "\n")
+    sys.stdout.flush()
 
 
 class EdgeLoginError(BenchError, ValueError):
@@ -40,6 +49,19 @@ class EdgeLogin:
             "cert": str(self.tls.cert),
             "key": str(self.tls.key),
         }
+
+    def mqtt_settings(self, host: str, port: int, **options: Any) -> MqttSettings:
+        """The edge's MQTT session to ``host:port`` as an agent would open it."""
+        return MqttSettings(
+            host=host,
+            port=port,
+            client_id=self.edge,
+            # Under TLS the certificate names the user: no username or password.
+            username=None if self.tls is not None else self.edge,
+            password=self.password,
+            tls=self.tls,
+            **options,
+        )
 
     @classmethod
     def from_json(cls, data: Any) -> "EdgeLogin":

@@ -22,11 +22,10 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fedge.bench.edge_login import EdgeLogin
+from fedge.bench.edge_login import EdgeLogin, emit
 from fedge.protocols import codec, topics
 from fedge.protocols.liveness import EdgeState, Liveness
 from fedge.transport.mqtt import MqttSession
-from fedge.transport.session import MqttSettings
 
 SESSION = 1  # the session the bench stored for every edge (a live station's birth)
 
@@ -57,11 +56,6 @@ class HeartbeatSpec:
         )
 
 
-def emit(event: dict[str, object]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
-
-
 def birth(edge: str) -> bytes:
     """What the agent's heartbeat sends: its birth, ONLINE, in its session."""
     return codec.encode(Liveness(edge, SESSION, EdgeState.ONLINE, "bench", "", 0, time.time()))
@@ -77,16 +71,7 @@ class Stations:
     def __init__(self, spec: HeartbeatSpec) -> None:
         self.spec = spec
         self.sessions = {
-            login.edge: MqttSession(
-                MqttSettings(
-                    host=spec.host,
-                    port=spec.port,
-                    client_id=login.edge,
-                    username=None if login.tls is not None else login.edge,
-                    password=login.password,
-                    tls=login.tls,
-                )
-            )
+            login.edge: MqttSession(login.mqtt_settings(spec.host, spec.port))
             for login in spec.edges
         }
         self.sent = 0

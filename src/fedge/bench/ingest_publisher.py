@@ -24,11 +24,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from fedge.bench.edge_login import EdgeLogin
+from fedge.bench.edge_login import EdgeLogin, emit
 from fedge.protocols import codec, topics
 from fedge.protocols.records import MetricRecord, RecordBatch, Stream
 from fedge.transport.mqtt import MqttSession
-from fedge.transport.session import MqttSettings, PublishResult
+from fedge.transport.session import PublishResult
 
 REDELIVERY_LAG = 3  # a duplicate follows its original this many batches later
 
@@ -65,11 +65,6 @@ class PublisherSpec:
                 "max_inflight": self.max_inflight,
             }
         )
-
-
-def emit(event: dict[str, object]) -> None:
-    sys.stdout.write(json.dumps(event) + "\n")
-    sys.stdout.flush()
 
 
 def edge_batches(edge: str, records: int, batch_records: int) -> list[bytes]:
@@ -133,16 +128,7 @@ class Publisher:
         self.expected = 0
         self.sessions = {
             login.edge: MqttSession(
-                MqttSettings(
-                    host=spec.host,
-                    port=spec.port,
-                    client_id=login.edge,
-                    # Under TLS the certificate names the user: no username or password.
-                    username=None if login.tls is not None else login.edge,
-                    password=login.password,
-                    max_inflight=spec.max_inflight,
-                    tls=login.tls,
-                ),
+                login.mqtt_settings(spec.host, spec.port, max_inflight=spec.max_inflight),
                 on_published=self._on_published,
             )
             for login in spec.edges
