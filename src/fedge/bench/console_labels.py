@@ -18,8 +18,6 @@ signed config version the agent applies). Then:
 Targets (issue 30): label p95 <= 300 ms, image view p95 <= 500 ms.
 """
 
-import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +25,7 @@ from typing import Any
 import httpx
 import numpy as np
 
+from fedge.bench.console_shot import console_browser
 from fedge.bench.errors import BenchError
 from fedge.bench.inference_setup import png_images
 from fedge.console import queue_store
@@ -100,41 +99,22 @@ def time_labels(
 ) -> tuple[dict[str, float], dict[str, float]]:
     """``labels`` labels by keyboard in Chromium, each until the next image shows; then
     the label POST alone from the page, as many times."""
-    try:
-        from selenium import webdriver
-        from selenium.webdriver.chrome.service import Service
+    with console_browser(base, token, "the label figure") as driver:
+        # Importable here: console_browser has checked that Selenium is installed.
         from selenium.webdriver.common.action_chains import ActionChains
         from selenium.webdriver.common.by import By
         from selenium.webdriver.common.keys import Keys
         from selenium.webdriver.support.ui import WebDriverWait
-    except ImportError:
-        raise BenchError("the label figure needs selenium (pip install -e '.[dev]')") from None
-    browser, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
-    if browser is None or driver_path is None:
-        raise BenchError("the label figure needs Debian's chromium and chromium-driver")
-    with tempfile.TemporaryDirectory(prefix="fedge-label-") as profile:
-        options = webdriver.ChromeOptions()
-        options.binary_location = browser
-        for argument in ("--headless=new", "--no-sandbox", "--disable-dev-shm-usage",
-                         "--window-size=1600,1000", f"--user-data-dir={profile}"):  # fmt: skip
-            options.add_argument(argument)
-        driver = webdriver.Chrome(service=Service(executable_path=driver_path), options=options)
-        try:
-            driver.get(f"{base}/login")
-            driver.find_element(By.ID, "token").send_keys(token)
-            driver.find_element(By.ID, "login").click()
-            WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.ID, "fleet"))
-            driver.get(f"{base}/labels?edge={edge}&order=newest")
-            shown = "#queue tr.focused figure.station-image.shown img"
-            WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, shown))
-            progress(f"labelling {labels} items by keyboard in chromium")
-            for n in range(1, labels + 1):
-                ActionChains(driver).send_keys("2").send_keys(Keys.ENTER).perform()
-                WebDriverWait(driver, 15, poll_frequency=0.01).until(_labelled(str(n)))
-            label_ms = [float(ms) for ms in driver.execute_script("return window.fedgeLabelMs")]
-            post_ms = driver.execute_async_script(_POSTS, labels)
-        finally:
-            driver.quit()
+
+        driver.get(f"{base}/labels?edge={edge}&order=newest")
+        shown = "#queue tr.focused figure.station-image.shown img"
+        WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.CSS_SELECTOR, shown))
+        progress(f"labelling {labels} items by keyboard in chromium")
+        for n in range(1, labels + 1):
+            ActionChains(driver).send_keys("2").send_keys(Keys.ENTER).perform()
+            WebDriverWait(driver, 15, poll_frequency=0.01).until(_labelled(str(n)))
+        label_ms = [float(ms) for ms in driver.execute_script("return window.fedgeLabelMs")]
+        post_ms = driver.execute_async_script(_POSTS, labels)
     if not isinstance(post_ms, list) or len(label_ms) != labels:
         raise BenchError(f"the page recorded {len(label_ms)} of {labels} labels")
     return _stats(label_ms), _stats([float(ms) for ms in post_ms])

@@ -6,30 +6,38 @@ the picture stays small in the repository."""
 
 import shutil
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from fedge.bench.errors import BenchError
 
 
-def fleet_page_screenshot(base: str, token: str, out: Path, width: int = 1640) -> Path:
+@contextmanager
+def console_browser(
+    base: str, token: str, what: str, width: int = 1600, height: int = 1000
+) -> Iterator[Any]:
+    """A headless Chromium logged in to the console at ``base`` (on its fleet page), for
+    ``what`` (named in the error when Selenium or Chromium is missing); quit afterwards."""
     try:
         from selenium import webdriver
         from selenium.webdriver.chrome.service import Service
         from selenium.webdriver.common.by import By
         from selenium.webdriver.support.ui import WebDriverWait
     except ImportError:
-        raise BenchError("--screenshot needs selenium (pip install -e '.[dev]')") from None
+        raise BenchError(f"{what} needs selenium (pip install -e '.[dev]')") from None
     browser, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
     if browser is None or driver_path is None:
-        raise BenchError("--screenshot needs Debian's chromium and chromium-driver (make setup)")
-    with tempfile.TemporaryDirectory(prefix="fedge-shot-") as profile:
+        raise BenchError(f"{what} needs Debian's chromium and chromium-driver (make setup)")
+    with tempfile.TemporaryDirectory(prefix="fedge-chromium-") as profile:
         options = webdriver.ChromeOptions()
         options.binary_location = browser
         for argument in (
             "--headless=new",
             "--no-sandbox",
             "--disable-dev-shm-usage",
-            f"--window-size={width},900",
+            f"--window-size={width},{height}",
             f"--user-data-dir={profile}",
         ):
             options.add_argument(argument)
@@ -39,17 +47,25 @@ def fleet_page_screenshot(base: str, token: str, out: Path, width: int = 1640) -
             driver.find_element(By.ID, "token").send_keys(token)
             driver.find_element(By.ID, "login").click()
             WebDriverWait(driver, 15).until(lambda d: d.find_elements(By.ID, "fleet"))
-            # Wait for the first live update, so the picture shows the page as it runs.
-            WebDriverWait(driver, 15).until(
-                lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-live-updates")
-            )
-            height = driver.execute_script("return document.documentElement.scrollHeight")
-            driver.set_window_size(width, min(int(height) + 24, 2400))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            if not driver.save_screenshot(str(out)):
-                raise BenchError(f"chromium could not write {out}")
+            yield driver
         finally:
             driver.quit()
+
+
+def fleet_page_screenshot(base: str, token: str, out: Path, width: int = 1640) -> Path:
+    with console_browser(base, token, "--screenshot", width, 900) as driver:
+        from selenium.webdriver.common.by import By
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        # Wait for the first live update, so the picture shows the page as it runs.
+        WebDriverWait(driver, 15).until(
+            lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-live-updates")
+        )
+        height = driver.execute_script("return document.documentElement.scrollHeight")
+        driver.set_window_size(width, min(int(height) + 24, 2400))
+        out.parent.mkdir(parents=True, exist_ok=True)
+        if not driver.save_screenshot(str(out)):
+            raise BenchError(f"chromium could not write {out}")
     _to_palette(out)
     return out
 
