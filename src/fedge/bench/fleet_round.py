@@ -36,7 +36,7 @@ from fedge.aggregator.superlink.link import SuperLink
 from fedge.bench import Progress, no_progress
 from fedge.bench.fleet_round_apps import POLL_S
 from fedge.bench.machine import machine_info
-from fedge.bench.testbed import BenchError, wait_until
+from fedge.bench.testbed import BenchError, flwr_run, wait_until
 from fedge.datasets.defects import CLASSES, make_defect_images
 from fedge.demo.learning import score_at_station
 from fedge.edge_manager.fleet.operations import Fleet
@@ -335,22 +335,7 @@ def _run_plain(
             ]
         )
     )
-    cli_home = root / "plain-cli"
-    cli_home.mkdir()
-    (cli_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "{superlink}"\n'
-        "insecure = true\n"
-    )
-    env = {**os.environ, "FLWR_HOME": str(cli_home), "FLWR_TELEMETRY_ENABLED": "0"}
-    flwr = str(Path(sys.executable).parent / "flwr")
-    result = subprocess.run(
-        [flwr, "run", str(app), "bench", "--format", "json"],
-        capture_output=True, text=True, env=env, timeout=180, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise BenchError(
-            f"flwr run (plain side) failed: {result.stdout[-500:]} {result.stderr[-500:]}"
-        )
+    flwr_run(app, superlink, root / "plain-cli", "plain side")
     wait_until(out.exists, 3600, "the plain Flower run to end", interval_s=0.5)
     time.sleep(0.1)  # the file is written in one call; let the writer close it
     data = json.loads(out.read_text())

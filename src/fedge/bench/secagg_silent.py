@@ -34,6 +34,7 @@ from fedge.aggregator.superlink.link import SuperLink
 from fedge.bench import Progress, no_progress
 from fedge.bench.errors import BenchError
 from fedge.bench.secagg_apps import PARTITION_ID, SIGNAL_DIR, SILENT
+from fedge.bench.testbed import flwr_run
 from fedge.edge_agent.training.supervisor import kill_tree
 from fedge.transport.ports import free_port
 
@@ -210,20 +211,7 @@ def _flwr_run(root: Path, settings: SilentSettings, superlink: str, out: Path) -
             ]
         )
     )
-    cli_home = root / "cli"
-    cli_home.mkdir(exist_ok=True)
-    (cli_home / "config.toml").write_text(
-        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "{superlink}"\n'
-        "insecure = true\n"
-    )
-    env = {**os.environ, "FLWR_HOME": str(cli_home), "FLWR_TELEMETRY_ENABLED": "0"}
-    flwr = str(Path(sys.executable).parent / "flwr")
-    result = subprocess.run(
-        [flwr, "run", str(app), "bench", "--format", "json"],
-        capture_output=True, text=True, env=env, timeout=180, check=False,
-    )  # fmt: skip
-    if result.returncode != 0:
-        raise BenchError(f"flwr run failed: {result.stdout[-500:]} {result.stderr[-500:]}")
+    flwr_run(app, superlink, root / "cli", "the SecAgg+ rounds")
 
 
 def _kill_when_silent(

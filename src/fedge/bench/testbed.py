@@ -14,6 +14,7 @@ testbed's directory and only their paths go to the helper processes.
 
 import contextlib
 import json
+import os
 import secrets
 import sqlite3
 import subprocess
@@ -52,6 +53,24 @@ def wait_until(
         if time.monotonic() > deadline:
             raise BenchError(f"timed out after {timeout_s:.0f}s waiting for {what}")
         time.sleep(interval_s)
+
+
+def flwr_run(app: Path, superlink: str, cli_home: Path, what: str) -> None:
+    """``flwr run`` of the app directory ``app`` on the plain SuperLink at ``superlink``
+    (a Flower CLI home of its own in ``cli_home``); BenchError naming ``what`` if refused."""
+    cli_home.mkdir(parents=True, exist_ok=True)
+    (cli_home / "config.toml").write_text(
+        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\naddress = "{superlink}"\n'
+        "insecure = true\n"
+    )
+    env = {**os.environ, "FLWR_HOME": str(cli_home), "FLWR_TELEMETRY_ENABLED": "0"}
+    flwr = str(Path(sys.executable).parent / "flwr")
+    result = subprocess.run(
+        [flwr, "run", str(app), "bench", "--format", "json"],
+        capture_output=True, text=True, env=env, timeout=180, check=False,
+    )  # fmt: skip
+    if result.returncode != 0:
+        raise BenchError(f"flwr run ({what}) failed: {result.stdout[-500:]} {result.stderr[-500:]}")
 
 
 def edge_name(index: int) -> str:
