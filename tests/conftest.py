@@ -895,18 +895,41 @@ def _ip(*args: str) -> None:
         )
 
 
+def _host_addresses() -> str:
+    done = subprocess.run(["ip", "-o", "-4", "addr"], capture_output=True, text=True)
+    return done.stdout
+
+
+@contextmanager
+def _subnet_lock() -> Iterator[None]:
+    import fcntl
+    import tempfile
+
+    with open(Path(tempfile.gettempdir()) / "fedge-netns.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 @contextmanager
 def stranger_host() -> Iterator[StrangerHost]:
     """A namespace linked to this host; removed (with its link) afterwards."""
     tag = f"{os.getpid() % 10000}{random.randrange(100):02d}"
-    subnet = random.randrange(1, 250)
     name, outer, inner = f"fedge-x{tag}", f"vx{tag}h", f"vx{tag}g"
-    host = StrangerHost(name, f"10.213.{subnet}.1", f"10.213.{subnet}.2")
     _ip("netns", "add", name)
     try:
         _ip("link", "add", outer, "type", "veth", "peer", "name", inner)
         _ip("link", "set", inner, "netns", name)
-        _ip("addr", "add", f"{host.host_ip}/30", "dev", outer)
+        # Parallel test workers make namespaces at the same time: the subnet is chosen
+        # among those no interface of this host has, under a machine-wide lock.
+        with _subnet_lock():
+            subnet = random.choice(
+                [n for n in range(1, 250) if f"10.213.{n}." not in _host_addresses()]
+            )
+            host = StrangerHost(name, f"10.213.{subnet}.1", f"10.213.{subnet}.2")
+            _ip("addr", "add", f"{host.host_ip}/30", "dev", outer)
         _ip("link", "set", outer, "up")
         _ip("-n", name, "addr", "add", f"{host.ip}/30", "dev", inner)
         _ip("-n", name, "link", "set", inner, "up")

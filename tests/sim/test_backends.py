@@ -154,6 +154,7 @@ def test_app_dir_carries_the_run_config(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.xdist_group("ray")  # one Ray at a time (test_ray_cluster.py)
 @pytest.mark.timeout(240)
 def test_flower_runtime_matches_in_process(scenario: Scenario) -> None:
     strategies = ("fedavg", "tiered")

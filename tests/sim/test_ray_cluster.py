@@ -23,7 +23,7 @@ from typing import IO
 import pytest
 from conftest import StrangerHost, free_port, stranger_host
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("ray")]
 
 RAY = str(Path(sys.executable).with_name("ray"))
 FEDGE = str(Path(sys.executable).with_name("fedge"))

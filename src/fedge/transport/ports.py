@@ -11,20 +11,62 @@ server then fails with "address in use". CI hit exactly that (a gRPC server, por
 
 So ports are drawn at random from *below* the ephemeral range, where the kernel never
 assigns local ports on its own; each is checked by binding it, and a port already handed
-out by this process is not handed out again. What is left is a race with another program
-choosing the same port in the same moment, which 10^4 candidates make rare.
+out by this process is not handed out again.
+
+That leaves a race with another process choosing the same port before either server
+binds it: the test suite's parallel workers, the processes a test starts, a benchmark
+beside them. So a port is also *claimed* machine-wide: a file named after it, created
+exclusively in a directory under the system temp dir. A claim lapses after
+``CLAIM_TTL_S``: by then the server it was drawn for has bound the port (and the bind
+check refuses it) or never will.
 """
 
+import errno
+import os
 import random
 import socket
+import tempfile
 import threading
+import time
 from pathlib import Path
 
 _RANGE_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
 _LOWEST = 20000
 _FALLBACK_EPHEMERAL_START = 32768  # Linux's default when the range cannot be read
+CLAIM_TTL_S = 300.0
 _given: set[int] = set()
 _lock = threading.Lock()
+
+
+def _claims_dir() -> Path:
+    return Path(tempfile.gettempdir()) / "fedge-ports"
+
+
+def _claim(port: int) -> bool:
+    """Claim ``port`` for this process machine-wide; False when another process holds a
+    live claim. A machine where claims cannot be written (no temp dir) claims nothing and
+    keeps the bind check alone."""
+    directory = _claims_dir()
+    path = directory / str(port)
+    for _ in range(2):
+        try:
+            directory.mkdir(mode=0o1777, exist_ok=True)
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+            return True
+        except FileExistsError:
+            try:
+                if time.time() - path.stat().st_mtime < CLAIM_TTL_S:
+                    return False
+                path.unlink()  # a lapsed claim: take it over on the next try
+            except FileNotFoundError:
+                continue  # released or taken over meanwhile: try again
+            except OSError:
+                return False
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EPERM):
+                return True
+            raise
+    return False
 
 
 def ephemeral_start() -> int:
@@ -51,7 +93,7 @@ def free_port() -> int:
         if top - _LOWEST >= 1000:
             for _ in range(200):
                 port = random.randrange(_LOWEST, top)
-                if port not in _given and _bindable(port):
+                if port not in _given and _bindable(port) and _claim(port):
                     _given.add(port)
                     return port
         # A machine whose ephemeral range starts low: fall back to the kernel's choice.
