@@ -308,6 +308,9 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("predictions", "anomaly_model", "TEXT NOT NULL DEFAULT ''"),
     ("predictions", "anomaly_score", "REAL"),
     ("predictions", "novel", "INTEGER"),
+    # Issue 28: the anomaly model an edge served beside its classifier before a staged
+    # rollout moved it (NULL: none), which its rollback restores with the classifier.
+    ("rollout_edges", "previous_anomaly", "TEXT"),
 )
 
 
@@ -373,6 +376,11 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
         11,
         "model_teams: the team owning a model (issue 31)",
         schema_store.script(MODEL_TEAMS_SCHEMA),
+    ),
+    schema_store.Migration(
+        12,
+        "rollout_edges.previous_anomaly: the anomaly model a rollout restores (issue 28)",
+        _columns("previous_anomaly"),
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)
