@@ -92,6 +92,13 @@ def start(
             "--force-unblessed", help="Roll out a model the gate did not bless (recorded)."
         ),
     ] = False,
+    anomaly: Annotated[
+        str | None,
+        typer.Option(
+            help="NAME:VERSION of an anomaly model to roll out beside it (e.g. "
+            "inspect-anomaly:2): moved, judged and rolled back with it, as one pair.",
+        ),
+    ] = None,
     who: Annotated[
         str | None,
         typer.Option("--as", help="Who rolls it out: a team's model needs its submitter or admin."),
@@ -102,6 +109,9 @@ def start(
 
     Example: fedge rollout start inspect:4 --canary st-03 --waves 25%,50%,100%
     --health-window 10m --abort-if "agreement_drop>0.02,failed_activation>0"
+
+    Example: fedge rollout start inspect:4 --anomaly inspect-anomaly:2 --canary st-03
+    --abort-if "novel_rate>0.05,failed_activation>0"
 
     A failed activation (or none within --activation-timeout) always aborts the rollout,
     whatever --abort-if says; so does a station whose probation verdict has not come
@@ -131,11 +141,13 @@ def start(
         rollback_timeout=rollback_timeout,
         wait_for_probation=wait_for_probation,
         probation_timeout=probation_timeout,
+        anomaly=anomaly,
     )
     rollout_id = Rollouts(fleet).start(
         model, plan, now=time.time(), force_unblessed=force_unblessed
     )
-    console.print(f"rollout {rollout_id}: {model} -> {len(plan.edges)} edge(s), pending")
+    beside = "" if plan.anomaly is None else f" with anomaly model {plan.anomaly}"
+    console.print(f"rollout {rollout_id}: {model}{beside} -> {len(plan.edges)} edge(s), pending")
     if force_unblessed:
         console.print("[yellow]--force-unblessed is recorded with the rollout[/yellow]")
     warn_if_not_serving(home, _SERVE)
@@ -161,9 +173,11 @@ def status(
         print_json(view)
         return
     colour = _COLOURS.get(view["state"], "cyan")
+    beside = view["plan"].get("anomaly")
     console.print(
-        f"rollout [bold]{view['rollout_id']}[/bold] {view['model']}: "
-        f"[{colour}]{escape(view['label'])}[/{colour}]"
+        f"rollout [bold]{view['rollout_id']}[/bold] {view['model']}"
+        + (f" with anomaly model {beside}" if beside else "")
+        + f": [{colour}]{escape(view['label'])}[/{colour}]"
         + (f" -- {escape(view['reason'])}" if view["reason"] else "")
     )
     plan = view["plan"]
@@ -185,7 +199,8 @@ def status(
             "canary" if edge["wave"] == 0 else str(edge["wave"]),
             edge["state"],
             edge["serving"] or "-",
-            edge["previous_model"] or "-",
+            (edge["previous_model"] or "-")
+            + (f" + {edge['previous_anomaly']}" if edge.get("previous_anomaly") else ""),
             _when(edge["moved_at"]),
         )
     console.print(table)

@@ -33,7 +33,7 @@ from dataclasses import replace
 
 from fedge.edge_agent.deploy import deployer, restore, served
 from fedge.edge_agent.deploy.probation import KEY as PROBATION
-from fedge.edge_agent.deploy.probation import Trial, encode_trial
+from fedge.edge_agent.deploy.probation import Trial, encode_trial, pair_ref
 from fedge.edge_agent.deploy.rollback import ROLLED_BACK, LocalRollback
 from fedge.edge_agent.deploy.status import DeployReports, Report
 from fedge.edge_agent.errors import DeployError
@@ -116,7 +116,7 @@ class Deployments:
             if kept is not active:
                 log.error("kept model %s does not verify either: %s", kept.ref, failure)
         if restored.kept is not None:
-            failed = self.probation.resume(restored.kept.ref)
+            failed = self.probation.resume(restored.kept.ref, restored.kept.anomaly_ref)
             # A model on probation at every start (one that kills the agent) goes now,
             # before it serves; the status is published (retained) after the birth.
             rolled = None if failed is None else self.verdicts.roll_back(*failed)
@@ -242,13 +242,19 @@ class Deployments:
         writes: dict[str, str] = {}
         with self._serving.lock:
             previous = self._serving.ref
+            serving_now = self._serving.model
+            previous_anomaly = "" if serving_now is None else serving_now.anomaly_ref
+            # The pair is what is judged (issue 28): a deployment that changes only the
+            # anomaly model beside a classifier that serves already is a new model here.
+            pair = pair_ref(model.ref, model.anomaly_ref)
+            previous_pair = pair_ref(previous, previous_anomaly) if previous else ""
             proven = served.decode_proven(self.store.get(served.PROVEN))
             trial: Trial | None = None
             note = ""
-            if previous == model.ref:
-                # The same model again: a trial under way goes on, for this deployment.
+            if previous_pair == pair:
+                # The same pair again: a trial under way goes on, for this deployment.
                 current = self.probation.current()
-                if current is not None and current.model == model.ref:
+                if current is not None and current.pair == pair:
                     trial = replace(
                         current,
                         deployment_id=desired.deployment_id,
@@ -257,28 +263,27 @@ class Deployments:
             elif not previous:
                 # The station's first model: nothing to judge it against, nothing to go
                 # back to; the reference for the models after it.
-                writes[served.PROVEN] = served.add_proven(proven, model.ref)
-            elif model.ref in proven:
-                note = f"not on probation: {model.ref} is proven on this station"
+                writes[served.PROVEN] = served.add_proven(proven, pair)
+            elif pair in proven:
+                note = f"not on probation: {pair} is proven on this station"
             else:
                 trial = self.probation.trial_for(
                     model,
                     desired.deployment_id,
                     desired.version,
                     previous,
-                    baseline_trusted=previous in proven,
+                    baseline_trusted=previous_pair in proven,
+                    previous_anomaly=previous_anomaly,
                 )
             if trial is not None:
-                note = f"on probation (previous {trial.previous})"
+                note = f"on probation (previous {trial.previous_pair})"
             elif not note:
                 note = (
                     "not on probation: the station's first model"
                     if not previous
-                    else f"not on probation: {model.ref} serves already"
+                    else f"not on probation: {pair} serves already"
                 )
             if model.anomaly is not None:
-                # The pair is judged as one (issue 28); a change of the anomaly model
-                # alone, beside a classifier that serves already, is not on probation.
                 note += f"; anomaly model {model.anomaly_ref} beside it"
             history = restore.decode_history(self.store.get("model_history"))
             configs = served.decode_configs(self.store.get(served.CONFIGS))

@@ -17,6 +17,11 @@ during a probation starts the window again for the same model rather than trusti
 unjudged, and counts the start in the trial. A model that kills the agent would
 otherwise be resumed forever; past ``max_restarts`` starts :meth:`Probation.resume`
 returns a failed verdict and the agent rolls back before it serves.
+
+What is on trial is the pair served (issue 28): the classifier and the anomaly model
+beside it. A deployment that changes only the anomaly model is a new trial, and a
+failed one goes back to the previous pair -- the same classifier with the anomaly model
+it had (:attr:`Trial.previous_anomaly`).
 """
 
 import json
@@ -50,6 +55,28 @@ class Trial:
     baseline_spread: float | None = None
     # How many times the agent was started with this trial under way (health.restarted).
     starts: int = 0
+    # The anomaly model beside ``model`` and the one beside ``previous`` ("": none; issue
+    # 28). None: a trial stored before pairs were judged (any anomaly model matches).
+    anomaly: str | None = None
+    previous_anomaly: str | None = None
+
+    def matches(self, model: str, anomaly: str) -> bool:
+        """Whether the pair ``model`` with ``anomaly`` beside it is the one on trial."""
+        return self.model == model and self.anomaly in (None, anomaly)
+
+    @property
+    def pair(self) -> str:
+        """The pair on trial as one ref (what the station's proven models record)."""
+        return pair_ref(self.model, self.anomaly or "")
+
+    @property
+    def previous_pair(self) -> str:
+        return pair_ref(self.previous, self.previous_anomaly or "")
+
+
+def pair_ref(model: str, anomaly: str) -> str:
+    """``inspect:3`` alone, or ``inspect:3+inspect-anomaly:1`` with an anomaly model."""
+    return f"{model}+{anomaly}" if anomaly else model
 
 
 def encode_trial(trial: Trial) -> str:
@@ -70,6 +97,8 @@ def decode_trial(raw: str | None) -> Trial | None:
             latency_budget_ms=_optional_float(data.get("latency_budget_ms")),
             baseline_spread=_optional_float(data.get("baseline_spread")),
             starts=int(data.get("starts", 0)),
+            anomaly=_optional_str(data.get("anomaly")),
+            previous_anomaly=_optional_str(data.get("previous_anomaly")),
         )
     except (ValueError, KeyError, TypeError):
         return None
@@ -77,6 +106,10 @@ def decode_trial(raw: str | None) -> Trial | None:
 
 def _optional_float(value: object) -> float | None:
     return None if value is None else float(str(value))
+
+
+def _optional_str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 # Called on its own thread with a judged trial (a failure: roll back; a pass: report).
@@ -119,6 +152,7 @@ class Probation:
         previous: str,
         *,
         baseline_trusted: bool,
+        previous_anomaly: str = "",
     ) -> Trial:
         """The trial of ``model`` about to replace ``previous`` (stored by the caller).
 
@@ -141,6 +175,8 @@ class Probation:
             previous,
             model.manifest.latency_budget_ms,
             baseline,
+            anomaly=model.anomaly_ref,
+            previous_anomaly=previous_anomaly,
         )
 
     def current(self) -> Trial | None:
@@ -158,19 +194,19 @@ class Probation:
             if trial is None:
                 self._trial = None
                 return
-            if self._trial is not None and self._trial.model == trial.model:
+            if self._trial is not None and self._trial.pair == trial.pair:
                 self._trial = trial
                 return
             self._start(trial)
         log.info(
             "%s on probation (%d images or %.0f s; previous %s)",
-            trial.model,
+            trial.pair,
             self.policy.images,
             self.policy.seconds,
-            trial.previous,
+            trial.previous_pair,
         )
 
-    def resume(self, serving: str) -> tuple[Trial, health.Verdict] | None:
+    def resume(self, serving: str, anomaly: str = "") -> tuple[Trial, health.Verdict] | None:
         """At start-up: a trial of the model now serving starts its window again and
         counts the start; a trial of another model (the agent fell back at restore) is
         dropped. A trial started more than ``max_restarts`` times is returned failed:
@@ -179,7 +215,7 @@ class Probation:
         if trial is None:
             return None
         with self._lock:
-            if trial.model != serving:
+            if not trial.matches(serving, anomaly):
                 self.store.put(KEY, "")
                 return None
             trial = replace(trial, starts=trial.starts + 1)
@@ -217,7 +253,7 @@ class Probation:
         """The trial's time is up with no image since: judge it on what it saw."""
         with self._lock:
             current = self._trial
-            if current is None or current.model != trial.model:
+            if current is None or current.pair != trial.pair:
                 return  # judged by an image already, or replaced by another model's trial
             verdict = health.judge(
                 self.policy,
@@ -247,7 +283,7 @@ class Probation:
                 self._recent.clear()
             self._recent.extend(scores)
             trial = self._trial
-            if trial is None or trial.model != model.ref:
+            if trial is None or not trial.matches(model.ref, model.anomaly_ref):
                 return
             self._window = health.observe(
                 self._window,
@@ -299,6 +335,8 @@ class Probation:
             "state": "on_probation",
             "model": trial.model,
             "previous": trial.previous,
+            "anomaly": trial.anomaly,
+            "previous_anomaly": trial.previous_anomaly,
             "images": window.attempts,
             "of_images": self.policy.images,
             "elapsed_s": round(self._clock() - started, 3),

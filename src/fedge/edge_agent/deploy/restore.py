@@ -31,7 +31,7 @@ from fedge.protocols import codec
 from fedge.protocols.deployment import DeploymentDesired, DeployStage, DeployStatus
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.manifest import ModelManifest
-from fedge.protocols.signing import KeyRing, TrustedKeys, signer_of
+from fedge.protocols.signing import KeyRing, TrustedKeys, signer_of, unverified_payload
 
 # Models remembered for a fallback, the active one included.
 KEEP = 3
@@ -60,6 +60,23 @@ class KeptModel:
     @property
     def ref(self) -> str:
         return f"{self.name}:{self.version}"
+
+    @property
+    def anomaly_ref(self) -> str:
+        """``name:version`` of the anomaly model beside it ("": none, or unreadable --
+        :func:`verify` says what is wrong with it)."""
+        if not self.anomaly_envelope:
+            return ""
+        try:
+            return unverified_payload(self.anomaly_envelope.encode(), ModelManifest).ref
+        except ProtocolError:
+            return ""
+
+    @property
+    def files(self) -> tuple[Path, str]:
+        """What tells kept pairs apart: one classifier may be kept beside two anomaly
+        models (a deployment that changed only the anomaly model, issue 28)."""
+        return self.path, self.anomaly_path
 
     def verified_manifest(self, keys: TrustedKeys) -> ModelManifest:
         if self.manifest_envelope:
@@ -187,8 +204,9 @@ def decode_history(raw: str | None) -> tuple[KeptModel, ...]:
 def remember(
     history: Iterable[KeptModel], kept: KeptModel, keep: int = KEEP
 ) -> tuple[KeptModel, ...]:
-    """``kept`` first, then the others newest first (one entry per file), at most ``keep``."""
-    others = tuple(k for k in history if k.path != kept.path)
+    """``kept`` first, then the others newest first (one entry per file pair), at most
+    ``keep``."""
+    others = tuple(k for k in history if k.files != kept.files)
     return (kept, *others)[:keep]
 
 
@@ -196,23 +214,31 @@ def candidates(active: KeptModel | None, history: Iterable[KeptModel]) -> tuple[
     """The order to try at start-up: the active model, then the kept ones newest first."""
     if active is None:
         return tuple(history)
-    return (active, *(k for k in history if k.path != active.path))
+    return (active, *(k for k in history if k.files != active.files))
 
 
 def without(history: Iterable[KeptModel], kept: KeptModel) -> tuple[KeptModel, ...]:
-    """``history`` less ``kept``'s file: a model rolled back is no fallback any more."""
-    return tuple(k for k in history if k.path != kept.path)
+    """``history`` less ``kept``'s files: a model rolled back is no fallback any more."""
+    return tuple(k for k in history if k.files != kept.files)
 
 
 def rollback_target(
-    history: Iterable[KeptModel], previous: str, rolled_back: Iterable[str]
+    history: Iterable[KeptModel],
+    previous: str,
+    rolled_back: Iterable[str],
+    previous_anomaly: str | None = None,
 ) -> KeptModel | None:
-    """The kept model a failed trial goes back to: the one it replaced (``previous``),
-    never another -- the newest kept model may be one the manager moved this station
-    away from -- and never one brought by a deployment rolled back here."""
+    """The kept model a failed trial goes back to: the one it replaced (``previous``,
+    with ``previous_anomaly`` beside it: "" none; None: a trial stored before pairs were
+    judged, any), never another -- the newest kept model may be one the manager moved
+    this station away from -- and never one brought by a deployment rolled back here."""
     refused = set(rolled_back)
     for kept in history:
-        if kept.ref == previous and kept.deployment_id not in refused:
+        if (
+            kept.ref == previous
+            and previous_anomaly in (None, kept.anomaly_ref)
+            and kept.deployment_id not in refused
+        ):
             return kept
     return None
 

@@ -7,7 +7,8 @@ calls :meth:`LocalRollback.passed` or :meth:`LocalRollback.rollback` on its own 
 and the deployments call :meth:`LocalRollback.roll_back` at start-up for a trial the
 agent restarted with too often.
 
-A failed model goes back to the model its trial replaced -- never to another kept one
+A failed model goes back to the model its trial replaced (the pair: the classifier and
+the anomaly model beside it, issue 28) -- never to another kept one
 (the newest may be a model the manager moved this station away from), never to one
 rolled back here -- and the config set for that model comes back with it
 (:mod:`fedge.edge_agent.deploy.served`). Every rollback's state changes are one store
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from fedge.edge_agent.deploy import probation_verdict as health
 from fedge.edge_agent.deploy import restore, served
 from fedge.edge_agent.deploy.probation import KEY as PROBATION
-from fedge.edge_agent.deploy.probation import Probation, Trial
+from fedge.edge_agent.deploy.probation import Probation, Trial, pair_ref
 from fedge.edge_agent.deploy.status import LAST, DeployReports, ref_of
 from fedge.edge_agent.errors import DeployError
 from fedge.edge_agent.inference import runtime
@@ -96,7 +97,7 @@ class LocalRollback:
             self.store.put_many(
                 {
                     PROBATION: "",
-                    served.PROVEN: served.add_proven(proven, trial.model),
+                    served.PROVEN: served.add_proven(proven, trial.pair),
                     LAST: payload.decode(),
                 }
             )
@@ -128,7 +129,7 @@ class LocalRollback:
         active = restore.decode_kept(self.store.get("active_model") or "")
         history = restore.without(restore.decode_history(self.store.get("model_history")), active)
         earlier = restore.decode_rolled_back(self.store.get(ROLLED_BACK))
-        target = restore.rollback_target(history, trial.previous, earlier)
+        target = restore.rollback_target(history, trial.previous, earlier, trial.previous_anomaly)
         restored = restore.restore(
             () if target is None else (target,),
             lambda kept: restore.verify(kept, self.keys, self.providers),
@@ -141,7 +142,7 @@ class LocalRollback:
             why = "is not kept" if target is None else "does not verify"
             reason = (
                 f"health_check_failed: {verdict.reason}; the previous model "
-                f"{trial.previous or '(none)'} {why}, still serving {trial.model}"
+                f"{trial.previous_pair or '(none)'} {why}, still serving {trial.pair}"
             )
             log.error("%s failed its probation but cannot roll back: %s", trial.model, reason)
             payload = self.reports.status(
@@ -162,7 +163,8 @@ class LocalRollback:
             config = served.config_for(
                 served.decode_configs(self.store.get(served.CONFIGS)), config_now, previous.ref
             )
-            reason = f"{verdict.reason}; serving {previous.ref} again"
+            back_to = pair_ref(previous.ref, previous.anomaly_ref)
+            reason = f"{verdict.reason}; serving {back_to} again"
             writes = {
                 "active_model": restore.encode_kept(previous),
                 "model_history": restore.encode_history(restore.remember(history, previous)),
@@ -197,5 +199,5 @@ class LocalRollback:
             self.probation.start(None)
             self._serving.install(model, config)
         self.counters["rollback.done"] += 1
-        log.warning("rolled back from %s to %s: %s", trial.model, previous.ref, verdict.reason)
+        log.warning("rolled back from %s to %s: %s", trial.pair, back_to, verdict.reason)
         return model, payload

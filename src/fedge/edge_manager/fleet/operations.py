@@ -28,8 +28,9 @@ from fedge.edge_manager.fleet.edge_store import EdgeSummary
 from fedge.edge_manager.home.layout import ManagerHome, is_wildcard
 from fedge.edge_manager.labels import current as labels
 from fedge.edge_manager.labels import operations as fleet_labels
+from fedge.edge_manager.registry.pairs import anomaly_problem
 from fedge.edge_manager.registry.recommendations import recommended_anomaly_threshold
-from fedge.edge_manager.registry.versions import Registry, parse_ref
+from fedge.edge_manager.registry.versions import PublishedModel, Registry, parse_ref
 from fedge.edge_manager.rollout.guard import refuse_if_in_rollout
 from fedge.edge_manager.security import key_rotation
 from fedge.edge_manager.store import Store
@@ -38,7 +39,7 @@ from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
 from fedge.protocols.deployment import DeploymentDesired
 from fedge.protocols.errors import ProtocolError
 from fedge.protocols.manifest import ModelManifest
-from fedge.protocols.signing import SigningKey, unverified_payload
+from fedge.protocols.signing import SigningKey, trusted, unverified_payload, verify_envelope
 from fedge.protocols.thumbnails import ThumbnailPolicy
 
 CONFIG = desired_store.CONFIG
@@ -248,6 +249,12 @@ class Fleet:
         """(name, version) of the model in ``edge``'s latest desired deployment, if any."""
         return desired_store.deployed_model(self.store, edge)
 
+    def deployed_anomaly(self, edge: str) -> str | None:
+        """``name:version`` of the anomaly model in ``edge``'s latest desired deployment
+        (None: none beside its classifier; issue 28)."""
+        anomaly = self._deployed_anomaly(edge)
+        return None if anomaly is None else anomaly.ref
+
     def set_training(self, edges: list[str], policy: TrainingPolicy) -> list[Pushed]:
         """Enable or disable local training on ``edges`` (a new signed config version each)."""
         return self._push_config(edges, "training", training=policy)
@@ -341,9 +348,7 @@ class Fleet:
         self.edges(edges)
         refuse_if_in_rollout(self.store.conn, edges, "deploy", within=within_rollout, force=force)
         model.verify()  # a damaged registry copy is refused here, before anything is written
-        companion = None if anomaly is None else self.registry.get(*anomaly)
-        if companion is not None:
-            companion.verify()
+        companion = None if anomaly is None else self.anomaly_companion(model.manifest, anomaly)
         deployment_id = f"d-{uuid.uuid4().hex[:12]}"
         now = time.time()
         with self._writing():
@@ -362,6 +367,37 @@ class Fleet:
                 )
                 self._write_desired(edge, DEPLOY, desired.version, codec.encode(desired), now)
         return deployment_id
+
+    def anomaly_companion(
+        self, classifier: ModelManifest, anomaly: tuple[str, int], *, images: bool = False
+    ) -> PublishedModel:
+        """The published anomaly model ``anomaly`` checked to serve beside ``classifier``
+        (issue 28): in the registry, its artifact matching its manifest, the manifest
+        signed by this manager's key, an anomaly model (and, with ``images``, one taking
+        the classifier's images: a staged rollout checks it before anything moves; a
+        direct deployment leaves it to the stations, which fail the pair). ManagerError
+        names what is wrong; nothing is written."""
+        companion = self.registry.get(*anomaly)
+        companion.verify()
+        ref = companion.manifest.ref
+        try:
+            signed = codec.decode(
+                verify_envelope(companion.envelope, trusted(self.key.public)), ModelManifest
+            )
+        except ProtocolError as exc:
+            raise ManagerError(
+                f"anomaly model {ref}: its manifest is not signed by this manager's key "
+                f"({exc}); publish it again (`fedge model publish`); nothing was changed"
+            ) from None
+        if signed != companion.manifest:
+            raise ManagerError(
+                f"anomaly model {ref}: its signed manifest differs from the registry's; "
+                "publish it again; nothing was changed"
+            )
+        problem = anomaly_problem(classifier, companion.manifest, images=images)
+        if problem is not None:
+            raise ManagerError(f"{problem}; nothing was changed")
+        return companion
 
     # -- staged rollouts (rollouts.py): a step's writes join the caller's transaction
 

@@ -26,6 +26,13 @@ until the edge says otherwise, and is read whatever the criteria (it always abor
   with an anomaly verdict, once there are MIN_NOVEL_IMAGES: a classifier that passes
   what the anomaly model calls unusual at a rate its false alarms do not explain.
 
+A rollout carrying an anomaly model (issue 28) judges the pair: ``novel_rate`` and
+``latency_p95_ms`` count only predictions scored beside that anomaly model (a rollout
+that changes only the anomaly model has the classifier the edge served before, so the
+classifier alone cannot tell the new pair's predictions from the old one's), and an edge
+sent back is back only once it also reported the restoring deployment -- its previous
+pair -- active (what it serves names only the classifier).
+
 Clock domains. ``moved_at`` is the manager's time; a prediction's or telemetry record's
 ``at`` is the station's. "Since the move" is therefore judged by when the manager
 received the record's batch (``batches.received_at``, manager time), and predictions
@@ -86,10 +93,14 @@ def rollout_health(
                 deployment_id=str(row.deployment_id),
                 moved_at=row.moved_at,
                 metrics=metrics,
+                anomaly=rollout.plan.anomaly,
             )
         elif edge.state is EdgeState.ROLLING_BACK:
             restored = row.restore_config_version or 0
-            found[edge.edge] = EdgeHealth(back=is_back(conn, edge.edge, previous, restored))
+            back = is_back(conn, edge.edge, previous, restored)
+            if back and rollout.plan.anomaly is not None and row.restore_deployment_id:
+                back = restore_active(conn, edge.edge, row.restore_deployment_id)
+            found[edge.edge] = EdgeHealth(back=back)
     return found
 
 
@@ -102,20 +113,22 @@ def moved_health(
     deployment_id: str,
     moved_at: float,
     metrics: Iterable[Metric],
+    anomaly: str | None = None,
 ) -> EdgeHealth:
-    """The health of an edge on the rollout's model, for the metrics asked for (and
-    whether it failed to activate, always)."""
+    """The health of an edge on the rollout's model (and ``anomaly``, the anomaly model
+    beside it, if the rollout carries one), for the metrics asked for (and whether it
+    failed to activate, always)."""
     failed = failed_activation(conn, edge, deployment_id)
     readers: dict[Metric, Callable[[], float | None]] = {
         Metric.FAILED_ACTIVATION: lambda: failed,
         Metric.ERROR_RATE: lambda: error_rate(conn, edge, moved_at),
-        Metric.LATENCY_P95_MS: lambda: latency_p95_ms(conn, edge, model, moved_at),
+        Metric.LATENCY_P95_MS: lambda: latency_p95_ms(conn, edge, model, moved_at, anomaly),
         Metric.AGREEMENT_DROP: lambda: agreement_drop(conn, edge, model, previous_model, moved_at),
         Metric.ALERTS: lambda: open_alerts(conn, edge, model, moved_at),
         Metric.EST_ACCURACY_DROP: lambda: estimate_drop(
             conn, edge, model, previous_model, moved_at
         ),
-        Metric.NOVEL_RATE: lambda: novel_rate(conn, edge, model, moved_at),
+        Metric.NOVEL_RATE: lambda: novel_rate(conn, edge, model, moved_at, anomaly),
     }
     observed: dict[str, float] = {}
     for metric in metrics:
@@ -134,6 +147,13 @@ def is_back(conn: Transaction, edge: str, previous_model: str, restore_config_ve
     """Whether ``edge`` serves its previous model and applied its restored thresholds."""
     row = reports.serving_and_applied(conn, edge)
     return row is not None and row[0] == previous_model and row[1] >= restore_config_version
+
+
+def restore_active(conn: Transaction, edge: str, restore_deployment_id: str) -> bool:
+    """Whether ``edge`` reported the deployment that sends it back active (not failed)."""
+    return reports.first_settled_at(
+        conn, edge, restore_deployment_id
+    ) is not None and not reports.activation_failed(conn, edge, restore_deployment_id)
 
 
 def failed_activation(conn: Transaction, edge: str, deployment_id: str) -> float:
@@ -165,8 +185,10 @@ def _counter_increase(conn: Transaction, edge: str, name: str, since: float) -> 
     return grown
 
 
-def latency_p95_ms(conn: Transaction, edge: str, model: str, since: float) -> float | None:
-    latencies = sorted(reports.latencies_since(conn, edge, model, since))
+def latency_p95_ms(
+    conn: Transaction, edge: str, model: str, since: float, anomaly: str | None = None
+) -> float | None:
+    latencies = sorted(reports.latencies_since(conn, edge, model, since, anomaly))
     if not latencies:
         return None
     return latencies[max(0, math.ceil(0.95 * len(latencies)) - 1)]
@@ -205,10 +227,13 @@ def agreement_drop(
     return None if new is None or old is None else old - new
 
 
-def novel_rate(conn: Transaction, edge: str, model: str, since: float) -> float | None:
+def novel_rate(
+    conn: Transaction, edge: str, model: str, since: float, anomaly: str | None = None
+) -> float | None:
     """Novel parts over parts with an anomaly verdict, of ``model``'s predictions on
-    ``edge`` received since ``since``; None below MIN_NOVEL_IMAGES verdicts."""
-    novel, judged = reports.novel_counts_since(conn, edge, model, since)
+    ``edge`` received since ``since`` (scored beside ``anomaly`` when given); None below
+    MIN_NOVEL_IMAGES verdicts."""
+    novel, judged = reports.novel_counts_since(conn, edge, model, since, anomaly)
     return None if judged < MIN_NOVEL_IMAGES else novel / judged
 
 

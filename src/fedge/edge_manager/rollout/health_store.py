@@ -104,27 +104,42 @@ _RECEIVED_PREDICTION = (
 )
 
 
-def latencies_since(conn: sqlite3.Connection, edge: str, model: str, since: float) -> list[float]:
-    """The latencies of ``model``'s predictions on ``edge`` received at or after ``since``."""
+def _beside(anomaly: str | None) -> tuple[str, tuple[str, ...]]:
+    """The filter on the anomaly model scored beside (None: any, or none)."""
+    return ("", ()) if anomaly is None else ("AND p.anomaly_model=? ", (anomaly,))
+
+
+def latencies_since(
+    conn: sqlite3.Connection, edge: str, model: str, since: float, anomaly: str | None = None
+) -> list[float]:
+    """The latencies of ``model``'s predictions on ``edge`` received at or after ``since``
+    (scored beside ``anomaly`` when given)."""
+    beside, args = _beside(anomaly)
     return [
         float(v)
         for (v,) in conn.execute(
-            "SELECT p.latency_ms FROM predictions p " + _RECEIVED_PREDICTION + "AND p.model=?",
-            (edge, since, model),
+            "SELECT p.latency_ms FROM predictions p "
+            + _RECEIVED_PREDICTION
+            + "AND p.model=? "
+            + beside,
+            (edge, since, model, *args),
         )
     ]
 
 
 def novel_counts_since(
-    conn: sqlite3.Connection, edge: str, model: str, since: float
+    conn: sqlite3.Connection, edge: str, model: str, since: float, anomaly: str | None = None
 ) -> tuple[int, int]:
     """(novel, with a verdict) among ``model``'s predictions on ``edge`` received at or
-    after ``since`` (issue 28; ``novel`` NULL: no verdict)."""
+    after ``since`` (issue 28; ``novel`` NULL: no verdict), scored beside ``anomaly``
+    when given."""
+    beside, args = _beside(anomaly)
     row = conn.execute(
         "SELECT coalesce(sum(p.novel), 0), count(p.novel) FROM predictions p "
         + _RECEIVED_PREDICTION
-        + "AND p.model=?",
-        (edge, since, model),
+        + "AND p.model=? "
+        + beside,
+        (edge, since, model, *args),
     ).fetchone()
     return int(row[0]), int(row[1])
 

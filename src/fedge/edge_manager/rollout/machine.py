@@ -109,6 +109,12 @@ class Rollout:
     aborted_at: float | None = None  # when it was aborted: the rollback deadline runs from it
 
     @property
+    def pair(self) -> str:
+        """The model, and the anomaly model beside it when the plan carries one."""
+        beside = self.plan.anomaly
+        return self.model if beside is None else f"{self.model} with anomaly model {beside}"
+
+    @property
     def label(self) -> str:
         """``canary``, ``wave 2``, ``paused (wave 1)``, ``rolled_back``..."""
         if self.state is RolloutState.WAVE:
@@ -195,15 +201,15 @@ def step(rollout: Rollout, health_by_edge: Mapping[str, EdgeHealth], now: float)
 
 def _next_wave(rollout: Rollout, now: float, *, started: bool) -> Step:
     later = sorted({e.wave for e in rollout.edges if e.wave > rollout.wave})
-    events = [Event(EventKind.STARTED, f"rolling out {rollout.model}")] if started else []
+    events = [Event(EventKind.STARTED, f"rolling out {rollout.pair}")] if started else []
     if not later:
-        events.append(Event(EventKind.COMPLETED, f"every target edge runs {rollout.model}"))
+        events.append(Event(EventKind.COMPLETED, f"every target edge runs {rollout.pair}"))
         return Step(RolloutState.COMPLETED, rollout.wave, events=tuple(events), finished=True)
     wave = later[0]
     move = tuple(e.edge for e in rollout.in_wave(wave))
     name = f"{_moving_state(wave).value}{_number(wave)}"
     events.append(Event(EventKind.WAVE, f"{name}: {', '.join(move)}"))
-    events += [Event(EventKind.MOVED, f"to {rollout.model}", edge) for edge in move]
+    events += [Event(EventKind.MOVED, f"to {rollout.pair}", edge) for edge in move]
     return Step(_moving_state(wave), wave, move=move, events=tuple(events))
 
 

@@ -22,6 +22,13 @@ rollout forever. Without the wait, a wave shorter than the agents' probation can
 complete before a station rolls back, and the fleet then serves two versions (the
 driver marks such a rollout ``degraded``; see rollouts.py).
 
+A plan may carry an anomaly model (``anomaly``, ``NAME:VERSION``; issue 28) served beside
+the classifier: every moved edge gets the pair in one deployment, the stations verify,
+swap, judge and roll back the pair together, and a rollback restores each edge's
+previous pair. A rollout whose classifier an edge serves already changes only its
+anomaly model there -- still a new deployment, with its probation and health window.
+Plans stored before the field existed decode with none.
+
 ``failed_activation`` is also an implicit criterion: an edge that failed to activate the
 model, rolled it back on its own, or did not settle in time aborts the rollout whatever
 ``--abort-if`` says, and never counts as moved or healthy. Criteria that hold for every
@@ -114,8 +121,12 @@ class RolloutPlan:
     rollback_timeout_s: float = DEFAULT_ROLLBACK_TIMEOUT_S
     wait_for_probation: bool = True
     probation_timeout_s: float = DEFAULT_PROBATION_TIMEOUT_S
+    # The anomaly model served beside the classifier (``NAME:VERSION``; None: none).
+    anomaly: str | None = None
 
     def __post_init__(self) -> None:
+        if self.anomaly is not None:
+            anomaly_ref(self.anomaly)
         if not self.edges:
             raise RolloutError("a rollout needs at least one target edge")
         if len(set(self.edges)) != len(self.edges):
@@ -161,6 +172,7 @@ class RolloutPlan:
             "rollback_timeout_s": self.rollback_timeout_s,
             "wait_for_probation": self.wait_for_probation,
             "probation_timeout_s": self.probation_timeout_s,
+            **({} if self.anomaly is None else {"anomaly": self.anomaly}),
         }
 
     @classmethod
@@ -193,6 +205,9 @@ class RolloutPlan:
         wait = data.get("wait_for_probation", True)
         if not isinstance(wait, bool):
             raise damaged
+        anomaly = data.get("anomaly")
+        if anomaly is not None and not isinstance(anomaly, str):
+            raise damaged
         return cls(
             edges=tuple(str(e) for e in edges),
             canary=tuple(str(e) for e in canary),
@@ -203,7 +218,22 @@ class RolloutPlan:
             rollback_timeout_s=numbers["rollback_timeout_s"],
             wait_for_probation=wait,
             probation_timeout_s=numbers["probation_timeout_s"],
+            anomaly=anomaly,
         )
+
+
+_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}:[0-9]{1,9}$")
+
+
+def anomaly_ref(text: str) -> tuple[str, int]:
+    """``"inspect-anomaly:2"`` -> ``("inspect-anomaly", 2)``, or RolloutError."""
+    if _REF.match(text.strip()) is None:
+        raise RolloutError(
+            f"anomaly model {text!r} must look like NAME:VERSION, e.g. inspect-anomaly:1; "
+            "nothing was started"
+        )
+    name, _, version = text.strip().rpartition(":")
+    return name, int(version)
 
 
 def make_plan(
@@ -217,6 +247,7 @@ def make_plan(
     rollback_timeout: str = "10m",
     wait_for_probation: bool = True,
     probation_timeout: str = "15m",
+    anomaly: str | None = None,
 ) -> RolloutPlan:
     """A plan from what an operator typed (``--waves 25%,50%,100% --health-window 10m``)."""
     if _twice(canary):
@@ -233,6 +264,7 @@ def make_plan(
         rollback_timeout_s=parse_duration(rollback_timeout, "rollback timeout"),
         wait_for_probation=wait_for_probation,
         probation_timeout_s=parse_duration(probation_timeout, "probation timeout"),
+        anomaly=None if anomaly is None else anomaly.strip(),
     )
 
 

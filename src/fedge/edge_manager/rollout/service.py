@@ -95,6 +95,18 @@ class Rollouts:
         published = self.fleet.registry.get(name, version)
         self.fleet.edges(list(plan.edges))
         published.verify()
+        if plan.anomaly is not None:
+            # Unknown, damaged, unsigned, not an anomaly model, or not for this
+            # classifier's images: refused here, not at every station (issue 28).
+            try:
+                self.fleet.anomaly_companion(
+                    published.manifest, parse_ref(plan.anomaly), images=True
+                )
+            except ManagerError as exc:
+                raise RolloutError(
+                    f"cannot roll out {model} with anomaly model {plan.anomaly}: "
+                    f"{str(exc).removesuffix('; nothing was changed')}; nothing was started"
+                ) from None
         verdict = blessed(self.store.conn, name, version)
         if verdict is not True and not force_unblessed:
             why = "was never gated" if verdict is None else "was not blessed by the gate"
@@ -139,7 +151,9 @@ class Rollouts:
                 now,
                 CREATED,
                 "",
-                f"{model} to {len(plan.edges)} edge(s); canary "
+                f"{model}"
+                + ("" if plan.anomaly is None else f" with anomaly model {plan.anomaly}")
+                + f" to {len(plan.edges)} edge(s); canary "
                 f"{', '.join(plan.canary) or 'none'}; waves {waves}; health window "
                 f"{plan.health_window_s:g}s; abort if "
                 f"{', '.join(str(c) for c in plan.abort_if)} (and on any failed activation); "

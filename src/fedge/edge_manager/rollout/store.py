@@ -220,6 +220,8 @@ class RolloutEdgeRow:
     restore_deployment_id: str | None
     restore_config_version: int | None
     restored_at: float | None
+    # The anomaly model it served beside ``previous_model`` (None: none; issue 28).
+    previous_anomaly: str | None = None
 
 
 def edge_rows(conn: sqlite3.Connection, rollout_id: str) -> dict[str, RolloutEdgeRow]:
@@ -227,7 +229,8 @@ def edge_rows(conn: sqlite3.Connection, rollout_id: str) -> dict[str, RolloutEdg
     rows = conn.execute(
         "SELECT rollout_id, edge, wave, state, previous_model, previous_config, moved_at, "
         "deployment_id, config_version, restore_deployment_id, restore_config_version, "
-        "restored_at FROM rollout_edges WHERE rollout_id=? ORDER BY wave, edge",
+        "restored_at, previous_anomaly FROM rollout_edges WHERE rollout_id=? "
+        "ORDER BY wave, edge",
         (rollout_id,),
     ).fetchall()
     return {str(row[1]): RolloutEdgeRow(*row) for row in rows}
@@ -257,14 +260,18 @@ def set_edge_moved(
     moved_at: float,
     deployment_id: str,
     config_version: int,
+    previous_anomaly: str | None = None,
 ) -> None:
-    """An edge moved to the rollout's model: what it ran before, what was written for it."""
+    """An edge moved to the rollout's model: what it ran before (model, the anomaly model
+    beside it, config), what was written for it."""
     conn.execute(
-        "UPDATE rollout_edges SET state=?, previous_model=?, previous_config=?, moved_at=?, "
-        "deployment_id=?, config_version=? WHERE rollout_id=? AND edge=?",
+        "UPDATE rollout_edges SET state=?, previous_model=?, previous_anomaly=?, "
+        "previous_config=?, moved_at=?, deployment_id=?, config_version=? "
+        "WHERE rollout_id=? AND edge=?",
         (
             state,
             previous_model,
+            previous_anomaly,
             previous_config,
             moved_at,
             deployment_id,

@@ -51,6 +51,7 @@ def status(store: Store, rollout_id: str) -> dict[str, Any]:
                 "wave": edge.wave,
                 "state": edge.state.value,
                 "previous_model": row.previous_model,
+                "previous_anomaly": row.previous_anomaly,
                 "moved_at": row.moved_at,
                 "settled_at": settled,
                 "deployment_id": row.deployment_id,

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.fleet import edge_store
 from fedge.edge_manager.fleet.operations import Fleet
+from fedge.edge_manager.registry.recommendations import recommended_anomaly_threshold
 from fedge.edge_manager.registry.versions import parse_ref
 from fedge.edge_manager.rollout import machine
 from fedge.edge_manager.rollout import store as rollout_store
@@ -142,12 +143,34 @@ def write_step(fleet: Fleet, loaded: Loaded, result: machine.Step, now: float) -
         record_event(conn, rollout.rollout_id, now, event.kind.value, event.edge, event.detail)
 
 
+def _anomaly_threshold(fleet: Fleet, anomaly: str | None, edge: str) -> float | None:
+    """The station's own threshold for the anomaly model ``anomaly`` (None: none kept)."""
+    if anomaly is None:
+        return None
+    try:
+        return recommended_anomaly_threshold(fleet.registry.artifacts, *parse_ref(anomaly), edge)
+    except ManagerError as exc:
+        log.info("%s: no anomaly threshold of its own for %s (%s)", edge, anomaly, exc)
+        return None
+
+
 def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None:
     name, version = parse_ref(rollout.model)
     before = previous_model(fleet, edge)
+    # The anomaly model it serves beside that classifier: restored with it (issue 28).
+    before_anomaly = fleet.deployed_anomaly(edge) if before is not None else None
+    if before is not None and fleet.deployed_model(edge) != parse_ref(before):
+        before_anomaly = None  # the latest deployment is not what it serves
     current = fleet.desired_config(edge)
     published = fleet.registry.get(name, version)
-    deployment_id = fleet.deploy(name, version, [edge], within_rollout=rollout.rollout_id)
+    anomaly = rollout.plan.anomaly
+    deployment_id = fleet.deploy(
+        name,
+        version,
+        [edge],
+        within_rollout=rollout.rollout_id,
+        anomaly=None if anomaly is None else parse_ref(anomaly),
+    )
     config = _config(
         lambda: rollout_configs.moved_config(
             current,
@@ -156,6 +179,8 @@ def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None
             model=rollout.model,
             recommended=recommended_thresholds(fleet.store.conn, published.manifest),
             now=now,
+            anomaly=anomaly,
+            anomaly_threshold=_anomaly_threshold(fleet, anomaly, edge),
         ),
         edge,
     )
@@ -166,6 +191,7 @@ def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None
         edge,
         state=EdgeState.MOVED.value,
         previous_model=before,
+        previous_anomaly=before_anomaly,
         previous_config=None if current is None else codec.encode(current).decode(),
         moved_at=now,
         deployment_id=deployment_id,
@@ -178,7 +204,11 @@ def _send_back(fleet: Fleet, row: rollout_store.RolloutEdgeRow, now: float) -> N
     deployment_id = None
     if before:
         name, version = parse_ref(before)
-        deployment_id = fleet.deploy(name, version, [edge], within_rollout=rollout_id)
+        # The previous pair: the classifier and the anomaly model beside it (or none).
+        anomaly = None if row.previous_anomaly is None else parse_ref(row.previous_anomaly)
+        deployment_id = fleet.deploy(
+            name, version, [edge], within_rollout=rollout_id, anomaly=anomaly
+        )
     previous = (
         None
         if row.previous_config is None
