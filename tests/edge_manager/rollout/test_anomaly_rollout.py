@@ -34,7 +34,9 @@ from conftest import (
     wait_until,
 )
 from PIL import Image
+from typer.testing import CliRunner, Result
 
+from fedge.cli.main import app
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.registry.recommendations import write_anomaly_thresholds
 from fedge.edge_manager.registry.versions import Registry
@@ -145,6 +147,10 @@ def _rollout(fh: FleetHome, rollout_id: str, state: str, timeout_s: float) -> di
         f"rollout {rollout_id} to be {state}",
         expect=lambda r: r.get("state") == state,
     )
+
+
+def _cli(fh: FleetHome, *args: str) -> Result:
+    return CliRunner().invoke(app, list(args), env={"FEDGE_HOME": str(fh.home.root)})
 
 
 def _edge(fh: FleetHome, rollout_id: str) -> dict[str, Any]:
@@ -263,6 +269,15 @@ def test_a_rollout_carries_the_anomaly_model_and_a_bad_one_is_rolled_back(
         ]
         assert events[:2] == ["created", "started"] and "aborted" in events
         assert events[-1] == "rolled_back"
+        # `fedge rollout status` names the anomaly model and the edge's previous pair.
+        shown = _cli(fleet, "rollout", "status", bad)
+        assert shown.exit_code == 0, shown.output
+        assert f"rollout {bad} inspect:1 with anomaly model inspect-anomaly:2: rolled_back" in (
+            " ".join(shown.output.split())
+        )
+        view = json.loads(_cli(fleet, "rollout", "status", bad, "--json").output)
+        assert view["plan"]["anomaly"] == "inspect-anomaly:2"
+        assert view["edges"][0]["previous_anomaly"] == "inspect-anomaly:1"
     finally:
         processes.close()
 
@@ -288,5 +303,13 @@ def test_bad_anomaly_refs_start_nothing(fleet: FleetHome) -> None:
         for ref in (("inspect", 1), ("inspect-anomaly", 4)):
             with pytest.raises(ManagerError, match="nothing was changed"):
                 manager.deploy("inspect", 1, [EDGE], anomaly=ref)
+    # The CLI says so in one line, exit code 1.
+    refused = _cli(
+        fleet, "rollout", "start", "inspect:1", "--edges", EDGE, "--anomaly", "inspect:1"
+    )
+    assert refused.exit_code == 1
+    assert "inspect:1 is the classifier itself, not an anomaly model" in " ".join(
+        refused.output.split()
+    )
     assert fleet.db.scalar("SELECT count(*) FROM rollouts") == rollouts_before
     assert fleet.db.scalar("SELECT count(*) FROM desired") == desired_before
