@@ -8,7 +8,10 @@ state) and a ``"config"`` record with ``model-spec`` and the ``anomaly-*`` keys 
 station's threshold on its held-out good parts. A fleet job's *train* message
 (:mod:`fedge.aggregator.anomaly.rounds`) carries the backbone under ``"backbone"`` and
 zero moments in ``"arrays"`` (the shapes the reply must have); the reply is then the
-moments of the station's good parts, weighted by their count. Both replies, and a
+moments of the station's good parts, weighted by their count. Under SecAgg+ a train
+message is Flower's legacy FitIns, which carries one model only: the moments go through
+SecAgg+ and the backbone rides in the config as npz bytes (:data:`BACKBONE_BYTES_KEY`).
+Both replies, and a
 *query*'s, name the station's edge (``"identity"``, as the station ClientApp answers a
 query). A station that cannot answer (no good parts, a family it cannot build) raises
 :class:`~fedge.party.errors.PartyError`: Flower turns it into an error reply, which the
@@ -19,19 +22,26 @@ The node config is the station ClientApp's (:class:`fedge.party.station_app.Stat
 
 from __future__ import annotations
 
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
+import io
+
+import numpy as np
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from fedge.party.anomaly_round import moments_round, statistics_round, threshold_round
 from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, round_config
+from fedge.party.secagg import secagg_mod
 from fedge.party.station_app import IDENTITY_KEY, Station, model_spec
 
 MODEL_KEY = "model"
 BACKBONE_KEY = "backbone"
 """A fleet job's train message: the backbone here, the fleet's moments in ``"arrays"``."""
+BACKBONE_BYTES_KEY = "anomaly-backbone"
+"""Config key of a SecAgg+ round's train message: the backbone's arrays as npz bytes."""
 
-app = ClientApp()
+# SecAgg+ rounds reach the app through Flower's secaggplus_mod (fedge.party.secagg).
+app = ClientApp(mods=[secagg_mod])
 
 
 @app.train()
@@ -39,9 +49,15 @@ def train(msg: Message, context: Context) -> Message:
     """This station's good parts' statistics (a fleet job's message: their moments)."""
     station = Station.from_node_config(context.node_config)
     config = round_config(msg)
-    if BACKBONE_KEY in msg.content.array_records:
+    if BACKBONE_KEY in msg.content.array_records or BACKBONE_BYTES_KEY in config:
+        backbone = (
+            _arrays(msg, BACKBONE_KEY)
+            if BACKBONE_KEY in msg.content.array_records
+            else backbone_from_bytes(config[BACKBONE_BYTES_KEY])
+        )
+        sent = _arrays(msg, ARRAYS_KEY)
         stats, metrics = moments_round(
-            station, model_spec(config), _arrays(msg, BACKBONE_KEY), config
+            station, model_spec(config), backbone, config, sent=list(sent.keys())
         )
     else:
         stats, metrics = statistics_round(
@@ -87,6 +103,18 @@ def query(msg: Message, context: Context) -> Message:
     station = Station.from_node_config(context.node_config)
     content = RecordDict({IDENTITY_KEY: ConfigRecord({"edge": station.edge})})
     return Message(content=content, reply_to=msg)
+
+
+def backbone_from_bytes(value: object) -> ArrayRecord:
+    """The backbone's arrays from a SecAgg+ round's config (npz bytes, as the aggregator
+    writes them: ``fedge.aggregator.anomaly.rounds``); anything else is an error reply."""
+    if not isinstance(value, bytes):
+        raise PartyError(f"config[{BACKBONE_BYTES_KEY!r}] must be npz bytes, got {type(value)}")
+    try:
+        with np.load(io.BytesIO(value), allow_pickle=False) as npz:
+            return ArrayRecord(array_dict={k: Array(npz[k]) for k in npz.files})
+    except (OSError, ValueError) as exc:
+        raise PartyError(f"config[{BACKBONE_BYTES_KEY!r}] is no npz archive: {exc}") from exc
 
 
 def _arrays(msg: Message, key: str) -> ArrayRecord:

@@ -24,17 +24,26 @@ Config keys: ``anomaly-stages`` (1-3, default 1), ``anomaly-input-scale`` (defau
 The held-out good parts stay for :func:`threshold_round`: once the fleet's model is
 published, the station scores them and reports the threshold for its target false-alarm
 rate (:mod:`fedge.models.anomaly.threshold`).
+
+Privacy (the round's ``dp-*`` keys, the station's floor and ledger): checked before any
+feature is computed, by the same rules as a classifier round; under ``dp-mode = local``
+the statistics leave the station only as a Gaussian release recorded in its ledger
+(:mod:`fedge.party.anomaly_private`). A threshold from held-out parts is no DP release, so
+a station under a floor or DP reports none (an error reply saying so). Under SecAgg+ the
+reply carries only the arrays the job sent (the moments, not the grid: the server knows
+it, and SecAgg+ would average it).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord
 
 from fedge.party.errors import PartyError
+from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 from fedge.protocols.model_spec import ModelSpec
 
 if TYPE_CHECKING:
@@ -47,21 +56,84 @@ def statistics_round(
     station: Station, spec: ModelSpec, arrays: ArrayRecord, config: ConfigRecord
 ) -> tuple[ArrayRecord, dict[str, int | float]]:
     """The statistics of this station's operator-labelled good training parts."""
+    if _privacy(station, config).mode is not PrivacyMode.NONE:
+        raise PartyError(
+            f"station {station.edge}: the statistics app releases no DP statistics; run an "
+            "anomaly fleet job with [privacy] for that"
+        )
     stats, metrics = good_statistics(station, spec, arrays, config)
     return statistics_record(stats), metrics
 
 
 def moments_round(
-    station: Station, spec: ModelSpec, backbone: ArrayRecord, config: ConfigRecord
+    station: Station,
+    spec: ModelSpec,
+    backbone: ArrayRecord,
+    config: ConfigRecord,
+    *,
+    sent: Collection[str] | None = None,
 ) -> tuple[ArrayRecord, dict[str, int | float]]:
     """A fleet job's reply: the per-part moments of the good parts, weighted by their
     count (``num-examples``), so FedAvg's weighted mean is the pooled moments
-    (:func:`fedge.models.anomaly.statistics.statistics_to_moments`)."""
+    (:func:`fedge.models.anomaly.statistics.statistics_to_moments`). Under DP the
+    moments and count of the noisy release (module docstring); ``sent``: the names of
+    the arrays the job sent, the only ones the reply carries."""
+    from fedge.models.anomaly import AnomalyError
     from fedge.models.anomaly.statistics import statistics_to_moments
+    from fedge.party.anomaly_private import release_statistics
+    from fedge.party.privacy_status import ledger_path
+    from fedge.party.station_app import report_spent, station_floor
 
+    privacy = _privacy(station, config)  # a refusal before any feature is computed
+    clip = float(_number(config, "anomaly-clip", 0.0))
+    private = privacy.mode is PrivacyMode.LOCAL
+    if private and not clip > 0:
+        raise PartyError(
+            f"station {station.edge}: a DP release needs anomaly-clip > 0 (its sensitivity)"
+        )
     stats, metrics = good_statistics(station, spec, backbone, config)
+    if private:
+        try:
+            released = release_statistics(
+                stats,
+                privacy=privacy,
+                floor=station_floor(station),
+                clip=clip,
+                ledger_path=ledger_path(station.data_dir),
+                job=str(config.get("job-id", "")),
+                server_round=int(_number(config, "server-round", 0)),
+            )
+        except AnomalyError as exc:
+            raise PartyError(f"station {station.edge}: {exc}") from exc
+        report_spent(station, privacy)
+        stats, metrics = released.stats, released.metrics(privacy.delta)
     moments = statistics_to_moments(stats)
+    if sent is not None:
+        unknown = sorted(set(sent) - set(moments))
+        if unknown:
+            raise PartyError(f"the job asked for arrays {unknown} an anomaly station has none of")
+        moments = {k: v for k, v in moments.items() if k in sent}
     return ArrayRecord(array_dict={k: Array(v) for k, v in moments.items()}), metrics
+
+
+def _privacy(station: Station, config: Mapping[str, Any]) -> PrivacySpec:
+    """The round's privacy as this station honours it (its floor and ledger), or a
+    refusal (:func:`fedge.party.anomaly_private.check_round`)."""
+    from fedge.party.anomaly_private import check_round
+    from fedge.party.budget import BudgetLedger
+    from fedge.party.privacy_status import ledger_path
+    from fedge.party.station_app import station_floor
+
+    asked = PrivacySpec.from_config(config)  # a bad dp- setting: an error reply
+    path = ledger_path(station.data_dir)
+    bound = None
+    if path.exists():
+        ledger = BudgetLedger(path)
+        try:
+            bound, _ = ledger.lifetime()
+        finally:
+            ledger.close()
+    return check_round(station.edge, asked, station_floor(station), bound)
 
 
 def good_statistics(
@@ -105,7 +177,16 @@ def threshold_round(
     from fedge.models.anomaly.statistics import mahalanobis
     from fedge.models.anomaly.threshold import threshold_for_rate
     from fedge.models.inspection import cpu_threads
+    from fedge.party.station_app import station_floor
 
+    if station_floor(station) is not None or _privacy(station, config).mode is not (
+        PrivacyMode.NONE
+    ):
+        raise PrivacyError(
+            f"station {station.edge} reports no anomaly threshold under its privacy floor or "
+            "DP: a quantile of its held-out parts' scores is no DP release; set its "
+            "threshold by hand (`fedge edge set-threshold EDGE --anomaly VALUE`)"
+        )
     backbone = _backbone(spec, arrays, config)
     held, _ = _good_images(station, spec, config, holdout=True)
     if len(held) == 0:

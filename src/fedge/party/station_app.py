@@ -274,7 +274,7 @@ def _train_private(
         server_round=server_round,
         floor=floor,
     )
-    _report_spent(station, privacy)
+    report_spent(station, privacy)
     return result
 
 
@@ -319,7 +319,7 @@ def _refuse_unprotected(station: Station, privacy: PrivacySpec) -> None:
         )
 
 
-def _report_spent(station: Station, privacy: PrivacySpec) -> None:
+def report_spent(station: Station, privacy: PrivacySpec) -> None:
     """Leave the station's lifetime epsilon (at its lifetime delta) for its agent to send
     up (:mod:`fedge.party.privacy_status`). Only a report: a failure is logged, not raised."""
     try:

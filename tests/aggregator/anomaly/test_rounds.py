@@ -143,7 +143,32 @@ def test_an_anomaly_manifest_is_one_round_of_sums() -> None:
     [
         (3, "", "job.rounds must be 1 for an anomaly job"),
         (1, '[strategy]\nkind = "tiered"\n', 'strategy.kind must be "fedavg"'),
-        (1, '[privacy]\nmode = "central"\nepsilon = 8.0\n', "no strategy parameters or"),
+        (1, '[strategy]\nkind = "fedavg"\n[strategy.params]\nmu = 0.1\n', "no strategy param"),
+        (
+            1,
+            '[anomaly]\nclip = 1.0\n[privacy]\nmode = "central"\nnoise_multiplier = 1.0\n',
+            'mode = "central" would show the server',
+        ),
+        (1, "[privacy]\nsecagg = true\n", "anomaly.clip must be > 0 under"),
+        (1, '[privacy]\nmode = "local"\nnoise_multiplier = 1.0\n', "anomaly.clip must be > 0"),
+        (
+            1,
+            '[anomaly]\nclip = 1.0\n[privacy]\nmode = "local"\nnoise_multiplier = 1.0\n'
+            "secagg = true\n",
+            "together are not supported",
+        ),
+        (
+            1,
+            '[anomaly]\nclip = 1.0\n[privacy]\nmode = "local"\nnoise_multiplier = 1.0\n'
+            "clipping_norm = 2.0\n",
+            "clipped by \\[anomaly\\] clip",
+        ),
+        (
+            1,
+            "[anomaly]\nclip = 1.0\n[privacy]\nsecagg = true\nsecagg_clipping_range = 9.0\n",
+            "chosen from \\[anomaly\\] clip",
+        ),
+        (1, '[anomaly]\nclip = 1.0\n[privacy]\nmode = "local"\n', "needs a target"),
         (1, "[anomaly]\nstages = 4\n", "anomaly.stages must be 1, 2 or 3"),
         (1, "[anomaly]\nfalse_alarm_rate = 1.5\n", "anomaly.false_alarm_rate"),
         (1, "[anomaly]\nwindow = 3\n", "window"),
@@ -152,6 +177,24 @@ def test_an_anomaly_manifest_is_one_round_of_sums() -> None:
 def test_bad_anomaly_manifests_name_the_field(rounds: int, extra: str, message: str) -> None:
     with pytest.raises(ManifestError, match=message):
         parse_fleet_manifest(JOB.format(rounds=rounds, extra=extra))
+
+
+def test_an_anomaly_manifest_takes_secagg_or_the_stations_dp() -> None:
+    three = JOB.replace('["st-01", "st-02"]', '["st-01", "st-02", "st-03"]')
+    secure = parse_fleet_manifest(
+        three.format(rounds=1, extra="[anomaly]\nclip = 2.0\n[privacy]\nsecagg = true\n")
+    ).anomaly
+    assert secure is not None and secure.privacy.secagg and secure.clip == 2.0
+    private = parse_fleet_manifest(
+        JOB.format(
+            rounds=1,
+            extra='[anomaly]\nclip = 2.0\n[privacy]\nmode = "local"\nepsilon = 4.0\ndelta = 1e-5\n',
+        )
+    ).anomaly
+    assert private is not None and private.privacy.mode.value == "local"
+    assert (private.privacy.epsilon, private.privacy.delta) == (4.0, 1e-5)
+    plain = parse_fleet_manifest(JOB.format(rounds=1, extra="")).anomaly
+    assert plain is not None and not plain.privacy.enabled
 
 
 def test_anomaly_settings_belong_to_anomaly_jobs() -> None:

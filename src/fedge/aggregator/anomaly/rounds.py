@@ -16,15 +16,27 @@ folded weight as ``anomaly-count``. After the round every station scores its hel
 good parts with the fitted model and reports its threshold for the job's false-alarm rate
 (``anomaly-thresholds.json`` in the job directory; the run store's evaluation holds the
 share of held-out good parts under it).
+
+Under ``[privacy] secagg = true`` the round goes through Flower's SecAgg+ (the job runner's
+driver, as for classifier jobs): the moments are what is masked and summed, without the
+grid (the server knows it), the backbone rides in the train config as npz bytes (SecAgg+'s
+legacy FitIns carries one model), SecAgg+'s ranges are chosen from ``[anomaly] clip`` and
+the fit is within :func:`~fedge.aggregator.anomaly.secure.fit_bounds` of the plain round's
+(the round's evaluation metrics carry the bounds). The count is the sum of the stations'
+``num-examples``, which SecAgg+ leaves in the clear. Under ``mode = "local"`` each station
+sends its noisy release's moments and noisy count (:mod:`fedge.party.anomaly_private`), so
+the pooled statistics are the sum of the noisy releases and the fit clips the negative
+eigenvalues noise can cause.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from logging import WARNING
+from logging import INFO, WARNING
 from pathlib import Path
 from typing import Any
 
@@ -41,6 +53,7 @@ from flwr.app import (
 from flwr.serverapp import Grid
 from flwr.supercore import log
 
+from fedge.aggregator.anomaly.secure import FitBounds, fit_bounds, secagg_privacy
 from fedge.aggregator.anomaly.spec import AnomalySpec
 from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
 from fedge.aggregator.jobs.checkpoint import atomic_write_text, load_arrays
@@ -48,23 +61,27 @@ from fedge.aggregator.jobs.control import ACCURACY_KEY
 from fedge.aggregator.jobs.directory import JobError
 from fedge.aggregator.jobs.run_store import PartyEvaluation, RunStore
 from fedge.aggregator.jobs.runner import JobRounds
-from fedge.aggregator.rounds.deadline import RoundPlan
+from fedge.aggregator.rounds.deadline import RoundPlan, Settlement
 from fedge.aggregator.rounds.fold import StreamingMean
 from fedge.aggregator.rounds.loop import EvaluateFn
-from fedge.aggregator.rounds.replies import arrays_of, to_array_record
+from fedge.aggregator.rounds.record import RoundRecord
+from fedge.aggregator.rounds.replies import Collected, arrays_of, reply_weight, to_array_record
 from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.models.anomaly import AnomalyError
 from fedge.models.anomaly.statistics import (
     COUNT_KEY,
+    GRID_KEY,
     GaussianFit,
     fit,
     fit_to_arrays,
     statistics_from_moments,
     zero_moments,
 )
+from fedge.privacy.settings import PrivacyMode, PrivacySpec
 from fedge.protocols.model_spec import MODEL_SPEC_KEY
 
 BACKBONE_KEY = "backbone"  # the station reads it (fedge.party.anomaly_app.BACKBONE_KEY)
+BACKBONE_BYTES_KEY = "anomaly-backbone"  # under SecAgg+ (fedge.party.anomaly_app)
 MODEL_KEY = "model"
 SHAPE_FILE = "anomaly.json"  # {"grid": [h, w], "dims": d}: written by prepare
 THRESHOLDS_FILE = "anomaly-thresholds.json"
@@ -73,9 +90,23 @@ THRESHOLDS_FILE = "anomaly-thresholds.json"
 class StatisticsFedAvg(StreamingFedAvg):
     """FedAvg of the stations' moments, the backbone sent beside them (module docstring)."""
 
-    def __init__(self, *, per_round: int, seed: int, backbone: ArrayRecord) -> None:
+    def __init__(
+        self,
+        *,
+        per_round: int,
+        seed: int,
+        backbone: ArrayRecord,
+        privacy: PrivacySpec | None = None,
+        grid: tuple[int, int] | None = None,
+    ) -> None:
         super().__init__(per_round=per_round, seed=seed)
         self.backbone = backbone
+        if privacy is not None:
+            self.privacy = privacy
+        self.grid = grid
+        """Under SecAgg+ the grid is not summed: the aggregate gets it back from here."""
+        self.counts: list[int] = []
+        """The on-time stations' ``num-examples`` of the last round (SecAgg+: the count)."""
 
     def _messages(
         self,
@@ -89,6 +120,23 @@ class StatisticsFedAvg(StreamingFedAvg):
             message.content[BACKBONE_KEY] = self.backbone
         return messages
 
+    def close_round(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        plan: RoundPlan,
+        tier: int | None,
+        folds: dict[str, StreamingMean],
+        settlement: Settlement,
+        collected: Collected,
+        stale_folded: int,
+    ) -> tuple[ArrayRecord, RoundRecord]:
+        replies = collected.replies
+        self.counts = [round(reply_weight(replies[n])) for n in settlement.on_time if n in replies]
+        return super().close_round(
+            server_round, arrays, plan, tier, folds, settlement, collected, stale_folded
+        )
+
     def aggregate(
         self,
         server_round: int,
@@ -98,9 +146,15 @@ class StatisticsFedAvg(StreamingFedAvg):
     ) -> ArrayRecord:
         fold = folds.get("")
         parts = fold.total_weight if fold is not None and fold.count else 0.0
+        if self.privacy.secagg and parts > 0:
+            # SecAgg+'s fold is the unmasked mean itself (weight 1): the count is the sum
+            # of the counts the stations sent in the clear.
+            parts = float(sum(self.counts))
         result = super().aggregate(server_round, arrays, folds, metrics)
         if parts > 0:
             result[COUNT_KEY] = Array(np.array([parts], dtype=np.float64))
+            if GRID_KEY not in result and self.grid is not None:
+                result[GRID_KEY] = Array(np.array(self.grid, dtype=np.float64))
         return result
 
 
@@ -140,11 +194,35 @@ def anomaly_rounds(
     max_weight: float,
 ) -> JobRounds:
     """The job runner's view of an anomaly job: the moments round and the thresholds."""
-    backbone = to_array_record(load_arrays(backbone_path))
-    strategy = StatisticsFedAvg(per_round=len(parties), seed=0, backbone=backbone)
+    backbone_arrays = load_arrays(backbone_path)
+    backbone = to_array_record(backbone_arrays)
     grid_shape, dims = read_shape(job_dir)
+    privacy = anomaly.privacy
+    if privacy.secagg:
+        privacy = secagg_privacy(privacy, clip=anomaly.clip, parties=len(parties))
+    strategy = StatisticsFedAvg(
+        per_round=len(parties), seed=0, backbone=backbone, privacy=privacy, grid=grid_shape
+    )
     names = {party: edge for edge, party in parties.items()}
     config: dict[str, Any] = {MODEL_SPEC_KEY: spec_text, **anomaly.to_config()}
+    if privacy.mode is not PrivacyMode.NONE:  # stations refuse thresholds under DP
+        config.update(privacy.to_config())
+    train_config = dict(config)
+    if privacy.secagg:
+        train_config[BACKBONE_BYTES_KEY] = _npz_bytes(backbone_arrays)
+
+    def initial_arrays() -> ArrayRecord:
+        moments = zero_moments(grid_shape, dims)
+        if privacy.secagg:  # the grid is the server's: not summed (module docstring)
+            del moments[GRID_KEY]
+        return to_array_record(moments)
+
+    def bounds() -> FitBounds | None:
+        if not privacy.secagg or not strategy.counts:
+            return None
+        return fit_bounds(
+            strategy.counts, clip=anomaly.clip, dims=dims, privacy=privacy, max_weight=max_weight
+        )
 
     @contextmanager
     def open_grid() -> Iterator[Grid]:
@@ -164,6 +242,12 @@ def anomaly_rounds(
             atomic_write_text(job_dir / THRESHOLDS_FILE, json.dumps(thresholds, indent=1))
             scored = [(r.accuracy, r.examples) for r in results if r.accuracy is not None]
             metrics = {"stations-evaluated": float(len(scored)), "good-parts": float(fitted.count)}
+            bound = bounds()
+            if bound is not None:
+                metrics["secagg-moment-bound"] = bound.moments
+                metrics["secagg-mean-bound"] = bound.mean
+                metrics["secagg-covariance-bound"] = bound.covariance
+                log(INFO, "SecAgg+ anomaly round: fit within %s of the plain round's", bound)
             examples = sum(n for _, n in scored)
             if examples:
                 metrics[ACCURACY_KEY] = sum(a * n for a, n in scored) / examples
@@ -173,10 +257,10 @@ def anomaly_rounds(
 
     return JobRounds(
         strategy=strategy,
-        initial_arrays=lambda: to_array_record(zero_moments(grid_shape, dims)),
+        initial_arrays=initial_arrays,
         open_grid=open_grid,
         evaluation=evaluation,
-        train_config=ConfigRecord(dict(config)),
+        train_config=ConfigRecord(train_config),
         round_timeout_s=round_timeout_s,
         max_weight=max_weight,
     )
@@ -245,6 +329,14 @@ def _thresholds_of_stations(
             "at": time.time(),
         }
     return results, thresholds
+
+
+def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
+    """Arrays as npz bytes (the station reads them: fedge.party.anomaly_app)."""
+    buffer = io.BytesIO()
+    contiguous: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
+    np.savez(buffer, **contiguous)
+    return buffer.getvalue()
 
 
 def _number(value: object) -> bool:

@@ -15,15 +15,36 @@
 
 An anomaly job is one round of sums, never epochs: ``job.rounds`` must be 1 and the
 strategy FedAvg (the weighted mean of each station's per-part moments, with its count as
-the weight, is the pooled moments exactly). Privacy is refused until the DP release of
-statistics (:mod:`fedge.models.anomaly.private`) is accounted in a station's ledger here.
+the weight, is the pooled moments exactly).
+
+``[privacy]`` (the classifier jobs' table; :func:`anomaly_privacy`) takes one of two forms,
+both needing ``[anomaly] clip > 0`` (the bound on one part's features that each needs)::
+
+    [privacy]
+    secagg = true              # SecAgg+ adds the stations' moments (Bell et al., CCS 2020)
+    secagg_threshold = 0.5     # optional, as for classifier jobs
+
+    [privacy]
+    mode = "local"             # each station releases its statistics with the Gaussian
+    noise_multiplier = 1.0     # mechanism (fedge.models.anomaly.private), or epsilon = 4.0
+    delta = 1e-5               # optional; the station's floor may lower it
+
+Under SecAgg+ the clipping and quantisation ranges are chosen from the clip and the number
+of stations (:mod:`fedge.aggregator.anomaly.secure`, which states the bound), so
+``secagg_clipping_range`` and ``secagg_quantization_range`` are refused. Under DP the
+release is clipped by ``[anomaly] clip`` (``privacy.clipping_norm`` is DP-SGD's and is
+refused) and is one release per job (``rounds_per_party`` refused). Refused: central DP
+(the server would see each station's raw statistics) and DP together with SecAgg+ (the
+noisy moments have no bound to choose SecAgg+'s clipping range from).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 
 from fedge.aggregator.jobs.spec import ManifestError
+from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 from fedge.toml_table import TomlTable
 
 ANOMALY_FAMILY = "anomaly"
@@ -41,6 +62,8 @@ class AnomalySpec:
     clip: float = 0.0
     good_class: str = "clean"
     false_alarm_rate: float = 0.01
+    privacy: PrivacySpec = field(default_factory=PrivacySpec)
+    """SecAgg+ or the stations' DP release (:func:`anomaly_privacy`); none by default."""
 
     def to_config(self) -> dict[str, str | float | int]:
         """The ``anomaly-*`` keys a station reads (:mod:`fedge.party.anomaly_round`)."""
@@ -78,7 +101,8 @@ def parse_anomaly(table: TomlTable | None) -> AnomalySpec:
 
 
 def check_anomaly_job(rounds: int, kind: str, params: dict[str, object]) -> None:
-    """An anomaly job is one FedAvg round of sums, without privacy (module docstring)."""
+    """An anomaly job is one FedAvg round of sums; ``[privacy]`` is its only parameter
+    (checked with the spec by :func:`anomaly_privacy`)."""
     if rounds != 1:
         raise ManifestError(
             f"job.rounds must be 1 for an anomaly job (one round of sums, no epochs), got {rounds}"
@@ -88,8 +112,51 @@ def check_anomaly_job(rounds: int, kind: str, params: dict[str, object]) -> None
             f'strategy.kind must be "fedavg" for an anomaly job (the stations\' moments are '
             f"averaged by their counts), got {kind!r}"
         )
-    if params:
+    others = sorted(set(params) - {"privacy"})
+    if others:
         raise ManifestError(
-            f"an anomaly job takes no strategy parameters or [privacy] yet, got "
-            f"{', '.join(sorted(params))}"
+            f"an anomaly job takes no strategy parameters (only [privacy]), got {', '.join(others)}"
         )
+
+
+_DERIVED = {
+    "clipping_norm": "the DP release is clipped by [anomaly] clip",
+    "rounds_per_party": "an anomaly job is one release per station",
+    "secagg_clipping_range": "SecAgg+'s ranges are chosen from [anomaly] clip",
+    "secagg_quantization_range": "SecAgg+'s ranges are chosen from [anomaly] clip",
+}
+
+
+def anomaly_privacy(spec: AnomalySpec, table: Mapping[str, object] | None) -> AnomalySpec:
+    """``spec`` with the job's ``[privacy]`` (module docstring); what it cannot honour is
+    refused, naming the field."""
+    if table is None:
+        return spec
+    if not isinstance(table, Mapping):
+        raise ManifestError(f"privacy must be a table, got {table!r}")
+    for key, why in _DERIVED.items():
+        if key in table:
+            raise ManifestError(f"privacy.{key} is not for an anomaly job: {why}")
+    try:
+        privacy = PrivacySpec.from_table(table)
+    except PrivacyError as exc:
+        raise ManifestError(str(exc)) from None
+    if privacy.mode is PrivacyMode.CENTRAL:
+        raise ManifestError(
+            'privacy.mode = "central" would show the server each station\'s raw statistics: '
+            'use mode = "local" (each station adds the noise) or secagg = true'
+        )
+    local = privacy.mode is PrivacyMode.LOCAL
+    if local and privacy.secagg:
+        raise ManifestError(
+            'privacy: mode = "local" and secagg = true together are not supported for anomaly '
+            "jobs (the noisy moments have no bound to choose SecAgg+'s clipping range from); "
+            "choose one"
+        )
+    if (local or privacy.secagg) and not spec.clip > 0:
+        raise ManifestError(
+            f"anomaly.clip must be > 0 under [privacy] (got {spec.clip}): "
+            + ("SecAgg+'s quantisation range" if privacy.secagg else "the DP release's sensitivity")
+            + " is chosen from it"
+        )
+    return replace(spec, privacy=privacy)

@@ -61,6 +61,7 @@ from fedge.aggregator.anomaly.spec import (
     CLASSIFIER_FAMILY,
     FAMILIES,
     AnomalySpec,
+    anomaly_privacy,
     check_anomaly_job,
     parse_anomaly,
 )
@@ -282,7 +283,11 @@ def parse_fleet_manifest(text: str, *, source: str = "") -> FleetJobManifest:
         publish_name=publish_name,
         distill=distill,
         text=text,
-        anomaly=parse_anomaly(anomaly_table) if anomaly_job else None,
+        anomaly=(
+            anomaly_privacy(parse_anomaly(anomaly_table), _privacy_table(params))
+            if anomaly_job
+            else None
+        ),
     )
     # edges = "all": the stations are counted against the fleet by `prepare`, which
     # validates again; here assume as many as SecAgg+ asks (at least 2; under it, 3).
@@ -324,6 +329,11 @@ def validate_strategy(
         if message.startswith(prefix):
             message = "strategy.params" + message[len(prefix) :]
         raise ManifestError(message) from None
+
+
+def _privacy_table(params: dict[str, object]) -> dict[str, object] | None:
+    privacy = params.get("privacy")  # take_privacy refused anything but a table
+    return privacy if isinstance(privacy, dict) else None
 
 
 def _least_parties(params: dict[str, object]) -> int:
