@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from click.testing import Result
 from conftest import (
     FleetHome,
     Processes,
@@ -34,7 +35,7 @@ from conftest import (
     wait_until,
 )
 from PIL import Image
-from typer.testing import CliRunner, Result
+from typer.testing import CliRunner
 
 from fedge.cli.main import app
 from fedge.edge_manager.errors import ManagerError
@@ -300,9 +301,9 @@ def test_bad_anomaly_refs_start_nothing(fleet: FleetHome) -> None:
                     "inspect:1", make_plan([EDGE], anomaly=ref), now=time.time()
                 )
         # A direct deployment refuses what is no anomaly model, or unsigned, too.
-        for ref in (("inspect", 1), ("inspect-anomaly", 4)):
+        for companion in (("inspect", 1), ("inspect-anomaly", 4)):
             with pytest.raises(ManagerError, match="nothing was changed"):
-                manager.deploy("inspect", 1, [EDGE], anomaly=ref)
+                manager.deploy("inspect", 1, [EDGE], anomaly=companion)
     # The CLI says so in one line, exit code 1.
     refused = _cli(
         fleet, "rollout", "start", "inspect:1", "--edges", EDGE, "--anomaly", "inspect:1"
