@@ -316,9 +316,10 @@ class EdgeAgent:
         rows: np.ndarray,
         latencies_ms: Sequence[float],
         errors: int,
+        anomaly_unscored: int,
     ) -> None:
         self.metrics.observe_latencies(latencies_ms)
-        self.deployments.probation.observe(model, rows, latencies_ms, errors)
+        self.deployments.probation.observe(model, rows, latencies_ms, errors, anomaly_unscored)
 
     def _statements(self) -> list[tuple[topics.Up, bytes]]:
         """What a new session states, in order: the birth, then what is in force."""

@@ -158,3 +158,43 @@ def test_one_classifier_is_kept_beside_two_anomaly_models_and_goes_back_to_its_p
     assert restore.rollback_target(rest, "inspect:1", {"d-1": "bad"}, A1) is None
     # A trial stored before pairs: the newest kept model of the classifier, as before.
     assert restore.rollback_target(rest, "inspect:1", {}, None) == with_1
+
+
+def test_a_pair_on_trial_counts_images_its_anomaly_model_could_not_score(
+    tmp_path: Path,
+) -> None:
+    path = build_linear_classifier(tmp_path / "inspect-1.onnx", seed=1)
+    classifier = runtime.load(path, _classifier_manifest())
+    new = _pair(classifier, 2)
+    store = LocalStore(tmp_path / "agent.db")
+    failed: list[Verdict] = []
+    done = threading.Event()
+
+    def on_fail(trial: Trial, verdict: Verdict) -> None:
+        failed.append(verdict)
+        done.set()
+
+    def on_pass(trial: Trial, verdict: Verdict) -> None:
+        raise AssertionError(f"{trial.pair} passed: {verdict}")
+
+    policy = ProbationPolicy(images=10, min_images=2, max_error_rate=0.1)
+    probation = Probation(policy, store, Counter(), on_fail, on_pass)
+    # A classifier's trial: the anomaly model's misses are not its failures.
+    alone = Trial("inspect:1", "d-1", 1, "inspect:0", anomaly="")
+    probation.start(alone)
+    rows = np.array([[0.9, 0.1], [0.4, 0.6], [0.7, 0.3]])
+    probation.observe(classifier, rows, [1.0] * 3, 0, anomaly_unscored=3)
+    assert probation.status()["images"] == 3 and not done.is_set()
+
+    trial = probation.trial_for(
+        new, "d-2", 2, "inspect:1", baseline_trusted=False, previous_anomaly=A1
+    )
+    probation.start(trial)
+    probation.observe(new, rows, [1.0] * 3, 0, anomaly_unscored=0)
+    assert probation.status()["images"] == 3
+    # Two of three images without an anomaly score: over 1 allowed error in 10.
+    probation.observe(new, rows, [1.0] * 3, 0, anomaly_unscored=2)
+    assert done.wait(5)
+    assert failed[0].check == "inference_errors"
+    assert failed[0].reason.startswith("inference_errors: 2 of 6 image(s) failed to score")
+    store.close()

@@ -271,10 +271,18 @@ class Probation:
     # -- what the scorer saw
 
     def observe(
-        self, model: LoadedModel, rows: np.ndarray, latencies_ms: Sequence[float], errors: int
+        self,
+        model: LoadedModel,
+        rows: np.ndarray,
+        latencies_ms: Sequence[float],
+        errors: int,
+        anomaly_unscored: int = 0,
     ) -> None:
         """One model call: the raw score rows of the images it scored (and their
-        latencies), or ``errors`` images it failed on."""
+        latencies), or ``errors`` images it failed on. ``anomaly_unscored``: scored images
+        the anomaly model beside it gave no score; a trial of a pair with an anomaly model
+        counts them as failed images (the pair is judged whole, issue 28), other trials
+        and the baseline do not (the classifier's records stand)."""
         indices = health.defect_indices(model.manifest.classes, model.manifest.positive_classes)
         scores, non_finite = health.defect_scores(rows, indices)
         with self._lock:
@@ -285,12 +293,13 @@ class Probation:
             trial = self._trial
             if trial is None or not trial.matches(model.ref, model.anomaly_ref):
                 return
+            failed = anomaly_unscored if trial.anomaly else 0
             self._window = health.observe(
                 self._window,
-                latencies_ms=latencies_ms,
+                latencies_ms=latencies_ms[failed:],  # each image once: scored or failed
                 defect_scores=scores,
                 non_finite=non_finite,
-                errors=errors,
+                errors=errors + failed,
             )
             verdict = health.judge(
                 self.policy,
