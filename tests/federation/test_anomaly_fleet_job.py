@@ -13,6 +13,12 @@ runner like any fleet job. Shown (issue 28):
 - the published model is signed by the manager, scores ``score``/``anomaly_map`` in ONNX
   Runtime, equals the fit on the pooled good parts, and scores held-out dents above the
   held-out good parts at every station.
+
+The same job under ``[privacy] secagg = true`` runs its round through Flower's SecAgg+
+(the anomaly ClientApp behind ``secagg_mod``): each station's count is in the clear, its
+moments only in the masked sum, and the fitted model is within the bound
+:func:`fedge.aggregator.anomaly.secure.fit_bounds` states of the pooled fit (and, being
+quantised, not equal to it to float64 rounding).
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import pytest
 from conftest import FleetHome, make_fleet_home, png_bytes, publish_trainable
 
 from fedge.aggregator.anomaly.rounds import fleet_fit, read_thresholds
+from fedge.aggregator.anomaly.secure import fit_bounds, secagg_privacy
+from fedge.aggregator.fleet.server import FLEET_MAX_WEIGHT
 from fedge.aggregator.jobs.checkpoint import load_arrays
 from fedge.aggregator.jobs.run_store import RunStore
 from fedge.aggregator.superlink.link import SuperLink
@@ -36,10 +44,12 @@ from fedge.federation.prepare import prepare
 from fedge.federation.publish import publish
 from fedge.models.anomaly.backbone import InspectionBackbone
 from fedge.models.anomaly.model import extract_features
+from fedge.models.anomaly.private import clip_features
 from fedge.models.anomaly.statistics import fit, station_statistics
 from fedge.models.inspection import INPUT_NAME, new_model
 from fedge.party import trainer
 from fedge.party.station_store import Retention, StationData
+from fedge.privacy.settings import PrivacySpec
 from fedge.protocols import signing
 from fedge.protocols.manifest import ModelManifest, Preprocess
 
@@ -199,6 +209,95 @@ def test_an_anomaly_fleet_job_counts_each_station_once_and_publishes_a_signed_mo
             # The backbone is an untrained inspection CNN and the fleet holds ~50 good
             # parts: dents stand out in the bulk, not each one above every good part.
             assert np.median(dent_scores) > np.percentile(good_scores, 75), edge
+    except BaseException:
+        for log in sorted(tmp_path.rglob("*.log")):
+            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    finally:
+        superlink.stop()
+        fh.close()
+
+
+SECURE_STATIONS = {"st-01": 16, "st-02": 12, "st-03": 10}
+CLIP = 2.0  # the untrained backbone's feature norms: median 0.66, 99th percentile 2.7
+SECURE_JOB = (
+    JOB.replace("[anomaly]\n", f"[anomaly]\nclip = {CLIP}\n")
+    .replace("[federation]", "[privacy]\nsecagg = true\n\n[federation]")
+    .replace("round_timeout_s = 240.0", "round_timeout_s = 120.0")
+)
+
+
+@pytest.mark.timeout(600)
+def test_an_anomaly_round_through_secagg_is_within_the_stated_bound_of_the_pooled_fit(
+    tmp_path: Path, supervisors: list[SupernodeSupervisor]
+) -> None:
+    started = time.monotonic()
+    fh: FleetHome = make_fleet_home(tmp_path, edges=tuple(SECURE_STATIONS))
+    publish_trainable(fh, tmp_path, tuple(SECURE_STATIONS))
+    for seed, (edge, n) in enumerate(SECURE_STATIONS.items()):
+        keep_parts(fh.data_dir(edge), edge, n, seed=40 + seed)
+    superlink = SuperLink(tmp_path / "superlink", "127.0.0.1", fh.settings.superlink_port)
+    superlink.start()
+    try:
+        for edge in SECURE_STATIONS:
+            supervisor = SupernodeSupervisor(fh.data_dir(edge) / "supernode")
+            supervisors.append(supervisor)
+            supervisor.start()
+            supervisor.apply(
+                SupernodeSpec(
+                    superlink.address, edge, fh.data_dir(edge), HOLDOUT, 1, 120.0,
+                    trusted_entities=signing_yaml(fh),
+                )
+            )  # fmt: skip
+        manifest = tmp_path / "job.toml"
+        manifest.write_text(SECURE_JOB, encoding="utf-8")
+        job_dir = tmp_path / "job"
+        prepare(manifest, job_dir, fh.home)
+        fleet_job.submit(
+            job_dir,
+            superlink.local_address,
+            signing=(fh.home.signing_key(), superlink.signed_apps),
+        )
+        result = fleet_job.wait(job_dir, timeout_s=300)
+        assert result.state.value == "completed", result.error
+        print(f"SecAgg+ anomaly fleet job: {time.monotonic() - started:.1f} s")
+
+        store = RunStore(job_dir / "runs.db")
+        try:
+            names = store.party_names(result.run_id)
+            counted = {
+                names[int(r["party"])]: int(r["metrics"]["num-examples"])
+                for r in store.party_metrics(result.run_id)
+            }
+            (round_1,) = store.rounds(result.run_id)
+        finally:
+            store.close()
+        expected = {e: len(good_parts(fh.data_dir(e), holdout=False)) for e in SECURE_STATIONS}
+        assert counted == expected  # the counts travel in the clear, each once
+        assert round_1["failed"] == [], round_1
+
+        backbone = InspectionBackbone(new_model(0, width=4)).eval()
+        pooled_images = np.concatenate(
+            [good_parts(fh.data_dir(e), holdout=False) for e in SECURE_STATIONS]
+        )
+        features, grid = extract_features(backbone, pooled_images)
+        pooled = fit(station_statistics(clip_features(features, CLIP), grid))
+        model = fleet_fit(load_arrays(job_dir / "final.npz"))
+        assert model.count == pooled.count == sum(expected.values())
+        privacy = secagg_privacy(PrivacySpec(secagg=True), clip=CLIP, parties=len(SECURE_STATIONS))
+        bounds = fit_bounds(
+            list(expected.values()), clip=CLIP, dims=features.shape[2], privacy=privacy,
+            max_weight=FLEET_MAX_WEIGHT,
+        )  # fmt: skip
+        assert round_1["eval_metrics"]["secagg-moment-bound"] == pytest.approx(bounds.moments)
+        mean_error = float(np.max(np.abs(model.mean - pooled.mean)))
+        covariance_error = float(
+            np.max(np.linalg.norm(model.covariance - pooled.covariance, axis=(1, 2)))
+        )
+        print(f"mean error {mean_error:.3g} (bound {bounds.mean:.3g}), covariance error "
+              f"{covariance_error:.3g} (bound {bounds.covariance:.3g})")  # fmt: skip
+        assert 1e-12 < mean_error <= bounds.mean  # quantised by SecAgg+, within its bound
+        assert covariance_error <= bounds.covariance
     except BaseException:
         for log in sorted(tmp_path.rglob("*.log")):
             print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
