@@ -7,18 +7,24 @@ cancel exactly. The real protocol on real SuperNodes is
 ``tests/federation/test_anomaly_fleet_job.py``.
 """
 
+from pathlib import Path
+from typing import cast
+
 import numpy as np
 import pytest
 from flwr.app import Array, ArrayRecord
 from flwr.common.secure_aggregation.quantization import dequantize, quantize
+from flwr.serverapp import Grid
 
-from fedge.aggregator.anomaly.rounds import StatisticsFedAvg, fleet_fit
+from fedge.aggregator.anomaly.rounds import BACKBONE_BYTES_KEY, StatisticsFedAvg, fleet_fit
 from fedge.aggregator.anomaly.secure import (
     fit_bounds,
     moment_range,
     quantization_range,
     secagg_privacy,
 )
+from fedge.aggregator.anomaly.spec import AnomalySpec
+from fedge.aggregator.jobs.runner import JobRounds
 from fedge.aggregator.rounds.fold import StreamingMean
 from fedge.aggregator.rounds.replies import arrays_of
 from fedge.models.anomaly.private import clip_features
@@ -32,11 +38,14 @@ from fedge.models.anomaly.statistics import (
     station_statistics,
     statistics_to_moments,
 )
-from fedge.privacy.settings import PrivacyError, PrivacySpec
+from fedge.party.anomaly_app import backbone_from_bytes
+from fedge.party.errors import PartyError
+from fedge.privacy.settings import PrivacyError, PrivacyMode, PrivacySpec
 
 GRID = (2, 3)
 DIMS = 4
 MAX_WEIGHT = 5000.0
+BACKBONE = {"conv.weight": np.arange(6.0).reshape(2, 3), "conv.bias": np.ones(2)}
 
 
 def test_the_ranges_come_from_the_clip_and_the_number_of_stations() -> None:
@@ -137,3 +146,52 @@ def test_under_secagg_the_round_counts_the_clear_counts_and_restores_the_grid() 
     assert result[COUNT_KEY].tolist() == [60.0]
     assert result[GRID_KEY].tolist() == list(GRID)
     assert fleet_fit(result).count == 60
+
+
+def _job_rounds(tmp_path: Path, privacy: PrivacySpec) -> JobRounds:
+    from fedge.aggregator.anomaly.rounds import anomaly_rounds, write_shape
+    from fedge.aggregator.jobs.checkpoint import save_arrays
+    from fedge.aggregator.jobs.run_store import RunStore
+
+    write_shape(tmp_path, GRID, DIMS)
+    save_arrays(tmp_path / "initial.npz", BACKBONE)
+    store = RunStore(tmp_path / "runs.db")
+    store.close()
+    return anomaly_rounds(
+        cast(Grid, None),  # opened only when the round is played
+        tmp_path,
+        spec_text="{}",
+        anomaly=AnomalySpec(clip=2.0, privacy=privacy),
+        backbone_path=tmp_path / "initial.npz",
+        parties={"st-01": 1000, "st-02": 1001, "st-03": 1002},
+        store=store,
+        run_id="run-1",
+        wait_for_parties=lambda _: None,
+        eval_timeout_s=1.0,
+        round_timeout_s=1.0,
+        max_weight=MAX_WEIGHT,
+    )
+
+
+def test_a_secagg_job_sends_the_moments_alone_and_the_backbone_in_its_config(
+    tmp_path: Path,
+) -> None:
+    job = _job_rounds(tmp_path, PrivacySpec(secagg=True))
+    assert sorted(job.initial_arrays().keys()) == [FIRST_MOMENT_KEY, SECOND_MOMENT_KEY]
+    assert job.strategy.privacy.secagg_clipping_range == 4.0  # clip 2: second moments
+    assert job.strategy.privacy.secagg_quantization_range == 2**29  # three stations
+    backbone = backbone_from_bytes(job.train_config[BACKBONE_BYTES_KEY])
+    assert {k: v.numpy().tolist() for k, v in backbone.items()} == {
+        k: v.tolist() for k, v in BACKBONE.items()
+    }
+    with pytest.raises(PartyError, match="npz"):
+        backbone_from_bytes(b"not an archive")
+
+
+def test_a_dp_job_tells_the_stations_its_privacy_and_sends_the_grid(tmp_path: Path) -> None:
+    local = PrivacySpec(mode=PrivacyMode.LOCAL, noise_multiplier=1.5)
+    job = _job_rounds(tmp_path, local)
+    assert GRID_KEY in job.initial_arrays()
+    assert BACKBONE_BYTES_KEY not in job.train_config
+    assert job.train_config["dp-mode"] == "local"
+    assert job.train_config["dp-noise-multiplier"] == 1.5
