@@ -45,15 +45,18 @@ def image_stats_many(images: npt.NDArray[np.floating]) -> list[dict[str, float]]
     same linear interpolation, so both functions give the same values.
     """
     batch = np.asarray(images)
-    if batch.ndim == 4:
-        batch = batch.mean(axis=1)
-    if batch.ndim != 3 or batch.shape[1] == 0 or batch.shape[2] == 0:
+    if batch.ndim not in (3, 4) or batch.shape[-2] == 0 or batch.shape[-1] == 0:
         raise ValueError(f"image_stats_many needs (n, h, w) or (n, c, h, w), got {images.shape}")
     # Statistics of a drift signal, not of every pixel: an image over MAX_SIDE pixels a
     # side is sampled on a regular grid first (the same grid everywhere, so a reference
     # window and a current one stay comparable), which keeps the cost per image flat.
-    step = max(1, -(-max(batch.shape[1:]) // MAX_SIDE))
-    batch = batch[:, ::step, ::step].astype(np.float64)
+    step = max(1, -(-max(batch.shape[-2:]) // MAX_SIDE))
+    batch = batch[..., ::step, ::step]
+    if batch.ndim == 4:
+        # Channels averaged on the grid's pixels only (the same values as averaging every
+        # pixel first): on a 128 px image the whole-image mean was most of this function.
+        batch = batch[:, 0] if batch.shape[1] == 1 else batch.mean(axis=1)
+    batch = batch.astype(np.float64)
     n, height, width = batch.shape
     if n == 0:
         return []

@@ -68,6 +68,11 @@ def training_stack_imported() -> dict[str, bool]:
 
 class _Handler(BaseHTTPRequestHandler):
     agent: EdgeAgent
+    # A reply's status line, headers and body leave in one write, flushed when the
+    # request is done (http.server's default, 0, sends headers and body apart: two
+    # syscalls per reply on the line camera's path, and a small second segment that
+    # Nagle's algorithm may hold for the client's delayed ACK).
+    wbufsize = 64 * 1024
 
     def log_message(self, format: str, *args: Any) -> None:
         log.debug("local api: " + format, *args)
