@@ -31,6 +31,15 @@ def test_large_images_are_sampled_on_a_grid() -> None:
     assert image_stats_many(np.empty((0, 8, 8))) == []
 
 
+def test_channels_are_averaged_as_if_over_every_pixel() -> None:
+    """The agent averages channels on the sampling grid only (the line camera's path,
+    issue 25): the values are those of averaging the whole image first."""
+    colour = np.random.default_rng(6).random((3, 3, 4 * MAX_SIDE, 4 * MAX_SIDE)).astype(np.float32)
+    assert image_stats_many(colour) == image_stats_many(colour.mean(axis=1))
+    grey = colour[:, :1]
+    assert image_stats_many(grey) == image_stats_many(grey[:, 0])
+
+
 def test_bad_shapes_and_scores_are_refused() -> None:
     with pytest.raises(ValueError, match="2-D or"):
         image_stats(np.zeros(5))
