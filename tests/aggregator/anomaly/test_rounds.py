@@ -89,6 +89,42 @@ def test_the_fold_of_moments_is_the_pooled_fit(monkeypatch: pytest.MonkeyPatch) 
     assert np.all(np.linalg.eigvalsh(model.covariance) > 0)
 
 
+def test_the_fold_of_noisy_releases_is_their_sum_and_fits_to_an_invertible_model() -> None:
+    # Under DP each station sends its noisy release's moments with its noisy count: the
+    # fold is then exactly the sum of the releases, whose fit clips noise's negative
+    # eigenvalues (a 2-part station's release is mostly noise).
+    from fedge.models.anomaly.private import clip_features, noisy_statistics
+
+    rng = np.random.default_rng(3)
+    releases = [
+        noisy_statistics(
+            station_statistics(clip_features(_features(n, seed=n), 1.0), GRID),
+            clip=1.0,
+            noise_multiplier=1.0,
+            rng=rng,
+        )
+        for n in (2, 9, 30)
+    ]
+    sent = to_array_record(zero_moments(GRID, DIMS))
+    strategy = StatisticsFedAvg(per_round=3, seed=0, backbone=ArrayRecord())
+    fold = StreamingMean()
+    for node, release in enumerate(releases, start=1):
+        moments = statistics_to_moments(release)
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord(array_dict={k: Array(v) for k, v in moments.items()}),
+                "metrics": MetricRecord({"num-examples": release.count}),
+            }
+        )
+        fold_reply(fold, _message(node, content), "arrays", (sent,), ())
+    model = fleet_fit(arrays_of(strategy.aggregate(1, sent, {"": fold}, {})))
+    summed = add_statistics(releases)
+    assert model.count == summed.count
+    np.testing.assert_allclose(model.mean, fit(summed).mean, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(model.covariance, fit(summed).covariance, rtol=0, atol=1e-10)
+    assert np.all(np.linalg.eigvalsh(model.covariance) > 0)
+
+
 def test_a_reply_of_other_shapes_is_refused_before_anything_is_folded() -> None:
     sent = to_array_record(zero_moments(GRID, DIMS))
     other = _message(
