@@ -15,7 +15,9 @@ production, not a copy of it:
   against the first ``window`` parts as their reference. ``novel_alert_images`` and
   ``drift_alert_images`` count the images since the first dent until each fires (None:
   not within the stream). ``false_alerts`` counts ``novel_rate`` alerts on in-distribution
-  streams of the same length (no dents).
+  streams of the same length (no dents). ``dents_called_clean`` and ``dents_novel`` say
+  what the alert had to go on: a dent the classifier rejects is a known defect to the
+  station and never novel, however high its anomaly score.
 - **Serving cost.** The same function on the classifier alone against the pair, one image
   per call, interleaved rounds, median ms per image; the ratio is the pair's cost.
 """
@@ -108,13 +110,13 @@ def _prepared(images: npt.NDArray[np.uint8]) -> list[npt.NDArray[np.float32]]:
 
 def _stream(
     seed: int, size: StreamSize, with_dents: bool
-) -> tuple[list[npt.NDArray[np.float32]], int]:
-    """The stream's images and the index of its first dent (-1: none)."""
+) -> tuple[list[npt.NDArray[np.float32]], list[int]]:
+    """The stream's images and the indices of its dents (first to last; none: [])."""
     rng = np.random.default_rng(seed)
     warm, _ = make_defect_images(size.warmup, seed=seed, scratch_fraction=0.3)
     normal, _ = make_defect_images(size.after, seed=seed + 1, scratch_fraction=0.3)
     after = list(normal)
-    first = -1
+    dent_at: list[int] = []
     if with_dents:
         dents, _ = make_defect_images(
             size.after, seed=seed + 2, scratch_fraction=1.0, dent_fraction=1.0
@@ -122,8 +124,8 @@ def _stream(
         is_dent = rng.random(size.after) < size.rate
         is_dent[int(np.argmax(is_dent)) if is_dent.any() else 0] = True
         after = [d if flag else n for d, n, flag in zip(dents, normal, is_dent, strict=True)]
-        first = size.warmup + int(np.argmax(is_dent))
-    return _prepared(np.concatenate([warm, np.stack(after)])), first
+        dent_at = [size.warmup + int(i) for i in np.flatnonzero(is_dent)]
+    return _prepared(np.concatenate([warm, np.stack(after)])), dent_at
 
 
 def _row(record: PredictionRecord) -> WindowRow:
@@ -134,12 +136,15 @@ def judge_stream(
     pair: runtime.LoadedModel,
     config: EdgeConfig,
     images: Sequence[npt.NDArray[np.float32]],
-    first_dent: int,
+    dent_at: Sequence[int],
     *,
     drift: bool = True,
 ) -> dict[str, Any]:
     """Score ``images`` one per call with the pair; after each, the monitor's findings on
-    the newest window. Images from the first dent until each alert first fires."""
+    the newest window. Images from the first dent until each alert first fires; how many
+    dents the classifier called clean and how many of those were novel (a dent it rejects
+    is a known defect to the station, so never novel: ``PredictionRecord.novel``)."""
+    first_dent = dent_at[0] if dent_at else -1
     policy = MonitorPolicy()
     records: list[PredictionRecord] = []
     fired: dict[str, int] = {}
@@ -164,10 +169,14 @@ def judge_stream(
             if any(f.holds for f in findings):
                 fired["drift"] = index + 1 - start
     novel_parts = sum(r.novel for r in records)
+    dents = [records[i] for i in dent_at]
     return {
         "images": len(records),
         "first_dent_at": first_dent,
         "novel_parts": novel_parts,
+        "dents": len(dents),
+        "dents_called_clean": sum(r.decision == "accept" for r in dents),
+        "dents_novel": sum(r.novel for r in dents),
         "novel_alert_images": fired.get("novel_rate"),
         "drift_alert_images": fired.get("drift"),
     }
@@ -178,12 +187,12 @@ def novel_detection(
 ) -> dict[str, Any]:
     """The dent stream and the in-distribution streams (module docstring)."""
     config = EdgeConfig(fleet="bench", edge="st-01", version=1, anomaly_threshold=threshold)
-    images, first = _stream(seed, size, with_dents=True)
-    dented = judge_stream(pair, config, images, first)
+    images, dent_at = _stream(seed, size, with_dents=True)
+    dented = judge_stream(pair, config, images, dent_at)
     clean = []
     for stream in range(size.clean_streams):
         images, _ = _stream(seed + 100 * (stream + 1), size, with_dents=False)
-        clean.append(judge_stream(pair, config, images, -1, drift=False))
+        clean.append(judge_stream(pair, config, images, [], drift=False))
     return {
         "method": (
             "agent runtime + batch.score one image per call; after each image the monitor's "
@@ -195,6 +204,9 @@ def novel_detection(
         "novel_alert_images": dented["novel_alert_images"],
         "mpp_drift_alert_images": dented["drift_alert_images"],
         "novel_parts_dent_stream": dented["novel_parts"],
+        "dents_in_stream": dented["dents"],
+        "dents_called_clean": dented["dents_called_clean"],
+        "dents_novel": dented["dents_novel"],
         "false_alerts": sum(s["novel_alert_images"] is not None for s in clean),
         "clean_streams": size.clean_streams,
         "novel_parts_clean_streams": [s["novel_parts"] for s in clean],

@@ -60,6 +60,23 @@ def test_the_inspection_backbone_concatenates_its_stages_on_an_8x8_grid() -> Non
         InspectionBackbone(net, stages=4)
 
 
+def test_the_blob_band_is_in_units_of_each_surfaces_own_noise() -> None:
+    # Brushing streaks differ from part to part; in the surface's own noise units the
+    # band of a twice as streaky surface stays put (the floor keeps the last 15 %), so
+    # the per-location Gaussian is not a scale mixture. The CNN channels do double.
+    backbone = InspectionBackbone(new_model(0)).eval()
+    surface = _good(4, 3).astype(np.float32) / 255.0
+    mean = surface.mean(axis=(1, 2), keepdims=True)
+    louder = mean + 2.0 * (surface - mean)
+    with torch.no_grad():
+        quiet, loud = (backbone(torch.from_numpy(x[:, None])) for x in (surface, louder))
+        blank = backbone(torch.full((2, 1, 32, 32), 0.5))
+    band_change = (loud[:, 16:] - quiet[:, 16:]).abs().max() / quiet[:, 16:].abs().max()
+    cnn_change = (loud[:, :16] - quiet[:, :16]).abs().max() / quiet[:, :16].abs().max()
+    assert band_change < 0.2 < 0.9 < cnn_change
+    assert torch.equal(blank[:, 16:], torch.zeros_like(blank[:, 16:]))  # no texture: finite
+
+
 def test_padims_three_stages_export_too(tmp_path: Path) -> None:
     backbone = InspectionBackbone(new_model(0), stages=3, input_scale=None).eval()
     features, grid = extract_features(backbone, _good(100, 1))
