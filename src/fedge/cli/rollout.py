@@ -120,6 +120,8 @@ def start(
     name, version = parse_ref(model)
     _, fleet = open_fleet(home)
     owned_models.check_deploy(fleet.store, name, version, who)  # a team's model (issue 31)
+    if anomaly is not None:  # so is the anomaly model beside it
+        owned_models.check_deploy(fleet.store, *parse_ref(anomaly.strip()), who)
     if edges is None:
         targets = default_edges(fleet, name)
         if not targets:
