@@ -208,8 +208,23 @@ def run_anomaly(
             "auroc_federated": smallest_fed,
             "auroc_alone": smallest_alone,
             "threshold_at_1pct": dataclasses.asdict(threshold),
+            "over_threshold_1pct": {
+                shape: round(
+                    float(
+                        np.mean(_max_distance(federated, own_features[shape]) > threshold.threshold)
+                    ),
+                    4,
+                )
+                for shape in UNSEEN_SHAPES
+            },
         },
         "auroc_gain_smallest_station": round(gain, 2),
+        # What the station's threshold lets through: the shapes' share over the fleet
+        # model's 1 % quantile of held-out good parts (the threshold the streams use).
+        "over_threshold_1pct": {
+            shape: round(float(np.mean(fed_scores[shape] > fleet_threshold)), 4)
+            for shape in UNSEEN_SHAPES
+        },
         "serving_cost": cost,
         "seconds": round(time.perf_counter() - started, 1),
         "machine": machine_info(),
@@ -257,6 +272,10 @@ def run_anomaly_seeds(
         "auroc_unseen": auroc_unseen,
         "auroc_unseen_definition": "the worse of the unseen shapes (dents, pits)",
         "auroc_federated_median": per_shape,
+        "over_threshold_1pct_median": {
+            shape: _median(run["over_threshold_1pct"][shape] for run in runs)
+            for shape in UNSEEN_SHAPES
+        },
         "pooled_max_abs_diff": max_diff,
         "auroc_gain_smallest_station": gain,
         "serving_cost_ratio": cost["ratio"],
