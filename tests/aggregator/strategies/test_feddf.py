@@ -169,6 +169,92 @@ def test_distill_into_each_reduces_every_architecture_divergence() -> None:
         digits.load_arrays(digits.make_model(arch), out[arch])  # still that architecture
 
 
+def test_proxy_split_holds_out_a_stable_disjoint_share() -> None:
+    split = ensemble.split_proxy(144, 0.2, seed=3)
+    assert len(split.validation) == 29 and len(split.train) == 115
+    assert set(split.train.tolist()).isdisjoint(split.validation.tolist())
+    assert sorted([*split.train.tolist(), *split.validation.tolist()]) == list(range(144))
+    again = ensemble.split_proxy(144, 0.2, seed=3)
+    np.testing.assert_array_equal(again.validation, split.validation)
+    assert not np.array_equal(ensemble.split_proxy(144, 0.2, seed=4).validation, split.validation)
+    assert ensemble.split_proxy(10, 0.0, seed=0).validation.size == 0
+    assert len(ensemble.split_proxy(2, 0.9, seed=0).train) == 1  # one is always left to train
+    with pytest.raises(ValueError, match="at least 2 proxy samples"):
+        ensemble.split_proxy(1, 0.2, seed=0)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "problem"),
+    [("validation_fraction", 1.0, "distill_validation"), ("patience", 0, "distill_patience")],
+)
+def test_bad_early_stopping_settings_are_refused(field: str, value: float, problem: str) -> None:
+    with pytest.raises(ValueError, match=problem):
+        ensemble.DistillSettings(**{field: value})  # type: ignore[arg-type]
+
+
+def test_early_stopping_keeps_the_best_held_out_epoch_and_never_ends_worse() -> None:
+    proxy = np.random.default_rng(2).random((80, digits.N_FEATURES)).astype(np.float32)
+    models = {
+        arch: digits.to_arrays(digits.make_model(arch, seed=i))
+        for i, arch in enumerate(("mlp-large", "mlp", "mlp-small"))
+    }
+    split = ensemble.split_proxy(len(proxy), 0.25, seed=0)
+    settings = ensemble.DistillSettings(
+        epochs=40, lr=1e-2, batch_size=16, validation_fraction=0.25, patience=3
+    )
+    out, losses = ensemble.distill_into_each(models, proxy, settings, seed=0, split=split)
+    # The losses are on the held-out samples: recompute "after" there from the result.
+    X = torch.tensor(proxy)
+    members = []
+    for arch in models:
+        member = digits.make_model(arch)
+        digits.load_arrays(member, models[arch])
+        members.append(member)
+    target = torch.stack([m(X) for m in members]).mean(dim=0).detach()
+    held = torch.from_numpy(split.validation)
+    for arch, (before, after) in losses.items():
+        assert after < before, arch  # random models: distillation helps every one
+        student = digits.make_model(arch)
+        digits.load_arrays(student, out[arch])
+        assert after == pytest.approx(
+            ensemble.divergence(student, target[held], X[held], 1.0), rel=1e-5
+        )
+
+
+def test_a_model_already_equal_to_the_ensemble_is_left_as_it_was() -> None:
+    # The only teacher is the model itself: epoch 0 (divergence 0) is the best, so early
+    # stopping returns the within-architecture average untouched instead of Adam's drift.
+    proxy = np.random.default_rng(3).random((40, digits.N_FEATURES)).astype(np.float32)
+    models = {"mlp": digits.to_arrays(digits.make_model("mlp", seed=5))}
+    settings = ensemble.DistillSettings(epochs=5, lr=1e-2, validation_fraction=0.2, patience=2)
+    split = ensemble.split_proxy(len(proxy), 0.2, seed=1)
+    out, losses = ensemble.distill_into_each(models, proxy, settings, seed=0, split=split)
+    assert losses["mlp"] == (0.0, 0.0)
+    for key, value in arrays_of(models["mlp"]).items():
+        np.testing.assert_array_equal(arrays_of(out["mlp"])[key], value)
+
+
+def test_the_strategy_takes_early_stopping_from_its_table(tiny: Scenario) -> None:
+    params = {**tiny.strategy("distill"), "distill_validation": 0.25, "distill_patience": 2}
+    proxy = make_partitions(tiny, 0).proxy_X
+    strategy, _ = build_strategy(
+        "distill", params, per_round=2, seed=0, clock=ClockMode.VIRTUAL, proxy_X=proxy
+    )
+    assert isinstance(strategy, DistillingTieredFedAvg)
+    assert strategy.distill_settings.validation_fraction == 0.25
+    assert strategy.distill_settings.patience == 2
+    assert len(strategy.proxy_split.validation) == round(0.25 * len(proxy))
+    with pytest.raises(StrategyConfigError, match="distill_validation"):
+        build_strategy(
+            "distill",
+            {**params, "distill_validation": 1.5},
+            per_round=2,
+            seed=0,
+            clock=ClockMode.VIRTUAL,
+            proxy_X=proxy,
+        )
+
+
 # ---------------------------------------------------------------- the strategy
 
 

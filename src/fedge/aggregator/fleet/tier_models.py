@@ -57,7 +57,15 @@ if TYPE_CHECKING:
 DISTILL = "distill"
 PROXY = "proxy.npy"
 TIER_MODELS = "tier-models.json"
-DISTILL_KEYS = ("tier_archs", "temperature", "distill_epochs", "distill_lr", "distill_batch_size")
+DISTILL_KEYS = (
+    "tier_archs",
+    "temperature",
+    "distill_epochs",
+    "distill_lr",
+    "distill_batch_size",
+    "distill_validation",
+    "distill_patience",
+)
 _DEFAULT_TIERS = 5  # TieredFedAvg's
 
 

@@ -57,6 +57,8 @@ _DISTILL: dict[str, type | tuple[type, ...]] = {
     "distill_epochs": int,
     "distill_lr": float,
     "distill_batch_size": int,
+    "distill_validation": float,
+    "distill_patience": int,
 }
 # The server optimizer (FedOpt, Reddi et al. ICLR'21; FedAvgM, Hsu et al. 2019).
 _SERVER_OPT: dict[str, type | tuple[type, ...]] = {

@@ -57,6 +57,8 @@ class DistillingTieredFedAvg(TieredFedAvg):
         distill_epochs: int = 5,
         distill_lr: float = 1e-3,
         distill_batch_size: int = 32,
+        distill_validation: float = 0.0,
+        distill_patience: int = 5,
         architectures: Architectures = DIGITS,
         **kwargs: Any,
     ) -> None:
@@ -88,6 +90,13 @@ class DistillingTieredFedAvg(TieredFedAvg):
             epochs=distill_epochs,
             lr=distill_lr,
             batch_size=distill_batch_size,
+            validation_fraction=distill_validation,
+            patience=distill_patience,
+        )
+        # One split for the whole job (seeded like the tiers): every round early-stops on
+        # the same held-out proxy samples.
+        self.proxy_split = ensemble.split_proxy(
+            len(self.proxy_X), distill_validation, self.seed * 7_919 + 1
         )
         self.tier_archs = archs
         sizes = {a: architectures.parameters(a) for a in set(archs)}
@@ -183,6 +192,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
                 teachers=self.trained,
                 seed=self.seed * 100_003 + server_round,
                 architectures=self.architectures,
+                split=self.proxy_split,
             )
             for arch, (before, after) in self.distill_losses.items():
                 metrics[f"distill-kl-before/{arch}"] = before
