@@ -219,7 +219,7 @@ def test_an_anomaly_fleet_job_counts_each_station_once_and_publishes_a_signed_mo
 
 
 SECURE_STATIONS = {"st-01": 16, "st-02": 12, "st-03": 10}
-CLIP = 2.0  # the untrained backbone's feature norms: median 0.66, 99th percentile 2.7
+CLIP = 2.0  # the untrained backbone's feature norms: median 0.64, 99th percentile 2.7
 SECURE_JOB = (
     JOB.replace("[anomaly]\n", f"[anomaly]\nclip = {CLIP}\n")
     .replace("[federation]", "[privacy]\nsecagg = true\n\n[federation]")
