@@ -18,9 +18,46 @@ from fedge.demo.checks import (
 from fedge.demo.errors import StoryCheckFailed
 from fedge.demo.self_check import check_story, raise_if_failed
 
+
+def part(
+    pid: str, edge: str, truth: str, decision: str, score: float, threshold: float
+) -> dict[str, Any]:
+    """A scored part as the anomaly chapter's summary holds it."""
+    novel = decision == "accept" and score > threshold
+    return {
+        "edge": edge, "prediction_id": pid, "truth": truth, "decision": decision,
+        "anomaly_score": score, "threshold": threshold, "novel": novel,
+    }  # fmt: skip
+
+
 # The shape of a real run's summary.json (the figures of one run, rounded).
 PASSING: dict[str, Any] = {
     "edges": [{"edge": "st-01"}, {"edge": "st-02"}, {"edge": "st-03"}],
+    "anomaly": {
+        "dent_stations": ["st-02", "st-03"],
+        "counted": {"st-01": 31, "st-02": 33, "st-03": 30},
+        "fit_count": 94,
+        "thresholds": {"st-01": 21.5, "st-02": 19.0, "st-03": 24.25},
+        "parts": [
+            part("a1", "st-01", "good", "accept", 12.0, 21.5),
+            part("a2", "st-01", "scratch", "reject", 40.0, 21.5),
+            part("b1", "st-02", "good", "accept", 25.0, 19.0),  # a false alarm
+            part("b2", "st-02", "good", "accept", 11.0, 19.0),
+            part("b3", "st-02", "dent", "accept", 30.0, 19.0),
+            part("b4", "st-02", "dent", "reject", 35.0, 19.0),
+            part("c1", "st-03", "good", "accept", 10.0, 24.25),
+            part("c2", "st-03", "dent", "accept", 50.0, 24.25),
+            part("c3", "st-03", "dent", "accept", 20.0, 24.25),
+        ],
+        "queue": [
+            {"prediction_id": "c2", "novel": True},
+            {"prediction_id": "b3", "novel": True},
+            {"prediction_id": "b1", "novel": True},
+            {"prediction_id": "c3", "novel": False},
+        ],
+        "queue_after": [{"prediction_id": "c3", "novel": False}],
+        "labelled": {"c2": "scratch", "b3": "scratch", "b1": "clean"},
+    },
     "learning": {
         "dent_stations": ["st-02", "st-03"],
         "held_out": {
@@ -83,6 +120,7 @@ def test_a_run_that_shows_every_chapter_passes_every_check() -> None:
     results = story_checks(PASSING)
     assert [r for r in results if not r.ok] == []
     assert [r.chapter for r in results] == [
+        *["what normal looks like"] * 7,
         "the fleet learns",
         "the fleet learns",
         "the closed loop",
@@ -96,7 +134,7 @@ def test_a_run_that_shows_every_chapter_passes_every_check() -> None:
         "signed apps",
         "federated rounds",
     ]
-    assert results[0].line == (
+    assert results[7].line == (
         "ok     the fleet learns: st-02's held-out accuracy, before the job -> after it: "
         "0.710 -> 0.935 (+22.5 pt) (bound: >= +5 pt)"
     )
@@ -113,6 +151,56 @@ def test_the_fleet_job_must_raise_each_drifted_station_by_5_points() -> None:
     assert missing.figure == "no evaluation before and after"
     (absent,) = failed(changed("learning", None))
     assert absent.figure == "the chapter did not run"
+
+
+def test_every_station_must_be_in_the_anomaly_fit_once() -> None:
+    (short,) = failed(changed("anomaly/fit_count", 90))
+    assert short.figure == "90 in the model; st-01 31, st-02 33, st-03 30"
+    (absent,) = failed(changed("anomaly/counted", {"st-01": 61, "st-02": 33}))
+    assert absent.figure.endswith("st-01 61, st-02 33, st-03 0")
+    (missing,) = failed(changed("anomaly", None))
+    assert missing.chapter == "what normal looks like"
+    assert missing.figure == "the chapter did not run"
+
+
+def test_each_station_must_score_under_its_own_anomaly_threshold() -> None:
+    (result,) = failed(changed("anomaly/thresholds/st-03", 24.0))
+    assert result.figure == "3 station threshold(s), not in force at st-03"
+    (unset,) = failed(changed("anomaly/thresholds", {"st-01": 21.5, "st-02": 19.0}))
+    assert "not in force at st-03" in unset.figure
+
+
+def test_a_dent_station_must_flag_a_passed_dent_novel() -> None:
+    parts = [p for p in PASSING["anomaly"]["parts"] if p["prediction_id"] != "c2"]
+    # c2 gone: st-03's one passed dent left is under its threshold, and the queue's
+    # first items are no longer all the chapter's novel parts.
+    results = failed(changed("anomaly/parts", parts))
+    (station,) = [r for r in results if r.name.startswith("st-03")]
+    assert station.figure == "1 dents, 1 passed as clean, 0 novel"
+    assert [r.name for r in results if r is not station] == [
+        "fedge labels queue shows the novel parts first"
+    ]
+
+
+def test_novel_dents_must_outnumber_false_alarms_and_lead_the_queue() -> None:
+    alarms = copy.deepcopy(PASSING["anomaly"]["parts"])
+    for p in alarms:
+        if p["truth"] == "good":
+            p["novel"] = True
+    results = failed(changed("anomaly/parts", alarms))
+    assert "vs among good parts" in results[0].name
+    assert results[0].figure == "67% of 3 passed dents, 100% of 4 good parts"
+    reordered = [{"prediction_id": "c3", "novel": False}, *PASSING["anomaly"]["queue"][:3]]
+    (queue,) = failed(changed("anomaly/queue", reordered))
+    assert queue.figure == "2 of the first 3 item(s) are the chapter's 3 novel part(s)"
+
+
+def test_the_operator_must_label_every_novel_part() -> None:
+    (unlabelled,) = failed(changed("anomaly/labelled", {"c2": "scratch"}))
+    assert unlabelled.figure == "1 of 3 labelled; 0 novel left in the queue"
+    left = [{"prediction_id": "b1", "novel": True}]
+    (still,) = failed(changed("anomaly/queue_after", left))
+    assert still.figure == "3 of 3 labelled; 1 novel left in the queue"
 
 
 def test_the_gate_must_refuse_the_flipped_candidate_and_bless_the_retrained_one() -> None:
@@ -230,7 +318,7 @@ def test_the_runner_prints_records_and_fails_on_a_failed_check(tmp_path: Path) -
     assert [c["ok"] for c in written["checks"]].count(False) == 1
     report = (tmp_path / "report.md").read_text()
     assert "## The demo's own checks" in report and "- `ok     privacy: epsilon st-01" in report
-    with pytest.raises(StoryCheckFailed, match=r"1 of 13 checks FAILED \(logs: no ERROR"):
+    with pytest.raises(StoryCheckFailed, match=r"1 of 20 checks FAILED \(logs: no ERROR"):
         raise_if_failed(results, tmp_path)
     raise_if_failed([r for r in results if r.ok], tmp_path)  # all ok: nothing raised
 

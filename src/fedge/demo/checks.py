@@ -82,6 +82,118 @@ def _verdict(verdicts: dict[str, bool], ref: str) -> str:
     return f"{ref} {'blessed' if verdicts[ref] else 'refused'}"
 
 
+def _anomaly_fit(chapter: str, anomaly: Summary, stations: list[str]) -> CheckResult:
+    counted = {str(e): int(n) for e, n in (anomaly.get("counted") or {}).items()}
+    fit_count = int(anomaly.get("fit_count") or 0)
+    absent = [e for e in stations if counted.get(e, 0) <= 0]
+    return CheckResult(
+        chapter,
+        "every station's good parts are in the fitted model, once",
+        fit_count > 0 and not absent and sum(counted.values()) == fit_count,
+        f"{fit_count} in the model; "
+        + ", ".join(f"{e} {counted.get(e, 0)}" for e in sorted(set(stations) | set(counted))),
+        "every station > 0, their sum = the model's count",
+    )
+
+
+def _anomaly_thresholds(
+    chapter: str, parts: list[Summary], thresholds: dict[str, float], stations: list[str]
+) -> CheckResult:
+    """Every part was scored under its own station's pushed threshold."""
+    off = sorted(
+        {
+            str(p["edge"])
+            for p in parts
+            if p["edge"] not in thresholds
+            or p.get("threshold") is None
+            or abs(float(p["threshold"]) - float(thresholds[p["edge"]])) > 1e-9
+        }
+        | {e for e in stations if e not in thresholds}
+    )
+    return CheckResult(
+        chapter,
+        "each station scores under its own recommended anomaly threshold",
+        bool(parts) and not off,
+        f"{len(thresholds)} station threshold(s), "
+        + (f"not in force at {', '.join(off)}" if off else f"in force for all {len(parts)} parts"),
+        "each station's own, in force",
+    )
+
+
+def _anomaly(summary: Summary) -> list[CheckResult]:
+    chapter = "what normal looks like"
+    anomaly = summary.get("anomaly")
+    if not anomaly:
+        return [
+            _missing(chapter, "novel dents flagged, queued first and labelled", "the chapter runs")
+        ]
+    stations = _stations(summary)
+    parts: list[Summary] = anomaly.get("parts") or []
+    results = [
+        _anomaly_fit(chapter, anomaly, stations),
+        _anomaly_thresholds(chapter, parts, anomaly.get("thresholds") or {}, stations),
+    ]
+    for edge in anomaly.get("dent_stations") or []:
+        dents = [p for p in parts if p["edge"] == edge and p["truth"] == "dent"]
+        passed = [p for p in dents if p["decision"] == "accept"]
+        novel = [p for p in passed if p["novel"]]
+        results.append(
+            CheckResult(
+                chapter,
+                f"{edge}: dents the classifier passed, flagged novel",
+                len(novel) >= 1,
+                f"{len(dents)} dents, {len(passed)} passed as clean, {len(novel)} novel",
+                ">= 1 novel",
+            )
+        )
+    passed_dents = [p for p in parts if p["truth"] == "dent" and p["decision"] == "accept"]
+    good = [p for p in parts if p["truth"] == "good"]
+    dent_rate = _share(passed_dents)
+    good_rate = _share(good)
+    results.append(
+        CheckResult(
+            chapter,
+            "novel among passed dents vs among good parts (false alarms)",
+            bool(passed_dents) and bool(good) and dent_rate > good_rate,
+            f"{dent_rate:.0%} of {len(passed_dents)} passed dents, {good_rate:.0%} of "
+            f"{len(good)} good parts",
+            "dents more often",
+        )
+    )
+    novel_ids = {str(p["prediction_id"]) for p in parts if p["novel"]}
+    queue: list[Summary] = anomaly.get("queue") or []
+    lead = queue[: len(novel_ids)]
+    first = [i for i in lead if i["novel"] and str(i["prediction_id"]) in novel_ids]
+    results.append(
+        CheckResult(
+            chapter,
+            "fedge labels queue shows the novel parts first",
+            bool(novel_ids) and bool(lead) and len(first) == len(lead),
+            f"{len(first)} of the first {len(lead)} item(s) are the chapter's "
+            f"{len(novel_ids)} novel part(s)",
+            "all novel",
+        )
+    )
+    labelled = set(anomaly.get("labelled") or {})
+    left = [i for i in anomaly.get("queue_after") or [] if i["novel"]]
+    results.append(
+        CheckResult(
+            chapter,
+            "the operator labelled every novel part, down the queue",
+            bool(novel_ids) and novel_ids <= labelled and not left,
+            f"{len(novel_ids & labelled)} of {len(novel_ids)} labelled; {len(left)} novel left "
+            "in the queue",
+            "all labelled, none left",
+        )
+    )
+    return results
+
+
+def _share(parts: list[Summary]) -> float:
+    """The share of ``parts`` called novel (0 for none)."""
+    return sum(1 for p in parts if p["novel"]) / len(parts) if parts else 0.0
+
+
 def _closed_loop(summary: Summary) -> list[CheckResult]:
     chapter = "the closed loop"
     loop = summary.get("closed_loop")
@@ -215,6 +327,7 @@ def _signed_apps(summary: Summary) -> list[CheckResult]:
 
 # In the demo's order; a new chapter appends its function.
 CHAPTERS: tuple[Callable[[Summary], list[CheckResult]], ...] = (
+    _anomaly,
     _learning,
     _closed_loop,
     _privacy,

@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from fedge.datasets.defects import CLASSES, make_defect_images, write_png_dir
+from fedge.demo.anomaly import run_anomaly
 from fedge.demo.checks import CheckResult
 from fedge.demo.closed_loop import run_closed_loop
 from fedge.demo.learning import run_learning
@@ -165,6 +166,7 @@ def _run_demo(out: Path, console_port: int | None, own_errors: list[str]) -> int
         run = FleetRun(teacher)
         status = _fleet_flow(out, fleet, store, run)
         if status == 0:
+            run.anomaly = run_anomaly(out, home, fleet, store, ports, console, _wait)
             run.learning = run_learning(out, home, fleet, store, ports, console, _wait)
             run.closed_loop = run_closed_loop(out, home, fleet, store, ports, console, _wait)
             run.privacy = run_privacy(

@@ -10,7 +10,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
-from fedge.demo import closed_loop, privacy, security
+from fedge.demo import anomaly, closed_loop, privacy, security
 from fedge.demo.learning import DENT_STATIONS, plot, report_lines
 from fedge.demo.state import EDGES, IMAGES_PER_EDGE, MODEL, FleetRun
 from fedge.edge_manager.fleet.operations import Fleet
@@ -156,6 +156,7 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
                 "",
                 "![scores](demo.png)",
                 "",
+                *([] if run.anomaly is None else anomaly.report_lines(run.anomaly)),
                 *([] if run.learning is None else report_lines(run.learning)),
                 *([] if run.closed_loop is None else closed_loop.report_lines(run.closed_loop)),
                 *([] if run.privacy is None else privacy.report_lines(run.privacy)),
@@ -172,7 +173,10 @@ def write_report(out: Path, fleet: Fleet, store: Store, run: FleetRun, console: 
         learning = dataclasses.asdict(run.learning)
         learning["job_dir"] = str(run.learning.job_dir)
         learning["dent_stations"] = list(DENT_STATIONS)  # the drifted ones (self-check)
+    if run.anomaly is not None:
+        anomaly.plot(run.anomaly, out / "anomaly-scores.png")
     summary = {
+        "anomaly": None if run.anomaly is None else anomaly.summary(run.anomaly),
         "learning": learning,
         "closed_loop": None if run.closed_loop is None else closed_loop.summary(run.closed_loop),
         "privacy": None if run.privacy is None else privacy.summary(run.privacy),

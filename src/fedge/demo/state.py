@@ -15,6 +15,7 @@ from fedge.demo.learning import Learning
 if TYPE_CHECKING:  # torch is imported only once training starts
     from torch import nn
 
+    from fedge.demo.anomaly import AnomalyChapter
     from fedge.demo.closed_loop import ClosedLoop
     from fedge.demo.privacy import PrivacyChapter
     from fedge.demo.security import SecurityChapter
@@ -46,6 +47,7 @@ class FleetRun:
     truth: dict[str, str] = dataclasses.field(default_factory=dict)
     # Thumbnails at the manager by station: only st-01's config shares them.
     thumbnails: dict[str, int] = dataclasses.field(default_factory=dict)
+    anomaly: AnomalyChapter | None = None
     learning: Learning | None = None
     closed_loop: ClosedLoop | None = None
     privacy: PrivacyChapter | None = None

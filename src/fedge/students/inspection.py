@@ -308,5 +308,8 @@ def publish_student(
         version=version,
         classes=teacher.classes,
         positive_classes=teacher.positive_classes,
+        # The student takes the teacher's images prepared the teacher's way: declared, so
+        # an anomaly model built on the teacher's backbone can serve beside it (issue 28).
+        preprocess=teacher.preprocess,
         lineage=lineage,
     )
