@@ -86,25 +86,23 @@ class InspectionBackbone(nn.Module):
       mixture: brushing streaks (standard deviation 0.01-0.04 from part to part) are long
       lines a 2-D blur barely damps, so a per-location Gaussian fitted over all parts is
       too wide for a quiet surface and too narrow for a streaky one -- quiet parts hide
-      faint dents, streaky parts make the good scores' long tail that sets a 1 %
-      threshold (seed 0: median good score 3.5, its 99th percentile 8.5). The band is
+      faint dents, streaky parts make the long tail of good scores that sets a 1 %
+      threshold. The band is
       divided by the part's mean ``|band|``, so PaDiM's per-location Gaussian models the
       band given the surface's noise level, the conditional a scale mixture asks for. A
       dent covers a few percent of the image, so it raises that mean little: a faint
       dent (the ones that matter) hardly at all, a strong one by up to about half, which
-      it can spare. The median ``|band|`` (robust to the dent) detected as well and cost
-      0.24 ms more per image in ONNX Runtime (TopK over 1,024 pixels, more than the whole
-      backbone); the median of the 64 cell centres was as cheap and found fewer dents.
-      With the band sampled at each cell's centre instead of averaged over the cell (a
-      blob's band is smooth; the average mixes in the next cell's sign) and sigmas 2 and
-      6 px (nearer a dent's 2.5-4 px), dents over the fleet's 1 % false-alarm threshold
-      went from 72 % / 78 % to 86 % / 90 % on seeds 0 / 1 (of those the classifier calls
-      clean -- the ones that can be novel -- from 56 % / 62 % to 77 % / 83 %), pits' AUROC
-      from 0.984 / 0.989 to 0.987 / 0.994. A Gaussian blur of the anomaly map before its
-      maximum (PaDiM, PatchCore) cost a third of the dents on this coarse 8x8 grid (a
-      dent fills about one cell), PatchCore's overlapping neighbourhood average of the
-      band a tenth, and PaDiM's random choice of 4 or 8 of the CNN's 16 channels lost
-      pits for few dents.
+      it can spare. The median ``|band|`` (robust to the dent) found as many dents and
+      cost more than the whole backbone in ONNX Runtime (TopK over 1,024 pixels); the
+      median of the 64 cell centres was cheap and found fewer. With it, the band sampled
+      at each cell's centre instead of averaged over the cell (a blob's band is smooth;
+      the average mixes in the next cell's sign) and sigmas 2 and 6 px (nearer a dent's
+      2.5-4 px): dents 0.961 -> 0.983, pits 0.979 -> 0.985, dents over the fleet's 1 %
+      false-alarm threshold 0.704 -> 0.856 (``fedge bench anomaly``, medians of 5 seeds,
+      BENCHMARKS §22; the choices made on seeds 0-1). A Gaussian blur of the anomaly map
+      before its maximum (PaDiM, PatchCore) lost dents on this coarse 8x8 grid (a dent
+      fills about one cell), as did PatchCore's overlapping neighbourhood average of the
+      band; PaDiM's random choice of 4 or 8 of the CNN's 16 channels lost pits.
     """
 
     fine_taps: torch.Tensor
