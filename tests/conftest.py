@@ -51,6 +51,11 @@ from fedge.transport.ports import free_port as free_port  # tests import it from
 # copy of every helper and class, whatever the import mode).
 sys.modules.setdefault("conftest", sys.modules[__name__])
 
+# pytest-xdist gives its workers COLUMNS=80, and rich fixes a console's width from COLUMNS
+# when the console is made (fedge.cli.common's, at import): the tests that hand the CLI a
+# wider terminal through CliRunner's env would get 80 columns under `make test` only.
+os.environ.pop("COLUMNS", None)
+
 T = TypeVar("T")
 
 FEDGE = Path(sys.executable).parent / "fedge"

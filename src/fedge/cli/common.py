@@ -54,7 +54,11 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
         except FedgeError as exc:
             # Escaped: messages quote TOML tables and options ("[strategies.tiered]"),
             # which rich would otherwise take for markup and drop.
-            err_console.print(f"[red]error:[/red] {escape(str(exc))}", highlight=False)
+            # One line, however long: the terminal wraps it, and a path in it stays whole
+            # for copying (rich would break it at the console's width).
+            err_console.print(
+                f"[red]error:[/red] {escape(str(exc))}", highlight=False, soft_wrap=True
+            )
             raise typer.Exit(1) from None
         except ModuleNotFoundError as exc:
             missing = (exc.name or "").partition(".")[0]
@@ -68,6 +72,7 @@ def friendly_errors(func: Callable[P, R]) -> Callable[P, R]:
                 f"[red]error:[/red] this command needs {missing}, which this install lacks; "
                 f"install {extra}",
                 highlight=False,
+                soft_wrap=True,
             )
             raise typer.Exit(1) from None
 
