@@ -67,6 +67,22 @@ def test_a_401_while_running_is_the_key_being_unregistered() -> None:
     assert cause(section) is SupernodeCause.KEY_UNAUTHORIZED
 
 
+def test_a_401_from_the_supernodes_own_runtime_api_is_not_the_key() -> None:
+    # Flower 1.41's lines when a ClientApp's task token lapses (make demo, load 35).
+    lapsed = (
+        "SuperNode ID: 42\n"
+        "ERROR :     [/v1/runtime/send-task-heartbeat][ApiError:1008] Runtime task-token "
+        "authentication failed.\n"
+        "ERROR :     Failed to push task output: Client error '401 Unauthorized' for url "
+        "'http://127.0.0.1:27488/v1/runtime/push-task-output'\n"
+        "httpx.HTTPStatusError: Client error '401 Unauthorized' for url "
+        "'http://127.0.0.1:27488/v1/runtime/send-task-heartbeat'\n"
+    )
+    assert cause(lapsed) is None
+    unregistered = "Client error '401 Unauthorized' for url '.../pull-messages'\n"
+    assert cause(lapsed + unregistered) is SupernodeCause.KEY_UNAUTHORIZED
+
+
 def test_the_probe_names_the_network_fault_behind_retrying() -> None:
     retrying = diagnose("Connection attempt failed, retrying in 2.00 seconds\n", LINK)
     assert retrying is not None

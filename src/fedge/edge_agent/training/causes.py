@@ -37,6 +37,10 @@ _RETRYING = "Connection attempt failed, retrying"
 _CONNECTED = re.compile(r"SuperNode ID: \d+|Connection successful after")
 _ACTIVATION_REFUSED = "[code: 2004]"
 _UNAUTHORIZED = re.compile(r"401 Unauthorized|Invalid SuperNode authentication")
+# The SuperNode's own API to its ClientApp processes: a 401 there is a task token Flower
+# dropped (the task's heartbeat lapsed on a loaded machine), not the SuperLink refusing
+# the station's key; seen in `make demo` at load 35.
+_LOCAL_RUNTIME = "/v1/runtime/"
 NODE_ONLINE_S = 60  # Flower keeps a silent node online for 2 x its 30 s heartbeat interval
 
 
@@ -101,7 +105,8 @@ def diagnose(section: str, superlink: str) -> Diagnosis | None:
             return Diagnosis(
                 SupernodeCause.NETWORK, explain(link, "the SuperLink", superlink), link
             )
-    if _UNAUTHORIZED.search(section) and not _connected_after(section, _UNAUTHORIZED):
+    linkside = "\n".join(line for line in section.split("\n") if _LOCAL_RUNTIME not in line)
+    if _UNAUTHORIZED.search(linkside) and not _connected_after(linkside, _UNAUTHORIZED):
         return Diagnosis(
             SupernodeCause.KEY_UNAUTHORIZED,
             f"the SuperLink at {superlink} stopped accepting this station's key (401): it "
