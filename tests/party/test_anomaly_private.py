@@ -79,7 +79,7 @@ def test_a_release_is_one_gaussian_mechanism_recorded_in_the_ledger(tmp_path: Pa
 
 
 def test_a_target_epsilon_plans_the_noise_of_one_release() -> None:
-    release = plan_release(PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=4.0, delta=1e-5), None)
+    release = plan_release(PrivacySpec(mode=PrivacyMode.LOCAL, epsilon=4.0, delta=1e-5))
     assert (release.sample_rate, release.steps) == (1.0, 1)
     spent = accounting.epsilon_spent([release], 1e-5)
     assert 3.8 < spent <= 4.0

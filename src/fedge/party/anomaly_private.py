@@ -13,7 +13,8 @@ The same rules as a classifier round (:mod:`fedge.party.private_round`,
    data, ``DpRelease(sigma, sample_rate=1, steps=1)``; ``sigma`` is the job's fixed noise
    multiplier, or the smallest one whose single release stays within the job's epsilon
    (the same search DP-SGD's plan uses, Mironov's RDP, CSF 2017). A planned noise below
-   the floor's minimum is refused (:func:`~fedge.privacy.floor.plan_refusal`).
+   the floor's minimum is refused (:func:`~fedge.privacy.floor.plan_refusal`, in
+   :func:`fedge.party.budget.reserve_release`, the check a classifier round makes too).
 3. :func:`release_statistics`: the release is reserved in the ledger -- checked against
    the job's and the station's lifetime bound and recorded in one transaction, so two
    jobs cannot both pass a check only one fits (:class:`BudgetExhaustedError` otherwise,
@@ -31,7 +32,6 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from uuid import uuid4
 
 import numpy as np
 
@@ -43,7 +43,6 @@ from fedge.privacy.floor import (
     PrivacyFloor,
     PrivacyFloorError,
     effective_spec,
-    plan_refusal,
     round_refusal,
 )
 from fedge.privacy.settings import (
@@ -97,13 +96,10 @@ def check_round(
     return effective_spec(floor, asked)
 
 
-def plan_release(privacy: PrivacySpec, floor: PrivacyFloor | None) -> DpRelease:
-    """One Gaussian mechanism on the station's whole data (sample rate 1, one step)."""
-    release = accounting.plan_round(privacy, examples=1, batch_size=1, epochs=1, planned_rounds=1)
-    refusal = plan_refusal(floor, release)
-    if refusal is not None:
-        raise PrivacyFloorError(refusal)
-    return release
+def plan_release(privacy: PrivacySpec) -> DpRelease:
+    """One Gaussian mechanism on the station's whole data (sample rate 1, one step); the
+    floor's minimum noise is checked when it is reserved (:func:`budget.reserve_release`)."""
+    return accounting.plan_round(privacy, examples=1, batch_size=1, epochs=1, planned_rounds=1)
 
 
 def release_statistics(
@@ -126,17 +122,9 @@ def release_statistics(
         raise PrivacyError(f"a DP release needs dp-mode 'local', got {privacy.mode.value!r}")
     if not job:
         raise PrivacyError("a DP release needs the job's id (config['job-id']) to account it")
-    release = plan_release(privacy, floor)
-    ledger = budget.shared(ledger_path)  # kept open: closing checkpoints (an fsync)
-    attempt = uuid4().hex
-    ledger.reserve(
-        job,
-        server_round,
-        release,
-        attempt=attempt,
-        job_epsilon=privacy.epsilon,
-        delta=privacy.delta,
-        accountant=privacy.accountant,
+    release = plan_release(privacy)
+    reservation = budget.reserve_release(
+        ledger_path, release, spec=privacy, floor=floor, job=job, server_round=server_round
     )
     try:
         noisy = noisy_statistics(
@@ -146,12 +134,9 @@ def release_statistics(
             rng=rng if rng is not None else np.random.default_rng(secrets.randbits(128)),
         )
     except BaseException:
-        ledger.cancel(job, server_round, attempt)  # nothing left the station
+        reservation.cancel()  # nothing left the station
         raise
-    _, lifetime_delta = ledger.lifetime()
+    epsilon_job, epsilon_total = reservation.spent()
     return Released(
-        stats=noisy,
-        release=release,
-        epsilon_job=ledger.spent(job, delta=privacy.delta, accountant=privacy.accountant),
-        epsilon_total=ledger.spent(None, delta=lifetime_delta, accountant=privacy.accountant),
+        stats=noisy, release=release, epsilon_job=epsilon_job, epsilon_total=epsilon_total
     )

@@ -38,8 +38,8 @@ from pathlib import Path
 from uuid import uuid4
 
 from fedge.party import budget_store
-from fedge.privacy.floor import EvaluationBudget, PrivacyFloor, PrivacyFloorError
-from fedge.privacy.settings import BudgetExhaustedError, DpRelease, PrivacyError
+from fedge.privacy.floor import EvaluationBudget, PrivacyFloor, PrivacyFloorError, plan_refusal
+from fedge.privacy.settings import BudgetExhaustedError, DpRelease, PrivacyError, PrivacySpec
 
 DEFAULT_LIFETIME_DELTA = budget_store.DEFAULT_LIFETIME_DELTA
 RELATIVE_TOLERANCE = 1e-6
@@ -310,6 +310,65 @@ def shared(path: Path) -> BudgetLedger:
             _, oldest = _shared.pop(next(iter(_shared)))
             oldest.close()
         return ledger
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """A planned release held in a party's ledger (:func:`reserve_release`) until the
+    computation it pays for is settled or cancelled."""
+
+    ledger: BudgetLedger
+    spec: PrivacySpec
+    job: str
+    server_round: int
+    attempt: str
+
+    def settle(self, release: DpRelease) -> None:
+        self.ledger.settle(self.job, self.server_round, self.attempt, release)
+
+    def cancel(self) -> None:
+        self.ledger.cancel(self.job, self.server_round, self.attempt)
+
+    def spent(self) -> tuple[float, float]:
+        """The job's epsilon and the party's lifetime epsilon (at the lifetime delta)."""
+        _, lifetime_delta = self.ledger.lifetime()
+        accountant = self.spec.accountant
+        return (
+            self.ledger.spent(self.job, delta=self.spec.delta, accountant=accountant),
+            self.ledger.spent(None, delta=lifetime_delta, accountant=accountant),
+        )
+
+
+def reserve_release(
+    ledger_path: Path,
+    release: DpRelease,
+    *,
+    spec: PrivacySpec,
+    floor: PrivacyFloor | None,
+    job: str,
+    server_round: int,
+) -> Reservation:
+    """Check a planned release against the station's floor, then reserve it in the ledger.
+
+    Every DP release a party makes (a DP-SGD round, an anomaly job's Gaussian release of
+    its statistics) passes here before it computes anything: a noise below the floor's
+    minimum is refused (:class:`PrivacyFloorError`), a release past the job's or the
+    party's lifetime bound too (:class:`BudgetExhaustedError`), and nothing is recorded.
+    Each call is its own attempt (a fresh id): a round computed again is a second release."""
+    refusal = plan_refusal(floor, release)
+    if refusal is not None:
+        raise PrivacyFloorError(refusal)
+    reservation = Reservation(shared(ledger_path), spec, job, server_round, uuid4().hex)
+    reservation.ledger.reserve(
+        job,
+        server_round,
+        release,
+        attempt=reservation.attempt,
+        job_epsilon=spec.epsilon,
+        delta=spec.delta,
+        accountant=spec.accountant,
+    )
+    return reservation
 
 
 def _identity(path: Path) -> tuple[int, int, int]:

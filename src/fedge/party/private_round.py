@@ -25,7 +25,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from uuid import uuid4
 
 import numpy as np
 import numpy.typing as npt
@@ -33,7 +32,7 @@ from torch import nn
 
 from fedge.party import budget, dp_sgd
 from fedge.privacy import accounting
-from fedge.privacy.floor import PrivacyFloor, PrivacyFloorError, plan_refusal
+from fedge.privacy.floor import PrivacyFloor
 from fedge.privacy.settings import DpRelease, PrivacyError, PrivacyMode, PrivacySpec
 
 
@@ -89,19 +88,8 @@ def train_round(
     release = accounting.plan_round(
         spec, examples=len(y), batch_size=batch_size, epochs=epochs, planned_rounds=planned
     )
-    refusal = plan_refusal(floor, release)
-    if refusal is not None:
-        raise PrivacyFloorError(refusal)
-    ledger = budget.shared(ledger_path)  # kept open: closing checkpoints (an fsync)
-    attempt = uuid4().hex
-    ledger.reserve(
-        job,
-        server_round,
-        release,
-        attempt=attempt,
-        job_epsilon=spec.epsilon,
-        delta=spec.delta,
-        accountant=spec.accountant,
+    reservation = budget.reserve_release(
+        ledger_path, release, spec=spec, floor=floor, job=job, server_round=server_round
     )
     try:
         trained = dp_sgd.train_private(
@@ -119,17 +107,16 @@ def train_round(
             threads=threads,
         )
     except BaseException:
-        ledger.cancel(job, server_round, attempt)  # an error reply: no update left
+        reservation.cancel()  # an error reply: no update left
         raise
     if trained.release != release:  # a time cap stopped it early: fewer steps
-        ledger.settle(job, server_round, attempt, trained.release)
-    delta, accountant = spec.delta, spec.accountant
-    _, lifetime_delta = ledger.lifetime()
+        reservation.settle(trained.release)
+    epsilon_job, epsilon_total = reservation.spent()
     return PrivateRound(
         loss=trained.loss,
         seconds=trained.seconds,
         release=trained.release,
-        epsilon_round=accounting.epsilon_spent([trained.release], delta, accountant),
-        epsilon_job=ledger.spent(job, delta=delta, accountant=accountant),
-        epsilon_total=ledger.spent(None, delta=lifetime_delta, accountant=accountant),
+        epsilon_round=accounting.epsilon_spent([trained.release], spec.delta, spec.accountant),
+        epsilon_job=epsilon_job,
+        epsilon_total=epsilon_total,
     )
