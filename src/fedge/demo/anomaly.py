@@ -40,7 +40,7 @@ from fedge.aggregator.anomaly.rounds import fleet_fit
 from fedge.aggregator.jobs.checkpoint import load_arrays
 from fedge.aggregator.jobs.run_store import RunStore
 from fedge.datasets.defects import CLASSES, make_defect_images
-from fedge.demo.learning import DENT_STATIONS, config_applied, post_json
+from fedge.demo.learning import DENT_STATIONS, config_applied, enable_training, post_json
 from fedge.edge_manager.fleet.operations import Fleet
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.reports import store as report_store
@@ -48,7 +48,6 @@ from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.federation.publish import publish
-from fedge.protocols.config import TrainingPolicy
 from fedge.sim.processes import fedge_executable
 
 SCORE_IMAGES = 32  # per station, after the anomaly model is deployed
@@ -140,9 +139,7 @@ def run_anomaly(
     edges = sorted(ports)
     result = AnomalyChapter(out / "anomaly-job")
     console.rule("[bold]what normal looks like: an anomaly model from the stations' good parts")
-    pushed = fleet.set_training(edges, TrainingPolicy(enabled=True, max_minutes=5, threads=1))
-    for p in pushed:
-        wait(lambda p=p: config_applied(store, p), 30, f"training enabled on {p.edge}")
+    enable_training(fleet, store, edges, wait)
     _fit(out, home, fleet, result, console)
     _deploy_beside(fleet, store, edges, result, console, wait)
 

@@ -97,6 +97,14 @@ def config_applied(store: Store, pushed: Pushed) -> bool:
     return row is not None and row.config_applied == pushed.version
 
 
+def enable_training(fleet: Fleet, store: Store, edges: list[str], wait: Any) -> None:
+    """Training on in every station's signed config (each agent then runs a SuperNode),
+    waited for until each agent reports it applied: a fleet job needs them all."""
+    pushed = fleet.set_training(edges, TrainingPolicy(enabled=True, max_minutes=5, threads=1))
+    for p in pushed:
+        wait(lambda p=p: config_applied(store, p), 30, f"training enabled on {p.edge}")
+
+
 def _serving(store: Store, edge: str) -> str | None:
     """The model ``edge`` serves, as the manager records it (None: not enrolled)."""
     row = report_store.edge_state(store, edge)
@@ -152,9 +160,7 @@ def run_learning(
             result.served.setdefault(edge, {})[ref] = accuracy
             progress.advance(task)
 
-    pushed = fleet.set_training(edges, TrainingPolicy(enabled=True, max_minutes=5, threads=1))
-    for p in pushed:
-        wait(lambda p=p: config_applied(store, p), 30, f"training enabled on {p.edge}")
+    enable_training(fleet, store, edges, wait)
     console.print("training enabled in every station's signed config: each agent runs a SuperNode")
 
     manifest = out / "fleet-job.toml"
