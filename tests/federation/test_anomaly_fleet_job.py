@@ -24,7 +24,10 @@ quantised, not equal to it to float64 rounding).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -98,19 +101,27 @@ def good_parts(data_dir: Path, *, holdout: bool) -> np.ndarray:
     return trainer.load_examples(chosen, ("clean",), Preprocess(32)).x
 
 
-@pytest.mark.timeout(900)
-def test_an_anomaly_fleet_job_counts_each_station_once_and_publishes_a_signed_model(
-    tmp_path: Path, supervisors: list[SupernodeSupervisor]
-) -> None:
-    started = time.monotonic()
-    fh: FleetHome = make_fleet_home(tmp_path, edges=tuple(STATIONS))
-    publish_trainable(fh, tmp_path, tuple(STATIONS))
-    for seed, (edge, n) in enumerate(STATIONS.items()):
-        keep_parts(fh.data_dir(edge), edge, n, seed=70 + seed)
+@contextmanager
+def fleet_running(
+    tmp_path: Path,
+    supervisors: list[SupernodeSupervisor],
+    stations: dict[str, int],
+    job: str,
+    *,
+    seed: int,
+) -> Iterator[tuple[FleetHome, Path]]:
+    """A fleet whose stations keep ``stations[edge]`` labelled parts (seeds from ``seed``),
+    each running a SuperNode against a local SuperLink, with ``job`` prepared and
+    submitted: yields the fleet's home and the job's folder. The processes' logs are
+    printed when the body fails."""
+    fh: FleetHome = make_fleet_home(tmp_path, edges=tuple(stations))
+    publish_trainable(fh, tmp_path, tuple(stations))
+    for index, (edge, n) in enumerate(stations.items()):
+        keep_parts(fh.data_dir(edge), edge, n, seed=seed + index)
     superlink = SuperLink(tmp_path / "superlink", "127.0.0.1", fh.settings.superlink_port)
     superlink.start()
     try:
-        for edge in STATIONS:
+        for edge in stations:
             supervisor = SupernodeSupervisor(fh.data_dir(edge) / "supernode")
             supervisors.append(supervisor)
             supervisor.start()
@@ -121,33 +132,55 @@ def test_an_anomaly_fleet_job_counts_each_station_once_and_publishes_a_signed_mo
                 )
             )  # fmt: skip
         manifest = tmp_path / "job.toml"
-        manifest.write_text(JOB, encoding="utf-8")
+        manifest.write_text(job, encoding="utf-8")
         job_dir = tmp_path / "job"
         prepare(manifest, job_dir, fh.home)
-        assert (
-            'clientapp = "fedge.party.anomaly_app:app"'
-            in (job_dir / "app" / "pyproject.toml").read_text()
-        )
         fleet_job.submit(
             job_dir,
             superlink.local_address,
             signing=(fh.home.signing_key(), superlink.signed_apps),
+        )
+        yield fh, job_dir
+    except BaseException:
+        for log in sorted(tmp_path.rglob("*.log")):
+            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+        raise
+    finally:
+        superlink.stop()
+        fh.close()
+
+
+def counted_parts(job_dir: Path, run_id: str) -> tuple[dict[str, int], dict[str, Any]]:
+    """Each station's reported count (``num-examples``) and the job's one round."""
+    store = RunStore(job_dir / "runs.db")
+    try:
+        names = store.party_names(run_id)
+        counted = {
+            names[int(r["party"])]: int(r["metrics"]["num-examples"])
+            for r in store.party_metrics(run_id)
+        }
+        (round_1,) = store.rounds(run_id)
+    finally:
+        store.close()
+    return counted, round_1
+
+
+@pytest.mark.timeout(900)
+def test_an_anomaly_fleet_job_counts_each_station_once_and_publishes_a_signed_model(
+    tmp_path: Path, supervisors: list[SupernodeSupervisor]
+) -> None:
+    started = time.monotonic()
+    with fleet_running(tmp_path, supervisors, STATIONS, JOB, seed=70) as (fh, job_dir):
+        assert (
+            'clientapp = "fedge.party.anomaly_app:app"'
+            in (job_dir / "app" / "pyproject.toml").read_text()
         )
         result = fleet_job.wait(job_dir, timeout_s=400)
         assert result.state.value == "completed", result.error
         print(f"anomaly fleet job: {time.monotonic() - started:.1f} s")
 
         # Every station's good training parts counted once, in the run store.
-        store = RunStore(job_dir / "runs.db")
-        try:
-            names = store.party_names(result.run_id)
-            counted = {
-                names[int(r["party"])]: int(r["metrics"]["num-examples"])
-                for r in store.party_metrics(result.run_id)
-            }
-            (round_1,) = store.rounds(result.run_id)
-        finally:
-            store.close()
+        counted, round_1 = counted_parts(job_dir, result.run_id)
         expected = {e: len(good_parts(fh.data_dir(e), holdout=False)) for e in STATIONS}
         assert all(n > 0 for n in expected.values()), expected
         assert counted == expected
@@ -209,13 +242,6 @@ def test_an_anomaly_fleet_job_counts_each_station_once_and_publishes_a_signed_mo
             # The backbone is an untrained inspection CNN and the fleet holds ~50 good
             # parts: dents stand out in the bulk, not each one above every good part.
             assert np.median(dent_scores) > np.percentile(good_scores, 75), edge
-    except BaseException:
-        for log in sorted(tmp_path.rglob("*.log")):
-            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
-        raise
-    finally:
-        superlink.stop()
-        fh.close()
 
 
 SECURE_STATIONS = {"st-01": 16, "st-02": 12, "st-03": 10}
@@ -232,46 +258,15 @@ def test_an_anomaly_round_through_secagg_is_within_the_stated_bound_of_the_poole
     tmp_path: Path, supervisors: list[SupernodeSupervisor]
 ) -> None:
     started = time.monotonic()
-    fh: FleetHome = make_fleet_home(tmp_path, edges=tuple(SECURE_STATIONS))
-    publish_trainable(fh, tmp_path, tuple(SECURE_STATIONS))
-    for seed, (edge, n) in enumerate(SECURE_STATIONS.items()):
-        keep_parts(fh.data_dir(edge), edge, n, seed=40 + seed)
-    superlink = SuperLink(tmp_path / "superlink", "127.0.0.1", fh.settings.superlink_port)
-    superlink.start()
-    try:
-        for edge in SECURE_STATIONS:
-            supervisor = SupernodeSupervisor(fh.data_dir(edge) / "supernode")
-            supervisors.append(supervisor)
-            supervisor.start()
-            supervisor.apply(
-                SupernodeSpec(
-                    superlink.address, edge, fh.data_dir(edge), HOLDOUT, 1, 120.0,
-                    trusted_entities=signing_yaml(fh),
-                )
-            )  # fmt: skip
-        manifest = tmp_path / "job.toml"
-        manifest.write_text(SECURE_JOB, encoding="utf-8")
-        job_dir = tmp_path / "job"
-        prepare(manifest, job_dir, fh.home)
-        fleet_job.submit(
-            job_dir,
-            superlink.local_address,
-            signing=(fh.home.signing_key(), superlink.signed_apps),
-        )
+    with fleet_running(tmp_path, supervisors, SECURE_STATIONS, SECURE_JOB, seed=40) as (
+        fh,
+        job_dir,
+    ):
         result = fleet_job.wait(job_dir, timeout_s=300)
         assert result.state.value == "completed", result.error
         print(f"SecAgg+ anomaly fleet job: {time.monotonic() - started:.1f} s")
 
-        store = RunStore(job_dir / "runs.db")
-        try:
-            names = store.party_names(result.run_id)
-            counted = {
-                names[int(r["party"])]: int(r["metrics"]["num-examples"])
-                for r in store.party_metrics(result.run_id)
-            }
-            (round_1,) = store.rounds(result.run_id)
-        finally:
-            store.close()
+        counted, round_1 = counted_parts(job_dir, result.run_id)
         expected = {e: len(good_parts(fh.data_dir(e), holdout=False)) for e in SECURE_STATIONS}
         assert counted == expected  # the counts travel in the clear, each once
         assert round_1["failed"] == [], round_1
@@ -298,13 +293,6 @@ def test_an_anomaly_round_through_secagg_is_within_the_stated_bound_of_the_poole
               f"{covariance_error:.3g} (bound {bounds.covariance:.3g})")  # fmt: skip
         assert 1e-12 < mean_error <= bounds.mean  # quantised by SecAgg+, within its bound
         assert covariance_error <= bounds.covariance
-    except BaseException:
-        for log in sorted(tmp_path.rglob("*.log")):
-            print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
-        raise
-    finally:
-        superlink.stop()
-        fh.close()
 
 
 def score(session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
