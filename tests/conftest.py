@@ -1034,3 +1034,67 @@ def wait_serving(fh: FleetHome, edge: str, ref: str) -> None:
 def dump_flower_logs(root: Path) -> None:
     for log in sorted(root.rglob("supernode.log")) + sorted(root.rglob("superlink.log")):
         print(f"--- {log}\n{log.read_text(errors='replace')[-3000:]}")
+
+
+# An anomaly model beside a classifier (issue 28): the pair the rollout and serving tests
+# deploy, and the parts they score.
+
+
+@contextmanager
+def anomaly_pair_fleet(
+    root: Path, edge: str, anomalies: Iterable[tuple[int, int, float]]
+) -> Iterator[FleetHome]:
+    """A one-station fleet with its broker and the manager's serve loop running, ``inspect:1``
+    published -- a constant classifier calling every part clean (p 0.998), as one that never
+    saw the new defect does -- and an ``inspect-anomaly`` brightness model for each
+    ``(version, size, scale)`` (:func:`fedge.models.tiny_onnx.build_brightness_anomaly`)."""
+    from fedge.edge_manager.serve import ManagerService
+    from fedge.models.tiny_onnx import build_brightness_anomaly
+
+    fh = make_fleet_home(root, edges=(edge,))
+    broker: MosquittoBroker = fh.broker()
+    broker.start()
+    service = ManagerService(fh.home)
+    try:
+        service.start()
+        models = fh.root / "models"
+        with fh.fleet() as manager:
+            manager.registry.publish(
+                build_linear_classifier(
+                    models / "inspect-1.onnx", weights=np.zeros((2, 1024)), bias=np.array([3, -3])
+                ),
+                name="inspect",
+                version=1,
+                classes=("clean", "scratch"),
+                positive_classes=("scratch",),
+            )
+            for version, size, scale in anomalies:
+                manager.registry.publish(
+                    build_brightness_anomaly(
+                        models / f"anomaly-{version}.onnx", size=size, scale=scale
+                    ),
+                    name="inspect-anomaly",
+                    version=version,
+                    classes=("good", "anomalous"),
+                    positive_classes=("anomalous",),
+                )
+        yield fh
+    finally:
+        service.stop()
+        broker.stop()
+        fh.close()
+
+
+def part_png(bright: bool, seed: int) -> bytes:
+    """A 32 x 32 part: a bright one scores about 18 under a brightness model of scale 20,
+    a dark one about 5."""
+    rng = np.random.default_rng(seed)
+    pixels = rng.integers(200, 256, (32, 32)) if bright else rng.integers(0, 128, (32, 32))
+    buffer = io.BytesIO()
+    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
+    return buffer.getvalue()
+
+
+def score_part(port: int, bright: bool, seed: int) -> dict[str, Any]:
+    """The agent's record for :func:`part_png` scored through its local API."""
+    return post_json(f"http://127.0.0.1:{port}/v1/score", part_png(bright, seed), "image/png")

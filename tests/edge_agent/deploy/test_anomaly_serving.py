@@ -10,31 +10,23 @@ An anomaly model that does not take the classifier's images fails the deployment
 pair serving keeps serving; a restarted agent re-verifies and serves the pair again.
 """
 
-import io
-import json
-import urllib.request
 from collections.abc import Iterator
-from typing import Any
 
-import numpy as np
 import pytest
 from conftest import (
     FleetHome,
     Processes,
     agent_status,
+    anomaly_pair_fleet,
     free_port,
-    make_fleet_home,
+    score_part,
     wait_config_applied,
     wait_deploy_done,
     wait_until,
 )
-from PIL import Image
 
 from fedge.console import queue_store
 from fedge.edge_agent.store import LocalStore
-from fedge.edge_manager.serve import ManagerService
-from fedge.models.tiny_onnx import build_brightness_anomaly, build_linear_classifier
-from fedge.transport.broker import MosquittoBroker
 
 pytestmark = pytest.mark.integration
 
@@ -44,58 +36,10 @@ ANOMALY_THRESHOLD = 14.0  # brightness x 20: dark parts about 5, bright ones abo
 
 @pytest.fixture
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
-    fh = make_fleet_home(tmp_path_factory.mktemp("anomaly-serving"), edges=(EDGE,))
-    broker: MosquittoBroker = fh.broker()
-    broker.start()
-    service = ManagerService(fh.home)
-    try:
-        service.start()
-        models = fh.root / "models"
-        with fh.fleet() as manager:
-            manager.registry.publish(
-                # Constant: every part "clean" (p 0.998), as a classifier that never saw
-                # the new defect calls it.
-                build_linear_classifier(
-                    models / "inspect-1.onnx", weights=np.zeros((2, 1024)), bias=np.array([3, -3])
-                ),
-                name="inspect",
-                version=1,
-                classes=("clean", "scratch"),
-                positive_classes=("scratch",),
-            )
-            for version, size in ((1, 32), (2, 64)):  # 2 does not take 32 x 32 images
-                manager.registry.publish(
-                    build_brightness_anomaly(models / f"anomaly-{version}.onnx", size=size),
-                    name="inspect-anomaly",
-                    version=version,
-                    classes=("good", "anomalous"),
-                    positive_classes=("anomalous",),
-                )
+    root = tmp_path_factory.mktemp("anomaly-serving")
+    # inspect-anomaly:2 does not take 32 x 32 images.
+    with anomaly_pair_fleet(root, EDGE, ((1, 32, 20.0), (2, 64, 20.0))) as fh:
         yield fh
-    finally:
-        service.stop()
-        broker.stop()
-        fh.close()
-
-
-def _png(bright: bool, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(200, 256, (32, 32)) if bright else rng.integers(0, 128, (32, 32))
-    buffer = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _score(port: int, bright: bool, seed: int) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/score",
-        data=_png(bright, seed),
-        headers={"Content-Type": "image/png"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        record: dict[str, Any] = json.loads(response.read())
-    return record
 
 
 def test_the_pair_serves_novel_parts_reach_the_top_of_the_queue(
@@ -113,7 +57,7 @@ def test_the_pair_serves_novel_parts_reach_the_top_of_the_queue(
         assert "anomaly model inspect-anomaly:1 beside it" in row["deploy_reason"]
 
         # No anomaly threshold yet: scored, no verdict.
-        before = _score(port, bright=True, seed=0)
+        before = score_part(port, bright=True, seed=0)
         assert before["anomaly"]["model"] == "inspect-anomaly:1"
         assert before["anomaly"]["score"] > ANOMALY_THRESHOLD
         assert "threshold" not in before["anomaly"]
@@ -121,7 +65,7 @@ def test_the_pair_serves_novel_parts_reach_the_top_of_the_queue(
         with fleet.fleet() as manager:
             (pushed,) = manager.set_anomaly_threshold([EDGE], ANOMALY_THRESHOLD)
         wait_config_applied(fleet, EDGE, pushed.version)
-        records = [_score(port, bright=i % 3 == 2, seed=i + 1) for i in range(9)]
+        records = [score_part(port, bright=i % 3 == 2, seed=i + 1) for i in range(9)]
         for i, record in enumerate(records):
             assert record["decision"] == "accept"
             anomaly = record["anomaly"]
@@ -161,7 +105,7 @@ def test_the_pair_serves_novel_parts_reach_the_top_of_the_queue(
         row = wait_deploy_done(fleet, refused, EDGE)
         assert row["deploy_stage"] == "failed"
         assert row["deploy_reason"].startswith("anomaly_mismatch: "), row["deploy_reason"]
-        assert _score(port, bright=True, seed=50)["anomaly"]["model"] == "inspect-anomaly:1"
+        assert score_part(port, bright=True, seed=50)["anomaly"]["model"] == "inspect-anomaly:1"
 
         # A restart re-verifies the pair and serves it again.
         processes.stop(agent)
@@ -170,7 +114,7 @@ def test_the_pair_serves_novel_parts_reach_the_top_of_the_queue(
             lambda: agent_status(port), 30, "the restarted agent", expect=lambda s: s["connected"]
         )
         assert status["serving"] == "inspect:1", restarted.output()
-        again = _score(port, bright=True, seed=51)
+        again = score_part(port, bright=True, seed=51)
         assert again["anomaly"] == {
             "model": "inspect-anomaly:1",
             "score": again["anomaly"]["score"],

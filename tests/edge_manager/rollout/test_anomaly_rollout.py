@@ -16,25 +16,22 @@ manager as a rollout (health window, criteria, rollback to the previous pair).
    this manager -- are refused with nothing started.
 """
 
-import io
 import json
 import time
-import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
-import numpy as np
 import pytest
 from click.testing import Result
 from conftest import (
     FleetHome,
     Processes,
+    anomaly_pair_fleet,
     free_port,
-    make_fleet_home,
+    score_part,
     wait_config_applied,
     wait_until,
 )
-from PIL import Image
 from typer.testing import CliRunner
 
 from fedge.cli.main import app
@@ -43,10 +40,8 @@ from fedge.edge_manager.registry.recommendations import write_anomaly_thresholds
 from fedge.edge_manager.registry.versions import Registry
 from fedge.edge_manager.rollout.plan import RolloutError, make_plan
 from fedge.edge_manager.rollout.service import Rollouts
-from fedge.edge_manager.serve import ManagerService
-from fedge.models.tiny_onnx import build_brightness_anomaly, build_linear_classifier
+from fedge.models.tiny_onnx import build_brightness_anomaly
 from fedge.protocols.signing import SigningKey
-from fedge.transport.broker import MosquittoBroker
 
 pytestmark = pytest.mark.integration
 
@@ -57,35 +52,13 @@ PROBATION_S = 2.0
 
 @pytest.fixture
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
-    fh = make_fleet_home(tmp_path_factory.mktemp("anomaly-rollout"), edges=(EDGE,))
-    broker: MosquittoBroker = fh.broker()
-    broker.start()
-    service = ManagerService(fh.home)
-    try:
-        service.start()
+    root = tmp_path_factory.mktemp("anomaly-rollout")
+    # 1 scores brightness x 20; 2 brightness x 200: every part over the threshold.
+    # 3 takes 64 x 64 images, not the classifier's 32 x 32.
+    with anomaly_pair_fleet(root, EDGE, ((1, 32, 20.0), (2, 32, 200.0), (3, 64, 20.0))) as fh:
         models = fh.root / "models"
         with fh.fleet() as manager:
-            manager.registry.publish(
-                build_linear_classifier(
-                    models / "inspect-1.onnx", weights=np.zeros((2, 1024)), bias=np.array([3, -3])
-                ),
-                name="inspect",
-                version=1,
-                classes=("clean", "scratch"),
-                positive_classes=("scratch",),
-            )
-            # 1 scores brightness x 20; 2 brightness x 200: every part over the threshold.
-            # 3 takes 64 x 64 images, not the classifier's 32 x 32.
-            for version, size, scale in ((1, 32, 20.0), (2, 32, 200.0), (3, 64, 20.0)):
-                manager.registry.publish(
-                    build_brightness_anomaly(
-                        models / f"anomaly-{version}.onnx", size=size, scale=scale
-                    ),
-                    name="inspect-anomaly",
-                    version=version,
-                    classes=("good", "anomalous"),
-                    positive_classes=("anomalous",),
-                )
+            for version in (1, 2, 3):
                 # The station's own threshold for each, as an anomaly fleet job keeps it.
                 write_anomaly_thresholds(
                     manager.registry.artifacts,
@@ -108,30 +81,6 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FleetHome]:
             (time.time(),),
         )
         yield fh
-    finally:
-        service.stop()
-        broker.stop()
-        fh.close()
-
-
-def _png(bright: bool, seed: int) -> bytes:
-    rng = np.random.default_rng(seed)
-    pixels = rng.integers(200, 256, (32, 32)) if bright else rng.integers(0, 128, (32, 32))
-    buffer = io.BytesIO()
-    Image.fromarray(pixels.astype(np.uint8)).save(buffer, format="PNG")
-    return buffer.getvalue()
-
-
-def _score(port: int, bright: bool, seed: int) -> dict[str, Any]:
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{port}/v1/score",
-        data=_png(bright, seed),
-        headers={"Content-Type": "image/png"},
-        method="POST",
-    )
-    with urllib.request.urlopen(request, timeout=5) as response:
-        record: dict[str, Any] = json.loads(response.read())
-    return record
 
 
 def _stages(fh: FleetHome, deployment_id: str) -> list[dict[str, Any]]:
@@ -175,7 +124,7 @@ def test_a_rollout_carries_the_anomaly_model_and_a_bad_one_is_rolled_back(
             "the classifier alone to serve",
             expect=lambda stages: "passed" in stages,
         )
-        assert "anomaly" not in _score(port, bright=True, seed=0), agent.output()
+        assert "anomaly" not in score_part(port, bright=True, seed=0), agent.output()
 
         # 1. The classifier the station serves already, with an anomaly model beside it.
         with fleet.fleet() as manager:
@@ -201,14 +150,14 @@ def test_a_rollout_carries_the_anomaly_model_and_a_bad_one_is_rolled_back(
         assert "anomaly model inspect-anomaly:1 beside it" in active["reason"]
         assert "passed" in [s["stage"] for s in stages]
         wait_config_applied(fleet, EDGE, moved["config_version"])
-        bright = _score(port, bright=True, seed=1)
+        bright = score_part(port, bright=True, seed=1)
         assert bright["anomaly"] == {
             "model": "inspect-anomaly:1",
             "score": bright["anomaly"]["score"],
             "threshold": THRESHOLD,  # the station's own, moved with the model
         }
         assert bright["anomaly"]["score"] > THRESHOLD
-        assert _score(port, bright=False, seed=2)["anomaly"]["score"] < THRESHOLD
+        assert score_part(port, bright=False, seed=2)["anomaly"]["score"] < THRESHOLD
 
         # 2. An anomaly model that calls every part unusual: novel_rate sends it back.
         with fleet.fleet() as manager:
@@ -240,7 +189,7 @@ def test_a_rollout_carries_the_anomaly_model_and_a_bad_one_is_rolled_back(
             expect=lambda stages: "active" in stages,
         )
         wait_config_applied(fleet, EDGE, moving["config_version"])
-        records = [_score(port, bright=False, seed=10 + i) for i in range(25)]
+        records = [score_part(port, bright=False, seed=10 + i) for i in range(25)]
         assert {r["anomaly"]["model"] for r in records} == {"inspect-anomaly:2"}
         assert all(r["anomaly"]["score"] > THRESHOLD for r in records)
         ended = _rollout(fleet, bad, "rolled_back", 60)
@@ -250,7 +199,7 @@ def test_a_rollout_carries_the_anomaly_model_and_a_bad_one_is_rolled_back(
         restoring = _stages(fleet, back["restore_deployment_id"])
         assert "active" in [s["stage"] for s in restoring], restoring
         # The previous pair serves again, with its threshold: dark parts are not novel.
-        again = _score(port, bright=False, seed=99)
+        again = score_part(port, bright=False, seed=99)
         assert again["anomaly"]["model"] == "inspect-anomaly:1", again
         assert again["anomaly"]["threshold"] == THRESHOLD
         assert again["anomaly"]["score"] < THRESHOLD
