@@ -16,12 +16,15 @@ out by this process is not handed out again.
 That leaves a race with another process choosing the same port before either server
 binds it: the test suite's parallel workers, the processes a test starts, a benchmark
 beside them. So a port is also *claimed* machine-wide: a file named after it, created
-exclusively in a directory under the system temp dir. A claim lapses after
+exclusively in a per-user directory under the system temp dir. A claim lapses after
 ``CLAIM_TTL_S``: by then the server it was drawn for has bound the port (and the bind
-check refuses it) or never will.
+check refuses it) or never will. The directory holds at most one small file per port of
+the range; a claim outlives its process, since the server it was drawn for may be
+another process started later.
 """
 
 import errno
+import fcntl
 import os
 import random
 import socket
@@ -39,34 +42,35 @@ _lock = threading.Lock()
 
 
 def _claims_dir() -> Path:
-    return Path(tempfile.gettempdir()) / "fedge-ports"
+    # Per user: another user's directory of the same name is neither trusted nor needed.
+    return Path(tempfile.gettempdir()) / f"fedge-ports-{os.getuid()}"
 
 
 def _claim(port: int) -> bool:
     """Claim ``port`` for this process machine-wide; False when another process holds a
     live claim. A machine where claims cannot be written (no temp dir) claims nothing and
-    keeps the bind check alone."""
+    keeps the bind check alone.
+
+    Claims are made under an exclusive ``flock`` of the directory's lock file, so two
+    processes that both find a lapsed claim cannot both take it over."""
     directory = _claims_dir()
     path = directory / str(port)
-    for _ in range(2):
-        try:
-            directory.mkdir(mode=0o1777, exist_ok=True)
-            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
-            return True
-        except FileExistsError:
+    try:
+        directory.mkdir(mode=0o700, exist_ok=True)
+        with open(directory / ".lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 if time.time() - path.stat().st_mtime < CLAIM_TTL_S:
                     return False
-                path.unlink()  # a lapsed claim: take it over on the next try
+                path.unlink()  # a lapsed claim: its server bound the port or never will
             except FileNotFoundError:
-                continue  # released or taken over meanwhile: try again
-            except OSError:
-                return False
-        except OSError as exc:
-            if exc.errno in (errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EPERM):
-                return True
-            raise
-    return False
+                pass
+            os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+            return True
+    except OSError as exc:
+        if exc.errno in (errno.EACCES, errno.EROFS, errno.ENOSPC, errno.EPERM):
+            return True
+        raise
 
 
 def ephemeral_start() -> int:

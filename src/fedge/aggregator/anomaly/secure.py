@@ -12,7 +12,7 @@ a bound, which this module chooses and states (pure functions).
 nothing a station sends is clipped while its count is at most ``max_weight``. The
 quantisation range is the largest power of two whose sums over the job's stations cannot
 wrap the 2**32 modulus (``parties * T < 2**32``), at most 2**30 (Flower rounds into
-int32): 2**29 for 3-4 stations, 2**22 (Flower's default) only past 512.
+int32): 2**29 for 3-4 stations, 2**22 (Flower's default) at 257-512, less past that.
 
 **The bound.** :func:`~fedge.aggregator.privacy.secagg.quantization_error_bound` gives
 ``eps``, the largest difference of any moment from the plain weighted mean, for the
