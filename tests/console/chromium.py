@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -63,11 +64,18 @@ def log_in(driver: WebDriver, base: str, token: str) -> None:
     WebDriverWait(driver, 10).until(lambda d: d.find_elements(By.ID, "fleet"))
 
 
+_NOT_YET = (NoSuchElementException, StaleElementReferenceException)
+
+
 def wait_for(
     driver: WebDriver, what: str, timeout_s: float, condition: Callable[[WebDriver], object]
 ) -> None:
     try:
-        WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(condition)
+        # A form posts and the page reloads under the condition: an element found on the
+        # old page goes stale, which means "not yet", not a failure.
+        WebDriverWait(driver, timeout_s, poll_frequency=0.1, ignored_exceptions=_NOT_YET).until(
+            condition
+        )
     except Exception as exc:
         shown = driver.find_element(By.TAG_NAME, "body").text
         pytest.fail(f"timed out after {timeout_s}s waiting for {what}: {exc!r}\npage:\n{shown}")

@@ -29,6 +29,7 @@ from conftest import (
     wait_until,
 )
 from selenium import webdriver
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.action_chains import ActionChains
 from selenium.webdriver.common.by import By
@@ -122,11 +123,18 @@ def expect_text(driver: WebDriver, element_id: str, fragment: str, timeout_s: fl
         )
 
 
+_NOT_YET = (NoSuchElementException, StaleElementReferenceException)
+
+
 def wait_for(
     driver: WebDriver, what: str, timeout_s: float, condition: Callable[[WebDriver], object]
 ) -> None:
     try:
-        WebDriverWait(driver, timeout_s, poll_frequency=0.1).until(condition)
+        # A form posts and the page reloads under the condition: an element found on the
+        # old page goes stale, which means "not yet", not a failure.
+        WebDriverWait(driver, timeout_s, poll_frequency=0.1, ignored_exceptions=_NOT_YET).until(
+            condition
+        )
     except Exception as exc:
         pytest.fail(f"timed out after {timeout_s}s waiting for {what}: {exc!r}")
 
