@@ -316,7 +316,7 @@ class EdgeAgent:
         rows: np.ndarray,
         latencies_ms: Sequence[float],
         errors: int,
-        anomaly_unscored: int,
+        anomaly_unscored: Sequence[bool],
     ) -> None:
         self.metrics.observe_latencies(latencies_ms)
         self.deployments.probation.observe(model, rows, latencies_ms, errors, anomaly_unscored)

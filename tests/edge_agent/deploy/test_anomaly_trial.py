@@ -183,17 +183,17 @@ def test_a_pair_on_trial_counts_images_its_anomaly_model_could_not_score(
     alone = Trial("inspect:1", "d-1", 1, "inspect:0", anomaly="")
     probation.start(alone)
     rows = np.array([[0.9, 0.1], [0.4, 0.6], [0.7, 0.3]])
-    probation.observe(classifier, rows, [1.0] * 3, 0, anomaly_unscored=3)
+    probation.observe(classifier, rows, [1.0] * 3, 0, anomaly_unscored=[True] * 3)
     assert probation.status()["images"] == 3 and not done.is_set()
 
     trial = probation.trial_for(
         new, "d-2", 2, "inspect:1", baseline_trusted=False, previous_anomaly=A1
     )
     probation.start(trial)
-    probation.observe(new, rows, [1.0] * 3, 0, anomaly_unscored=0)
+    probation.observe(new, rows, [1.0] * 3, 0, anomaly_unscored=[False] * 3)
     assert probation.status()["images"] == 3
     # Two of three images without an anomaly score: over 1 allowed error in 10.
-    probation.observe(new, rows, [1.0] * 3, 0, anomaly_unscored=2)
+    probation.observe(new, rows, [1.0] * 3, 0, anomaly_unscored=[True, False, True])
     assert done.wait(5)
     assert failed[0].check == "inference_errors"
     assert failed[0].reason.startswith("inference_errors: 2 of 6 image(s) failed to score")

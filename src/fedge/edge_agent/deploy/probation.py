@@ -276,13 +276,14 @@ class Probation:
         rows: np.ndarray,
         latencies_ms: Sequence[float],
         errors: int,
-        anomaly_unscored: int = 0,
+        anomaly_unscored: Sequence[bool] = (),
     ) -> None:
         """One model call: the raw score rows of the images it scored (and their
-        latencies), or ``errors`` images it failed on. ``anomaly_unscored``: scored images
-        the anomaly model beside it gave no score; a trial of a pair with an anomaly model
-        counts them as failed images (the pair is judged whole, issue 28), other trials
-        and the baseline do not (the classifier's records stand)."""
+        latencies), or ``errors`` images it failed on. ``anomaly_unscored``: per scored
+        image, whether the anomaly model beside it gave no score (empty: none missing); a
+        trial of a pair with an anomaly model counts those images as failed, and only as
+        failed (the pair is judged whole, issue 28); other trials and the baseline do not
+        (the classifier's records stand)."""
         indices = health.defect_indices(model.manifest.classes, model.manifest.positive_classes)
         scores, non_finite = health.defect_scores(rows, indices)
         with self._lock:
@@ -293,10 +294,16 @@ class Probation:
             trial = self._trial
             if trial is None or not trial.matches(model.ref, model.anomaly_ref):
                 return
-            failed = anomaly_unscored if trial.anomaly else 0
+            failed = 0
+            if trial.anomaly and any(anomaly_unscored):
+                # Each image once: a failed image's classifier score and latency stay out.
+                kept = [not missing for missing in anomaly_unscored]
+                failed = len(kept) - sum(kept)
+                scores, non_finite = health.defect_scores(rows[np.asarray(kept)], indices)
+                latencies_ms = [ms for ms, keep in zip(latencies_ms, kept, strict=True) if keep]
             self._window = health.observe(
                 self._window,
-                latencies_ms=latencies_ms[failed:],  # each image once: scored or failed
+                latencies_ms=latencies_ms,
                 defect_scores=scores,
                 non_finite=non_finite,
                 errors=errors + failed,

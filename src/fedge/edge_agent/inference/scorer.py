@@ -40,9 +40,10 @@ from fedge.protocols.records import PredictionRecord
 log = logging.getLogger(__name__)
 
 
-# (model, its raw score rows, their latencies in ms, images it failed on, images scored
-# that its anomaly model could not score: a pair on probation is judged whole, issue 28).
-Observer = Callable[[runtime.LoadedModel, np.ndarray, Sequence[float], int, int], None]
+# (model, its raw score rows, their latencies in ms, images it failed on, per scored image
+# whether its anomaly model could not score it: a pair on probation is judged whole,
+# issue 28).
+Observer = Callable[[runtime.LoadedModel, np.ndarray, Sequence[float], int, Sequence[bool]], None]
 
 
 @dataclass(frozen=True)
@@ -195,9 +196,9 @@ class Scorer:
             # The model failed on images it was given (a staged rollout's error_rate).
             self.counters["inference.errors"] += len(images)
             if self._observe is not None:
-                self._observe(model, np.empty((0, 0)), [], len(images), 0)
+                self._observe(model, np.empty((0, 0)), [], len(images), ())
             raise
-        unscored = 0 if model.anomaly is None else sum(s.record.anomaly is None for s in scored)
+        unscored = () if model.anomaly is None else [s.record.anomaly is None for s in scored]
         if self._observe is not None and scored:
             rows = np.stack([s.scores for s in scored])
             self._observe(model, rows, [s.record.latency_ms for s in scored], 0, unscored)
@@ -214,5 +215,5 @@ class Scorer:
         for item in scored:
             self.counters[f"decision.{item.record.decision}"] += 1
         if model.anomaly is not None:  # images its companion could not score (batch.py)
-            self.counters["anomaly.errors"] += unscored
+            self.counters["anomaly.errors"] += sum(unscored)
         return scored
