@@ -103,6 +103,9 @@ def run(
     notifier.keep_alive(agent.alive)
     stop.wait()
     notifier.stopping()
+    if api is not None:  # no new requests while the stores close under them
+        api.shutdown()
+        api.server_close()
     agent.stop()
     os.close(lock_fd)
 

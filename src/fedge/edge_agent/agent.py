@@ -430,8 +430,10 @@ class EdgeAgent:
     def preprocess_for(self, model: runtime.LoadedModel) -> Preprocess:
         return self.scorer.preprocess_for(model)
 
-    def score_image(self, data: bytes, *, suffix: str, source: str = "") -> Scored:
-        return self.scorer.score_image(data, suffix=suffix, source=source)
+    def score_image(
+        self, data: bytes, *, suffix: str, source: str = "", keep: bool = True
+    ) -> Scored:
+        return self.scorer.score_image(data, suffix=suffix, source=source, keep=keep)
 
     def score_images(self, files: Sequence[ImageFile]) -> list[Scored | InferenceError]:
         return self.scorer.score_images(files)

@@ -7,7 +7,9 @@ a crash (still in the inbox) must not be scored again. Real ONNX Runtime and SQL
 import io
 import json
 import os
+import socket
 import sqlite3
+import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -201,3 +203,36 @@ def test_the_local_api_says_retry_later_while_no_model_serves(agent: EdgeAgent) 
         server.shutdown()
         server.server_close()
     assert agent.counters["api.unavailable"] == 1
+
+
+@pytest.mark.integration
+def test_the_local_api_keeps_the_image_after_its_reply(agent: EdgeAgent) -> None:
+    """Issue 25: the reply leaves first (the record is durable before it), then the image
+    is handed to the station's store -- also for a client that hung up at once."""
+    server = serve_local_api(agent, 0)
+    try:
+        port = server.server_address[1]
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/score", data=_png(1), method="POST"
+        )
+        with urllib.request.urlopen(request, timeout=5) as reply:
+            record = json.loads(reply.read())
+        assert agent.store.has_prediction(record["prediction_id"])  # durable at the reply
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as hung_up:
+            data = _png(2)
+            hung_up.sendall(
+                b"POST /v1/score HTTP/1.0\r\nContent-Type: image/png\r\n"
+                + f"Content-Length: {len(data)}\r\n\r\n".encode()
+                + data
+            )
+            hung_up.shutdown(socket.SHUT_RDWR)  # gone before its reply
+        deadline = time.monotonic() + 10.0
+        while agent.station.counts()["images"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert agent.station.flush(timeout=10.0)
+    assert agent.station.counts()["images"] == 2
+    assert agent.station.image(record["prediction_id"]) is not None
+    assert agent.counters["station.keep_failed"] == 0

@@ -109,19 +109,24 @@ class Scorer:
         """How ``model`` wants its images (its manifest, else agent.toml's size)."""
         return model.manifest.preprocess or Preprocess(image_size=self.settings.image_size)
 
-    def score_image(self, data: bytes, *, suffix: str, source: str = "") -> Scored:
+    def score_image(
+        self, data: bytes, *, suffix: str, source: str = "", keep: bool = True
+    ) -> Scored:
         """Decode an image file's bytes as the serving model says, score it, keep it.
 
         The image is kept in the station's training set (bounded by retention) under the
         prediction's id, so an operator's label for the prediction makes it a training
-        example. It stays on the station.
+        example. It stays on the station. With ``keep=False`` the caller keeps it later
+        (:meth:`keep`): the local API replies first (local_api.py says why).
         """
-        (result,) = self.score_images([ImageFile(data, suffix, source)])
+        (result,) = self.score_images([ImageFile(data, suffix, source)], keep=keep)
         if isinstance(result, InferenceError):
             raise result
         return result
 
-    def score_images(self, files: Sequence[ImageFile]) -> list[Scored | InferenceError]:
+    def score_images(
+        self, files: Sequence[ImageFile], *, keep: bool = True
+    ) -> list[Scored | InferenceError]:
         """:meth:`score_image` for several files: one model call and one commit for all.
 
         One result per file, in order: its :class:`Scored`, or the error that kept it
@@ -144,13 +149,19 @@ class Scorer:
             model=model,
             arrivals=[files[i].arrival for i, _ in decoded],
         )
-        config = self._serving.config
-        policy = None if config is None else config.thumbnails
         for (index, _), item in zip(decoded, scored, strict=True):
             results[index] = item
-            self._keep_for_training(item.record, files[index])
-            self.thumbnails.offer(policy, item.record, files[index].data)
+            if keep:
+                self.keep(item.record, files[index])
         return [results[index] for index in range(len(files))]
+
+    def keep(self, record: PredictionRecord, file: ImageFile) -> None:
+        """What follows a recorded prediction of an image file: its training copy, and
+        its thumbnail where the config in force shares them. Never raises: the
+        prediction is recorded already."""
+        config = self._serving.config
+        self._keep_for_training(record, file)
+        self.thumbnails.offer(None if config is None else config.thumbnails, record, file.data)
 
     def _keep_for_training(self, record: PredictionRecord, file: ImageFile) -> None:
         try:
