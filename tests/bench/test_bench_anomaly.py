@@ -52,8 +52,13 @@ def test_two_seeds_report_the_contract_and_federated_equals_pooled(tmp_path: Pat
     assert set(cost["agent_serving_path"]["ms_per_image"]) == {"classifier", "with_anomaly"}
     novel = cost["novel_detection"]
     assert len(novel["novel_parts_clean_streams"]) == 5  # quality: the full size only
-    assert data["false_alerts"] == novel["false_alerts"] <= novel["clean_streams"] == 5
+    assert len(novel["dent_streams"]) == len(novel["novel_alert_images_per_stream"]) == 5
+    # A false alert: on a clean stream, or on a dent stream before its first dent.
+    assert data["false_alerts"] == novel["false_alerts"] <= novel["clean_streams"] + 5
     assert data["novel_alert_images"] == novel["novel_alert_images"]
+    assert 0.0 <= novel["novel_alert_within_30_share"] <= 1.0
+    # Issue 28: the gain of federation at the smallest station, by its size.
+    assert set(data["auroc_gain_by_station_size_median"]) == {"5", "10", "20", "40", "80"}
     assert data["machine"]["cpu_count"] >= 1
 
 

@@ -88,6 +88,9 @@ class AnomalyBenchSize:
     train_images: int = 2000
     epochs: int = 3
     station_parts: tuple[int, ...] = (600, 300, 150, 20)
+    # Good parts at the smallest station for the gain-by-size curve (reported beside the
+    # headline gain, which is at ``station_parts[-1]``).
+    curve_parts: tuple[int, ...] = (5, 10, 20, 40, 80)
     test_good: int = 500
     test_per_shape: int = 250
     station_test_good: int = 200
@@ -169,6 +172,7 @@ def run_anomaly(
         threshold = threshold_for_rate(
             _max_distance(federated, own_features["good"]), FALSE_ALARM_RATE
         )
+        curve = _gain_by_size(backbone, shares[:smallest], base + 10 + smallest, own_features, size)
 
         # The station's threshold: the fleet model's 1 % quantile on held-out good parts.
         fleet_threshold = threshold_for_rate(fed_scores["good"], FALSE_ALARM_RATE).threshold
@@ -219,6 +223,9 @@ def run_anomaly(
             },
         },
         "auroc_gain_smallest_station": round(gain, 2),
+        # The same comparison with the smallest station holding other numbers of good
+        # parts (its statistics in the fleet's sum each time): where federation pays.
+        "auroc_gain_by_station_size": curve,
         # What the station's threshold lets through: the shapes' share over the fleet
         # model's 1 % quantile of held-out good parts (the threshold the streams use).
         "over_threshold_1pct": {
@@ -254,6 +261,10 @@ def run_anomaly_seeds(
     }
     max_diff = max(run["pooled_max_abs_diff"] for run in runs)
     gain = _median(run["auroc_gain_smallest_station"] for run in runs)
+    gain_curve = {
+        parts: _median(run["auroc_gain_by_station_size"][parts] for run in runs)
+        for parts in runs[0]["auroc_gain_by_station_size"]
+    }
     checks = {
         "auroc_unseen_at_least_0.95": auroc_unseen >= TARGET_AUROC,
         "pooled_max_abs_diff_at_most_1e-5": max_diff <= TARGET_MAX_ABS_DIFF,
@@ -278,6 +289,7 @@ def run_anomaly_seeds(
         },
         "pooled_max_abs_diff": max_diff,
         "auroc_gain_smallest_station": gain,
+        "auroc_gain_by_station_size_median": gain_curve,
         "serving_cost_ratio": cost["ratio"],
         "serving_cost": cost,
         "novel_alert_images": novel["novel_alert_images"],
@@ -296,6 +308,33 @@ def run_anomaly_seeds(
         "per_seed": runs,
         "machine": runs[0]["machine"],
     }
+
+
+def _gain_by_size(
+    backbone: InspectionBackbone,
+    others: list[SufficientStatistics],
+    seed: int,
+    own_features: dict[str, npt.NDArray[np.float64]],
+    size: AnomalyBenchSize,
+) -> dict[str, float]:
+    """Points of unseen-shape AUROC the fleet's model gains over the smallest station's
+    own, at each of ``size.curve_parts`` good parts there (its held-out set fixed)."""
+    curve = {}
+    for parts in size.curve_parts:
+        good, _ = make_defect_images(parts, seed=seed, scratch_fraction=0.0)
+        features, grid = extract_features(backbone, good)
+        own = station_statistics(features, grid)
+        fleet, alone = fit(add_statistics([*others, own])), fit(own)
+        gained = (
+            _shape_aurocs({name: _max_distance(fleet, f) for name, f in own_features.items()})[
+                "unseen"
+            ]
+            - _shape_aurocs({name: _max_distance(alone, f) for name, f in own_features.items()})[
+                "unseen"
+            ]
+        )
+        curve[str(parts)] = round(100.0 * gained, 2)
+    return curve
 
 
 def _labelled(progress: Progress, seed: int) -> Progress:

@@ -25,6 +25,7 @@ production, not a copy of it:
 from __future__ import annotations
 
 import hashlib
+import math
 import statistics
 import time
 from collections.abc import Sequence
@@ -52,6 +53,7 @@ class StreamSize:
     warmup: int = 200  # in distribution, before the first dent (the drift reference and more)
     after: int = 200  # parts after the first dent
     rate: float = 0.10  # dents among them
+    dent_streams: int = 5  # streams with dents, each its own draw of parts and dents
     clean_streams: int = 5
 
 
@@ -149,6 +151,7 @@ def judge_stream(
     records: list[PredictionRecord] = []
     fired: dict[str, int] = {}
     start = max(first_dent, 0)
+    early = False  # the novel_rate alert held before the first dent: a false alert
     for index, image in enumerate(images):
         (scored,) = scoring.score(pair, config, [image], [""])
         records.append(scored.record)
@@ -161,7 +164,10 @@ def judge_stream(
                 [r.novel if r.anomaly is not None else None for r in window], policy.novel
             ).holds
         ):
-            fired["novel_rate"] = index + 1 - start
+            if index < first_dent:
+                early = True
+            else:
+                fired["novel_rate"] = index + 1 - start
         if drift and "drift" not in fired and index >= 2 * WINDOW - 1:
             reference = [_row(r) for r in records[:WINDOW]]
             current = [_row(r) for r in records[WINDOW:][-WINDOW:]]
@@ -178,36 +184,54 @@ def judge_stream(
         "dents_called_clean": sum(r.decision == "accept" for r in dents),
         "dents_novel": sum(r.novel for r in dents),
         "novel_alert_images": fired.get("novel_rate"),
+        "novel_alert_before_first_dent": early,
         "drift_alert_images": fired.get("drift"),
     }
+
+
+def _median_delay(delays: Sequence[int | None]) -> float | None:
+    """The median of alert delays, a stream without an alert counting as never (None
+    when the median stream saw none)."""
+    value = statistics.median(math.inf if d is None else d for d in delays)
+    return None if math.isinf(value) else value
 
 
 def novel_detection(
     pair: runtime.LoadedModel, threshold: float, seed: int, size: StreamSize = StreamSize()
 ) -> dict[str, Any]:
-    """The dent stream and the in-distribution streams (module docstring)."""
+    """The dent streams and the in-distribution streams (module docstring): the median
+    delay over the dent streams, and every false alert (on a clean stream, or on a dent
+    stream before its first dent)."""
     config = EdgeConfig(fleet="bench", edge="st-01", version=1, anomaly_threshold=threshold)
-    images, dent_at = _stream(seed, size, with_dents=True)
-    dented = judge_stream(pair, config, images, dent_at)
+    dented = []
+    for stream in range(size.dent_streams):
+        images, dent_at = _stream(seed + 10 * stream, size, with_dents=True)
+        dented.append(judge_stream(pair, config, images, dent_at))
     clean = []
     for stream in range(size.clean_streams):
         images, _ = _stream(seed + 100 * (stream + 1), size, with_dents=False)
         clean.append(judge_stream(pair, config, images, [], drift=False))
+    delays = [s["novel_alert_images"] for s in dented]
     return {
         "method": (
             "agent runtime + batch.score one image per call; after each image the monitor's "
             f"rules on the newest {WINDOW} records (novel_rate CUSUM; input/score drift "
-            f"against the first {WINDOW})"
+            f"against the first {WINDOW}); medians over the dent streams, a stream without "
+            "an alert counting as never"
         ),
         "stream": {"warmup": size.warmup, "after": size.after, "dent_rate": size.rate},
         "anomaly_threshold": round(threshold, 4),
-        "novel_alert_images": dented["novel_alert_images"],
-        "mpp_drift_alert_images": dented["drift_alert_images"],
-        "novel_parts_dent_stream": dented["novel_parts"],
-        "dents_in_stream": dented["dents"],
-        "dents_called_clean": dented["dents_called_clean"],
-        "dents_novel": dented["dents_novel"],
-        "false_alerts": sum(s["novel_alert_images"] is not None for s in clean),
+        "novel_alert_images": _median_delay(delays),
+        "novel_alert_images_per_stream": delays,
+        "novel_alert_within_30_share": sum(d is not None and d <= 30 for d in delays) / len(delays),
+        "mpp_drift_alert_images": _median_delay([s["drift_alert_images"] for s in dented]),
+        "mpp_drift_alert_images_per_stream": [s["drift_alert_images"] for s in dented],
+        "dent_streams": [
+            {key: s[key] for key in ("novel_parts", "dents", "dents_called_clean", "dents_novel")}
+            for s in dented
+        ],
+        "false_alerts": sum(s["novel_alert_images"] is not None for s in clean)
+        + sum(s["novel_alert_before_first_dent"] for s in dented),
         "clean_streams": size.clean_streams,
         "novel_parts_clean_streams": [s["novel_parts"] for s in clean],
     }

@@ -110,7 +110,8 @@ def queue(
 ) -> None:
     """What to label first: the console's label queue.
 
-    Novel parts lead (called clean, but over their station's anomaly threshold), then
+    Novel parts lead (over their station's anomaly threshold, and called clean or
+    rejected without confidence), then
     the least certain (or the newest). Label one with `fedge labels add`.
 
     Example: fedge labels queue --edge st-02 --limit 10

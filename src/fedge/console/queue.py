@@ -4,9 +4,9 @@ Ordered by what teaches the model most: the smallest *margin* first, the distanc
 between a prediction's deciding defect score and the threshold it was decided with --
 uncertainty sampling (Lewis & Gale, SIGIR 1994): the parts the station was least sure
 about. Newest first is the other order. In both, *novel* parts come first (issue 28):
-ones the classifier called clean whose anomaly score is over the station's anomaly
-threshold -- a defect nobody has labelled yet, which a margin cannot rank (the
-classifier is confidently wrong about it) -- newest first among them. The margin is
+ones whose anomaly score is over the station's anomaly threshold and that the
+classifier did not recognise as a known defect (``PredictionRecord.novel``) -- a defect
+nobody has labelled yet, which a margin cannot rank -- newest first among them. The margin is
 taken over the newest
 :data:`CANDIDATES` unlabelled predictions that match the filters (bounded work per page
 view however large the backlog); the total counts them all.
@@ -27,7 +27,7 @@ from fedge.edge_manager.ingest import thumbnail_store
 PAGE = 25
 CANDIDATES = 5000
 ORDERS = {"margin": "smallest margin first", "newest": "newest first"}
-NOVEL_FIRST = "novel parts first (called clean, anomaly score over the station's threshold)"
+NOVEL_FIRST = "novel parts first (anomaly score over the station's threshold, not a known defect)"
 
 
 @dataclass(frozen=True)

@@ -19,8 +19,9 @@ class Unlabelled:
     threshold: float
     scores: str  # a JSON object: class -> score
     source: str
-    # Issue 28: called clean, but over the station's anomaly threshold (queue.py puts it
-    # first), and the anomaly model's score (None: none served beside the classifier).
+    # Issue 28: over the station's anomaly threshold and not a known defect (queue.py
+    # puts it first: PredictionRecord.novel), and the anomaly model's score (None: none
+    # served beside the classifier).
     novel: bool = False
     anomaly_score: float | None = None
 

@@ -302,9 +302,10 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("estimates", "input_drift", "REAL"),
     ("estimates", "score_drift", "REAL"),
     # Issue 28: the anomaly model scored beside the classifier ('' / NULL: none), and
-    # whether the part was novel (called clean, scored over the station's anomaly
-    # threshold; NULL: no verdict, no anomaly model or no threshold in force): the label
-    # queue puts novel parts first, the monitor's novel_rate counts them.
+    # whether the part was novel (not recognised as a known defect, scored over the
+    # station's anomaly threshold: PredictionRecord.novel; NULL: no verdict, no anomaly
+    # model or no threshold in force): the label queue puts novel parts first, the
+    # monitor's novel_rate counts them.
     ("predictions", "anomaly_model", "TEXT NOT NULL DEFAULT ''"),
     ("predictions", "anomaly_score", "REAL"),
     ("predictions", "novel", "INTEGER"),

@@ -24,8 +24,9 @@ class AlertKind(StrEnum):
     INPUT_DRIFT = "input_drift"  # image statistics drifted from the reference window
     SCORE_DRIFT = "score_drift"  # score features (top, margin, entropy) drifted
     ACCURACY_ESTIMATE = "accuracy_estimate"  # label-free (MPP) accuracy below the minimum
-    # Parts the classifier called clean but the anomaly model scored over the station's
-    # anomaly threshold, arriving faster than its false-alarm rate explains (issue 28).
+    # Parts the classifier did not recognise as a known defect but the anomaly model
+    # scored over the station's anomaly threshold (PredictionRecord.novel), arriving
+    # faster than its false-alarm rate explains (issue 28).
     NOVEL_RATE = "novel_rate"
     # A station rolled a model back on its own after the rollout that moved it completed
     # (raised by the rollout driver, not the monitor; an operator acknowledges it).

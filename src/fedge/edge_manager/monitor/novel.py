@@ -1,7 +1,8 @@
 """The ``novel_rate`` finding (issue 28): novel parts arriving faster than chance, pure.
 
-A part is *novel* when the classifier called it clean but the anomaly model served beside
-it scored it over the station's anomaly threshold (``PredictionRecord.novel``). The
+A part is *novel* when the anomaly model served beside the classifier scored it over the
+station's anomaly threshold and the classifier did not recognise it as a known defect
+(called it clean, or rejected it without confidence: ``PredictionRecord.novel``). The
 threshold is the station's score quantile at a target false-alarm rate on its held-out
 good parts (1 % by default), so good parts alone are novel at about that rate; a new
 defect type raises it. The question "has the rate gone up?" is a change-point question,

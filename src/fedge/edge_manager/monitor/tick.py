@@ -238,7 +238,7 @@ class Monitor:
             accuracy_finding(
                 result, self.policy.min_estimated_accuracy, self.policy.accuracy_clear_margin
             ),
-            # Issue 28: novel parts (called clean, over the anomaly threshold) by CUSUM.
+            # Issue 28: novel parts (PredictionRecord.novel) by CUSUM.
             novel_finding([r.novel for r in oldest_first], self.policy.novel),
         ]
         return _Judgement(key, result, record, findings, new_reference)

@@ -21,10 +21,11 @@ until the edge says otherwise, and is read whatever the criteria (it always abor
   (an alert about the previous model is not the new model's fault).
 - ``est_accuracy_drop``: the previous model's MPP estimate on the edge minus the new
   model's (``estimates``, weighted by window size).
-- ``novel_rate`` (issue 28): the new model's novel parts -- called clean, scored over the
-  station's anomaly threshold by the anomaly model served beside it -- over its parts
-  with an anomaly verdict, once there are MIN_NOVEL_IMAGES: a classifier that passes
-  what the anomaly model calls unusual at a rate its false alarms do not explain.
+- ``novel_rate`` (issue 28): the new model's novel parts -- not recognised as a known defect
+  (``PredictionRecord.novel``), scored over the station's anomaly threshold by the
+  anomaly model served beside it -- over its parts with an anomaly verdict, once there
+  are MIN_NOVEL_IMAGES: a classifier that passes what the anomaly model calls unusual at
+  a rate its false alarms do not explain.
 
 A rollout carrying an anomaly model (issue 28) judges the pair: ``novel_rate`` and
 ``latency_p95_ms`` count only predictions scored beside that anomaly model (a rollout

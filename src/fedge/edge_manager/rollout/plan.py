@@ -61,7 +61,8 @@ class Metric(StrEnum):
     LATENCY_P95_MS = "latency_p95_ms"  # of the new model's predictions
     ALERTS = "alerts"  # open alerts raised on the edge since it moved
     EST_ACCURACY_DROP = "est_accuracy_drop"  # MPP estimate, previous model minus new model
-    # Novel parts (called clean, over the anomaly threshold) over parts with a verdict,
+    # Novel parts (not recognised as a known defect, over the anomaly threshold) over
+    # parts with a verdict,
     # of the new model's predictions (issue 28)
     NOVEL_RATE = "novel_rate"
 
