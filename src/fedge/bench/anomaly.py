@@ -18,9 +18,10 @@ Per seed:
    and covariances and the float64 scores of the held-out set; and the float32 scores the
    exported graphs serve (reported apart); the AUROCs of both models.
 5. **Smallest station**: its own held-out good parts, dents and pits, scored by the
-   fleet's model and by the model fitted on its good parts alone: the gain in points.
+   fleet's model and by the model fitted on its good parts alone: the gain in points;
+   and the same gain with the station holding ``curve_parts`` good parts instead.
 6. **Serving cost and novel defects** (seed 0): through the agent's runtime and scoring
-   function, the classifier alone against the pair, and a stream with dents at 10 %
+   function, the classifier alone against the pair, and five streams with dents at 10 %
    judged by the monitor's rules after every image, beside 5 in-distribution streams
    (:mod:`fedge.bench.anomaly_serving`); for reference, bare ONNX Runtime,
    one image per call as a station scores them,

@@ -7,17 +7,20 @@ production, not a copy of it:
   runtime as one serving pair (:mod:`fedge.edge_agent.inference.runtime`), images scored
   by the agent's scoring function (:func:`fedge.edge_agent.inference.batch.score`, which
   writes each record's anomaly score and the station's threshold in force), one image per
-  call as a line camera sends them. The stream: ``warmup`` in-distribution parts (good
-  parts and the scratches the classifier knows), then the same with dents at ``rate``.
-  After every image the manager's rules judge the newest ``window`` records exactly as
-  the monitor's tick does: the ``novel_rate`` CUSUM (:mod:`fedge.edge_manager.monitor.novel`)
-  and the input/score drift alerts (:func:`fedge.edge_manager.monitor.rules.drift_findings`)
-  against the first ``window`` parts as their reference. ``novel_alert_images`` and
-  ``drift_alert_images`` count the images since the first dent until each fires (None:
-  not within the stream). ``false_alerts`` counts ``novel_rate`` alerts on in-distribution
-  streams of the same length (no dents). ``dents_called_clean`` and ``dents_novel`` say
-  what the alert had to go on: a dent the classifier rejects is a known defect to the
-  station and never novel, however high its anomaly score.
+  call as a line camera sends them. A dent stream: ``warmup`` in-distribution parts (good
+  parts and the scratches the classifier knows), then the same with dents at ``rate``;
+  ``dent_streams`` of them, each its own draw. After every image the manager's rules
+  judge the newest ``window`` records exactly as the monitor's tick does: the
+  ``novel_rate`` CUSUM (:mod:`fedge.edge_manager.monitor.novel`) and the input/score
+  drift alerts (:func:`fedge.edge_manager.monitor.rules.drift_findings`) against the
+  first ``window`` parts as their reference. ``novel_alert_images`` and
+  ``mpp_drift_alert_images`` are the medians over the dent streams of the images since
+  the first dent until each alert fires (a stream without one counts as never).
+  ``false_alerts`` counts ``novel_rate`` alerts on in-distribution streams of the same
+  length (no dents), and on dent streams before their first dent. ``dents_called_clean``
+  and ``dents_novel`` say what the alert had to go on: a dent is novel when its anomaly
+  score is over the threshold and the classifier called it clean or rejected it without
+  confidence (``PredictionRecord.novel``).
 - **Serving cost.** The same function on the classifier alone against the pair, one image
   per call, interleaved rounds, median ms per image; the ratio is the pair's cost.
 """
@@ -144,8 +147,8 @@ def judge_stream(
 ) -> dict[str, Any]:
     """Score ``images`` one per call with the pair; after each, the monitor's findings on
     the newest window. Images from the first dent until each alert first fires; how many
-    dents the classifier called clean and how many of those were novel (a dent it rejects
-    is a known defect to the station, so never novel: ``PredictionRecord.novel``)."""
+    dents the classifier called clean and how many dents were novel
+    (``PredictionRecord.novel``)."""
     first_dent = dent_at[0] if dent_at else -1
     policy = MonitorPolicy()
     records: list[PredictionRecord] = []
