@@ -51,3 +51,21 @@ def test_an_inbox_arrival_costs_the_same_at_5000_predictions_as_at_100(tmp_path:
     full_steps = min(_steps(full, i) for i in range(5))
     # A scan of 5,000 predictions alone is tens of thousands of steps.
     assert full_steps <= 2 * small_steps, (full_steps, small_steps)
+
+
+def test_the_log_is_checkpointed_off_the_scoring_path(tmp_path: Path) -> None:
+    """A thread of the store's own copies the write-ahead log into the file, so commits
+    do not (the automatic checkpoint is only the backstop); closing stops it."""
+    store = LocalStore(tmp_path / "agent.db")
+    try:
+        start = (tmp_path / "agent.db").stat().st_size
+        for index in range(200):  # one commit each, as single images are recorded
+            store.add_predictions([_record(index)])
+        deadline = time.monotonic() + 10.0
+        while (tmp_path / "agent.db").stat().st_size <= start and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (tmp_path / "agent.db").stat().st_size > start  # pages reached the file
+        assert store.checkpoint_failures == 0
+    finally:
+        store.close()
+    assert not store._checkpointer.is_alive()

@@ -150,10 +150,11 @@ def _single(
                 None if fresh is None else stack.enter_context(inference_paths.agent_api(fresh))
             )
             base_port = stack.enter_context(inference_paths.baseline_server(baseline))
+            client = stack.enter_context(inference_paths.camera(pngs, root / "camera"))
             sides = Sides(
-                inference_paths.api_side(full_port),
-                None if fresh_port is None else inference_paths.api_side(fresh_port),
-                inference_paths.api_side(base_port),
+                inference_paths.api_side(client, full_port),
+                None if fresh_port is None else inference_paths.api_side(client, fresh_port),
+                inference_paths.api_side(client, base_port),
             )
         samples = inference_paths.time_sides(
             sides,
@@ -271,10 +272,11 @@ def run_inference(
         "measured": (
             "single: ms per image, p50/p99 over every image of every round, one image at a "
             "time through the path (library: agent.score_image on PNG bytes; api: POST "
-            "/v1/score on a new connection; inbox: the watcher's two scans of a landed file, "
-            "scored, committed and moved) with the station keeping `kept` images, against "
-            "the same decode + preprocess + session.run storing nothing (in process; behind "
-            "a bare http.server endpoint for api); growth: the same path's p50 on a fresh "
+            "/v1/score on a new connection, sent and timed by a camera process; inbox: "
+            "the watcher's two scans of a landed file, scored, committed and moved) with "
+            "the station keeping `kept` images, against the same decode + preprocess + "
+            "session.run storing nothing (in process; behind a bare http.server endpoint "
+            "for api); growth: the same path's p50 on a fresh "
             "station over the full one's. batched: median over rounds of ms per image, "
             "agent.score_many on batches of batch_size vs session.run on the same batches "
             "pre-stacked. Same SessionOptions (1 intra-op thread) and providers."

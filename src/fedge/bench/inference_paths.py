@@ -5,7 +5,9 @@ One image at a time, through what a station really runs, PNG bytes in:
 - ``library``: ``agent.score_image(png)`` -- decode and preprocess as the manifest says,
   one ORT call, the record committed to agent.db, the image kept in the station's store;
 - ``api``: ``POST /v1/score`` to the agent's local API, one request per image on a new
-  connection (HTTP/1.0, as the API speaks), the record durable before the reply;
+  connection (HTTP/1.0, as the API speaks), the record durable before the reply, sent
+  and timed by a camera in its own process (:mod:`fedge.bench.camera`), as a line's
+  software is;
 - ``inbox``: the file is renamed into the watched directory, then the watcher's two
   scans (the first sees it, the second finds it settled) score it, commit the record with
   its arrival key and move the file to ``done/``; its mtime is set back past the settle
@@ -24,10 +26,11 @@ fresh one; ``growth`` is the first's median over the second's. Rounds interleave
 sides, rotating which goes first; p50 and p99 are over every image of every round.
 """
 
-import http.client
 import json
 import os
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -122,20 +125,48 @@ def baseline_server(baseline: Baseline) -> Iterator[int]:
         server.server_close()
 
 
-def post_image(port: int, data: bytes) -> float:
-    """One ``POST /v1/score`` on a new connection; ms until the reply was read."""
-    started = time.perf_counter()
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+class Camera:
+    """The camera's process (:mod:`fedge.bench.camera`), holding ``pngs``: each call has
+    it POST one of them and returns the milliseconds it measured."""
+
+    def __init__(self, pngs: Sequence[bytes], directory: Path) -> None:
+        directory.mkdir(parents=True, exist_ok=True)
+        for index, data in enumerate(pngs):
+            (directory / f"{index:06d}.png").write_bytes(data)
+        self._index = {data: index for index, data in enumerate(pngs)}
+        self._process = subprocess.Popen(
+            [sys.executable, "-m", "fedge.bench.camera", str(directory)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+
+    def post(self, port: int, data: bytes) -> float:
+        assert self._process.stdin is not None and self._process.stdout is not None
+        self._process.stdin.write(f"{port} {self._index[data]}\n")
+        self._process.stdin.flush()
+        reply = self._process.stdout.readline().strip()
+        if not reply or reply.startswith("error"):
+            raise BenchError(f"the camera process failed: {reply or 'it exited'}")
+        return float(reply)
+
+    def close(self) -> None:
+        if self._process.stdin is not None:
+            self._process.stdin.close()
+        try:
+            self._process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+
+
+@contextmanager
+def camera(pngs: Sequence[bytes], directory: Path) -> Iterator[Camera]:
+    client = Camera(pngs, directory)
     try:
-        conn.request("POST", "/v1/score", body=data, headers={"Content-Type": "image/png"})
-        response = conn.getresponse()
-        body = response.read()
+        yield client
     finally:
-        conn.close()
-    elapsed = (time.perf_counter() - started) * 1000.0
-    if response.status != HTTPStatus.OK:
-        raise BenchError(f"POST /v1/score answered {response.status}: {body[:200]!r}")
-    return elapsed
+        client.close()
 
 
 # ---------------------------------------------------------------- the sides per path
@@ -213,8 +244,8 @@ def inbox_baseline(baseline: Baseline, root: Path) -> Timed:
     return timed
 
 
-def api_side(port: int) -> Timed:
-    return lambda data: post_image(port, data)
+def api_side(client: Camera, port: int) -> Timed:
+    return lambda data: client.post(port, data)
 
 
 @contextmanager

@@ -257,6 +257,7 @@ class EdgeAgent:
         self.mqtt.stop(final=(self._topic(topics.Up.STATE), codec.encode(goodbye), True))
         if self.supervisor is not None:
             self.supervisor.stop()
+        self.scorer.close()
         self.store.close()
         self.station.close()
 

@@ -65,13 +65,31 @@ KINDS: dict[type[Any], str] = {
 # ---------------------------------------------------------------- encoding
 
 
+# Exact types that are their own JSON form (an enum that is also a str is not one of them).
+_PLAIN_TYPES = frozenset({str, int, float, bool, type(None)})
+# Per dataclass: its fields' names and whether each is left out when None. Read once per
+# class, not per message: a prediction is encoded on the line camera's path (issue 25).
+_FIELD_PLANS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
+def _field_plan(cls: type) -> tuple[tuple[str, bool], ...]:
+    plan = _FIELD_PLANS.get(cls)
+    if plan is None:
+        plan = tuple((f.name, bool(f.metadata.get(OMIT_KEY))) for f in dataclasses.fields(cls))
+        _FIELD_PLANS[cls] = plan
+    return plan
+
+
 def _to_obj(value: Any) -> Any:
+    if type(value) in _PLAIN_TYPES:
+        return value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {
-            f.name: _to_obj(getattr(value, f.name))
-            for f in dataclasses.fields(value)
-            if not (f.metadata.get(OMIT_KEY) and getattr(value, f.name) is None)
-        }
+        plain = {}
+        for name, omit_when_none in _field_plan(type(value)):
+            item = getattr(value, name)
+            if not (omit_when_none and item is None):
+                plain[name] = _to_obj(item)
+        return plain
     if isinstance(value, Enum):
         return value.value
     if isinstance(value, tuple | list):

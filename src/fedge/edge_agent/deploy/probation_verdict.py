@@ -108,12 +108,21 @@ def defect_indices(classes: Sequence[str], positive_classes: Sequence[str]) -> t
 
 
 def defect_scores(rows: np.ndarray, indices: Sequence[int]) -> tuple[list[float], int]:
-    """Each finite row's defect score, and how many rows had a NaN or infinite score."""
+    """Each finite row's defect score, and how many rows had a NaN or infinite score.
+
+    Plain Python over the rows: a call sees one image's row or a batch's few (a handful
+    of classes each), where NumPy's per-call cost was most of the time (issue 25).
+    """
     if rows.size == 0:
         return [], 0
-    finite = np.all(np.isfinite(rows), axis=1)
-    picked = rows[finite][:, list(indices)] if indices else np.zeros((int(finite.sum()), 1))
-    return [float(v) for v in picked.max(axis=1)], int((~finite).sum())
+    scores: list[float] = []
+    non_finite = 0
+    for row in rows.tolist():
+        if not all(math.isfinite(value) for value in row):
+            non_finite += 1
+        else:
+            scores.append(max((row[i] for i in indices), default=0.0))
+    return scores, non_finite
 
 
 def spread(values: Sequence[float]) -> float:

@@ -12,6 +12,7 @@ import math
 import time
 import uuid
 from collections.abc import Sequence
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,28 +58,35 @@ def run(model: LoadedModel, images: Sequence[np.ndarray]) -> tuple[np.ndarray, f
     return probs, per_image_ms
 
 
-def _run(
-    model: LoadedModel, images: Sequence[np.ndarray]
-) -> tuple[np.ndarray, float, np.ndarray | None]:
-    """:func:`run`, and the stacked batch (N x C x H x W) when it made one."""
+def _stacked(images: Sequence[np.ndarray]) -> np.ndarray | None:
+    """The images as one N x C x H x W batch (None for none)."""
     if not images:
-        return np.empty((0, len(model.manifest.classes)), dtype=np.float32), 0.0, None
-    shaped = [_shaped(image) for image in images]
+        return None
+    shaped = [_shaped(np.asarray(image)) for image in images]
     if len({image.shape for image in shaped}) != 1:
         raise InferenceError("the images of one batch must have the same shape")
+    return np.stack(shaped)
+
+
+def _run(
+    model: LoadedModel, images: Sequence[np.ndarray], batch: np.ndarray | None = None
+) -> tuple[np.ndarray, float, np.ndarray | None]:
+    """:func:`run`, and the stacked batch (N x C x H x W; ``batch`` if given)."""
+    if batch is None:
+        batch = _stacked(images)
+    if batch is None:
+        return np.empty((0, len(model.manifest.classes)), dtype=np.float32), 0.0, None
     started = time.perf_counter()
-    batch = None
-    if batch_axis_is_dynamic(model) or len(shaped) == 1:
-        batch = np.stack(shaped)
+    if batch_axis_is_dynamic(model) or len(batch) == 1:
         probs = model.run(batch.astype(model.input_dtype, copy=False))
     else:
         probs = np.concatenate(
-            [model.run(image.astype(model.input_dtype, copy=False)[None]) for image in shaped]
+            [model.run(image.astype(model.input_dtype, copy=False)[None]) for image in batch]
         )
-    per_image_ms = (time.perf_counter() - started) * 1000.0 / len(shaped)
-    if probs.ndim != 2 or probs.shape[0] != len(shaped):
+    per_image_ms = (time.perf_counter() - started) * 1000.0 / len(batch)
+    if probs.ndim != 2 or probs.shape[0] != len(batch):
         raise InferenceError(
-            f"{model.ref} returned shape {probs.shape} for a batch of {len(shaped)}"
+            f"{model.ref} returned shape {probs.shape} for a batch of {len(batch)}"
         )
     return probs, per_image_ms, batch
 
@@ -127,26 +135,40 @@ def score(
     config: EdgeConfig | None,
     images: Sequence[np.ndarray],
     sources: Sequence[str],
+    *,
+    beside: Executor | None = None,
 ) -> list[Scored]:
     """Score ``images`` (prepared: H x W or C x H x W) into records, not yet stored.
 
     Where ``model`` carries an anomaly model (issue 28), the same prepared batch goes
     through it too, and each record holds its score, the anomaly model's version and the
     station's anomaly threshold in force; the latency is both models'.
+
+    The image statistics are computed on the prepared batch (what the model saw). With
+    ``beside`` (one worker thread) they are computed there while the model runs: ONNX
+    Runtime releases the interpreter lock for the call, so on a host with a core to spare
+    the statistics cost the line nothing (issue 25); without it, after the model call.
+    Either way the measured latency stays the models' own.
     """
     if len(sources) != len(images):
         raise InferenceError(f"{len(images)} images but {len(sources)} sources")
-    probs, latency_ms, batch = _run(model, images)
-    if batch is None and images:
-        batch = np.stack([_shaped(np.asarray(image)) for image in images])
+    batch = _stacked(images)
+    pending: Future[list[dict[str, float]]] | None = None
+    if beside is not None and batch is not None:
+        try:
+            pending = beside.submit(image_stats_many, batch)
+        except RuntimeError:  # the worker is shut down (the agent stopping): here, after
+            pending = None
+    probs, latency_ms, _ = _run(model, images, batch)
     anomalies: list[AnomalyScore | None] = [None] * len(images)
     if model.anomaly is not None and batch is not None:
         anomalies, anomaly_ms = _anomaly_scores(model.anomaly, config, batch)
         latency_ms += anomaly_ms
     at = time.time()
-    # Computed on the prepared image (what the model saw), after the model call so that
-    # the measured latency stays the model's own.
-    stats = [] if batch is None else image_stats_many(batch)
+    if pending is not None:
+        stats = pending.result()
+    else:
+        stats = [] if batch is None else image_stats_many(batch)
     return [
         Scored(record_for(model, config, row, latency_ms, source, at, image_stats, anomaly), row)
         for row, source, image_stats, anomaly in zip(probs, sources, stats, anomalies, strict=True)

@@ -10,9 +10,11 @@ call. Where that config shares thumbnails, a scored file's thumbnail is queued t
 """
 
 import logging
+import os
 import sqlite3
 from collections import Counter
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,12 +81,23 @@ class Scorer:
         self._untied_seen: set[tuple[int, str]] = set()
         # Thumbnails of scored files, only while the config in force shares them.
         self.thumbnails = ThumbnailSharer(store, counters)
+        # The image statistics are computed on this worker while the model runs, where
+        # the host has a core for it (batch.score says why); on one core, after the call.
+        self._beside = (
+            ThreadPoolExecutor(1, thread_name_prefix="image-stats")
+            if (os.cpu_count() or 1) > 1
+            else None
+        )
         # (record, inbox arrival) pairs: the arrival commits with its prediction.
         self.commits: GroupCommit[tuple[PredictionRecord, str]] = GroupCommit(
             lambda items: store.add_predictions(
                 [record for record, _ in items], [arrival for _, arrival in items]
             )
         )
+
+    def close(self) -> None:
+        if self._beside is not None:
+            self._beside.shutdown(wait=True)
 
     def _check_untied(self, in_force: ThresholdsInForce) -> None:
         """A config set for another model applies as the serving one has none: counted
@@ -202,7 +215,9 @@ class Scorer:
             raise InferenceError(f"{len(images)} images but {len(keys)} arrivals")
         self._check_untied(thresholds_in_force(config, model.manifest))
         try:
-            scored = scoring.score(model, config, images, sources or [""] * len(images))
+            scored = scoring.score(
+                model, config, images, sources or [""] * len(images), beside=self._beside
+            )
         except InferenceError:
             # The model failed on images it was given (a staged rollout's error_rate).
             self.counters["inference.errors"] += len(images)
