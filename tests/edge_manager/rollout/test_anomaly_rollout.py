@@ -12,7 +12,8 @@ manager as a rollout (health window, criteria, rollback to the previous pair).
 2. A rollout to ``inspect-anomaly:2``, which calls every part unusual: the canary's
    ``novel_rate`` trips the criterion, the rollout aborts and the station goes back to
    the previous pair -- ``inspect-anomaly:1`` and its threshold.
-3. Bad anomaly refs -- unknown, a classifier, one for other images, one not signed by
+3. A rollout of the classifier alone keeps the anomaly model the station serves.
+4. Bad anomaly refs -- unknown, a classifier, one for other images, one not signed by
    this manager -- are refused with nothing started.
 """
 
@@ -228,6 +229,23 @@ def test_a_rollout_carries_the_anomaly_model_and_a_bad_one_is_rolled_back(
         view = json.loads(_cli(fleet, "rollout", "status", bad, "--json").output)
         assert view["plan"]["anomaly"] == "inspect-anomaly:2"
         assert view["edges"][0]["previous_anomaly"] == "inspect-anomaly:1"
+
+        # 3. A rollout of the classifier alone keeps the anomaly model beside it.
+        with fleet.fleet() as manager:
+            classifier_only = Rollouts(manager).start(
+                "inspect:1",
+                make_plan([EDGE], canary=[EDGE], health_window="1s"),
+                now=time.time(),
+            )
+        _rollout(fleet, classifier_only, "completed", 60)
+        kept = _edge(fleet, classifier_only)
+        assert kept["previous_anomaly"] == "inspect-anomaly:1"
+        stages = _stages(fleet, kept["deployment_id"])
+        assert "passed" in [s["stage"] for s in stages], stages
+        wait_config_applied(fleet, EDGE, kept["config_version"])
+        still = score_part(port, bright=True, seed=100)
+        assert still["anomaly"]["model"] == "inspect-anomaly:1", still
+        assert still["anomaly"]["threshold"] == THRESHOLD  # its threshold stayed in force
     finally:
         processes.close()
 

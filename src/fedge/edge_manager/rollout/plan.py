@@ -27,7 +27,9 @@ the classifier: every moved edge gets the pair in one deployment, the stations v
 swap, judge and roll back the pair together, and a rollback restores each edge's
 previous pair. A rollout whose classifier an edge serves already changes only its
 anomaly model there -- still a new deployment, with its probation and health window.
-Plans stored before the field existed decode with none.
+A plan without one changes only the classifier: an edge serving an anomaly model keeps
+it beside the new classifier, with its threshold, where it takes the same images
+(rollout/writes.py). Plans stored before the field existed decode with none.
 
 ``failed_activation`` is also an implicit criterion: an edge that failed to activate the
 model, rolled it back on its own, or did not settle in time aborts the rollout whatever

@@ -154,6 +154,26 @@ def _anomaly_threshold(fleet: Fleet, anomaly: str | None, edge: str) -> float | 
         return None
 
 
+def _kept_anomaly(fleet: Fleet, classifier: ModelManifest, anomaly: str, edge: str) -> str | None:
+    """The anomaly model ``edge`` serves, kept beside a classifier-only rollout's model
+    where it can serve beside it (issue 28): the rollout changes the classifier, not the
+    pair's other half, and its anomaly threshold (tied to that model) stays in force. One
+    that cannot (other images, no longer published or signed) is dropped, and said so."""
+    try:
+        fleet.anomaly_companion(classifier, parse_ref(anomaly), images=True)
+    except ManagerError as exc:
+        log.warning(
+            "%s: the anomaly model %s it serves does not go with %s (%s); it will serve "
+            "the classifier alone",
+            edge,
+            anomaly,
+            classifier.ref,
+            exc,
+        )
+        return None
+    return anomaly
+
+
 def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None:
     name, version = parse_ref(rollout.model)
     before = previous_model(fleet, edge)
@@ -164,12 +184,15 @@ def _move(fleet: Fleet, rollout: machine.Rollout, edge: str, now: float) -> None
     current = fleet.desired_config(edge)
     published = fleet.registry.get(name, version)
     anomaly = rollout.plan.anomaly
+    beside = anomaly
+    if anomaly is None and before_anomaly is not None:
+        beside = _kept_anomaly(fleet, published.manifest, before_anomaly, edge)
     deployment_id = fleet.deploy(
         name,
         version,
         [edge],
         within_rollout=rollout.rollout_id,
-        anomaly=None if anomaly is None else parse_ref(anomaly),
+        anomaly=None if beside is None else parse_ref(beside),
     )
     config = _config(
         lambda: rollout_configs.moved_config(
