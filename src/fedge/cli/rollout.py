@@ -234,7 +234,7 @@ def list_rollouts(
         colour = _COLOURS.get(row.state, "cyan")
         table.add_row(
             row.rollout_id,
-            row.model,
+            row.model if row.anomaly is None else f"{row.model} + {row.anomaly}",
             f"[{colour}]{escape(row.label)}[/{colour}]",
             f"{row.moved}/{row.edges}",
             _when(row.created_at),

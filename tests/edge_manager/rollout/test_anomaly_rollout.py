@@ -229,6 +229,13 @@ def test_a_rollout_carries_the_anomaly_model_and_a_bad_one_is_rolled_back(
         view = json.loads(_cli(fleet, "rollout", "status", bad, "--json").output)
         assert view["plan"]["anomaly"] == "inspect-anomaly:2"
         assert view["edges"][0]["previous_anomaly"] == "inspect-anomaly:1"
+        # `fedge rollout list` names the anomaly model of a rollout that carries one.
+        listed = {
+            r["rollout_id"]: r for r in json.loads(_cli(fleet, "rollout", "list", "--json").output)
+        }
+        assert (listed[bad]["model"], listed[bad]["anomaly"]) == ("inspect:1", "inspect-anomaly:2")
+        table = _cli(fleet, "rollout", "list")
+        assert "inspect:1 + inspect-anomaly:2" in " ".join(table.output.split()), table.output
 
         # 3. A rollout of the classifier alone keeps the anomaly model beside it.
         with fleet.fleet() as manager:

@@ -9,6 +9,7 @@ takes the connection, so a write joins the transaction its caller opened. The he
 figures of moved edges are read in rollout_health_store.py.
 """
 
+import json
 import sqlite3
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ class RolloutSummary:
     forced_unblessed: bool
     edges: int
     moved: int
+    anomaly: str | None  # the anomaly model the rollout carries beside it (issue 28)
 
 
 @dataclass(frozen=True)
@@ -161,15 +163,25 @@ def summaries(conn: sqlite3.Connection) -> list[RolloutSummary]:
         "r.created_at, r.updated_at, r.finished_at, r.reason, r.forced_unblessed, "
         "(SELECT count(*) FROM rollout_edges e WHERE e.rollout_id=r.rollout_id) AS edges, "
         "(SELECT count(*) FROM rollout_edges e WHERE e.rollout_id=r.rollout_id "
-        " AND e.state != 'waiting') AS moved "
+        " AND e.state != 'waiting') AS moved, r.plan "
         "FROM rollouts r ORDER BY r.created_at DESC, r.rollout_id"
     ).fetchall()
-    return [
-        RolloutSummary(
-            rid, model, state, wave, created, updated, finished, reason, bool(forced), n, moved
-        )
-        for rid, model, state, wave, created, updated, finished, reason, forced, n, moved in rows
-    ]
+    summaries = []
+    for rid, model, state, wave, created, updated, finished, reason, forced, n, moved, plan in rows:
+        anomaly = _plan_anomaly(plan)
+        summary = (rid, model, state, wave, created, updated, finished, reason, bool(forced))
+        summaries.append(RolloutSummary(*summary, n, moved, anomaly))
+    return summaries
+
+
+def _plan_anomaly(plan: str) -> str | None:
+    """The anomaly model a stored plan names (None: none, or a plan that is damaged,
+    which loading the rollout reports)."""
+    try:
+        anomaly = json.loads(plan).get("anomaly")
+    except (ValueError, AttributeError):
+        return None
+    return anomaly if isinstance(anomaly, str) else None
 
 
 def set_halted(
