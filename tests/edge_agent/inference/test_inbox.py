@@ -236,3 +236,18 @@ def test_the_local_api_keeps_the_image_after_its_reply(agent: EdgeAgent) -> None
     assert agent.station.counts()["images"] == 2
     assert agent.station.image(record["prediction_id"]) is not None
     assert agent.counters["station.keep_failed"] == 0
+
+
+def test_done_removed_while_watching_is_made_again(agent: EdgeAgent, inbox: Path) -> None:
+    """The watcher makes done/ once, not every scan; an operator's cleanup that removes
+    it costs nothing: the next scored file makes it again."""
+    scanner = InboxWatcher(agent, inbox, settle_s=0.0)
+    _drop(inbox, "a.png", _png(1))
+    assert _settle(scanner) == 1
+    for moved in (inbox / "done").iterdir():
+        moved.unlink()
+    (inbox / "done").rmdir()
+    _drop(inbox, "b.png", _png(2))
+    assert _settle(scanner) == 1
+    assert [p.name for p in (inbox / "done").iterdir()] == ["b.png"]
+    assert not (inbox / "b.png").exists()

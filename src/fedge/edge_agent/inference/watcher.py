@@ -87,6 +87,18 @@ def free_destination(directory: Path, name: str) -> Path:
     return target
 
 
+def _move(path: Path, directory: Path) -> None:
+    """``path`` into ``directory`` under a free name, making the directory again if it
+    was removed while the watcher ran."""
+    try:
+        path.replace(free_destination(directory, path.name))
+    except FileNotFoundError:
+        if not path.exists():
+            raise
+        directory.mkdir(parents=True, exist_ok=True)
+        path.replace(free_destination(directory, path.name))
+
+
 class InboxWatcher:
     def __init__(
         self,
@@ -107,6 +119,7 @@ class InboxWatcher:
         self.done = inbox / "done"
         self.failed = inbox / "failed"
         self._last_seen: dict[Path, tuple[int, int]] = {}
+        self._made = False  # done/ and failed/ exist (made again if someone removes them)
 
     def _settled(self, path: Path) -> bool:
         stat = path.stat()
@@ -117,8 +130,10 @@ class InboxWatcher:
         return previous == signature and old_enough
 
     def scan_once(self) -> int:
-        self.done.mkdir(parents=True, exist_ok=True)
-        self.failed.mkdir(exist_ok=True)
+        if not self._made:  # once, not per scan: two scans per file were four mkdirs
+            self.done.mkdir(parents=True, exist_ok=True)
+            self.failed.mkdir(exist_ok=True)
+            self._made = True
         present = sorted(p for p in self.inbox.iterdir() if p.suffix.lower() in IMAGE_SUFFIXES)
         for gone in set(self._last_seen) - set(present):
             del self._last_seen[gone]
@@ -164,7 +179,7 @@ class InboxWatcher:
                     scored += 1
                     finished.append(path)
         for path in finished:
-            path.replace(free_destination(self.done, path.name))
+            _move(path, self.done)
             self._last_seen.pop(path, None)
         return scored
 
@@ -175,7 +190,7 @@ class InboxWatcher:
             return
         self.agent.counters["watch.failed"] += 1
         log.error("cannot score %s: %s", path.name, error)
-        path.replace(free_destination(self.failed, path.name))
+        _move(path, self.failed)
         self._last_seen.pop(path, None)
 
 
