@@ -42,7 +42,7 @@ import numpy.typing as npt
 from fedge.datasets.defects import make_defect_images
 from fedge.edge_agent.inference import batch as scoring
 from fedge.edge_agent.inference import runtime
-from fedge.edge_manager.monitor.novel import novel_finding
+from fedge.edge_manager.monitor.novel import grade, novel_finding
 from fedge.edge_manager.monitor.rules import MonitorPolicy, WindowRow, drift_findings
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import ModelManifest, Preprocess, TensorSpec
@@ -133,6 +133,16 @@ def _stream(
     return _prepared(np.concatenate([warm, np.stack(after)])), dent_at
 
 
+def _outcomes(records: Sequence[PredictionRecord], policy: MonitorPolicy) -> list[int | None]:
+    """Each record's outcome as the monitor grades it from the manager's columns."""
+    return [
+        None
+        if r.anomaly is None or r.anomaly.threshold is None
+        else grade(r.novel, r.anomaly.score, r.anomaly.threshold, policy.novel)
+        for r in records
+    ]
+
+
 def _row(record: PredictionRecord) -> WindowRow:
     return WindowRow(record.scores, record.stats, record.at)
 
@@ -161,12 +171,8 @@ def judge_stream(
         if len(records) < WINDOW:
             continue
         window = records[-WINDOW:]
-        if (
-            "novel_rate" not in fired
-            and novel_finding(
-                [r.novel if r.anomaly is not None else None for r in window], policy.novel
-            ).holds
-        ):
+        novel = novel_finding(_outcomes(window, policy), policy.novel)
+        if "novel_rate" not in fired and novel.holds:
             if index < first_dent:
                 early = True
             else:

@@ -312,6 +312,10 @@ ADDED_COLUMNS: tuple[tuple[str, str, str], ...] = (
     # Issue 28: the anomaly model an edge served beside its classifier before a staged
     # rollout moved it (NULL: none), which its rollback restores with the classifier.
     ("rollout_edges", "previous_anomaly", "TEXT"),
+    # Issue 28: the station's anomaly threshold the part was judged against (NULL: none in
+    # force, or an agent of before): how far over it a novel part scored weighs in the
+    # monitor's novel_rate CUSUM (monitor/novel.py).
+    ("predictions", "anomaly_threshold", "REAL"),
 )
 
 
@@ -382,6 +386,11 @@ MIGRATIONS: tuple[schema_store.Migration, ...] = (
         12,
         "rollout_edges.previous_anomaly: the anomaly model a rollout restores (issue 28)",
         _columns("previous_anomaly"),
+    ),
+    schema_store.Migration(
+        13,
+        "predictions.anomaly_threshold: the threshold a part was judged against (issue 28)",
+        _columns("anomaly_threshold"),
     ),
 )
 SCHEMA_VERSION = len(MIGRATIONS)

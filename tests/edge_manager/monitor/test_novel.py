@@ -11,7 +11,9 @@ import pytest
 from fedge.console import queue_store
 from fedge.edge_manager.ingest.store import IngestTransaction
 from fedge.edge_manager.monitor import alert_store
-from fedge.edge_manager.monitor.novel import cusum, novel_finding
+from fedge.edge_manager.monitor.novel import NOT_NOVEL as NOT
+from fedge.edge_manager.monitor.novel import NOVEL, cusum, grade, novel_finding
+from fedge.edge_manager.monitor.novel import STRONGLY_NOVEL as STRONG
 from fedge.edge_manager.monitor.rules import NovelPolicy
 from fedge.edge_manager.monitor.tick import Monitor, policy_from
 from fedge.edge_manager.rollout import health
@@ -27,28 +29,51 @@ POLICY = NovelPolicy()
 # ---------------------------------------------------------------- the rule, pure
 
 
-def test_two_false_alarms_never_fire_three_close_together_do() -> None:
-    two = [False] * 30 + [True, False, True] + [False] * 10
+def test_just_over_false_alarms_need_three_close_together() -> None:
+    two = [NOT] * 30 + [NOVEL, NOT, NOVEL] + [NOT] * 10
     assert cusum(two, POLICY)[1] < POLICY.limit
     assert novel_finding(two, POLICY).holds is False
-    three = [False] * 30 + [True, False, True, False, True]
+    spread = [NOT] * 30 + [NOVEL, NOT, NOT, NOVEL, NOT, NOT, NOVEL]
+    assert novel_finding(spread, POLICY).holds is False
+    three = [NOT] * 30 + [NOVEL, NOT, NOVEL, NOVEL]
     finding = novel_finding(three, POLICY)
     assert finding.holds is True and finding.kind is AlertKind.NOVEL_RATE
-    assert finding.detail["novel"] == 3 and finding.detail["judged"] == 35
+    assert finding.detail["novel"] == 3 and finding.detail["judged"] == 34
+    assert finding.detail["strongly_novel"] == 0
+
+
+def test_parts_well_over_the_threshold_weigh_more() -> None:
+    one = [NOT] * 30 + [STRONG] + [NOT] * 20
+    assert novel_finding(one, POLICY).holds is False  # one alone is a false alarm's worth
+    two = [NOT] * 30 + [STRONG] + [NOT] * 25 + [STRONG]
+    finding = novel_finding(two, POLICY)
+    assert finding.holds is True and finding.detail["strongly_novel"] == 2
+    with_a_novel_one = [NOT] * 30 + [STRONG] + [NOT] * 5 + [NOVEL]
+    assert novel_finding(with_a_novel_one, POLICY).holds is True
+
+
+def test_a_part_is_graded_by_how_far_over_the_threshold_it_scored() -> None:
+    assert grade(None, 20.0, 10.0, POLICY) is None  # no verdict
+    assert grade(False, 20.0, 10.0, POLICY) == NOT  # not novel, however high
+    assert grade(True, 14.9, 10.0, POLICY) == NOVEL
+    assert grade(True, 15.0, 10.0, POLICY) == STRONG  # strong_multiple = 1.5
+    assert grade(True, 40.0, None, POLICY) == NOVEL  # threshold not known (older agent)
+    with pytest.raises(ValueError, match="strong_multiple > 1"):
+        NovelPolicy(strong_multiple=1.0)
 
 
 def test_no_verdicts_are_not_judged_and_say_how_to_get_them() -> None:
-    finding = novel_finding([None] * 100 + [True] * 5, POLICY)
+    finding = novel_finding([None] * 100 + [NOVEL] * 5, POLICY)
     assert finding.holds is None
     assert "set-threshold" in finding.detail["reason"]
 
 
 def test_a_crossing_holds_until_it_has_left_the_window() -> None:
-    burst = [False, True, False, True, True]  # crosses at its last part
-    later = novel_finding(burst + [False] * 90, POLICY)  # the CUSUM fell back meanwhile
-    assert cusum(burst + [False] * 90, POLICY)[0] == 0.0
+    burst = [NOT, NOVEL, NOT, NOVEL, NOVEL]  # crosses at its last part
+    later = novel_finding(burst + [NOT] * 90, POLICY)  # the CUSUM fell back meanwhile
+    assert cusum(burst + [NOT] * 90, POLICY)[0] == 0.0
     assert later.holds is True
-    gone = novel_finding([False] * 100, POLICY)  # the window slid past it
+    gone = novel_finding([NOT] * 100, POLICY)  # the window slid past it
     assert gone.holds is False and gone.clears
 
 
@@ -83,7 +108,14 @@ class Line:
         self.store = store
         self.n = 0
 
-    def parts(self, flags: list[bool], *, threshold: float | None = 10.0, at: float = 0.0) -> None:
+    def parts(
+        self,
+        flags: list[bool],
+        *,
+        threshold: float | None = 10.0,
+        at: float = 0.0,
+        novel_score: float = 14.0,  # just over the threshold, as good parts' false alarms
+    ) -> None:
         records = []
         for novel in flags:
             self.n += 1
@@ -97,7 +129,7 @@ class Line:
                     threshold=0.5,
                     config_version=1,
                     latency_ms=1.0,
-                    anomaly=AnomalyScore(ANOMALY, 14.0 if novel else 6.0, threshold),
+                    anomaly=AnomalyScore(ANOMALY, novel_score if novel else 6.0, threshold),
                 )
             )
         with IngestTransaction.open(self.store) as tx:
@@ -114,12 +146,13 @@ def test_ingest_keeps_the_score_the_model_and_the_verdict(store: Store) -> None:
     line.parts([True, False])
     line.parts([True], threshold=None)  # no threshold in force: no verdict
     rows = store.conn.execute(
-        "SELECT prediction_id, anomaly_model, anomaly_score, novel FROM predictions ORDER BY at"
+        "SELECT prediction_id, anomaly_model, anomaly_score, novel, anomaly_threshold "
+        "FROM predictions ORDER BY at"
     ).fetchall()
     assert rows == [
-        ("p-1", ANOMALY, 14.0, 1),
-        ("p-2", ANOMALY, 6.0, 0),
-        ("p-3", ANOMALY, 14.0, None),
+        ("p-1", ANOMALY, 14.0, 1, 10.0),
+        ("p-2", ANOMALY, 6.0, 0, 10.0),
+        ("p-3", ANOMALY, 14.0, None, None),
     ]
 
 
@@ -141,10 +174,10 @@ def test_the_monitor_raises_novel_rate_on_a_new_defect_not_on_good_parts(store: 
         line.parts([bool(x) for x in rng.random(10) < 0.01])
         kinds = {a.condition for a in monitor.tick(now=2000.0 + line.n)}
         assert AlertKind.NOVEL_RATE not in kinds
-    # A new defect at 10 %: every tenth part novel.
+    # A new defect at 10 %: every tenth part novel, scored twice the threshold.
     fired_after = None
     for batch in range(10):
-        line.parts([i == 4 for i in range(10)])
+        line.parts([i == 4 for i in range(10)], novel_score=20.0)
         raised = [
             a for a in monitor.tick(now=3000.0 + line.n) if a.condition is AlertKind.NOVEL_RATE
         ]

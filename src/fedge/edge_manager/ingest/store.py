@@ -214,7 +214,7 @@ class IngestTransaction:
         self._conn.executemany(
             "INSERT INTO predictions (prediction_id, edge, seq, at, model, scores, decision, "
             "threshold, config_version, latency_ms, source, stats, anomaly_model, "
-            "anomaly_score, novel) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
+            "anomaly_score, novel, anomaly_threshold) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
             [
                 (
                     r.prediction_id,
@@ -234,6 +234,7 @@ class IngestTransaction:
                     None if r.anomaly is None else r.anomaly.score,
                     # NULL: no verdict (no anomaly model, or no threshold in force)
                     None if r.anomaly is None or r.anomaly.threshold is None else int(r.novel),
+                    None if r.anomaly is None else r.anomaly.threshold,
                 )
                 for r in records
             ],

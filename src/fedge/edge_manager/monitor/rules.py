@@ -58,6 +58,11 @@ class NovelPolicy:
     alarm_rate: float = 0.10  # the rate of novel parts to catch (p1)
     limit: float = 5.0  # the CUSUM's decision limit h
     min_judged: int = 10  # parts with an anomaly verdict before the rate is judged
+    # A novel part scored at least this many times the threshold is *strongly* novel,
+    # and is this share of the novel parts in control and of those to catch (novel.py).
+    strong_multiple: float = 1.5
+    in_control_strong_share: float = 0.1
+    alarm_strong_share: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 < self.in_control_rate < self.alarm_rate < 1.0:
@@ -67,6 +72,13 @@ class NovelPolicy:
             )
         if self.limit <= 0 or self.min_judged < 1:
             raise ValueError(f"limit must be > 0 and min_judged >= 1, got {self}")
+        if self.strong_multiple <= 1.0 or not (
+            0.0 < self.in_control_strong_share < self.alarm_strong_share < 1.0
+        ):
+            raise ValueError(
+                "need strong_multiple > 1 and 0 < in_control_strong_share < "
+                f"alarm_strong_share < 1, got {self}"
+            )
 
 
 @dataclass(frozen=True)

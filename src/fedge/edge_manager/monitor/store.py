@@ -28,6 +28,9 @@ class WindowRecord:
     # Issue 28: whether the part was novel; None where no anomaly verdict was made (no
     # anomaly model beside the classifier, or no anomaly threshold set; evaluation rows).
     novel: bool | None = None
+    # ... its anomaly score and the threshold it was judged against (None: not known).
+    anomaly_score: float | None = None
+    anomaly_threshold: float | None = None
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,10 @@ class StoredPredictor:
     n_rows: int  # the evaluation rows it was fitted on
 
 
-_COLUMNS = "p.rowid AS rid, p.at, p.scores, p.stats, p.decision, l.label, p.novel"
+_COLUMNS = (
+    "p.rowid AS rid, p.at, p.scores, p.stats, p.decision, l.label, p.novel, "
+    "p.anomaly_score, p.anomaly_threshold"
+)
 # The edge's newest rows through predictions_edge (edge, rowid), a bounded walk: no
 # predictions index on (edge, model), which every ingested row would have to update.
 _NEWEST_SQL = (
@@ -251,4 +257,10 @@ def _record(row: dict[str, Any]) -> WindowRecord:
         rid=int(row.get("rid") or 0),
         decision=str(row.get("decision") or ""),
         novel=None if row.get("novel") is None else bool(row["novel"]),
+        anomaly_score=_real(row.get("anomaly_score")),
+        anomaly_threshold=_real(row.get("anomaly_threshold")),
     )
+
+
+def _real(value: Any) -> float | None:
+    return None if value is None else float(value)

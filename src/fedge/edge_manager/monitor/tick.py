@@ -51,7 +51,7 @@ from dataclasses import dataclass, replace
 from fedge.edge_manager.monitor import alert_store
 from fedge.edge_manager.monitor import store as monitor_store
 from fedge.edge_manager.monitor.alert_store import AlertView
-from fedge.edge_manager.monitor.novel import novel_finding
+from fedge.edge_manager.monitor.novel import grade, novel_finding
 from fedge.edge_manager.monitor.rules import (
     Clear,
     Estimate,
@@ -238,8 +238,15 @@ class Monitor:
             accuracy_finding(
                 result, self.policy.min_estimated_accuracy, self.policy.accuracy_clear_margin
             ),
-            # Issue 28: novel parts (PredictionRecord.novel) by CUSUM.
-            novel_finding([r.novel for r in oldest_first], self.policy.novel),
+            # Issue 28: novel parts (PredictionRecord.novel), graded by how far over the
+            # threshold they scored, by CUSUM.
+            novel_finding(
+                [
+                    grade(r.novel, r.anomaly_score, r.anomaly_threshold, self.policy.novel)
+                    for r in oldest_first
+                ],
+                self.policy.novel,
+            ),
         ]
         return _Judgement(key, result, record, findings, new_reference)
 
