@@ -42,7 +42,7 @@ import numpy.typing as npt
 from fedge.datasets.defects import make_defect_images
 from fedge.edge_agent.inference import batch as scoring
 from fedge.edge_agent.inference import runtime
-from fedge.edge_manager.monitor.novel import grade, novel_finding
+from fedge.edge_manager.monitor.novel import STRONGLY_NOVEL, grade, novel_finding
 from fedge.edge_manager.monitor.rules import MonitorPolicy, WindowRow, drift_findings
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.manifest import ModelManifest, Preprocess, TensorSpec
@@ -184,11 +184,13 @@ def judge_stream(
             if any(f.holds for f in findings):
                 fired["drift"] = index + 1 - start
     novel_parts = sum(r.novel for r in records)
+    strong = sum(o == STRONGLY_NOVEL for o in _outcomes(records, policy))
     dents = [records[i] for i in dent_at]
     return {
         "images": len(records),
         "first_dent_at": first_dent,
         "novel_parts": novel_parts,
+        "strongly_novel_parts": strong,
         "dents": len(dents),
         "dents_called_clean": sum(r.decision == "accept" for r in dents),
         "dents_novel": sum(r.novel for r in dents),
@@ -236,13 +238,23 @@ def novel_detection(
         "mpp_drift_alert_images": _median_delay([s["drift_alert_images"] for s in dented]),
         "mpp_drift_alert_images_per_stream": [s["drift_alert_images"] for s in dented],
         "dent_streams": [
-            {key: s[key] for key in ("novel_parts", "dents", "dents_called_clean", "dents_novel")}
+            {
+                key: s[key]
+                for key in (
+                    "novel_parts",
+                    "strongly_novel_parts",
+                    "dents",
+                    "dents_called_clean",
+                    "dents_novel",
+                )
+            }
             for s in dented
         ],
         "false_alerts": sum(s["novel_alert_images"] is not None for s in clean)
         + sum(s["novel_alert_before_first_dent"] for s in dented),
         "clean_streams": size.clean_streams,
         "novel_parts_clean_streams": [s["novel_parts"] for s in clean],
+        "strongly_novel_parts_clean_streams": [s["strongly_novel_parts"] for s in clean],
     }
 
 
