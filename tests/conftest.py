@@ -90,10 +90,24 @@ TIER_MARKS = ("integration", "slow")
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.integration)
+        # Tests sharing a module-scoped fixture were written to run in order in one
+        # process (a later one may read what an earlier one left: the alerts an operator
+        # received). Under `make test`'s workers (--dist loadgroup) they stay together on
+        # one worker, which also builds the fixture once instead of once per worker.
+        if not any(item.iter_markers("xdist_group")) and _shares_a_module_fixture(item):
+            item.add_marker(pytest.mark.xdist_group(f"module:{item.nodeid.split('::')[0]}"))
+
+
+def _shares_a_module_fixture(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(defs and defs[-1].scope == "module" for defs in info.name2fixturedefs.values())
 
 
 @pytest.fixture(autouse=True)
