@@ -27,6 +27,12 @@ def test_a_part_is_novel_only_when_passed_and_over_its_stations_threshold() -> N
     assert not unset.novel and unset.threshold is None and unset.anomaly_score == 30.0
     bare = anomaly.part_of("st-01", GOOD, record("p5", "accept", None, None))
     assert bare == ScoredPart("st-01", "p5", GOOD, "accept", None, None, False)
+    # A reject without confidence is not a known defect: novel, as the manager calls it.
+    unsure = record("p6", "reject", 30.0, 19.0)
+    unsure["scores"] = {"clean": 0.3, "scratch": 0.7}
+    assert anomaly.part_of("st-02", DENT, unsure).novel
+    unsure["scores"] = {"clean": 0.01, "scratch": 0.99}
+    assert not anomaly.part_of("st-02", DENT, unsure).novel
 
 
 PARTS = [

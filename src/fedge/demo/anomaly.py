@@ -48,6 +48,7 @@ from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.federation.publish import publish
+from fedge.protocols.records import is_novel
 from fedge.sim.processes import fedge_executable
 
 SCORE_IMAGES = 32  # per station, after the anomaly model is deployed
@@ -280,11 +281,12 @@ def part_of(edge: str, truth: str, record: dict[str, Any]) -> ScoredPart:
     score = anomaly.get("score")
     threshold = anomaly.get("threshold")
     decision = str(record["decision"])
-    novel = (
-        decision == "accept"
-        and score is not None
-        and threshold is not None
-        and float(score) > float(threshold)
+    # Novel as the station and the manager call it (PredictionRecord.novel).
+    novel = is_novel(
+        decision,
+        {str(k): float(v) for k, v in (record.get("scores") or {}).items()},
+        None if score is None else float(score),
+        None if threshold is None else float(threshold),
     )
     return ScoredPart(
         edge,

@@ -5,6 +5,7 @@ restarts (persisted on the edge), so the manager stores each (edge, stream, seq)
 can tell "agent restarted" from "messages lost" -- the gap Sparkplug's 8-bit seq leaves open.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -38,6 +39,17 @@ class MetricRecord:
 # anomalous rejects under the level were 30 % of dents and 0.6 % of scratches; at 0.95,
 # 37 % and 1.6 % (BENCHMARKS.md §22).
 NOVEL_CONFIDENCE = 0.9
+
+
+def is_novel(
+    decision: str, scores: Mapping[str, float], score: float | None, threshold: float | None
+) -> bool:
+    """:attr:`PredictionRecord.novel` from its parts (a record read as plain JSON): an
+    anomaly score over the threshold, and the part called clean or rejected without
+    confidence (no class scores: taken as confident)."""
+    if score is None or threshold is None or score <= threshold:
+        return False
+    return decision == "accept" or max(scores.values(), default=1.0) < NOVEL_CONFIDENCE
 
 
 @dataclass(frozen=True)
@@ -93,10 +105,9 @@ class PredictionRecord:
         0.99 is a known defect, however high its anomaly score.
         """
         anomaly = self.anomaly
-        if anomaly is None or anomaly.threshold is None or anomaly.score <= anomaly.threshold:
+        if anomaly is None:
             return False
-        confidence = max(self.scores.values(), default=1.0)
-        return self.decision == "accept" or confidence < NOVEL_CONFIDENCE
+        return is_novel(self.decision, self.scores, anomaly.score, anomaly.threshold)
 
     def __post_init__(self) -> None:
         validate.identifier(self.prediction_id, "prediction_id")
