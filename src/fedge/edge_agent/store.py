@@ -155,13 +155,20 @@ class LocalStore:
         """PASSIVE checkpoints on a connection of this thread's own: they copy what no
         reader still needs and never wait for the writer, which goes on committing."""
         conn = sqlite3.connect(str(self.path), isolation_level=None, timeout=30.0)
+        failing = False
         try:
             while not self._closing.wait(CHECKPOINT_EVERY_S):
                 try:
                     conn.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
                 except sqlite3.Error as exc:  # a full disk: the backstop still bounds the log
-                    self.checkpoint_failures += 1
-                    log.warning("agent.db checkpoint failed (%s); retrying", exc)
+                    self.checkpoint_failures += 1  # counted every time, said once a run
+                    if not failing:
+                        log.warning("agent.db checkpoint failed (%s); retrying", exc)
+                    failing = True
+                    continue
+                if failing:
+                    log.info("agent.db checkpoints work again")
+                failing = False
         finally:
             conn.close()
 
