@@ -35,7 +35,7 @@ from fedge.edge_manager.serve import ManagerService
 from fedge.protocols import codec
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.grpc import fedge_pb2, fedge_pb2_grpc
-from fedge.protocols.signing import SigningKey
+from fedge.protocols.signing import SigningKey, unverified_payload
 from fedge.transport.broker import MosquittoBroker
 from fedge.transport.grpc.client import DesiredClient, SyncError
 
@@ -197,6 +197,9 @@ def test_an_edge_gets_only_its_own_documents(plant: Plant) -> None:
     with DesiredClient(target, BLOCKED, "", tls=own) as client:
         (doc,) = client.fetch({"config": version - 1})
     assert (doc.kind, doc.version) == ("config", version)
+    # Signed with its expiry when written: never sent without one (freshness.py).
+    sent = unverified_payload(doc.envelope, EdgeConfig)
+    assert sent.expires_at is not None and sent.expires_at > time.time()
     assert (
         doc.envelope
         == fh.db.scalar(

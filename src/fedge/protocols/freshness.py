@@ -31,8 +31,8 @@ def expiry(now: float, lifetime_s: float = LIFETIME_S) -> float:
 
 def needs_refresh(expires_at: float | None, now: float, lifetime_s: float = LIFETIME_S) -> bool:
     """Whether a document the manager still sends is due to be signed again: it has no
-    expiry (written before this version, or between a write and the serve loop) or less
-    than half its lifetime is left."""
+    expiry (written by a version of fedge that did not stamp one) or less than half its
+    lifetime is left."""
     return expires_at is None or expires_at - now < lifetime_s / 2
 
 

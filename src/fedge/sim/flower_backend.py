@@ -45,6 +45,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore.run import Run
 
+from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.aggregator.fleet.identity import PartitionOrderedGrid
 from fedge.sim.data import make_partitions
 from fedge.sim.runner import Curve, ProgressFn, drive, run_config
@@ -52,6 +53,7 @@ from fedge.sim.scenario import Scenario
 
 RAY_CPUS = 2
 RAY_OBJECT_STORE_BYTES = 200 * 1024 * 1024
+NODE_WAIT_S = 120.0  # for every simulated party to be registered and placed
 
 
 # ---------------------------------------------------------------- the simulation runtime
@@ -230,6 +232,13 @@ def run_strategies_on_flower(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         ordered = PartitionOrderedGrid(grid)
+        # The runtime registers its virtual nodes while this already runs.
+        placed = wait_for_nodes(ordered, scenario.fleet.parties, NODE_WAIT_S)
+        if placed < scenario.fleet.parties:
+            raise RuntimeError(
+                f"only {placed} of {scenario.fleet.parties} simulated parties joined the "
+                f"Flower simulation within {NODE_WAIT_S:.0f}s"
+            )
         for name in strategy_names:
             curves.append(drive(scenario, name, seed, ordered, data, progress))
 

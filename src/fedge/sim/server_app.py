@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from logging import INFO
@@ -57,6 +56,7 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
+from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.aggregator.fleet.identity import PartitionOrderedGrid
 from fedge.aggregator.jobs.run_store import RunState, RunStore
 from fedge.aggregator.rounds.clock import ClockMode
@@ -232,16 +232,11 @@ def run_server(grid: Grid, context: Context) -> None:
 def _wait_for_nodes(grid: Grid, count: int, wait_s: float) -> None:
     if count <= 0:
         return
-    end = time.monotonic() + wait_s
-    while True:
-        seen = len(list(grid.get_node_ids()))
-        if seen >= count:
-            return
-        if time.monotonic() >= end:
-            raise ServerConfigError(
-                f"only {seen} of min-nodes = {count} nodes connected within {wait_s:.0f}s"
-            )
-        time.sleep(0.5)
+    seen = wait_for_nodes(grid, count, wait_s)
+    if seen < count:
+        raise ServerConfigError(
+            f"only {seen} of min-nodes = {count} nodes connected within {wait_s:.0f}s"
+        )
 
 
 # ---------------------------------------------------------------- run config values

@@ -7,6 +7,7 @@ import pytest
 from fedge.edge_manager.desired.decide import next_config, next_deployment
 from fedge.protocols.config import EdgeConfig
 from fedge.protocols.errors import ValidationError
+from fedge.protocols.freshness import LIFETIME_S
 
 CURRENT = EdgeConfig(
     fleet="plant-a",
@@ -22,22 +23,29 @@ CURRENT = EdgeConfig(
 
 def test_first_config_is_version_one() -> None:
     config = next_config(None, fleet="plant-a", edge="st-01", now=5.0, threshold=0.7)
-    assert config == EdgeConfig("plant-a", "st-01", 1, default_threshold=0.7, issued_at=5.0)
+    assert config == EdgeConfig(
+        "plant-a", "st-01", 1, default_threshold=0.7, issued_at=5.0, expires_at=5.0 + LIFETIME_S
+    )
 
 
 def test_first_config_without_a_change_is_the_default_document() -> None:
     config = next_config(None, fleet="plant-a", edge="st-01", now=5.0)
-    assert config == EdgeConfig("plant-a", "st-01", 1, issued_at=5.0)
+    assert config == EdgeConfig("plant-a", "st-01", 1, issued_at=5.0, expires_at=5.0 + LIFETIME_S)
 
 
 def test_next_config_bumps_the_version_and_keeps_every_other_field() -> None:
     config = next_config(CURRENT, fleet="plant-a", edge="st-01", now=20.0, threshold=0.72)
-    assert config == dataclasses.replace(CURRENT, version=4, default_threshold=0.72, issued_at=20.0)
+    assert config == dataclasses.replace(
+        CURRENT, version=4, default_threshold=0.72, issued_at=20.0, expires_at=20.0 + LIFETIME_S
+    )
 
 
 def test_next_config_without_a_change_still_bumps_the_version() -> None:
     config = next_config(CURRENT, fleet="plant-a", edge="st-01", now=20.0)
-    assert config == dataclasses.replace(CURRENT, version=4, issued_at=20.0)
+    # Signed with a whole lifetime ahead (freshness.py), whatever the current one had.
+    assert config == dataclasses.replace(
+        CURRENT, version=4, issued_at=20.0, expires_at=20.0 + LIFETIME_S
+    )
 
 
 def test_per_class_threshold_adds_that_class_only() -> None:

@@ -5,6 +5,7 @@ with its MQTT publishes captured; tests/test_key_rotation_processes.py runs the 
 over Mosquitto with `manager serve` and agent processes.
 """
 
+import dataclasses
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,12 +26,12 @@ from fedge.edge_manager.doctor.report import diagnose
 from fedge.edge_manager.errors import ManagerError
 from fedge.edge_manager.ingest.messages import Ingestor, Verdict
 from fedge.edge_manager.ingest.store import IngestTransaction
-from fedge.edge_manager.security import key_rotation
+from fedge.edge_manager.security import key_rotation, trust_store
 from fedge.edge_manager.security.enrollment import revoke
 from fedge.protocols import codec, topics
 from fedge.protocols.config import ConfigReport, ConfigStatus, EdgeConfig
 from fedge.protocols.deployment import DeploymentDesired
-from fedge.protocols.freshness import DAY_S, LIFETIME_S
+from fedge.protocols.freshness import DAY_S, LIFETIME_S, expiry
 from fedge.protocols.manifest import ModelManifest, TensorSpec
 from fedge.protocols.rotation import parse_link, rotation_link, sign_chain
 from fedge.protocols.signing import (
@@ -74,6 +75,17 @@ def latest(fh: FleetHome, kind: str, edge: str = EDGE) -> dict[str, Any]:
         "SELECT * FROM desired WHERE edge=? AND kind=? ORDER BY version DESC LIMIT 1",
         (edge, kind),
     )
+
+
+def signed_at(fh: FleetHome, key: SigningKey, at: float) -> str:
+    """st-01's newest config as the manager would have signed it at ``at`` (its expiry
+    a lifetime later), in the store too: what the station was sent then."""
+    row = latest(fh, "config")
+    config = codec.decode(row["document"].encode(), EdgeConfig)
+    document = codec.encode(dataclasses.replace(config, expires_at=expiry(at))).decode()
+    envelope = key.sign_payload(document.encode()).decode()
+    trust_store.replace_signed(fh.db, EDGE, "config", row["version"], document, envelope)
+    return envelope
 
 
 def trust_reports(sent: Sent) -> list[TrustReport]:
@@ -334,9 +346,8 @@ def test_a_refreshed_config_keeps_its_version_and_is_not_applied_again(
     now = time.time()
     try:
         set_threshold(fh, EDGE, 0.3)
-        # Stamped ten days ago (as the serve loop does before a first publish).
-        stamped = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, now - 10 * DAY_S)
-        assert stamped is not None
+        # Signed ten days ago.
+        stamped = signed_at(fh, key, now - 10 * DAY_S)
         agent._route(topics.Down.CONFIG, stamped.encode())
         assert agent.applied_version == 1 and agent.counters["config.applied"] == 1
         # Four days left: the hourly sweep re-signs it, same version, later expiry.
@@ -358,6 +369,31 @@ def test_a_refreshed_config_keeps_its_version_and_is_not_applied_again(
         close(agent)
 
 
+def test_a_config_is_signed_with_its_expiry_and_an_older_one_without_gets_one(
+    fh: FleetHome,
+) -> None:
+    key = fh.home.signing_key()
+    now = time.time()
+    set_threshold(fh, EDGE, 0.3)
+    envelope = latest(fh, "config")["envelope"].encode()
+    written = open_signed(envelope, EdgeConfig, trusted(key.public))
+    # No window in which a station (over gRPC, before the serve loop's next pass) can be
+    # sent a document that never expires.
+    assert written.expires_at == pytest.approx(now + LIFETIME_S, abs=60)
+    assert desired_refresh.stamp(fh.db, key, EDGE, "config", 1, now) is None  # not due
+    # One written by a fedge that did not sign an expiry is stamped before it goes out.
+    legacy = codec.encode(dataclasses.replace(written, expires_at=None)).decode()
+    legacy_envelope = key.sign_payload(legacy.encode()).decode()
+    trust_store.replace_signed(fh.db, EDGE, "config", 1, legacy, legacy_envelope)
+    stamped = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, now)
+    assert stamped is not None
+    config = open_signed(stamped.encode(), EdgeConfig, trusted(key.public))
+    assert config.expires_at == pytest.approx(now + LIFETIME_S)
+    assert dataclasses.replace(config, expires_at=None) == dataclasses.replace(
+        written, expires_at=None
+    )
+
+
 def test_an_expired_config_is_refused_reported_and_changes_nothing(
     fh: FleetHome, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -366,8 +402,7 @@ def test_an_expired_config_is_refused_reported_and_changes_nothing(
     key = fh.home.signing_key()
     try:
         set_threshold(fh, EDGE, 0.3)
-        expired = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, time.time() - 20 * DAY_S)
-        assert expired is not None
+        expired = signed_at(fh, key, time.time() - 20 * DAY_S)
         agent._route(topics.Down.CONFIG, expired.encode())
         assert agent.applied_version == 0
         assert agent.counters["config.rejected.expired"] == 1
@@ -390,8 +425,7 @@ def test_a_station_reports_a_desired_state_not_refreshed_for_too_long(
     topic = topics.up(FLEET, EDGE, topics.Up.TRUST)
     try:
         set_threshold(fh, EDGE, 0.3)
-        stamped = desired_refresh.stamp(fh.db, key, EDGE, "config", 1, clock[0])
-        assert stamped is not None
+        stamped = latest(fh, "config")["envelope"]  # signed now, as written
         agent._route(topics.Down.CONFIG, stamped.encode())
         received_at = clock[0]
         agent.trust.check_freshness()

@@ -4,6 +4,7 @@
 ``WrappedGrid`` stands in front of another grid and changes what the strategy sees.
 """
 
+import time
 from collections.abc import Iterable, Mapping
 
 from flwr.app import Message, RecordDict
@@ -15,6 +16,19 @@ from flwr.supercore.task_identity import TaskIdentity
 # Node ids fedge shows a strategy: NODE_ID_BASE + the party's index (Flower reserves 0, 1).
 NODE_ID_BASE = 1000
 UserConfig = Mapping[str, bool | int | float | str]
+
+
+def wait_for_nodes(grid: Grid, count: int, wait_s: float, poll_s: float = 0.5) -> int:
+    """Wait until ``grid`` shows at least ``count`` nodes or ``wait_s`` pass; how many it
+    shows. A ServerApp starts beside its nodes, not after them: Flower's simulation
+    runtime registers its virtual nodes while the ServerApp already runs, so a strategy
+    that samples at once can find none (Flower's own strategies wait in ``sample_nodes``)."""
+    end = time.monotonic() + wait_s
+    while True:
+        seen = len(list(grid.get_node_ids()))
+        if seen >= count or time.monotonic() >= end:
+            return seen
+        time.sleep(poll_s)
 
 
 class LocalGrid(Grid):

@@ -306,7 +306,10 @@ class StreamingFedAvg(RoundHooks, FedAvg):
         """Whether any party may train in ``server_round`` (else the run stops, logged)."""
         if self.trainable(grid):
             return True
-        log(INFO, "round %d: every party is out of privacy budget; stopping", server_round)
+        if not list(grid.get_node_ids()):
+            log(INFO, "round %d: no party is connected; stopping", server_round)
+        else:
+            log(INFO, "round %d: every party is out of privacy budget; stopping", server_round)
         return False
 
     def plan_privacy(self, num_rounds: int) -> None:

@@ -5,6 +5,7 @@ from typing import TypedDict
 
 from fedge.protocols.config import EdgeConfig, PrivacyBudget, TrainingPolicy
 from fedge.protocols.deployment import DeploymentDesired
+from fedge.protocols.freshness import expiry
 from fedge.protocols.thumbnails import ThumbnailPolicy
 
 
@@ -80,7 +81,10 @@ def next_config(
         default_threshold=default,
         class_thresholds=class_thresholds,
         issued_at=now,
-        expires_at=None,  # a new version's expiry is stamped by the serve loop
+        # Signed with its expiry from the start: a document without one could be
+        # replayed forever, and gRPC serves a station what is written at once, before
+        # the serve loop's next pass (freshness.py).
+        expires_at=expiry(now),
         training=base.training if training is None else training,
         model=base.model if model is None else model,
         privacy=None if clear_privacy else (base.privacy if privacy is None else privacy),

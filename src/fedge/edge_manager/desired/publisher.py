@@ -100,7 +100,7 @@ class DesiredPublisher:
             stamped = desired_refresh.stamp(
                 fleet.store, fleet.key, doc.edge, doc.kind, doc.version, now
             )
-            if stamped is not None:  # its first expiry, signed by the key in use
+            if stamped is not None:  # due (or without expiry), signed by the key in use
                 envelope = stamped.encode()
                 self.counters["stamped"] += 1
             elif doc.kind != key_rotation.TRUST and _signer(envelope) in retired:

@@ -1,8 +1,9 @@
 """Keeping signed desired documents from expiring: the manager's side of freshness.py.
 
-The desired config and the trust chain carry ``expires_at`` (protocols/freshness.py). The
-serve loop stamps each one before it first goes out, and re-signs the newest of every
-edge once less than half of its lifetime is left (checked hourly): same version, same
+The desired config and the trust chain carry ``expires_at`` (protocols/freshness.py),
+signed with it when they are written. The serve loop stamps one that has none (written
+by an older fedge) before it goes out, and re-signs the newest of every edge once less
+than half of its lifetime is left (checked hourly): same version, same
 content, only the expiry and the signature change, so an agent that applied it only
 notes that its desired state is fresh. A trust chain is re-signed only by the key it ends
 at (the serve loop follows a rotation before it refreshes).
