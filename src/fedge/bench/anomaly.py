@@ -94,7 +94,7 @@ class AnomalyBenchSize:
     curve_parts: tuple[int, ...] = (5, 10, 20, 40, 80)
     test_good: int = 500
     test_per_shape: int = 250
-    station_test_good: int = 200
+    station_test_good: int = 250  # what `fedge bench anomaly` runs (test_images // 2)
     station_test_per_shape: int = 100
     cost_rounds: int = 7
     cost_per_round: int = 200
