@@ -18,13 +18,15 @@ The same job under ``[privacy] secagg = true`` runs its round through Flower's S
 (the anomaly ClientApp behind ``secagg_mod``): each station's count is in the clear, its
 moments only in the masked sum, and the fitted model is within the bound
 :func:`fedge.aggregator.anomaly.secure.fit_bounds` states of the pooled fit (and, being
-quantised, not equal to it to float64 rounding).
+quantised, not equal to it to float64 rounding). Under ``[privacy] mode = "local"`` each
+station releases its statistics once by the Gaussian mechanism, recorded in its own
+ledger, and a station whose floor allows less than the job asks refuses.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -51,7 +53,10 @@ from fedge.models.anomaly.private import clip_features
 from fedge.models.anomaly.statistics import fit, station_statistics
 from fedge.models.inspection import INPUT_NAME, new_model
 from fedge.party import trainer
+from fedge.party.budget import BudgetLedger
+from fedge.party.privacy_status import ledger_path
 from fedge.party.station_store import Retention, StationData
+from fedge.privacy.floor import PrivacyFloor
 from fedge.privacy.settings import PrivacySpec
 from fedge.protocols import signing
 from fedge.protocols.manifest import ModelManifest, Preprocess
@@ -109,6 +114,7 @@ def fleet_running(
     job: str,
     *,
     seed: int,
+    before_start: Callable[[FleetHome], None] | None = None,
 ) -> Iterator[tuple[FleetHome, Path]]:
     """A fleet whose stations keep ``stations[edge]`` labelled parts (seeds from ``seed``),
     each running a SuperNode against a local SuperLink, with ``job`` prepared and
@@ -118,6 +124,8 @@ def fleet_running(
     publish_trainable(fh, tmp_path, tuple(stations))
     for index, (edge, n) in enumerate(stations.items()):
         keep_parts(fh.data_dir(edge), edge, n, seed=seed + index)
+    if before_start is not None:
+        before_start(fh)
     superlink = SuperLink(tmp_path / "superlink", "127.0.0.1", fh.settings.superlink_port)
     superlink.start()
     try:
@@ -293,6 +301,99 @@ def test_an_anomaly_round_through_secagg_is_within_the_stated_bound_of_the_poole
               f"{covariance_error:.3g} (bound {bounds.covariance:.3g})")  # fmt: skip
         assert 1e-12 < mean_error <= bounds.mean  # quantised by SecAgg+, within its bound
         assert covariance_error <= bounds.covariance
+
+
+PRIVATE_STATIONS = {"st-01": 16, "st-02": 12, "st-03": 10}
+JOB_EPSILON, FLOOR_EPSILON = 8.0, 2.0
+PRIVATE_JOB = (
+    JOB.replace("[anomaly]\n", f"[anomaly]\nclip = {CLIP}\n")
+    .replace(
+        "[federation]",
+        f'[privacy]\nmode = "local"\nepsilon = {JOB_EPSILON}\ndelta = 1e-5\n\n[federation]',
+    )
+    .replace("round_timeout_s = 240.0", "round_timeout_s = 120.0")
+)
+
+
+@pytest.mark.timeout(600)
+def test_a_private_anomaly_round_releases_each_station_once_and_a_floor_refuses_more(
+    tmp_path: Path, supervisors: list[SupernodeSupervisor]
+) -> None:
+    """``[privacy] mode = "local"`` across the process boundary: every station releases
+    its statistics once by the Gaussian mechanism and records it in its own ledger,
+    within the job's epsilon; a station whose own floor allows less than the job asks
+    refuses before computing anything (its error reply is the round's one failure, its
+    ledger stays empty) and the fit is of the others' releases; no station reports a
+    threshold (a quantile of its held-out scores is no DP release)."""
+    floor = PrivacyFloor(job_epsilon=FLOOR_EPSILON, lifetime_epsilon=16.0, delta=1e-5)
+    with fleet_running(
+        tmp_path,
+        supervisors,
+        PRIVATE_STATIONS,
+        PRIVATE_JOB,
+        seed=50,
+        before_start=lambda fh: write_floor(fh.data_dir("st-01"), floor),
+    ) as (fh, job_dir):
+        result = fleet_job.wait(job_dir, timeout_s=300)
+        assert result.state.value == "completed", result.error
+        counted, round_1 = counted_parts(job_dir, result.run_id)
+        store = RunStore(job_dir / "runs.db")
+        try:
+            names = store.party_names(result.run_id)
+            evaluations = store.evaluations(result.run_id)
+        finally:
+            store.close()
+        assert [named(names, p) for p in round_1["failed"]] == ["st-01"], round_1
+        assert sorted(counted) == ["st-02", "st-03"]  # noisy counts: part of the release
+        ledgers = {}
+        for edge in PRIVATE_STATIONS:
+            ledger = BudgetLedger(ledger_path(fh.data_dir(edge)))
+            try:
+                spent = ledger.spent(result.run_id, delta=1e-5)
+                ledgers[edge] = (ledger.history(result.run_id), spent)
+            finally:
+                ledger.close()
+
+        # The floor refused before anything was released: nothing in its ledger.
+        assert ledgers["st-01"] == ([], 0.0)
+        # One release per other station, accounted to this job, within its epsilon.
+        for edge in ("st-02", "st-03"):
+            history, spent = ledgers[edge]
+            assert len(history) == 1 and history[0].sample_rate == 1.0, (edge, history)
+            assert 0.5 * JOB_EPSILON < spent <= JOB_EPSILON + 1e-9, (edge, spent)
+
+        # The fit is of noisy sums: not the fit of those stations' parts, still a usable
+        # Gaussian.
+        backbone = InspectionBackbone(new_model(0, width=4)).eval()
+        released = np.concatenate(
+            [good_parts(fh.data_dir(e), holdout=False) for e in ("st-02", "st-03")]
+        )
+        features, grid = extract_features(backbone, released)
+        plain = fit(station_statistics(clip_features(features, CLIP), grid))
+        model = fleet_fit(load_arrays(job_dir / "final.npz"))
+        assert model.count >= 1 and np.all(np.isfinite(model.mean))
+        assert float(np.max(np.abs(model.mean - plain.mean))) > 1e-6  # the noise is there
+        np.linalg.cholesky(model.covariance)  # positive definite (clipped, with the ridge)
+
+        # No station reports a threshold under DP or its floor; each says why.
+        assert read_thresholds(job_dir) == {}
+        assert sorted(named(names, e["party"]) for e in evaluations) == sorted(PRIVATE_STATIONS)
+        assert all("no anomaly threshold" in str(e["error"]) for e in evaluations), evaluations
+
+
+def named(names: dict[int, str], party: object) -> str:
+    """A party as the run store gives it (its node id, or its name) -> its name."""
+    return names[int(str(party))] if str(party).isdigit() else str(party)
+
+
+def write_floor(data_dir: Path, floor: PrivacyFloor) -> None:
+    """The floor as the station's agent writes it from agent.toml."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    ledger = BudgetLedger(ledger_path(data_dir))
+    try:
+        ledger.set_floor(floor)
+    finally:
+        ledger.close()
 
 
 def score(session: ort.InferenceSession, images: np.ndarray) -> np.ndarray:
