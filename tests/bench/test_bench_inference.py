@@ -34,7 +34,7 @@ def run_inference(tmp_path: Path, *args: str) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("path", ["library", "api", "inbox"])
+@pytest.mark.parametrize("path", ["library", "api", "inbox", "inbox-scan"])
 def test_each_path_is_timed_against_its_baseline_and_a_fresh_station(
     tmp_path: Path, path: str
 ) -> None:

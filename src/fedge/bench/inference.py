@@ -10,9 +10,10 @@ Real :class:`EdgeAgent` objects (no MQTT: nothing is started) get the model thro
 :class:`EdgeConfig`. Two measurements:
 
 - single (the headline, issue 25): one image at a time through ``--path`` (``library``,
-  ``api`` or ``inbox``) with the station already keeping ``--kept`` images, against the
-  same decode + preprocess + ``session.run`` (:mod:`fedge.bench.inference_paths`), and
-  the growth from a fresh station to ``--kept`` in the same run;
+  ``api``, ``inbox`` or ``inbox-scan``) with the station already keeping ``--kept``
+  images, against the same decode + preprocess + ``session.run``
+  (:mod:`fedge.bench.inference_paths`), and the growth from a fresh station to
+  ``--kept`` in the same run;
 - batched: ``agent.score_many(images)`` on batches of ``batch_size`` decoded images -- one
   ORT call and one commit per batch, every record durable on return -- against
   ``session.run`` on the same batches already stacked ``(B, 1, H, W)``.
@@ -140,8 +141,16 @@ def _single(
             )
         elif path == "inbox":
             sides = Sides(
-                inference_paths.inbox_side(full, root / "full"),
-                None if fresh is None else inference_paths.inbox_side(fresh, root / "fresh"),
+                stack.enter_context(inference_paths.inbox_side(full, root / "full")),
+                None
+                if fresh is None
+                else stack.enter_context(inference_paths.inbox_side(fresh, root / "fresh")),
+                inference_paths.inbox_baseline(baseline, root / "baseline"),
+            )
+        elif path == "inbox-scan":
+            sides = Sides(
+                inference_paths.inbox_scan_side(full, root / "full"),
+                None if fresh is None else inference_paths.inbox_scan_side(fresh, root / "fresh"),
                 inference_paths.inbox_baseline(baseline, root / "baseline"),
             )
         else:
@@ -273,7 +282,8 @@ def run_inference(
             "single: ms per image, p50/p99 over every image of every round, one image at a "
             "time through the path (library: agent.score_image on PNG bytes; api: POST "
             "/v1/score on a new connection, sent and timed by a camera process; inbox: "
-            "the watcher's two scans of a landed file, scored, committed and moved) with "
+            "a landed file's inotify event read, the file scored, committed and moved; "
+            "inbox-scan: the same through the watcher's two scans) with "
             "the station keeping `kept` images, against the same decode + preprocess + "
             "session.run storing nothing (in process; behind a bare http.server endpoint "
             "for api); growth: the same path's p50 on a fresh "

@@ -32,8 +32,9 @@ def inference(
     path: Annotated[
         str,
         typer.Option(
-            help="The single-image path timed: library (score_image), api (POST /v1/score) "
-            "or inbox (a file in the watched directory)."
+            help="The single-image path timed: library (score_image), api (POST /v1/score), "
+            "inbox (a file in the watched directory, on its inotify event) or inbox-scan "
+            "(the same found by the watcher's scans)."
         ),
     ] = "library",
     kept: Annotated[

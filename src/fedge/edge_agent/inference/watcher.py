@@ -1,6 +1,10 @@
 """Score images dropped into a watched directory, exactly once each.
 
-A file is scored only once it has stopped changing (same size and mtime on two scans,
+Where the kernel says when a file arrives whole (Linux inotify: closed after writing, or
+renamed in; :mod:`fedge.edge_agent.inference.arrivals`), it is scored at once. Otherwise,
+and as the backstop for what no event reports (a network file system's remote writes, a
+lost event, a file that did not decode when its event came), the directory is scanned: a
+file is scored only once it has stopped changing (same size and mtime on two scans,
 and older than ``settle_s``): a camera or ``cp`` writing a large image must not be caught
 half-way. A file that still does not decode is retried until it has been quiet for
 ``give_up_s``, then moved to ``failed/``. Writers that can should still write elsewhere
@@ -21,11 +25,13 @@ import os
 import threading
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from fedge.edge_agent.agent import EdgeAgent, ImageFile
 from fedge.edge_agent.errors import InferenceError
+from fedge.edge_agent.inference.arrivals import DirectoryArrivals, open_arrivals
 from fedge.edge_agent.inference.images import MAX_IMAGE_BYTES
 
 log = logging.getLogger(__name__)
@@ -121,6 +127,10 @@ class InboxWatcher:
         self._last_seen: dict[Path, tuple[int, int]] = {}
         self._made = False  # done/ and failed/ exist (made again if someone removes them)
 
+    def made_again(self) -> None:
+        """The inbox was removed and made again: make done/ and failed/ on the next scan."""
+        self._made = False
+
     def _settled(self, path: Path) -> bool:
         stat = path.stat()
         signature = (stat.st_size, stat.st_mtime_ns)
@@ -149,6 +159,23 @@ class InboxWatcher:
         scored = 0
         for start in range(0, len(ready), self.batch_size):
             scored += self._score_batch(ready[start : start + self.batch_size])
+        return scored
+
+    def score_arrived(self, names: Iterable[str]) -> int:
+        """Score the files an event named as whole (closed after writing, or moved in):
+        no settle time. A name that is no image file here, or is gone, is skipped; one
+        that does not decode stays for the scans' settle rule (a writer that closed it
+        and opened it again)."""
+        paths = [
+            self.inbox / name
+            for name in names
+            if "/" not in name and Path(name).suffix.lower() in IMAGE_SUFFIXES
+        ]
+        if not paths or self.agent.model is None:
+            return 0  # without a model the scans keep them until one arrives
+        scored = 0
+        for start in range(0, len(paths), self.batch_size):
+            scored += self._score_batch(paths[start : start + self.batch_size])
         return scored
 
     def _score_batch(self, paths: list[Path]) -> int:
@@ -221,23 +248,65 @@ def prune_finished(directory: Path, *, max_files: int, max_age_s: float, now: fl
 PRUNE_EVERY_S = 60.0
 
 
+STOP_CHECK_S = 0.5  # the longest one wait for events lasts: how soon a stop is seen
+
+
 def watch(agent: EdgeAgent, inbox: Path, stop: threading.Event, interval_s: float = 0.1) -> None:
+    """Score what lands in ``inbox`` until ``stop``: on inotify's events at once, and by a
+    scan every ``interval_s`` (module docstring)."""
     inbox.mkdir(parents=True, exist_ok=True)
     watcher = InboxWatcher(agent, inbox)
     settings = agent.settings
     last_prune = 0.0
-    while not stop.wait(interval_s):
-        try:
-            watcher.scan_once()
-            if time.monotonic() - last_prune >= PRUNE_EVERY_S:
-                last_prune = time.monotonic()
-                for directory in (watcher.done, watcher.failed):
-                    agent.counters["watch.pruned"] += prune_finished(
-                        directory,
-                        max_files=max(settings.keep_images, 100),
-                        max_age_s=max(settings.keep_days, 1.0) * 86400.0,
-                        now=time.time(),
-                    )
-        except Exception:  # the watcher outlives any one bad file or failure
-            agent.counters["watch.errors"] += 1
-            log.exception("watching %s", inbox)
+    next_scan = time.monotonic() + interval_s
+    arrivals = open_arrivals(inbox)
+    try:
+        while not stop.is_set():
+            try:
+                wait_s = min(max(0.0, next_scan - time.monotonic()), STOP_CHECK_S)
+                arrivals = _arrived(watcher, arrivals, wait_s, stop)
+                if time.monotonic() < next_scan or stop.is_set():
+                    continue
+                next_scan = time.monotonic() + interval_s
+                watcher.scan_once()
+                if time.monotonic() - last_prune >= PRUNE_EVERY_S:
+                    last_prune = time.monotonic()
+                    for directory in (watcher.done, watcher.failed):
+                        agent.counters["watch.pruned"] += prune_finished(
+                            directory,
+                            max_files=max(settings.keep_images, 100),
+                            max_age_s=max(settings.keep_days, 1.0) * 86400.0,
+                            now=time.time(),
+                        )
+            except Exception:  # the watcher outlives any one bad file or failure
+                agent.counters["watch.errors"] += 1
+                log.exception("watching %s", inbox)
+                stop.wait(min(interval_s, STOP_CHECK_S))  # not a hot loop on a lasting fault
+    finally:
+        if arrivals is not None:
+            arrivals.close()
+
+
+def _arrived(
+    watcher: InboxWatcher,
+    arrivals: DirectoryArrivals | None,
+    interval_s: float,
+    stop: threading.Event,
+) -> DirectoryArrivals | None:
+    """Wait up to ``interval_s`` for files to arrive and score them (polling: just wait);
+    the watch to use next (a new one when the inbox was removed and made again)."""
+    if arrivals is None:
+        stop.wait(interval_s)
+        return None
+    arrived = arrivals.wait(interval_s)
+    if arrived.names:
+        watcher.agent.counters["watch.events"] += len(arrived.names)
+        watcher.score_arrived(arrived.names)
+    if arrived.overflowed:
+        watcher.agent.counters["watch.events_lost"] += 1  # the scan that follows finds them
+    if not arrived.gone:
+        return arrivals
+    arrivals.close()
+    watcher.inbox.mkdir(parents=True, exist_ok=True)
+    watcher.made_again()
+    return open_arrivals(watcher.inbox)
