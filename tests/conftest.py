@@ -713,7 +713,7 @@ class Processes:
         return proc
 
     def cli(
-        self, *args: str, expect: int = 0, timeout_s: float = 60.0
+        self, *args: str, expect: int = 0, timeout_s: float = 180.0
     ) -> subprocess.CompletedProcess[str]:
         """Run ``fedge ARGS`` to completion and assert its exit code."""
         result = subprocess.run(

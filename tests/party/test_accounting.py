@@ -11,6 +11,7 @@ from torch import nn
 
 from fedge.party.dp_sgd import train_private
 from fedge.privacy.accounting import (
+    OPACUS_ALPHAS,
     RDP_ORDERS,
     _planned_noise,
     epsilon_spent,
@@ -168,3 +169,20 @@ def test_prv_where_privacy_is_long_gone_answers_with_the_rdp_bound() -> None:
     assert epsilon_spent([tiny], DELTA, "prv") == epsilon_spent([tiny], DELTA, "rdp") > 1000
     weak = DpRelease(noise_multiplier=0.3, sample_rate=0.5, steps=1000)
     assert epsilon_spent([weak], DELTA, "prv") == epsilon_spent([weak], DELTA, "rdp")
+
+
+def test_the_written_out_orders_are_opacus_own_and_importing_needs_no_opacus() -> None:
+    assert list(OPACUS_ALPHAS) == RDPAccountant.DEFAULT_ALPHAS
+    assert RDP_ORDERS[: len(OPACUS_ALPHAS)] == OPACUS_ALPHAS
+    import ast
+    import inspect
+
+    from fedge.privacy import accounting
+
+    top_level = ast.parse(inspect.getsource(accounting)).body
+    imported = [
+        node.module if isinstance(node, ast.ImportFrom) else node.names[0].name
+        for node in top_level
+        if isinstance(node, ast.Import | ast.ImportFrom)
+    ]
+    assert not [m for m in imported if m and m.split(".")[0] in ("opacus", "torch")], imported

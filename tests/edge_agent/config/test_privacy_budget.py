@@ -202,8 +202,10 @@ def test_an_unknown_edge_is_refused_for_every_edge(fh: FleetHome) -> None:
     assert code == 0, output
     assert "st-02: desired config v1 (lifetime epsilon 8 at delta 1e-05)" in output
     with fh.fleet() as fleet:
-        assert fleet.desired_config(EDGE) == EdgeConfig(
-            FLEET, EDGE, 1, issued_at=fleet.desired_config(EDGE).issued_at,  # type: ignore[union-attr]
+        config = fleet.desired_config(EDGE)
+        assert config is not None
+        assert config == EdgeConfig(
+            FLEET, EDGE, 1, issued_at=config.issued_at, expires_at=config.expires_at,
             privacy=PrivacyBudget(8.0, 1e-5),
         )  # fmt: skip
 
