@@ -174,7 +174,20 @@ def _single(
             progress=progress,
             label=f"{path}, one image at a time",
         )
-    return inference_paths.summarise(path, kept, samples)
+    result = inference_paths.summarise(path, kept, samples)
+    if path.startswith("inbox"):
+        progress("inbox: a file's wait from landing to scored, on events and on the scans")
+        result["arrival"] = {
+            name: inference_paths.arrival_latency(
+                full,
+                root / f"arrival-{name}",
+                pngs,
+                events=name == "events",
+                count=min(inference_paths.ARRIVALS_TIMED, per_round),
+            )
+            for name in ("events", "scan")
+        }
+    return result
 
 
 def run_inference(
@@ -283,7 +296,9 @@ def run_inference(
             "time through the path (library: agent.score_image on PNG bytes; api: POST "
             "/v1/score on a new connection, sent and timed by a camera process; inbox: "
             "a landed file's inotify event read, the file scored, committed and moved; "
-            "inbox-scan: the same through the watcher's two scans) with "
+            "inbox-scan: the same through the watcher's two scans; for both, `arrival`: "
+            "a file's wait from its rename into the inbox to its move to done/ through the "
+            "agent's watch loop at its defaults, on events and on the scans alone) with "
             "the station keeping `kept` images, against the same decode + preprocess + "
             "session.run storing nothing (in process; behind a bare http.server endpoint "
             "for api); growth: the same path's p50 on a fresh "

@@ -54,7 +54,7 @@ from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.inference.arrivals import open_arrivals
 from fedge.edge_agent.inference.local_api import bind_local_api, start_local_api
 from fedge.edge_agent.inference.scorer import ImageFile
-from fedge.edge_agent.inference.watcher import InboxWatcher
+from fedge.edge_agent.inference.watcher import InboxWatcher, watch
 from fedge.party.preprocess import prepare
 from fedge.protocols.manifest import Preprocess
 
@@ -239,6 +239,48 @@ def inbox_side(agent: EdgeAgent, root: Path) -> Iterator[Timed]:
         yield timed
     finally:
         arrivals.close()
+
+
+ARRIVALS_TIMED = 40
+
+
+def arrival_latency(
+    agent: EdgeAgent, root: Path, pngs: Sequence[bytes], *, events: bool, count: int
+) -> dict[str, Any]:
+    """ms from a file's rename into the inbox to its move to ``done/`` (its record durable),
+    through the agent's own watch loop at its defaults, on inotify's events or on the
+    scans alone: what a line waits for a part's verdict, settle time included."""
+    inbox, staging = root / "inbox", root / "staging"
+    inbox.mkdir(parents=True, exist_ok=True)
+    staging.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    loop = threading.Thread(
+        target=watch, args=(agent, inbox, stop), kwargs={"events": events}, daemon=True
+    )
+    loop.start()
+    waited: list[float] = []
+    try:
+        time.sleep(0.3)  # the loop is watching
+        for n in range(count):
+            staged, target = staging / f"cam-{n:05d}.png", inbox / f"cam-{n:05d}.png"
+            staged.write_bytes(pngs[n % len(pngs)])
+            started = time.perf_counter()
+            os.replace(staged, target)
+            deadline = started + 30.0
+            while target.exists():
+                if time.perf_counter() > deadline:
+                    raise BenchError(f"{target.name} was not scored within 30 s")
+                time.sleep(0.0002)
+            waited.append((time.perf_counter() - started) * 1000.0)
+    finally:
+        stop.set()
+        loop.join(timeout=10)
+    return {
+        "events": events,
+        "files": count,
+        "p50_ms": round(float(np.percentile(waited, 50)), 3),
+        "p99_ms": round(float(np.percentile(waited, 99)), 3),
+    }
 
 
 def inbox_scan_side(agent: EdgeAgent, root: Path) -> Timed:

@@ -251,15 +251,22 @@ PRUNE_EVERY_S = 60.0
 STOP_CHECK_S = 0.5  # the longest one wait for events lasts: how soon a stop is seen
 
 
-def watch(agent: EdgeAgent, inbox: Path, stop: threading.Event, interval_s: float = 0.1) -> None:
+def watch(
+    agent: EdgeAgent,
+    inbox: Path,
+    stop: threading.Event,
+    interval_s: float = 0.1,
+    *,
+    events: bool = True,
+) -> None:
     """Score what lands in ``inbox`` until ``stop``: on inotify's events at once, and by a
-    scan every ``interval_s`` (module docstring)."""
+    scan every ``interval_s`` (module docstring); ``events=False`` only scans."""
     inbox.mkdir(parents=True, exist_ok=True)
     watcher = InboxWatcher(agent, inbox)
     settings = agent.settings
     last_prune = 0.0
     next_scan = time.monotonic() + interval_s
-    arrivals = open_arrivals(inbox)
+    arrivals = open_arrivals(inbox) if events else None
     try:
         while not stop.is_set():
             try:
