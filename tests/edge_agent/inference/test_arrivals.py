@@ -97,12 +97,31 @@ def test_the_kernel_names_a_file_when_it_is_closed_or_renamed_in(tmp_path: Path)
         assert arrivals.wait(2.0).names == ("renamed.png",)
 
 
+def wait_watched(agent: EdgeAgent, inbox: Path) -> None:
+    """Until the loop's inotify watch is in place: probe files (no image: never scored)
+    are written until one is counted as an event. A sleep would race the thread's start
+    on a loaded host, and a file landing before the watch waits for the slow scan."""
+    seen = agent.counters["watch.events"]
+    deadline = time.monotonic() + 20
+    n = 0
+    while agent.counters["watch.events"] == seen:
+        assert time.monotonic() < deadline, "the watch loop never saw a probe file"
+        n += 1
+        (inbox / f"probe-{n}.txt").write_bytes(b"")
+        time.sleep(0.05)
+    time.sleep(0.1)  # the probes still queued are read before the files under test
+
+
 @contextmanager
-def watching(agent: EdgeAgent, inbox: Path, interval_s: float = SLOW_SCAN_S) -> Iterator[None]:
+def watching(
+    agent: EdgeAgent, inbox: Path, interval_s: float = SLOW_SCAN_S, *, events: bool = True
+) -> Iterator[None]:
     stop = threading.Event()
     thread = threading.Thread(target=watcher.watch, args=(agent, inbox, stop, interval_s))
     thread.start()
     try:
+        if events:
+            wait_watched(agent, inbox)
         yield
     finally:
         stop.set()
@@ -117,8 +136,8 @@ def _scored(agent: EdgeAgent) -> list[str]:
 def test_a_file_is_scored_when_it_lands_not_after_a_scan(agent: EdgeAgent, tmp_path: Path) -> None:
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    with watching(agent, inbox):
-        time.sleep(0.3)  # the loop's first scan has run; the next is 30 s away
+    with watching(agent, inbox):  # its first scan is 30 s away
+        probes = agent.counters["watch.events"]
         started = time.monotonic()
         staged = tmp_path / "part.png"
         staged.write_bytes(_png(1))
@@ -126,10 +145,14 @@ def test_a_file_is_scored_when_it_lands_not_after_a_scan(agent: EdgeAgent, tmp_p
         (inbox / "direct.png").write_bytes(_png(2))  # written in place and closed
         wait_until(lambda: _scored(agent), 10, "both files scored", expect=lambda s: len(s) == 2)
         took = time.monotonic() - started
+        moved = inbox / "done"
+        wait_until(
+            lambda: len(list(moved.glob("*.png"))), 10, "both moved", expect=lambda n: n == 2
+        )
     assert sorted(_scored(agent)) == ["file:direct.png", "file:part.png"]
     assert took < SLOW_SCAN_S / 3  # on the events, not the scan (seconds at most, loaded)
     assert sorted(p.name for p in (inbox / "done").iterdir()) == ["direct.png", "part.png"]
-    assert agent.counters["watch.events"] == 2
+    assert agent.counters["watch.events"] >= probes + 2
 
 
 def test_a_file_closed_half_written_is_scored_once_when_whole(
@@ -139,18 +162,23 @@ def test_a_file_closed_half_written_is_scored_once_when_whole(
     inbox.mkdir()
     image = _png(3)
     with watching(agent, inbox):
-        time.sleep(0.3)
+        probes = agent.counters["watch.events"]
         with (inbox / "slow.png").open("wb") as file:
             file.write(image[: len(image) // 2])
         # Its event came; it does not decode, so it waits (not failed: a writer that
         # paused has give_up_s to finish).
-        wait_until(lambda: agent.counters["watch.events"], 10, "the half file's event", expect=bool)
+        wait_until(
+            lambda: agent.counters["watch.events"],
+            10,
+            "the half file's event",
+            expect=lambda n: n > probes,
+        )
         time.sleep(0.3)
         assert _scored(agent) == []
         assert not any((inbox / "failed").glob("*"))
         with (inbox / "slow.png").open("ab") as file:
             file.write(image[len(image) // 2 :])
-        wait_until(lambda: _scored(agent), 10, "the whole file scored", expect=bool)
+        wait_until((inbox / "done" / "slow.png").exists, 10, "slow.png moved", expect=bool)
     assert _scored(agent) == ["file:slow.png"]
     assert [p.read_bytes() for p in (inbox / "done").iterdir()] == [image]
 
@@ -159,14 +187,14 @@ def test_an_inbox_removed_and_made_again_is_watched_anew(agent: EdgeAgent, tmp_p
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     with watching(agent, inbox):
-        time.sleep(0.3)
         (inbox / "a.png").write_bytes(_png(4))
-        wait_until(lambda: _scored(agent), 10, "a.png scored", expect=bool)
+        # Moved, not only scored: the move follows the commit.
+        wait_until((inbox / "done" / "a.png").exists, 10, "a.png scored and moved", expect=bool)
         for path in sorted(inbox.rglob("*"), reverse=True):
             path.unlink() if path.is_file() else path.rmdir()
         inbox.rmdir()
         wait_until(inbox.exists, 10, "the watcher to make the inbox again", expect=bool)
-        time.sleep(0.2)  # its new watch is in place once it made the directory
+        wait_watched(agent, inbox)  # a new watch on the new directory
         (inbox / "b.png").write_bytes(_png(5))
         wait_until(lambda: _scored(agent), 10, "b.png scored", expect=lambda s: len(s) == 2)
     assert _scored(agent) == ["file:a.png", "file:b.png"]
@@ -178,7 +206,7 @@ def test_without_inotify_the_inbox_is_polled(
     monkeypatch.setattr(watcher, "open_arrivals", lambda directory: None)
     inbox = tmp_path / "inbox"
     inbox.mkdir()
-    with watching(agent, inbox, interval_s=0.05):
+    with watching(agent, inbox, interval_s=0.05, events=False):
         (inbox / "polled.png").write_bytes(_png(6))
         wait_until(lambda: _scored(agent), 10, "polled.png scored", expect=bool)
     assert _scored(agent) == ["file:polled.png"]
