@@ -85,3 +85,16 @@ def test_a_training_command_without_the_training_stack_is_one_red_line() -> None
     assert code == "1"
     assert line.startswith("error: this command needs ")
     assert line.endswith("install the training side with: pip install 'fedge[train]'")
+
+
+def test_queueing_a_fleet_job_imports_neither_torch_nor_opacus() -> None:
+    """`fedge jobs submit --manifest` checks the manifest (Flower's strategies, the privacy
+    accountant's plan) but runs no model: torch and Opacus are for the job's run."""
+    result = _python(
+        "import json, sys\n"
+        "from fedge.federation.link_jobs import queue_fleet_job\n"
+        "from fedge.privacy import accounting\n"
+        "print(json.dumps([m for m in ('torch', 'opacus') if m in sys.modules]))\n"
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == []
