@@ -1,5 +1,7 @@
 """Accounting: the epsilon a party reports is Opacus' own, and plans land on their target."""
 
+import ast
+import inspect
 import math
 
 import numpy as np
@@ -10,6 +12,7 @@ from opacus.accountants.analysis.rdp import compute_rdp, get_privacy_spent
 from torch import nn
 
 from fedge.party.dp_sgd import train_private
+from fedge.privacy import accounting
 from fedge.privacy.accounting import (
     OPACUS_ALPHAS,
     RDP_ORDERS,
@@ -174,11 +177,6 @@ def test_prv_where_privacy_is_long_gone_answers_with_the_rdp_bound() -> None:
 def test_the_written_out_orders_are_opacus_own_and_importing_needs_no_opacus() -> None:
     assert list(OPACUS_ALPHAS) == RDPAccountant.DEFAULT_ALPHAS
     assert RDP_ORDERS[: len(OPACUS_ALPHAS)] == OPACUS_ALPHAS
-    import ast
-    import inspect
-
-    from fedge.privacy import accounting
-
     top_level = ast.parse(inspect.getsource(accounting)).body
     imported = [
         node.module if isinstance(node, ast.ImportFrom) else node.names[0].name

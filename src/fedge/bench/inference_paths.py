@@ -244,6 +244,23 @@ def inbox_side(agent: EdgeAgent, root: Path) -> Iterator[Timed]:
 ARRIVALS_TIMED = 40
 
 
+def wait_watched(agent: EdgeAgent, inbox: Path, timeout_s: float = 20.0) -> None:
+    """Until a running watch loop's inotify watch on ``inbox`` is in place: probe files
+    (no image suffix: never scored) are written until one is counted as an event. A
+    sleep would race the loop's start on a loaded host, and a file landing before the
+    watch waits for the scans instead."""
+    seen = agent.counters["watch.events"]
+    deadline = time.monotonic() + timeout_s
+    n = 0
+    while agent.counters["watch.events"] == seen:
+        if time.monotonic() > deadline:
+            raise BenchError(f"the watch loop saw no event in {inbox} within {timeout_s:g} s")
+        n += 1
+        (inbox / f"probe-{n}.txt").write_bytes(b"")
+        time.sleep(0.05)
+    time.sleep(0.1)  # the probes still queued are read before what is timed
+
+
 def arrival_latency(
     agent: EdgeAgent, root: Path, pngs: Sequence[bytes], *, events: bool, count: int
 ) -> dict[str, Any]:
@@ -260,7 +277,8 @@ def arrival_latency(
     loop.start()
     waited: list[float] = []
     try:
-        time.sleep(0.3)  # the loop is watching
+        if events:
+            wait_watched(agent, inbox)
         for n in range(count):
             staged, target = staging / f"cam-{n:05d}.png", inbox / f"cam-{n:05d}.png"
             staged.write_bytes(pngs[n % len(pngs)])

@@ -101,7 +101,7 @@ class SuperLinkJobs:
 
     # The fleet job modules are imported where a job is run, not at this module's import:
     # they bring torch (a job's model families), which queueing a manifest
-    # (`fedge jobs submit`, queue_fleet_job above) does not need -- 1.7 s of its start.
+    # (`fedge jobs submit`, queue_fleet_job above) does not need -- about 1.4 s of CPU.
 
     def start(self, record: JobRecord, stations: tuple[str, ...]) -> None:
         from fedge.federation.fleet_job import submit_to_fleet

@@ -22,6 +22,7 @@ import pytest
 from conftest import build_onnx_model, wait_until
 from PIL import Image
 
+from fedge.bench.inference_paths import wait_watched
 from fedge.bench.inference_setup import make_agent
 from fedge.edge_agent.agent import EdgeAgent
 from fedge.edge_agent.inference import watcher
@@ -95,21 +96,6 @@ def test_the_kernel_names_a_file_when_it_is_closed_or_renamed_in(tmp_path: Path)
         os.replace(staged, inbox / "renamed.png")
         (inbox / "done").mkdir()
         assert arrivals.wait(2.0).names == ("renamed.png",)
-
-
-def wait_watched(agent: EdgeAgent, inbox: Path) -> None:
-    """Until the loop's inotify watch is in place: probe files (no image: never scored)
-    are written until one is counted as an event. A sleep would race the thread's start
-    on a loaded host, and a file landing before the watch waits for the slow scan."""
-    seen = agent.counters["watch.events"]
-    deadline = time.monotonic() + 20
-    n = 0
-    while agent.counters["watch.events"] == seen:
-        assert time.monotonic() < deadline, "the watch loop never saw a probe file"
-        n += 1
-        (inbox / f"probe-{n}.txt").write_bytes(b"")
-        time.sleep(0.05)
-    time.sleep(0.1)  # the probes still queued are read before the files under test
 
 
 @contextmanager
