@@ -36,6 +36,7 @@ import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
 
+from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.aggregator.fleet.identity import PartitionOrderedGrid
 from fedge.aggregator.privacy.secagg import SecAggSettings, run_secagg
 from fedge.aggregator.rounds.record import RoundRecord
@@ -185,11 +186,8 @@ def run_secagg_bench(
 
 
 def _wait_for_nodes(grid: Grid, count: int) -> None:
-    end = time.monotonic() + NODE_WAIT_S
-    while len(list(grid.get_node_ids())) < count:
-        if time.monotonic() >= end:
-            raise RuntimeError(f"fewer than {count} parties joined within {NODE_WAIT_S:.0f} s")
-        time.sleep(0.2)
+    if wait_for_nodes(grid, count, NODE_WAIT_S, poll_s=0.2) < count:
+        raise RuntimeError(f"fewer than {count} parties joined within {NODE_WAIT_S:.0f} s")
 
 
 def _max_abs_difference(a: ArrayRecord, b: ArrayRecord) -> float:

@@ -27,7 +27,7 @@ import numpy as np
 from flwr.app import ConfigRecord, Context, Message
 from flwr.serverapp import Grid, ServerApp
 
-from fedge.aggregator.fleet.grids import NODE_ID_BASE, WrappedGrid
+from fedge.aggregator.fleet.grids import NODE_ID_BASE, WrappedGrid, wait_for_nodes
 from fedge.aggregator.fleet.identity import PartitionOrderedGrid
 from fedge.aggregator.privacy.secagg import SecAggSettings, quantization_error_bound, run_secagg
 from fedge.aggregator.privacy.secagg_round import stage_of
@@ -156,11 +156,8 @@ def silent_rounds(
 
 
 def _wait_for_nodes(grid: Grid, count: int) -> None:
-    end = time.monotonic() + NODE_WAIT_S
-    while len(list(grid.get_node_ids())) < count:
-        if time.monotonic() >= end:
-            raise RuntimeError(f"fewer than {count} SuperNodes joined within {NODE_WAIT_S:.0f} s")
-        time.sleep(0.2)
+    if wait_for_nodes(grid, count, NODE_WAIT_S, poll_s=0.2) < count:
+        raise RuntimeError(f"fewer than {count} SuperNodes joined within {NODE_WAIT_S:.0f} s")
 
 
 def weighted_mean(sent: dict[str, np.ndarray], partitions: list[int]) -> dict[str, np.ndarray]:

@@ -23,6 +23,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 from flwr.serverapp.strategy import FedAvg
 
+from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.rounds.record import RoundRecord
 from fedge.aggregator.strategies.factory import build_strategy
@@ -246,11 +247,8 @@ def flower_phase(
     @server_app.main()
     def main(grid: Grid, context: Context) -> None:
         # The runtime registers its nodes after it started this thread: wait for them.
-        deadline = time.monotonic() + ROUND_TIMEOUT_S
-        while len(list(grid.get_node_ids())) < work.parties:
-            if time.monotonic() > deadline:
-                raise BenchError(f"Flower's runtime did not register {work.parties} nodes")
-            time.sleep(0.05)
+        if wait_for_nodes(grid, work.parties, ROUND_TIMEOUT_S, poll_s=0.05) < work.parties:
+            raise BenchError(f"Flower's runtime did not register {work.parties} nodes")
         ordered = PartitionOrderedGrid(grid)
         # Place every node now (one query each; this also loads the ClientApp in every
         # actor), so no run's rounds carry the discovery.

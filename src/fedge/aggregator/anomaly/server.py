@@ -12,7 +12,6 @@ in the registry is the fleet job's (not wired yet: see issue 28).
 """
 
 import json
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, RecordD
 from flwr.serverapp import Grid, ServerApp
 
 from fedge.aggregator.anomaly.combine import FleetFit, StationReply, combine
+from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.models.anomaly import AnomalyError
 from fedge.models.anomaly.statistics import (
     fit_to_arrays,
@@ -60,9 +60,7 @@ def main(grid: Grid, context: Context) -> None:
 def _serve(grid: Grid, config: Any, out: Path) -> None:
     nodes = int(config["nodes"])
     timeout_s = float(config.get("timeout-s", 300))
-    end = time.monotonic() + timeout_s
-    while len(list(grid.get_node_ids())) < nodes and time.monotonic() < end:
-        time.sleep(0.5)
+    wait_for_nodes(grid, nodes, timeout_s)
     node_ids = sorted(grid.get_node_ids())
     with np.load(str(config["initial"]), allow_pickle=False) as npz:
         backbone = _record({k: npz[k] for k in npz.files})

@@ -54,6 +54,7 @@ from flwr.serverapp import Grid, ServerApp
 from flwr.supercore import log
 
 from fedge.aggregator.anomaly.rounds import anomaly_rounds
+from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
 from fedge.aggregator.fleet.manifest import FleetJobManifest, parse_fleet_manifest
 from fedge.aggregator.fleet.tier_models import (
@@ -269,19 +270,14 @@ def _rounds(
 
 def _wait_for_parties(grid: IdentifiedGrid, manifest: FleetJobManifest, parties: int) -> None:
     wanted = manifest.federation.min_parties or parties
-    end = time.monotonic() + manifest.federation.node_wait_s
-    while True:
-        seen = len(list(grid.get_node_ids()))
-        if seen >= wanted:
-            return
-        if time.monotonic() >= end:
-            excluded = "; ".join(f"node {n}: {why}" for n, why in grid.excluded.items())
-            raise JobError(
-                f"only {seen} of {wanted} stations connected to the SuperLink within "
-                f"{manifest.federation.node_wait_s:.0f}s (is training enabled on them? "
-                f"`fedge edge set-training EDGE --enable`){'; ' + excluded if excluded else ''}"
-            )
-        time.sleep(0.5)
+    seen = wait_for_nodes(grid, wanted, manifest.federation.node_wait_s)
+    if seen < wanted:
+        excluded = "; ".join(f"node {n}: {why}" for n, why in grid.excluded.items())
+        raise JobError(
+            f"only {seen} of {wanted} stations connected to the SuperLink within "
+            f"{manifest.federation.node_wait_s:.0f}s (is training enabled on them? "
+            f"`fedge edge set-training EDGE --enable`){'; ' + excluded if excluded else ''}"
+        )
 
 
 def _evaluate_on_stations(
