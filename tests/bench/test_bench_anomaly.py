@@ -19,7 +19,7 @@ from fedge.cli.main import app
 
 TINY = [
     "--train-images", "200", "--epochs", "1", "--station-parts", "60,30,5",
-    "--test-images", "40",
+    "--test-images", "200",  # a 1 % threshold rests on >= 99 held-out good parts
 ]  # fmt: skip
 KEYS = {
     "auroc_unseen", "pooled_max_abs_diff", "auroc_gain_smallest_station",
@@ -71,3 +71,8 @@ def test_auroc_counts_ties_half_and_orders() -> None:
 def test_a_bench_without_two_stations_is_refused() -> None:
     with pytest.raises(BenchError, match="at least 2 stations"):
         AnomalyBenchSize(station_parts=(10,))
+
+
+def test_a_bench_with_too_few_held_out_parts_for_its_threshold_is_refused() -> None:
+    with pytest.raises(BenchError, match=r"needs >= 99 held-out good parts"):
+        AnomalyBenchSize(test_good=40, station_test_good=20)

@@ -77,10 +77,16 @@ def test_station_statistics_add_up_to_the_pooled_fit_and_count_only_good_parts(
     np.testing.assert_allclose(federated.mean, pooled.mean, rtol=0, atol=1e-9)
     np.testing.assert_allclose(federated.covariance, pooled.covariance, rtol=0, atol=1e-9)
 
-    metrics = threshold_round(stations[0], SPEC, _arrays(), federated, ConfigRecord())
-    assert metrics["holdout-examples"] > 0
+    # A few held-out good parts: a conformal threshold at 25 % needs 3 of them.
+    rate = ConfigRecord({"anomaly-false-alarm-rate": 0.25})
+    metrics = threshold_round(stations[0], SPEC, _arrays(), federated, rate)
+    assert metrics["holdout-examples"] >= 3
     assert metrics["anomaly-threshold"] > 0
-    assert metrics["holdout-false-alarms"] <= 0.01 * metrics["holdout-examples"]
+    assert metrics["holdout-false-alarms"] <= 0.25 * metrics["holdout-examples"]
+    # At the default 1 % the same parts are too few: no threshold, and the reply says
+    # how many it needs (an error reply; the operator sets one by hand or labels more).
+    with pytest.raises(PartyError, match=r"st-0: \d+ held-out good part.*at least 99"):
+        threshold_round(stations[0], SPEC, _arrays(), federated, ConfigRecord())
 
 
 def test_clipping_bounds_each_parts_features(tmp_path: Path) -> None:

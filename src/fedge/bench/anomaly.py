@@ -69,7 +69,7 @@ from fedge.models.anomaly.statistics import (
     mahalanobis,
     station_statistics,
 )
-from fedge.models.anomaly.threshold import threshold_for_rate
+from fedge.models.anomaly.threshold import min_parts_for, threshold_for_rate
 from fedge.models.inspection import INPUT_NAME, cpu_threads, train_inspection_model
 from fedge.models.inspection import export_onnx as export_classifier
 
@@ -110,8 +110,13 @@ class AnomalyBenchSize:
             )
         if min(self.test_good, self.test_per_shape, self.station_test_per_shape) < 1:
             raise BenchError("every held-out set needs at least one image")
-        if self.station_test_good < 2:
-            raise BenchError("the smallest station's threshold needs >= 2 held-out good parts")
+        needed = min_parts_for(FALSE_ALARM_RATE)  # a conformal threshold (threshold.py)
+        if min(self.station_test_good, self.test_good) < needed:
+            raise BenchError(
+                f"a {FALSE_ALARM_RATE:.0%} threshold needs >= {needed} held-out good parts: "
+                f"got {self.test_good} for the fleet and {self.station_test_good} at the "
+                "smallest station (--test-images gives both, the second as half)"
+            )
 
 
 FULL = AnomalyBenchSize()

@@ -48,12 +48,17 @@ from fedge.edge_manager.store import Store
 from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.federation.publish import publish
+from fedge.models.anomaly.threshold import min_parts_for
+from fedge.party.station_store import is_holdout
 from fedge.protocols.records import is_novel
 from fedge.sim.processes import fedge_executable
 
 SCORE_IMAGES = 32  # per station, after the anomaly model is deployed
 DEFECT_FRACTION = 0.5  # of those: defects (dents at the dent stations, scratches elsewhere)
 SCORE_SEED = 500  # + the station's index; distinct from every other set of the demo
+CONFIRM_SEED = 700  # good parts the operators confirm before the fit (+ the station's index)
+CONFIRM_MAX = 400  # per station: far more than 19 held out need (20 % of parts are held out)
+HOLDOUT_PERCENT = 20  # the demo agents' holdout_percent (agent.toml's default)
 FALSE_ALARM_RATE = 0.05  # each station's threshold: this rate on its held-out good parts
 QUEUE_LIMIT = 25  # one page of `fedge labels queue`
 MAX_PAGES = 10  # the chapter scores ~100 parts: never more novel ones than this many pages
@@ -118,6 +123,10 @@ class AnomalyChapter:
     classifier: str = ""
     job_s: float = 0.0
     counted: dict[str, int] = field(default_factory=dict)  # good parts in the fit, per station
+    # Per station: held-out good parts it had, and good parts its operator then confirmed
+    # so that its threshold rests on enough of them (min_parts_for(FALSE_ALARM_RATE)).
+    held_out_before: dict[str, int] = field(default_factory=dict)
+    confirmed: dict[str, int] = field(default_factory=dict)
     fit_count: int = 0  # good parts the published model says it was fitted on
     thresholds: dict[str, float] = field(default_factory=dict)  # pushed, per station
     parts: list[ScoredPart] = field(default_factory=list)
@@ -141,6 +150,7 @@ def run_anomaly(
     result = AnomalyChapter(out / "anomaly-job")
     console.rule("[bold]what normal looks like: an anomaly model from the stations' good parts")
     enable_training(fleet, store, edges, wait)
+    _confirm_good_parts(store, ports, result, console)
     _fit(out, home, fleet, result, console)
     _deploy_beside(fleet, store, edges, result, console, wait)
 
@@ -180,6 +190,57 @@ def run_anomaly(
         highlight=False,
     )
     return result
+
+
+def _confirm_good_parts(
+    store: Store, ports: dict[str, int], result: AnomalyChapter, console: Console
+) -> None:
+    """Each station's threshold at FALSE_ALARM_RATE rests on at least
+    ``min_parts_for(FALSE_ALARM_RATE)`` held-out good parts (a conformal threshold:
+    :mod:`fedge.models.anomaly.threshold`). Where a station holds fewer out, its operator
+    confirms good parts at the line -- scored and labelled ``clean`` through the station's
+    local API -- until enough of them are held out. Which parts a station holds out is its
+    own rule on the prediction id (:func:`~fedge.party.station_store.is_holdout`); the
+    labels it had are read from the manager, which every station reports its labels to."""
+    needed = min_parts_for(FALSE_ALARM_RATE)
+    for index, edge in enumerate(sorted(ports)):
+        rows = store.query(
+            "SELECT prediction_id FROM labels WHERE edge=? AND label=?", (edge, CLASSES[0])
+        )
+        held = sum(1 for row in rows if is_holdout(str(row["prediction_id"]), HOLDOUT_PERCENT))
+        result.held_out_before[edge] = held
+        confirmed = 0
+        if held < needed:
+            images, _ = make_defect_images(
+                CONFIRM_MAX, seed=CONFIRM_SEED + index, scratch_fraction=0.0
+            )
+            for image in images:
+                buffer = io.BytesIO()
+                Image.fromarray(image).save(buffer, format="PNG")
+                base = f"http://127.0.0.1:{ports[edge]}"
+                record = post_json(f"{base}/v1/score", buffer.getvalue(), "image/png")
+                pid = str(record["prediction_id"])
+                label = {"prediction_id": pid, "label": CLASSES[0], "who": OPERATOR}
+                post_json(f"{base}/v1/labels", json.dumps(label).encode(), "application/json")
+                confirmed += 1
+                held += int(is_holdout(pid, HOLDOUT_PERCENT))
+                if held >= needed:
+                    break
+            if held < needed:
+                raise RuntimeError(
+                    f"demo: {edge} holds {held} good parts out after {confirmed} confirmed; "
+                    f"its threshold needs {needed}"
+                )
+        result.confirmed[edge] = confirmed
+    console.print(
+        f"a {FALSE_ALARM_RATE:.0%} threshold rests on at least {needed} held-out good parts; "
+        "operators confirmed good parts where a station held fewer: "
+        + ", ".join(
+            f"{edge} {result.held_out_before[edge]} held out, {n} confirmed"
+            for edge, n in sorted(result.confirmed.items())
+        ),
+        highlight=False,
+    )
 
 
 def _fit(
@@ -440,6 +501,17 @@ def report_lines(result: AnomalyChapter) -> list[str]:
     lines = [
         "## What normal looks like",
         "",
+        f"A station's threshold at a {FALSE_ALARM_RATE:.0%} false-alarm rate is conformal: "
+        f"it rests on at least {min_parts_for(FALSE_ALARM_RATE)} held-out good parts, and a "
+        "new good part exceeds it with a chance of at most that rate. Where a station held "
+        "fewer out, its operator first confirmed good parts at the line (scored and labelled "
+        "`clean` through its local API): "
+        + ", ".join(
+            f"{edge} held {result.held_out_before.get(edge, 0)} out, {n} confirmed"
+            for edge, n in sorted(result.confirmed.items())
+        )
+        + ".",
+        "",
         f"An anomaly fleet job fitted {result.published} on the parts operators had labelled "
         f"good at every station ({_counts(result.counted)}; {result.fit_count} in all): "
         "each station sent the count, sum and sum of outer products of its parts' features, "
@@ -488,6 +560,8 @@ def summary(result: AnomalyChapter) -> dict[str, Any]:
         "job_s": result.job_s,
         "dent_stations": list(DENT_STATIONS),
         "counted": result.counted,
+        "held_out_before": result.held_out_before,
+        "confirmed": result.confirmed,
         "fit_count": result.fit_count,
         "thresholds": result.thresholds,
         "parts": [dataclasses.asdict(p) for p in result.parts],

@@ -36,6 +36,22 @@ def test_a_station_without_a_reported_threshold_is_told_why(tmp_path: Path) -> N
         recommended_anomaly_threshold(tmp_path, "inspect-anomaly", 2, "st-01")
 
 
+def test_a_station_that_set_none_is_shown_its_own_reason(tmp_path: Path) -> None:
+    reason = (
+        "station st-04: 4 held-out good part(s) cannot set a threshold at a 0.05 false-alarm "
+        "rate: ...; it needs at least 19 (label more parts good, or ask for a higher rate)"
+    )
+    write_anomaly_thresholds(
+        tmp_path, "inspect-anomaly", 1, {**REPORTED, "st-04": {"reason": reason}}
+    )
+    with pytest.raises(
+        ManagerError, match=r"st-04 reported no anomaly threshold.*needs at least 19"
+    ):
+        recommended_anomaly_threshold(tmp_path, "inspect-anomaly", 1, "st-04")
+    with pytest.raises(ManagerError, match=r"st-03 .*took no part.*st-01, st-02\)"):
+        recommended_anomaly_threshold(tmp_path, "inspect-anomaly", 1, "st-03")
+
+
 def test_set_threshold_recommended_pushes_each_stations_own(tmp_path: Path) -> None:
     fh = make_fleet_home(tmp_path / "fleet", edges=("st-01", "st-02", "st-03"))
     try:

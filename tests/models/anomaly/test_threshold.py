@@ -1,27 +1,57 @@
-"""A station's anomaly threshold for a target false-alarm rate."""
+"""A station's anomaly threshold for a target false-alarm rate: conformal, so a new good
+part exceeds it with probability at most the rate."""
 
 import numpy as np
 import pytest
 
 from fedge.models.anomaly import StatisticsError
-from fedge.models.anomaly.threshold import threshold_for_rate
+from fedge.models.anomaly.threshold import (
+    TooFewPartsError,
+    conformal_rank,
+    min_parts_for,
+    threshold_for_rate,
+)
 
 
-def test_one_percent_of_held_out_good_parts_score_above_the_threshold() -> None:
+def test_the_threshold_is_the_conformal_order_statistic() -> None:
     scores = np.arange(1, 1001, dtype=np.float64)  # 1..1000
     result = threshold_for_rate(scores, 0.01)
-    assert result.threshold == 990.0
-    assert result.held_out_false_alarms == 10
+    # k = ceil(1001 * 0.99) = 991: the empirical 99 % quantile (990) would be exceeded by
+    # a new part with probability 11/1001 > 1 %.
+    assert result.threshold == 991.0
+    assert result.held_out_false_alarms == 9
     assert result.held_out_parts == 1000
+    assert result.false_alarm_bound == pytest.approx(10 / 1001)
+    assert result.false_alarm_bound <= 0.01
 
 
-def test_few_parts_give_the_largest_score_and_never_more_false_alarms() -> None:
-    scores = np.random.default_rng(0).gamma(2.0, size=37)
-    result = threshold_for_rate(scores, 0.01)
-    assert result.threshold == scores.max()
-    assert result.held_out_false_alarms == 0
-    for rate in (0.05, 0.1, 0.3):
-        assert threshold_for_rate(scores, rate).held_out_false_alarms <= rate * 37
+@pytest.mark.parametrize(("rate", "needed"), [(0.01, 99), (0.05, 19), (0.1, 9), (0.2, 4), (0.5, 1)])
+def test_the_fewest_parts_for_a_rate(rate: float, needed: int) -> None:
+    assert min_parts_for(rate) == needed
+    assert conformal_rank(needed, rate) <= needed  # enough
+    if needed > 1:
+        assert conformal_rank(needed - 1, rate) > needed - 1  # one fewer is not
+    scores = np.random.default_rng(0).gamma(2.0, size=needed)
+    assert threshold_for_rate(scores, rate).threshold == scores.max()
+
+
+def test_too_few_parts_set_no_threshold_and_say_how_many_are_needed() -> None:
+    scores = np.random.default_rng(0).gamma(2.0, size=4)
+    with pytest.raises(TooFewPartsError, match=r"4 held-out good part.*needs at least 19"):
+        threshold_for_rate(scores, 0.05)
+    assert threshold_for_rate(scores, 0.2).threshold == scores.max()
+
+
+def test_new_good_parts_exceed_it_at_most_at_the_rate_on_average() -> None:
+    # The guarantee is over the held-out draw: 20 parts at 5 %, repeated.
+    rng = np.random.default_rng(1)
+    exceeded = []
+    for _ in range(4000):
+        held, new = rng.gamma(2.0, size=20), rng.gamma(2.0)
+        exceeded.append(new > threshold_for_rate(held, 0.05).threshold)
+    # exactly 1/21 = 0.0476 in expectation; the old empirical rule gave the same k here
+    # but 2/101 for 100 parts at 1 %.
+    assert float(np.mean(exceeded)) == pytest.approx(1 / 21, abs=0.012)
 
 
 @pytest.mark.parametrize("rate", [0.0, 1.0, -0.1])

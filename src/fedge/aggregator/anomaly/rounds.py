@@ -273,9 +273,11 @@ def _thresholds_of_stations(
     config: dict[str, Any],
     timeout_s: float,
     names: dict[int, str],
-) -> tuple[list[PartyEvaluation], dict[str, dict[str, float]]]:
+) -> tuple[list[PartyEvaluation], dict[str, dict[str, Any]]]:
     """Every connected station's threshold on its held-out good parts, and the share of
-    them under it (its evaluation: what passes as good)."""
+    them under it (its evaluation: what passes as good). A station that set none is kept
+    with its reason (too few held-out parts for the rate, its privacy), which an operator
+    asking for its recommended threshold is shown."""
     model_record = to_array_record(fit_to_arrays(model))
     nodes = list(grid.get_node_ids())
     messages = [
@@ -292,17 +294,19 @@ def _thresholds_of_stations(
         r.metadata.src_node_id: r for r in grid.send_and_receive(messages, timeout=timeout_s)
     }
     results: list[PartyEvaluation] = []
-    thresholds: dict[str, dict[str, float]] = {}
+    thresholds: dict[str, dict[str, Any]] = {}
     for node in nodes:
         name = names.get(node, str(node))
         reply = replies.get(node)
         if reply is None:
             results.append(PartyEvaluation(name, None, 0, f"no reply within {timeout_s:.0f}s"))
+            thresholds[name] = {"reason": f"no reply within {timeout_s:.0f}s", "at": time.time()}
             continue
         if reply.has_error():
             reason = str(reply.error.reason)[:500]
             log(WARNING, "station %s set no anomaly threshold: %s", name, reason[:300])
             results.append(PartyEvaluation(name, None, 0, reason))
+            thresholds[name] = {"reason": reason, "at": time.time()}
             continue
         metrics: dict[str, Any] = dict(reply.content.metric_records.get("metrics", {}))
         threshold, held = metrics.get("anomaly-threshold"), metrics.get("holdout-examples")
@@ -318,6 +322,7 @@ def _thresholds_of_stations(
                 f"holdout-examples={held!r}, holdout-false-alarms={alarms!r}"
             )
             results.append(PartyEvaluation(name, None, 0, reason))
+            thresholds[name] = {"reason": reason, "at": time.time()}
             continue
         assert isinstance(threshold, int | float)  # checked above; for the type checker
         results.append(PartyEvaluation(name, 1.0 - alarms / held, held))
@@ -343,10 +348,11 @@ def _number(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool) and np.isfinite(value)
 
 
-def read_thresholds(job_dir: Path) -> dict[str, dict[str, float]]:
-    """Each station's reported anomaly threshold (empty before the job evaluated)."""
+def read_thresholds(job_dir: Path) -> dict[str, dict[str, Any]]:
+    """Each station's reported anomaly threshold, or its ``reason`` for none (empty
+    before the job evaluated)."""
     path = job_dir / THRESHOLDS_FILE
     if not path.exists():
         return {}
-    data: dict[str, dict[str, float]] = json.loads(path.read_text(encoding="utf-8"))
+    data: dict[str, dict[str, Any]] = json.loads(path.read_text(encoding="utf-8"))
     return data

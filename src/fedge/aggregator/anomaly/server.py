@@ -43,7 +43,13 @@ ConfigValue = (
     | list[bool]
 )
 
-_PASSED_ON = ("anomaly-stages", "anomaly-input-scale", "anomaly-clip", "anomaly-good-class")
+_PASSED_ON = (
+    "anomaly-stages",
+    "anomaly-input-scale",
+    "anomaly-clip",
+    "anomaly-good-class",
+    "anomaly-false-alarm-rate",
+)
 
 
 @app.main()

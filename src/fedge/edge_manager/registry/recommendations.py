@@ -26,10 +26,11 @@ def path_of(artifacts: Path, name: str, version: int) -> Path:
 
 
 def write_anomaly_thresholds(
-    artifacts: Path, name: str, version: int, reported: Mapping[str, Mapping[str, float]]
+    artifacts: Path, name: str, version: int, reported: Mapping[str, Mapping[str, object]]
 ) -> Path:
     """Keep each station's reported threshold (``{edge: {"threshold": t, ...}}``) with
-    ``name:version``; the stations' other figures (held-out count, share under it) too."""
+    ``name:version``; the stations' other figures (held-out count, share under it) too,
+    and for a station that set none its ``reason``."""
     path = path_of(artifacts, name, version)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -54,10 +55,18 @@ def recommended_anomaly_threshold(artifacts: Path, name: str, version: int, edge
     entry = data.get(edge) if isinstance(data, dict) else None
     value = entry.get("threshold") if isinstance(entry, dict) else None
     if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        reporting = ", ".join(sorted(data)) if isinstance(data, dict) else ""
+        reason = entry.get("reason") if isinstance(entry, dict) else None
+        if isinstance(reason, str) and reason:
+            why = f"it said: {reason[:400]}"
+        else:
+            reporting = sorted(
+                e for e, v in data.items() if isinstance(v, dict) and "threshold" in v
+            ) if isinstance(data, dict) else []  # fmt: skip
+            why = (
+                f"it took no part in the job (stations that did: {', '.join(reporting) or 'none'})"
+            )
         raise ManagerError(
-            f"{edge} reported no anomaly threshold for {name}:{version} (stations that did: "
-            f"{reporting or 'none'}): it held no good parts out, or took no part in the "
-            "job; give a value: fedge edge set-threshold EDGE --anomaly VALUE"
+            f"{edge} reported no anomaly threshold for {name}:{version}; {why}; give a "
+            "value: fedge edge set-threshold EDGE --anomaly VALUE"
         )
     return float(value)
