@@ -60,6 +60,27 @@ def test_two_seeds_report_the_contract_and_federated_equals_pooled(tmp_path: Pat
     # Issue 28: the gain of federation at the smallest station, by its size.
     assert set(data["auroc_gain_by_station_size_median"]) == {"5", "10", "20", "40", "80"}
     assert data["machine"]["cpu_count"] >= 1
+    # Issue 28 item 4: each station's threshold by three rules, on fresh good parts.
+    calibration = data["threshold_false_alarms"]
+    for rate in ("0.05", "0.01"):
+        assert set(calibration[rate]) == {"60", "30", "5"}
+        small = calibration[rate]["5"]
+        assert small["left_out"] == 5 and small["held_out"] == 1
+        rules = small["false_alarm_rate"]
+        assert set(rules) == {
+            "empirical_held_out", "conformal_held_out", "conformal_with_left_out",
+        }  # fmt: skip
+        # One held-out part is too few for a conformal threshold at either rate: both
+        # seeds set none; the old rule always set one (the single part's score).
+        assert rules["conformal_held_out"] == {"mean": None, "no_threshold_seeds": 2}
+        assert rules["empirical_held_out"]["no_threshold_seeds"] == 0
+    # 60 parts + 15 held out: enough for 5 % with the left-out parts, not for 1 %.
+    assert (
+        calibration["0.05"]["60"]["false_alarm_rate"]["conformal_with_left_out"][
+            "no_threshold_seeds"
+        ]
+        == 0
+    )
 
 
 def test_auroc_counts_ties_half_and_orders() -> None:

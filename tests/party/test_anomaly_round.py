@@ -85,8 +85,26 @@ def test_station_statistics_add_up_to_the_pooled_fit_and_count_only_good_parts(
     assert metrics["holdout-false-alarms"] <= 0.25 * metrics["holdout-examples"]
     # At the default 1 % the same parts are too few: no threshold, and the reply says
     # how many it needs (an error reply; the operator sets one by hand or labels more).
-    with pytest.raises(PartyError, match=r"st-0: \d+ held-out good part.*at least 99"):
+    with pytest.raises(PartyError, match=r"st-0: \d+ good part.*out of sample.*at least 99"):
         threshold_round(stations[0], SPEC, _arrays(), federated, ConfigRecord())
+
+    # Given the fleet's sums, its good training parts count too, each scored under the fit
+    # without it: enough for 5 % (19) where the held-out parts alone are not.
+    five = ConfigRecord({"anomaly-false-alarm-rate": 0.05})
+    with pytest.raises(PartyError, match="at least 19"):
+        threshold_round(stations[0], SPEC, _arrays(), federated, five)
+    pooled_stats = add_statistics(shares)
+    metrics = threshold_round(stations[0], SPEC, _arrays(), federated, five, fleet=pooled_stats)
+    trained = shares[0].count
+    assert metrics["left-out-examples"] == trained
+    assert metrics["calibration-examples"] == metrics["holdout-examples"] + trained >= 19
+    assert metrics["calibration-false-alarms"] <= 0.05 * metrics["calibration-examples"]
+    assert 0 <= metrics["holdout-false-alarms"] <= metrics["holdout-examples"]
+    # Sums that cannot hold this station's parts (fewer parts in all): held-out parts only.
+    assert shares[1].count <= trained
+    other = threshold_round(stations[0], SPEC, _arrays(), federated, rate, fleet=shares[1])
+    assert other["left-out-examples"] == 0
+    assert other["calibration-examples"] == other["holdout-examples"]
 
 
 def test_clipping_bounds_each_parts_features(tmp_path: Path) -> None:

@@ -45,6 +45,7 @@ import numpy.typing as npt
 from fedge.bench import Progress, no_progress
 from fedge.bench.anomaly_serving import StreamSize, load_pair, novel_detection
 from fedge.bench.anomaly_serving import serving_cost as serving
+from fedge.bench.anomaly_thresholds import HOLDOUT_SHARE, over_seeds, threshold_false_alarms
 from fedge.bench.errors import BenchError
 from fedge.bench.machine import machine_info
 from fedge.datasets.defects import make_defect_images
@@ -155,6 +156,19 @@ def run_anomaly(
         )
         federated, pooled = fit(summed), fit(pooled_stats)
 
+        progress("each station's threshold by three rules, on fresh good parts")
+        held_out = [
+            extract_features(
+                backbone,
+                make_defect_images(
+                    max(1, round(parts * HOLDOUT_SHARE / (1 - HOLDOUT_SHARE))),
+                    seed=base + 300 + index,
+                    scratch_fraction=0.0,
+                )[0],
+            )[0]
+            for index, parts in enumerate(size.station_parts)
+        ]
+
         progress("scoring held-out good parts, dents and pits")
         test = _held_out(base + 100, size.test_good, size.test_per_shape)
         test_features = {name: extract_features(backbone, x)[0] for name, x in test.items()}
@@ -163,6 +177,13 @@ def run_anomaly(
         auroc_fed = _shape_aurocs(fed_scores)
         auroc_pool = _shape_aurocs(pool_scores)
         served_diff = _served_scores_diff(backbone, federated, pooled, test)
+        calibration = threshold_false_alarms(
+            federated,
+            summed,
+            [features for features, _ in station_features],
+            held_out,
+            test_features["good"],
+        )
 
         progress("the smallest station: the fleet's model against its own")
         smallest = len(size.station_parts) - 1
@@ -238,6 +259,10 @@ def run_anomaly(
             shape: round(float(np.mean(fed_scores[shape] > fleet_threshold)), 4)
             for shape in UNSEEN_SHAPES
         },
+        # Each station's threshold set by the old empirical rule, the conformal one on its
+        # held-out parts, and the conformal one with its parts left out of the fit: the
+        # share of fresh good parts over it (anomaly_thresholds.py).
+        "threshold_false_alarms": calibration,
         "serving_cost": cost,
         "seconds": round(time.perf_counter() - started, 1),
         "machine": machine_info(),
@@ -294,6 +319,7 @@ def run_anomaly_seeds(
             for shape in UNSEEN_SHAPES
         },
         "pooled_max_abs_diff": max_diff,
+        "threshold_false_alarms": over_seeds([run["threshold_false_alarms"] for run in runs]),
         "auroc_gain_smallest_station": gain,
         "auroc_gain_by_station_size_median": gain_curve,
         "serving_cost_ratio": cost["ratio"],

@@ -36,7 +36,7 @@ from PIL import Image
 from rich.console import Console
 from rich.table import Table
 
-from fedge.aggregator.anomaly.rounds import fleet_fit
+from fedge.aggregator.anomaly.rounds import fleet_fit, read_thresholds
 from fedge.aggregator.jobs.checkpoint import load_arrays
 from fedge.aggregator.jobs.run_store import RunStore
 from fedge.datasets.defects import CLASSES, make_defect_images
@@ -49,17 +49,13 @@ from fedge.federation import fleet_job
 from fedge.federation.prepare import prepare
 from fedge.federation.publish import publish
 from fedge.models.anomaly.threshold import min_parts_for
-from fedge.party.station_store import is_holdout
 from fedge.protocols.records import is_novel
 from fedge.sim.processes import fedge_executable
 
 SCORE_IMAGES = 32  # per station, after the anomaly model is deployed
 DEFECT_FRACTION = 0.5  # of those: defects (dents at the dent stations, scratches elsewhere)
 SCORE_SEED = 500  # + the station's index; distinct from every other set of the demo
-CONFIRM_SEED = 700  # good parts the operators confirm before the fit (+ the station's index)
-CONFIRM_MAX = 400  # per station: far more than 19 held out need (20 % of parts are held out)
-HOLDOUT_PERCENT = 20  # the demo agents' holdout_percent (agent.toml's default)
-FALSE_ALARM_RATE = 0.05  # each station's threshold: this rate on its held-out good parts
+FALSE_ALARM_RATE = 0.05  # each station's threshold: this rate on its good parts out of sample
 QUEUE_LIMIT = 25  # one page of `fedge labels queue`
 MAX_PAGES = 10  # the chapter scores ~100 parts: never more novel ones than this many pages
 OPERATOR = "demo-operator"
@@ -123,10 +119,9 @@ class AnomalyChapter:
     classifier: str = ""
     job_s: float = 0.0
     counted: dict[str, int] = field(default_factory=dict)  # good parts in the fit, per station
-    # Per station: held-out good parts it had, and good parts its operator then confirmed
-    # so that its threshold rests on enough of them (min_parts_for(FALSE_ALARM_RATE)).
-    held_out_before: dict[str, int] = field(default_factory=dict)
-    confirmed: dict[str, int] = field(default_factory=dict)
+    # Per station: the good parts its threshold rests on, held out and left out of the fit
+    # (what it reported: `calibration_examples`, `holdout_examples`).
+    calibration: dict[str, tuple[int, int]] = field(default_factory=dict)
     fit_count: int = 0  # good parts the published model says it was fitted on
     thresholds: dict[str, float] = field(default_factory=dict)  # pushed, per station
     parts: list[ScoredPart] = field(default_factory=list)
@@ -150,7 +145,6 @@ def run_anomaly(
     result = AnomalyChapter(out / "anomaly-job")
     console.rule("[bold]what normal looks like: an anomaly model from the stations' good parts")
     enable_training(fleet, store, edges, wait)
-    _confirm_good_parts(store, ports, result, console)
     _fit(out, home, fleet, result, console)
     _deploy_beside(fleet, store, edges, result, console, wait)
 
@@ -192,57 +186,6 @@ def run_anomaly(
     return result
 
 
-def _confirm_good_parts(
-    store: Store, ports: dict[str, int], result: AnomalyChapter, console: Console
-) -> None:
-    """Each station's threshold at FALSE_ALARM_RATE rests on at least
-    ``min_parts_for(FALSE_ALARM_RATE)`` held-out good parts (a conformal threshold:
-    :mod:`fedge.models.anomaly.threshold`). Where a station holds fewer out, its operator
-    confirms good parts at the line -- scored and labelled ``clean`` through the station's
-    local API -- until enough of them are held out. Which parts a station holds out is its
-    own rule on the prediction id (:func:`~fedge.party.station_store.is_holdout`); the
-    labels it had are read from the manager, which every station reports its labels to."""
-    needed = min_parts_for(FALSE_ALARM_RATE)
-    for index, edge in enumerate(sorted(ports)):
-        rows = store.query(
-            "SELECT prediction_id FROM labels WHERE edge=? AND label=?", (edge, CLASSES[0])
-        )
-        held = sum(1 for row in rows if is_holdout(str(row["prediction_id"]), HOLDOUT_PERCENT))
-        result.held_out_before[edge] = held
-        confirmed = 0
-        if held < needed:
-            images, _ = make_defect_images(
-                CONFIRM_MAX, seed=CONFIRM_SEED + index, scratch_fraction=0.0
-            )
-            for image in images:
-                buffer = io.BytesIO()
-                Image.fromarray(image).save(buffer, format="PNG")
-                base = f"http://127.0.0.1:{ports[edge]}"
-                record = post_json(f"{base}/v1/score", buffer.getvalue(), "image/png")
-                pid = str(record["prediction_id"])
-                label = {"prediction_id": pid, "label": CLASSES[0], "who": OPERATOR}
-                post_json(f"{base}/v1/labels", json.dumps(label).encode(), "application/json")
-                confirmed += 1
-                held += int(is_holdout(pid, HOLDOUT_PERCENT))
-                if held >= needed:
-                    break
-            if held < needed:
-                raise RuntimeError(
-                    f"demo: {edge} holds {held} good parts out after {confirmed} confirmed; "
-                    f"its threshold needs {needed}"
-                )
-        result.confirmed[edge] = confirmed
-    console.print(
-        f"a {FALSE_ALARM_RATE:.0%} threshold rests on at least {needed} held-out good parts; "
-        "operators confirmed good parts where a station held fewer: "
-        + ", ".join(
-            f"{edge} {result.held_out_before[edge]} held out, {n} confirmed"
-            for edge, n in sorted(result.confirmed.items())
-        ),
-        highlight=False,
-    )
-
-
 def _fit(
     out: Path, home: ManagerHome, fleet: Fleet, result: AnomalyChapter, console: Console
 ) -> None:
@@ -269,6 +212,12 @@ def _fit(
     finally:
         runs.close()
     result.fit_count = fleet_fit(load_arrays(result.job_dir / "final.npz")).count
+    for edge, reported in read_thresholds(result.job_dir).items():
+        if "calibration_examples" in reported:
+            result.calibration[edge] = (
+                int(reported["calibration_examples"]),
+                int(reported["holdout_examples"]),
+            )
     console.print(
         f"published {result.published} in {result.job_s:.0f}s: fitted on "
         f"{result.fit_count} good parts ({_counts(result.counted)}); no image left a station",
@@ -502,13 +451,13 @@ def report_lines(result: AnomalyChapter) -> list[str]:
         "## What normal looks like",
         "",
         f"A station's threshold at a {FALSE_ALARM_RATE:.0%} false-alarm rate is conformal: "
-        f"it rests on at least {min_parts_for(FALSE_ALARM_RATE)} held-out good parts, and a "
-        "new good part exceeds it with a chance of at most that rate. Where a station held "
-        "fewer out, its operator first confirmed good parts at the line (scored and labelled "
-        "`clean` through its local API): "
+        f"it rests on at least {min_parts_for(FALSE_ALARM_RATE)} good parts scored out of "
+        "sample, and a new good part exceeds it with a chance of about that rate. Those are "
+        "the station's held-out good parts, and its good training parts, each scored under "
+        "the fleet's fit without it (the job sends the pooled sums back): "
         + ", ".join(
-            f"{edge} held {result.held_out_before.get(edge, 0)} out, {n} confirmed"
-            for edge, n in sorted(result.confirmed.items())
+            f"{edge} {n} ({held} held out)"
+            for edge, (n, held) in sorted(result.calibration.items())
         )
         + ".",
         "",
@@ -560,8 +509,7 @@ def summary(result: AnomalyChapter) -> dict[str, Any]:
         "job_s": result.job_s,
         "dent_stations": list(DENT_STATIONS),
         "counted": result.counted,
-        "held_out_before": result.held_out_before,
-        "confirmed": result.confirmed,
+        "calibration": {e: list(c) for e, c in result.calibration.items()},
         "fit_count": result.fit_count,
         "thresholds": result.thresholds,
         "parts": [dataclasses.asdict(p) for p in result.parts],

@@ -23,6 +23,7 @@ The node config is the station ClientApp's (:class:`fedge.party.station_app.Stat
 from __future__ import annotations
 
 import io
+from typing import TYPE_CHECKING
 
 import numpy as np
 from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -33,6 +34,9 @@ from fedge.party.errors import PartyError
 from fedge.party.messages import ARRAYS_KEY, METRICS_KEY, round_config
 from fedge.party.secagg import secagg_mod
 from fedge.party.station_app import IDENTITY_KEY, Station, model_spec
+
+if TYPE_CHECKING:
+    from fedge.models.anomaly.statistics import SufficientStatistics
 
 MODEL_KEY = "model"
 BACKBONE_KEY = "backbone"
@@ -87,7 +91,14 @@ def evaluate(msg: Message, context: Context) -> Message:
         raise PartyError(
             f"station {station.edge}: bad anomaly model in the message: {exc}"
         ) from exc
-    metrics = threshold_round(station, model_spec(config), _arrays(msg, ARRAYS_KEY), model, config)
+    metrics = threshold_round(
+        station,
+        model_spec(config),
+        _arrays(msg, ARRAYS_KEY),
+        model,
+        config,
+        fleet=_fleet(msg, station.edge),
+    )
     content = RecordDict(
         {
             METRICS_KEY: MetricRecord(dict(metrics)),
@@ -95,6 +106,24 @@ def evaluate(msg: Message, context: Context) -> Message:
         }
     )
     return Message(content=content, reply_to=msg)
+
+
+def _fleet(msg: Message, edge: str) -> SufficientStatistics | None:
+    """The fleet's pooled statistics a threshold request carries (None from an older
+    fedge: the threshold then rests on held-out parts only)."""
+    from fedge.models.anomaly import AnomalyError
+    from fedge.models.anomaly.statistics import COUNT_KEY, FLEET_KEY, statistics_from_moments
+
+    if FLEET_KEY not in msg.content.array_records:
+        return None
+    arrays = {k: v.numpy() for k, v in msg.content.array_records[FLEET_KEY].items()}
+    count = arrays.get(COUNT_KEY)
+    try:
+        if count is None or count.shape != (1,) or not count[0] >= 1:
+            raise AnomalyError(f"no count of parts ({COUNT_KEY})")
+        return statistics_from_moments(arrays, round(float(count[0])))
+    except AnomalyError as exc:
+        raise PartyError(f"station {edge}: bad fleet statistics in the message: {exc}") from exc
 
 
 @app.query()

@@ -22,8 +22,9 @@ Config keys: ``anomaly-stages`` (1-3, default 1), ``anomaly-input-scale`` (defau
 :mod:`fedge.party.anomaly_app`.
 
 The held-out good parts stay for :func:`threshold_round`: once the fleet's model is
-published, the station scores them and reports the threshold for its target false-alarm
-rate (:mod:`fedge.models.anomaly.threshold`).
+published, the station scores them, and its good training parts each under the fit
+without it (from the pooled sums the request carries), and reports the conformal
+threshold for its target false-alarm rate (:mod:`fedge.models.anomaly.threshold`).
 
 Privacy (the round's ``dp-*`` keys, the station's floor and ledger): checked before any
 feature is computed, by the same rules as a classifier round; under ``dp-mode = local``
@@ -36,6 +37,7 @@ it, and SecAgg+ would average it).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Collection, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +52,8 @@ if TYPE_CHECKING:
     from fedge.models.anomaly.backbone import InspectionBackbone
     from fedge.models.anomaly.statistics import GaussianFit, SufficientStatistics
     from fedge.party.station_app import Station
+
+log = logging.getLogger(__name__)
 
 
 def statistics_round(
@@ -170,12 +174,17 @@ def threshold_round(
     arrays: ArrayRecord,
     model: GaussianFit,
     config: ConfigRecord,
+    *,
+    fleet: SufficientStatistics | None = None,
 ) -> dict[str, int | float]:
-    """The station's threshold for ``anomaly-false-alarm-rate`` (default 0.01) on its
-    held-out good parts, scored by the fleet's ``model``."""
+    """The station's threshold for ``anomaly-false-alarm-rate`` (default 0.01), conformal
+    (:mod:`fedge.models.anomaly.threshold`) on its good parts scored out of sample: the
+    held-out ones by the fleet's ``model``, and, given the ``fleet``'s pooled statistics,
+    its good training parts each under the fit without it (they were summed into it)."""
     from fedge.models.anomaly import AnomalyError
+    from fedge.models.anomaly.private import clip_features
     from fedge.models.anomaly.statistics import mahalanobis
-    from fedge.models.anomaly.threshold import threshold_for_rate
+    from fedge.models.anomaly.threshold import leave_one_out_scores, threshold_for_rate
     from fedge.models.inspection import cpu_threads
     from fedge.party.station_app import station_floor
 
@@ -189,20 +198,43 @@ def threshold_round(
         )
     backbone = _backbone(spec, arrays, config)
     held, _ = _good_images(station, spec, config, holdout=True)
-    if len(held) == 0:
+    trained = _good_images(station, spec, config, holdout=False)[0] if fleet is not None else None
+    if trained is not None and fleet is not None and len(trained) >= fleet.count:
+        # More good training parts than the whole fit holds: labelled since it was made,
+        # or not this fit's; held-out parts only.
+        log.warning(
+            "station %s: %d good training parts but the fleet's fit holds %d: "
+            "threshold from held-out parts only", station.edge, len(trained), fleet.count,
+        )  # fmt: skip
+        trained = None
+    if len(held) == 0 and (trained is None or len(trained) == 0):
         raise PartyError(f"station {station.edge} has no held-out good parts to set a threshold on")
-    with cpu_threads(station.threads):
-        features, _ = _features(backbone, held)
     rate = float(_number(config, "anomaly-false-alarm-rate", 0.01))
+    clip = float(_number(config, "anomaly-clip", 0.0))
     try:
-        result = threshold_for_rate(mahalanobis(model, features).max(axis=1), rate)
+        with cpu_threads(station.threads):
+            held_scores = (
+                mahalanobis(model, _features(backbone, held)[0]).max(axis=1)
+                if len(held)
+                else np.empty(0)
+            )
+            left_out = np.empty(0)
+            if trained is not None and fleet is not None and len(trained):
+                served, _ = _features(backbone, trained)
+                summed = clip_features(served, clip) if clip > 0 else served  # as in the fit
+                left_out = leave_one_out_scores(fleet, summed, scored=served)
+        scores = np.concatenate([held_scores, left_out])
+        result = threshold_for_rate(scores, rate)
     except AnomalyError as exc:
         raise PartyError(f"station {station.edge}: {exc}") from exc
     return {
         "anomaly-threshold": result.threshold,
         "anomaly-false-alarm-rate": result.false_alarm_rate,
-        "holdout-examples": result.held_out_parts,
-        "holdout-false-alarms": result.held_out_false_alarms,
+        "holdout-examples": len(held),
+        "holdout-false-alarms": int(np.sum(held_scores > result.threshold)),
+        "left-out-examples": len(left_out),
+        "calibration-examples": result.held_out_parts,
+        "calibration-false-alarms": result.held_out_false_alarms,
     }
 
 

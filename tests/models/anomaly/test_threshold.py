@@ -5,9 +5,11 @@ import numpy as np
 import pytest
 
 from fedge.models.anomaly import StatisticsError
+from fedge.models.anomaly.statistics import fit, mahalanobis, station_statistics
 from fedge.models.anomaly.threshold import (
     TooFewPartsError,
     conformal_rank,
+    leave_one_out_scores,
     min_parts_for,
     threshold_for_rate,
 )
@@ -37,7 +39,7 @@ def test_the_fewest_parts_for_a_rate(rate: float, needed: int) -> None:
 
 def test_too_few_parts_set_no_threshold_and_say_how_many_are_needed() -> None:
     scores = np.random.default_rng(0).gamma(2.0, size=4)
-    with pytest.raises(TooFewPartsError, match=r"4 held-out good part.*needs at least 19"):
+    with pytest.raises(TooFewPartsError, match=r"4 good part.*out of sample.*needs at least 19"):
         threshold_for_rate(scores, 0.05)
     assert threshold_for_rate(scores, 0.2).threshold == scores.max()
 
@@ -63,3 +65,26 @@ def test_a_rate_outside_zero_one_is_refused(rate: float) -> None:
 def test_no_held_out_parts_is_an_error() -> None:
     with pytest.raises(StatisticsError, match="no held-out"):
         threshold_for_rate(np.zeros(0), 0.01)
+
+
+def test_a_part_left_out_scores_as_under_the_fit_of_the_others() -> None:
+    rng = np.random.default_rng(2)
+    parts = rng.normal(size=(30, 4, 3))  # 30 parts, 4 locations, 3 features
+    pooled = station_statistics(parts, (2, 2))
+    mine = parts[:5]  # this station's parts, among the 30
+    scores = leave_one_out_scores(pooled, mine)
+    for index, part in enumerate(mine):
+        others = station_statistics(np.delete(parts, index, axis=0), (2, 2))
+        expected = mahalanobis(fit(others), part[None]).max()
+        assert scores[index] == pytest.approx(expected, rel=1e-9)
+    # Out of sample: higher than in the fit that holds them.
+    assert np.all(scores > mahalanobis(fit(pooled), mine).max(axis=1))
+
+
+def test_leaving_out_more_parts_than_the_fit_can_spare_is_refused() -> None:
+    parts = np.random.default_rng(3).normal(size=(3, 4, 3))
+    pooled = station_statistics(parts, (2, 2))
+    with pytest.raises(StatisticsError, match="cannot each be left out"):
+        leave_one_out_scores(pooled, np.concatenate([parts, parts[:1]]))
+    with pytest.raises(StatisticsError, match="like the fit's"):
+        leave_one_out_scores(pooled, parts[:, :, :2])

@@ -38,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from logging import INFO, WARNING
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 from flwr.app import (
@@ -70,6 +70,7 @@ from fedge.aggregator.strategies.streaming import StreamingFedAvg
 from fedge.models.anomaly import AnomalyError
 from fedge.models.anomaly.statistics import (
     COUNT_KEY,
+    FLEET_KEY,
     GRID_KEY,
     GaussianFit,
     fit,
@@ -236,7 +237,7 @@ def anomaly_rounds(
                 return None  # zero moments: no model yet
             fitted = fleet_fit(arrays_of(model))
             results, thresholds = _thresholds_of_stations(
-                stations, backbone, fitted, config, eval_timeout_s, names
+                stations, backbone, fitted, config, eval_timeout_s, names, fleet=model
             )
             store.record_evaluation(run_id, server_round, results)
             atomic_write_text(job_dir / THRESHOLDS_FILE, json.dumps(thresholds, indent=1))
@@ -273,21 +274,27 @@ def _thresholds_of_stations(
     config: dict[str, Any],
     timeout_s: float,
     names: dict[int, str],
+    *,
+    fleet: ArrayRecord | None = None,
 ) -> tuple[list[PartyEvaluation], dict[str, dict[str, Any]]]:
     """Every connected station's threshold on its held-out good parts, and the share of
     them under it (its evaluation: what passes as good). A station that set none is kept
     with its reason (too few held-out parts for the rate, its privacy), which an operator
-    asking for its recommended threshold is shown."""
+    asking for its recommended threshold is shown. ``fleet``: the round's pooled moments
+    and count, from which a station scores its own good training parts left out of the
+    fit (:func:`fedge.models.anomaly.threshold.leave_one_out_scores`): what it tells the
+    station is what the published model's mean and covariance tell it already."""
     model_record = to_array_record(fit_to_arrays(model))
+    content: dict[str, Any] = {
+        "arrays": backbone,
+        MODEL_KEY: model_record,
+        "config": ConfigRecord(dict(config)),
+    }
+    if fleet is not None:
+        content[FLEET_KEY] = fleet
     nodes = list(grid.get_node_ids())
     messages = [
-        Message(
-            RecordDict(
-                {"arrays": backbone, MODEL_KEY: model_record, "config": ConfigRecord(dict(config))}
-            ),
-            dst_node_id=node,
-            message_type=MessageType.EVALUATE,
-        )
+        Message(RecordDict(content), dst_node_id=node, message_type=MessageType.EVALUATE)
         for node in nodes
     ]
     replies = {
@@ -311,26 +318,34 @@ def _thresholds_of_stations(
         metrics: dict[str, Any] = dict(reply.content.metric_records.get("metrics", {}))
         threshold, held = metrics.get("anomaly-threshold"), metrics.get("holdout-examples")
         alarms = metrics.get("holdout-false-alarms")
+        # The parts the threshold rests on: held out and left out of the fit (a station of
+        # an older fedge reports only the held-out ones).
+        calibrated = metrics.get("calibration-examples", held)
+        missed = metrics.get("calibration-false-alarms", alarms)
         # What a station reports is data to check, not to trust.
         if not (
             isinstance(threshold, int | float) and _number(threshold) and threshold > 0
-            and isinstance(held, int) and not isinstance(held, bool) and held > 0
-            and isinstance(alarms, int) and not isinstance(alarms, bool) and 0 <= alarms <= held
+            and _count(held) and _count(alarms) and alarms <= held
+            and _count(calibrated) and calibrated > 0 and calibrated >= held
+            and _count(missed) and missed <= calibrated
         ):  # fmt: skip
             reason = (
                 f"malformed threshold reply: anomaly-threshold={threshold!r}, "
-                f"holdout-examples={held!r}, holdout-false-alarms={alarms!r}"
+                f"holdout-examples={held!r}, holdout-false-alarms={alarms!r}, "
+                f"calibration-examples={calibrated!r}, calibration-false-alarms={missed!r}"
             )
             results.append(PartyEvaluation(name, None, 0, reason))
             thresholds[name] = {"reason": reason, "at": time.time()}
             continue
         assert isinstance(threshold, int | float)  # checked above; for the type checker
-        results.append(PartyEvaluation(name, 1.0 - alarms / held, held))
+        results.append(PartyEvaluation(name, 1.0 - missed / calibrated, calibrated))
         thresholds[name] = {
             "threshold": float(threshold),
             "false_alarm_rate": float(metrics.get("anomaly-false-alarm-rate", 0.0)),
             "holdout_examples": held,
             "holdout_false_alarms": alarms,
+            "calibration_examples": calibrated,
+            "calibration_false_alarms": missed,
             "at": time.time(),
         }
     return results, thresholds
@@ -342,6 +357,10 @@ def _npz_bytes(arrays: Mapping[str, np.ndarray]) -> bytes:
     contiguous: dict[str, Any] = {k: np.ascontiguousarray(v) for k, v in arrays.items()}
     np.savez(buffer, **contiguous)
     return buffer.getvalue()
+
+
+def _count(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _number(value: object) -> bool:

@@ -24,9 +24,12 @@ from fedge.aggregator.anomaly.combine import FleetFit, StationReply, combine
 from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.models.anomaly import AnomalyError
 from fedge.models.anomaly.statistics import (
+    COUNT_KEY,
+    FLEET_KEY,
     fit_to_arrays,
     statistics_from_arrays,
     statistics_to_arrays,
+    statistics_to_moments,
 )
 
 app = ServerApp()
@@ -97,6 +100,13 @@ def _serve(grid: Grid, config: Any, out: Path) -> None:
             {
                 "arrays": backbone,
                 "model": _record(model_arrays),
+                # The pooled moments: each station scores its own parts left out of the fit.
+                FLEET_KEY: _record(
+                    {
+                        **statistics_to_moments(fleet.summed),
+                        COUNT_KEY: np.array([fleet.summed.count], dtype=np.float64),
+                    }
+                ),
                 "config": ConfigRecord(round_config),
             },
         )

@@ -11,8 +11,8 @@
     input_scale = 20.0         # 0: the classifier's per-image normalisation
     clip = 0.0                 # per-location feature clip (0: none); bounds a mislabelled part
     good_class = "clean"       # the label that makes a part "good"
-    false_alarm_rate = 0.01    # each station's threshold: this rate on its held-out good parts
-                               # (conformal: it rests on >= 1/rate - 1 of them, 99 at 1 %)
+    false_alarm_rate = 0.01    # each station's threshold: this rate on its good parts scored
+                               # out of sample (conformal: >= 1/rate - 1 of them, 99 at 1 %)
 
 An anomaly job is one round of sums, never epochs: ``job.rounds`` must be 1 and the
 strategy FedAvg (the weighted mean of each station's per-part moments, with its count as

@@ -166,6 +166,8 @@ def mahalanobis(model: GaussianFit, features: Float64Array) -> Float64Array:
     return result
 
 
+FLEET_KEY = "anomaly-fleet"
+"""The record of a threshold request holding the fleet's pooled moments and count."""
 COUNT_KEY = "anomaly-count"
 TOTAL_KEY = "anomaly-total"
 OUTER_KEY = "anomaly-outer"
