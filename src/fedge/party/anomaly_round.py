@@ -233,8 +233,8 @@ def threshold_round(
         "holdout-examples": len(held),
         "holdout-false-alarms": int(np.sum(held_scores > result.threshold)),
         "left-out-examples": len(left_out),
-        "calibration-examples": result.held_out_parts,
-        "calibration-false-alarms": result.held_out_false_alarms,
+        "calibration-examples": result.parts,
+        "calibration-false-alarms": result.false_alarms,
     }
 
 

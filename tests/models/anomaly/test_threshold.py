@@ -21,8 +21,8 @@ def test_the_threshold_is_the_conformal_order_statistic() -> None:
     # k = ceil(1001 * 0.99) = 991: the empirical 99 % quantile (990) would be exceeded by
     # a new part with probability 11/1001 > 1 %.
     assert result.threshold == 991.0
-    assert result.held_out_false_alarms == 9
-    assert result.held_out_parts == 1000
+    assert result.false_alarms == 9
+    assert result.parts == 1000
     assert result.false_alarm_bound == pytest.approx(10 / 1001)
     assert result.false_alarm_bound <= 0.01
 

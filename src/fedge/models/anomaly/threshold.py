@@ -53,16 +53,17 @@ class AnomalyThreshold:
 
     threshold: float
     false_alarm_rate: float
-    held_out_parts: int
-    held_out_false_alarms: int
-    """Held-out good parts scoring above the threshold."""
+    parts: int
+    """The good parts scored out of sample it rests on."""
+    false_alarms: int
+    """Of those, the ones scoring above the threshold."""
 
     @property
     def false_alarm_bound(self) -> float:
         """The chance that a new good part scores above the threshold (module docstring):
         at most ``false_alarm_rate``."""
-        rank = conformal_rank(self.held_out_parts, self.false_alarm_rate)
-        return (self.held_out_parts + 1 - rank) / (self.held_out_parts + 1)
+        rank = conformal_rank(self.parts, self.false_alarm_rate)
+        return (self.parts + 1 - rank) / (self.parts + 1)
 
 
 def min_parts_for(false_alarm_rate: float) -> int:
@@ -99,8 +100,8 @@ def threshold_for_rate(scores: Float64Array, false_alarm_rate: float) -> Anomaly
     return AnomalyThreshold(
         threshold=threshold,
         false_alarm_rate=false_alarm_rate,
-        held_out_parts=int(values.size),
-        held_out_false_alarms=int(np.sum(values > threshold)),
+        parts=int(values.size),
+        false_alarms=int(np.sum(values > threshold)),
     )
 
 
