@@ -263,7 +263,7 @@ def _deploy_beside(
     console.print(
         f"{result.published} serves beside {result.classifier}; each station's anomaly "
         "threshold is its own (false-alarm rate "
-        f"{FALSE_ALARM_RATE:.0%} on its held-out good parts): "
+        f"{FALSE_ALARM_RATE:.0%} on its good parts scored out of sample): "
         + ", ".join(f"{e} {t:.1f}" for e, t in sorted(result.thresholds.items())),
         highlight=False,
     )
@@ -450,6 +450,13 @@ def report_lines(result: AnomalyChapter) -> list[str]:
     lines = [
         "## What normal looks like",
         "",
+        f"An anomaly fleet job fitted {result.published} on the parts operators had labelled "
+        f"good at every station ({_counts(result.counted)}; {result.fit_count} in all): "
+        "each station sent the count, sum and sum of outer products of its parts' features, "
+        f"never an image, in {result.job_s:.0f} s. It serves beside {result.classifier}, and "
+        "each station calls a part novel over its own threshold, pushed with "
+        "`fedge edge set-threshold all --anomaly recommended`.",
+        "",
         f"A station's threshold at a {FALSE_ALARM_RATE:.0%} false-alarm rate is conformal: "
         f"it rests on at least {min_parts_for(FALSE_ALARM_RATE)} good parts scored out of "
         "sample, and a new good part exceeds it with a chance of about that rate. Those are "
@@ -460,14 +467,6 @@ def report_lines(result: AnomalyChapter) -> list[str]:
             for edge, (n, held) in sorted(result.calibration.items())
         )
         + ".",
-        "",
-        f"An anomaly fleet job fitted {result.published} on the parts operators had labelled "
-        f"good at every station ({_counts(result.counted)}; {result.fit_count} in all): "
-        "each station sent the count, sum and sum of outer products of its parts' features, "
-        f"never an image, in {result.job_s:.0f} s. It serves beside {result.classifier}, and "
-        "each station calls a part novel over its own threshold (the score its own held-out "
-        f"good parts exceed at a {FALSE_ALARM_RATE:.0%} rate), pushed with "
-        "`fedge edge set-threshold all --anomaly recommended`.",
         "",
         f"Then {', '.join(DENT_STATIONS)} saw dents, a defect shape the classifier never saw:",
         "",

@@ -4,8 +4,10 @@ A *train* message carries the backbone's weights (``"arrays"``, the inspection C
 state) and a ``"config"`` record with ``model-spec`` and the ``anomaly-*`` keys of
 :mod:`fedge.party.anomaly_round`; the reply is the station's sufficient statistics. An
 *evaluate* message carries the backbone and the fleet's fitted model
-(``"model"``: :func:`fedge.models.anomaly.statistics.fit_to_arrays`); the reply is the
-station's threshold on its held-out good parts. A fleet job's *train* message
+(``"model"``: :func:`fedge.models.anomaly.statistics.fit_to_arrays`), and the fleet's
+pooled moments and count (``"anomaly-fleet"``, when the job sends them); the reply is the
+station's threshold on its good parts scored out of sample (held out, and left out of
+the fleet's sums: :func:`fedge.party.anomaly_round.threshold_round`). A fleet job's *train* message
 (:mod:`fedge.aggregator.anomaly.rounds`) carries the backbone under ``"backbone"`` and
 zero moments in ``"arrays"`` (the shapes the reply must have); the reply is then the
 moments of the station's good parts, weighted by their count. Under SecAgg+ a train
@@ -79,7 +81,8 @@ def train(msg: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(msg: Message, context: Context) -> Message:
-    """This station's threshold for the fleet's model on its held-out good parts."""
+    """This station's threshold for the fleet's model on its good parts scored out of
+    sample: held out, and its training parts left out of the fleet's sums."""
     from fedge.models.anomaly import AnomalyError
     from fedge.models.anomaly.statistics import fit_from_arrays
 
