@@ -12,6 +12,7 @@ from PIL import Image
 from fedge.datasets.defects import CLASSES, make_defect_images
 from fedge.models.anomaly.statistics import add_statistics, fit, station_statistics
 from fedge.models.inspection import new_model
+from fedge.party import anomaly_round
 from fedge.party.anomaly_round import (
     record_statistics,
     statistics_round,
@@ -49,7 +50,7 @@ def _arrays() -> ArrayRecord:
 
 
 def test_station_statistics_add_up_to_the_pooled_fit_and_count_only_good_parts(
-    tmp_path: Path,
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     stations = [_station(tmp_path / f"st-{i}", f"st-{i}", n, i) for i, n in enumerate((40, 16))]
     replies = [statistics_round(s, SPEC, _arrays(), ConfigRecord()) for s in stations]
@@ -100,6 +101,11 @@ def test_station_statistics_add_up_to_the_pooled_fit_and_count_only_good_parts(
     assert metrics["calibration-examples"] == metrics["holdout-examples"] + trained >= 19
     assert metrics["calibration-false-alarms"] <= 0.05 * metrics["calibration-examples"]
     assert 0 <= metrics["holdout-false-alarms"] <= metrics["holdout-examples"]
+    # A large station scores a subset of its training parts left out (one fit each).
+    monkeypatch.setattr(anomaly_round, "LEAVE_ONE_OUT_MAX", 3)
+    capped = threshold_round(stations[0], SPEC, _arrays(), federated, rate, fleet=pooled_stats)
+    assert capped["left-out-examples"] == 3
+    assert capped["calibration-examples"] == metrics["holdout-examples"] + 3
     # Sums that cannot hold this station's parts (fewer parts in all): held-out parts only.
     assert shares[1].count <= trained
     other = threshold_round(stations[0], SPEC, _arrays(), federated, rate, fleet=shares[1])
