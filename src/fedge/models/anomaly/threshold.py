@@ -1,4 +1,4 @@
-"""A station's anomaly threshold from its own held-out good parts (pure).
+"""A station's anomaly threshold from its own good parts scored out of sample (pure).
 
 The threshold is a conformal one (split conformal prediction: Vovk, Gammerman & Shafer,
 *Algorithmic Learning in a Random World*, 2005; for outliers, Bates et al., "Testing for
@@ -21,8 +21,10 @@ where their own scores are too low; :func:`leave_one_out_scores` scores each und
 fleet's fit *without it* (its statistics subtracted from the fleet's sums, which is
 exact), an out-of-sample score as the held-out ones are. Pooling both is the jackknife
 (Barber, Candès, Ramdas & Tibshirani, "Predictive inference with the jackknife+", Ann.
-Statist. 2021): its worst-case guarantee is weaker (``2 rate``), but with a fleet fit on
-hundreds of parts one part more or less moves the model too little to matter.
+Statist. 2021). It has no guarantee for every fit, only for stable ones: a part's score
+under the fit without it must be near its score under a fit with it replaced by a new
+part. A fleet fit on hundreds of parts with shrinkage is such a fit; ``fedge bench
+anomaly`` measures the false-alarm rate that results (BENCHMARKS.md §28).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from fedge.models.anomaly.statistics import (
 
 
 class TooFewPartsError(StatisticsError):
-    """Too few held-out good parts for a threshold at the rate asked."""
+    """Too few good parts scored out of sample for a threshold at the rate asked."""
 
 
 @dataclass(frozen=True)
@@ -67,19 +69,21 @@ class AnomalyThreshold:
 
 
 def min_parts_for(false_alarm_rate: float) -> int:
-    """The fewest held-out good parts that can set a threshold at ``false_alarm_rate``."""
+    """The fewest good parts scored out of sample that can set a threshold at
+    ``false_alarm_rate``."""
     _check_rate(false_alarm_rate)
     return max(1, math.ceil((1.0 - false_alarm_rate) / false_alarm_rate - 1e-9))
 
 
 def conformal_rank(parts: int, false_alarm_rate: float) -> int:
     """``k = ceil((n + 1) (1 - rate))``: the threshold is the k-th smallest of ``parts``
-    held-out scores (it may exceed ``parts``: then there is no threshold)."""
+    out-of-sample scores (it may exceed ``parts``: then there is no threshold)."""
     return math.ceil((parts + 1) * (1.0 - false_alarm_rate) - 1e-9)
 
 
 def threshold_for_rate(scores: Float64Array, false_alarm_rate: float) -> AnomalyThreshold:
-    """The conformal threshold at ``false_alarm_rate`` from held-out good parts' ``scores``."""
+    """The conformal threshold at ``false_alarm_rate`` from good parts' out-of-sample
+    ``scores``."""
     _check_rate(false_alarm_rate)
     values = np.sort(np.asarray(scores, dtype=np.float64).ravel())
     if values.size == 0:
