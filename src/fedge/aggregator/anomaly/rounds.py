@@ -278,9 +278,9 @@ def _thresholds_of_stations(
     fleet: ArrayRecord | None = None,
 ) -> tuple[list[PartyEvaluation], dict[str, dict[str, Any]]]:
     """Every connected station's threshold on its good parts scored out of sample, and
-    the share of them under it (its evaluation: what passes as good). A station that set none is kept
-    with its reason (too few held-out parts for the rate, its privacy), which an operator
-    asking for its recommended threshold is shown. ``fleet``: the round's pooled moments
+    the share of them under it (its evaluation: what passes as good). A station that set
+    none is kept with its reason (too few parts for the rate, its privacy), which an
+    operator asking for its recommended threshold is shown. ``fleet``: the round's pooled moments
     and count, from which a station scores its own good training parts left out of the
     fit (:func:`fedge.models.anomaly.threshold.leave_one_out_scores`): what it tells the
     station is what the published model's mean and covariance tell it already."""
