@@ -99,10 +99,10 @@ def over_seeds(per_seed: list[dict[str, Any]]) -> dict[str, Any]:
             rules: dict[str, Any] = {}
             for rule in entry["false_alarm_rate"]:
                 values = [run[rate][station]["false_alarm_rate"][rule] for run in per_seed]
-                set_ = [v for v in values if v is not None]
+                measured = [v for v in values if v is not None]
                 rules[rule] = {
-                    "mean": round(float(np.mean(set_)), 4) if set_ else None,
-                    "no_threshold_seeds": len(values) - len(set_),
+                    "mean": round(float(np.mean(measured)), 4) if measured else None,
+                    "no_threshold_seeds": len(values) - len(measured),
                 }
             stations[station] = {
                 "held_out": entry["held_out"],

@@ -214,7 +214,10 @@ def threshold_round(
         )  # fmt: skip
         trained = None
     if len(held) == 0 and (trained is None or len(trained) == 0):
-        raise PartyError(f"station {station.edge} has no held-out good parts to set a threshold on")
+        none_trained = "" if fleet is None else ", and none of its training parts in the fit"
+        raise PartyError(
+            f"station {station.edge} has no held-out good parts{none_trained} to set a threshold on"
+        )
     rate = float(_number(config, "anomaly-false-alarm-rate", 0.01))
     clip = float(_number(config, "anomaly-clip", 0.0))
     try:
