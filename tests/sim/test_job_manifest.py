@@ -149,7 +149,8 @@ def test_shipped_example_manifest() -> None:
 BAD = [
     pytest.param(
         edited('kind = "tiered"', 'kind = "fedsgd"'),
-        "strategy.kind: unknown strategy 'fedsgd' (known: fedavg, fedprox, tiered, distill)",
+        "strategy.kind: unknown strategy 'fedsgd' "
+        "(known: fedavg, fedprox, tiered, distill, nested)",
         id="unknown-strategy",
     ),
     pytest.param(

@@ -15,7 +15,7 @@ the disk. Every problem raises :class:`ManifestError` naming the field by its do
     arch = "mlp"               # optional: model architecture (default: the scenario's)
 
     [strategy]
-    kind = "tiered"            # fedavg | fedprox | tiered | distill
+    kind = "tiered"            # fedavg | fedprox | tiered | distill | nested
 
     [strategy.params]          # optional: the strategy's parameters (see aggregator.factory)
     tiers = 5
@@ -206,9 +206,9 @@ def parse_manifest(
     if kind not in KINDS:
         known = ", ".join(KINDS)
         raise ManifestError(f"strategy.kind: unknown strategy {kind!r} (known: {known})")
-    if kind == "distill" and "arch" in task_table:
+    if kind in ("distill", "nested") and "arch" in task_table:
         raise ManifestError(
-            "task.arch: distill trains one architecture per tier (strategy.params.tier_archs; "
+            f"task.arch: {kind} trains one architecture per tier (strategy.params.tier_archs; "
             "the largest is the global model): leave task.arch out"
         )
     params_table = strategy_table.optional_table("params", None)

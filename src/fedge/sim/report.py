@@ -118,7 +118,7 @@ def architectures(scenario: Scenario, strategies: list[str]) -> list[Architectur
     users: dict[str, list[str]] = {}
     for name in strategies:
         params = scenario.strategy(name)
-        if str(params.get("kind", name)) == "distill":
+        if str(params.get("kind", name)) in ("distill", "nested"):
             tier_archs = params.get("tier_archs", list(DEFAULT_TIER_ARCHS))
             assert isinstance(tier_archs, list)  # the strategy was built from it
             for index, arch in enumerate(tier_archs):

@@ -19,15 +19,17 @@ deadline keys            ``over-selection``, ``quorum-fraction``, ``deadline-fac
                          ``late-policy``, ``staleness-exponent``
 tiered keys              ``tiers``, ``profiling-rounds``, ``profiling-deadline-s``,
                          ``adaptive``, ``interval``, ``credits-per-tier``, ``retier-interval``,
-                         ``dropout-threshold-s`` (also read by ``distill``)
+                         ``dropout-threshold-s`` (also read by ``distill`` and ``nested``)
+nested keys              ``tier-archs`` (comma-separated, fastest tier first)
 distill keys             ``tier-archs`` (comma-separated, fastest tier first),
                          ``temperature``, ``distill-epochs``, ``distill-lr``,
                          ``distill-batch-size``; the proxy set is the scenario's split
 fedprox keys             ``proximal-mu``
 server optimizer keys    ``server-opt`` (``fedadam``, ``fedyogi``, ``fedadagrad``,
                          ``fedavgm``; "" = none), ``server-lr``, ``beta1``, ``beta2``,
-                         ``tau`` (every strategy but ``distill``; ``server-lr`` 0 = the
-                         optimizer's default; ``fedavgm`` reads only ``beta1``)
+                         ``tau`` (every strategy but ``distill`` and ``nested``;
+                         ``server-lr`` 0 = the optimizer's default; ``fedavgm`` reads only
+                         ``beta1``)
 =======================  ==================================================================
 
 A Flower run config has no "unset": a deadline or threshold key set to 0 means *off*
@@ -133,10 +135,12 @@ class ServerSettings:
             keys += ("server-opt", "server-lr", "beta1")
         elif server_opt:  # "": no server optimizer, its keys ignored
             keys += SERVER_OPT_KEYS
-        if strategy in ("tiered", "distill"):
+        if strategy in ("tiered", "distill", "nested"):
             keys += TIERED_KEYS
         if strategy == "distill":
             keys += DISTILL_KEYS
+        if strategy == "nested":
+            keys += ("tier-archs",)
         if strategy == "fedprox":
             keys += FEDPROX_KEYS
         params: dict[str, UserConfigValue | list[str]] = {}

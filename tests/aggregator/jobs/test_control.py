@@ -473,7 +473,7 @@ def test_cli_bad_manifest_exits_1_naming_the_field(tmp_path: Path, processes: Pr
     job_dir = tmp_path / "job"
     result = processes.cli("aggregator", "run", str(manifest), "--dir", str(job_dir), expect=1)
     stderr = " ".join(result.stderr.split())
-    known = "(known: fedavg, fedprox, tiered, distill)"
+    known = "(known: fedavg, fedprox, tiered, distill, nested)"
     assert f"strategy.kind: unknown strategy 'fedsgd' {known}" in stderr
     assert not job_dir.exists()
     status = cli("aggregator", "status", "--dir", str(job_dir))

@@ -36,7 +36,7 @@ class CheckpointSpec:
 
 
 # The strategies that draw one tier per round (TiFL) and their defaults (aggregator.tiered).
-TIERED_KINDS = ("tiered", "distill")
+TIERED_KINDS = ("tiered", "distill", "nested")
 _DEFAULT_TIERS = 5
 _DEFAULT_PROFILING_ROUNDS = 1
 

@@ -3,7 +3,7 @@
 Unknown kinds and parameters are errors that name the offending key, raised before
 anything starts.
 
-Every kind but ``distill`` takes a server optimizer (``server_opt`` = ``fedadam``,
+Every kind but ``distill`` and ``nested`` takes a server optimizer (``server_opt`` = ``fedadam``,
 ``fedyogi``, ``fedadagrad`` or ``fedavgm``, with ``server_lr``, ``beta1``, ``beta2``,
 ``tau``; :mod:`fedge.aggregator.strategies.server_opt`), whatever its tiers, deadline,
 late policy and privacy: the step is taken on the round's folded mean.
@@ -29,7 +29,11 @@ if TYPE_CHECKING:
 
 # distill also needs the server's unlabeled proxy set (``proxy_X``): the simulator and jobs
 # pass their scenario's proxy split.
-KINDS = ("fedavg", "fedprox", "tiered", "distill")
+KINDS = ("fedavg", "fedprox", "tiered", "distill", "nested")
+# The kinds that give each TiFL tier its own architecture (``tier_archs``): FedDF's
+# distillation across any architectures, HeteroFL's nested slices of one model.
+TIER_ARCH_KINDS = ("distill", "nested")
+TIERED_KINDS = ("tiered", *TIER_ARCH_KINDS)
 _DEADLINE: dict[str, type | tuple[type, ...]] = {
     "over_selection": float,
     "quorum_fraction": float,
@@ -60,6 +64,7 @@ _DISTILL: dict[str, type | tuple[type, ...]] = {
     "distill_validation": float,
     "distill_patience": int,
 }
+_NESTED: dict[str, type | tuple[type, ...]] = {"tier_archs": list}
 # The server optimizer (FedOpt, Reddi et al. ICLR'21; FedAvgM, Hsu et al. 2019).
 _SERVER_OPT: dict[str, type | tuple[type, ...]] = {
     "server_opt": str,
@@ -68,7 +73,8 @@ _SERVER_OPT: dict[str, type | tuple[type, ...]] = {
     "beta2": float,
     "tau": float,
 }
-# Every kind but distill (whose architectures follow the tiers) may set the trained arch.
+# Every kind but distill and nested (whose architectures follow the tiers) may set the
+# trained arch.
 _ARCH: dict[str, type | tuple[type, ...]] = {"arch": str}
 # A strategy's own local step (over the scenario's or job's task): e.g. DP-SGD's larger
 # batch at the same epsilon (its noise re-planned by the accountant) and its learning rate.
@@ -145,10 +151,12 @@ def build_strategy(
         raise StrategyConfigError(f"{table}.kind: unknown strategy {kind!r} (known: {KINDS})")
     allowed = dict(_DEADLINE) | _PRIVACY | _SERVER_OPT
     allowed |= {key: kind_ for key, (_, kind_) in _LOCAL_STEP.items()}
-    if kind in ("tiered", "distill"):
+    if kind in TIERED_KINDS:
         allowed |= _TIERED
     if kind == "distill":
         allowed |= _DISTILL
+    elif kind == "nested":
+        allowed |= _NESTED
     else:
         allowed |= _ARCH
     if kind == "fedprox":
@@ -169,6 +177,12 @@ def build_strategy(
         )
     except ValueError as exc:
         raise StrategyConfigError(f"{table}: {exc}") from None
+    if server_opt is not None and kind == "nested":
+        raise StrategyConfigError(
+            f"{table}.server_opt: kind 'nested' has no server optimizer yet (a step on a "
+            "mean that covers some parameters and not others is untried); use kind "
+            "'tiered' with server_opt, or nested without it"
+        )
     if server_opt is not None and kind == "distill":
         # Where FedOpt does not apply: distill re-makes each architecture's model by
         # ensemble distillation (FedDF), so no single pseudo-gradient exists per round.
@@ -196,7 +210,7 @@ def build_strategy(
             train_config["arch"] = values.pop("arch")
         if kind == "fedprox":
             train_config["proximal-mu"] = values.pop("proximal_mu", 0.01)
-        if kind in ("tiered", "distill") and "tiers" in values:
+        if kind in TIERED_KINDS and "tiers" in values:
             values["n_tiers"] = values.pop("tiers")
         if kind == "distill":
             if proxy_X is None:
@@ -216,6 +230,20 @@ def build_strategy(
             )
             train_config["arch"] = distilling.evaluation_arch
             strategy: StreamingFedAvg = distilling
+        elif kind == "nested":
+            from fedge.aggregator.strategies.nested import NestedTieredFedAvg  # torch
+            from fedge.models.architectures import DIGITS
+
+            nested = NestedTieredFedAvg(
+                per_round=per_round,
+                seed=seed,
+                clock=clock,
+                deadline=deadline,
+                architectures=DIGITS if architectures is None else architectures,
+                **values,
+            )
+            train_config["arch"] = nested.evaluation_arch
+            strategy = nested
         elif kind == "tiered":
             strategy = TieredFedAvg(
                 per_round=per_round,
@@ -261,14 +289,14 @@ def _privacy(table: str, values: dict[str, object], *, kind: str, per_round: int
             f"{table}.privacy: SecAgg+ with central DP is not supported (the server never "
             "sees an update to clip); use mode 'local' (DP-SGD) with SecAgg+"
         )
-    if spec.secagg and kind == "distill":
+    if spec.secagg and kind in TIER_ARCH_KINDS:
         raise StrategyConfigError(
-            f"{table}.privacy: SecAgg+ yields one aggregate per round; distill folds one "
+            f"{table}.privacy: SecAgg+ yields one aggregate per round; {kind} folds one "
             "model per tier architecture"
         )
-    if spec.mode is PrivacyMode.CENTRAL and kind == "distill":
+    if spec.mode is PrivacyMode.CENTRAL and kind in TIER_ARCH_KINDS:
         raise StrategyConfigError(
-            f"{table}.privacy: mode 'central' clips one model's updates; distill trains one "
+            f"{table}.privacy: mode 'central' clips one model's updates; {kind} trains one "
             "model per tier architecture"
         )
     return spec

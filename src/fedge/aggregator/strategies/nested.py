@@ -1,0 +1,218 @@
+"""Nested sub-models across TiFL tiers: HeteroFL's width slicing (Diao et al., ICLR 2021).
+
+HeteroFL serves clients of different capability with sub-networks of ONE global model: a
+client at width rate r trains the first r of the units of every hidden layer (a leading
+slice of every weight and bias), and the server averages each parameter over the
+clients whose sub-model holds it; a parameter no client held this round keeps its value.
+Here the capability is the tier: ``tier_archs`` names one architecture per tier, fastest
+first, and every one must be a leading slice of the largest, which is the global model
+(``mlp-large-half`` of ``mlp-large``: the first 128 and 64 hidden units; the inspection
+CNN at width 8 of the one at width 16: the first channels of every convolution).
+
+Against FedDF (:mod:`fedge.aggregator.strategies.feddf`), which keeps one model per
+architecture and fuses them through an unlabeled proxy set, the slow tiers' updates land
+in the global model's own parameters: no proxy set and no server-side training. On
+``tifl-digits-mixed`` (BENCHMARKS.md section 8f) it reaches FedAvg-large's accuracy where
+distillation stayed 1.1 points short. What it needs is architectures that nest; distill
+fuses any.
+
+Not used, and why: HeteroFL's "scaler" (a sub-model's activations scaled by 1/r while it
+trains) and static batch norm exist for normalised networks; the MLPs and the inspection
+CNN have no normalisation layers. FedRolex's rolling windows (Alam et al., NeurIPS 2022:
+the slice moves by one unit each round, so every unit is trained by the small clients in
+turn) were screened on this scenario and lost 1-3 points, because a TiFL round trains
+one tier and a moving window leaves each unit few consecutive updates (section 8f).
+
+Pure functions (:func:`check_nested`, :func:`sub_model`, :func:`nested_mean`) carry the
+arithmetic; :class:`NestedTieredFedAvg` wires them into TiFL's round loop, folding each
+reply into its architecture's running mean as it arrives (``fold_group``).
+"""
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+
+from fedge.aggregator.rounds import deadline as deadlines
+from fedge.aggregator.rounds.fold import StreamingMean, accumulator_dtype
+from fedge.aggregator.rounds.replies import arrays_of, layout, to_array_record
+from fedge.aggregator.strategies.tiered import TieredFedAvg
+from fedge.aggregator.tiers.architectures import architecture_of
+from fedge.models.architectures import DIGITS, Architectures
+
+Shapes = Mapping[str, tuple[int, ...]]
+Arrays = Mapping[str, npt.NDArray[Any]]
+
+
+class NestingError(ValueError):
+    """An architecture that is not a leading slice of the global one."""
+
+
+def check_nested(inner: Shapes, outer: Shapes, *, name: str = "the sub-model") -> None:
+    """Raise :class:`NestingError` unless every array of ``inner`` is a leading slice of
+    the same-named array of ``outer`` (same names, same rank, no dimension larger)."""
+    if set(inner) != set(outer):
+        missing = sorted(set(outer) - set(inner))
+        extra = sorted(set(inner) - set(outer))
+        raise NestingError(
+            f"{name} is not a slice of the global model: its arrays differ "
+            f"(missing {missing}, extra {extra})"
+        )
+    for key, shape in inner.items():
+        bound = outer[key]
+        if len(shape) != len(bound) or any(s > b for s, b in zip(shape, bound, strict=True)):
+            raise NestingError(
+                f"{name} is not a slice of the global model: {key} is {list(shape)}, "
+                f"the global model's {list(bound)}"
+            )
+
+
+def _leading(shape: tuple[int, ...]) -> tuple[slice, ...]:
+    return tuple(slice(0, n) for n in shape)
+
+
+def sub_model(global_arrays: Arrays, shapes: Shapes) -> dict[str, npt.NDArray[Any]]:
+    """The sub-model of ``shapes`` cut from ``global_arrays``: each array's leading slice
+    (a copy: what is sent must not change when the global model does)."""
+    return {key: np.array(global_arrays[key][_leading(shape)]) for key, shape in shapes.items()}
+
+
+def nested_mean(
+    current: Arrays, means: Sequence[tuple[Arrays, float]]
+) -> dict[str, npt.NDArray[Any]]:
+    """The new global model from sub-models' weighted means (HeteroFL's aggregation).
+
+    ``means`` holds one (mean arrays, total weight) per architecture that replied, each
+    array a leading slice of ``current``'s. Every parameter becomes the weighted mean of
+    the means that hold it; a parameter none holds keeps its ``current`` value.
+    Accumulated in float64 (float32 models), as the folds are.
+    """
+    result: dict[str, npt.NDArray[Any]] = {}
+    for key, value in current.items():
+        base = np.asarray(value)
+        total = np.zeros(base.shape, dtype=accumulator_dtype(base.dtype))
+        weight = np.zeros(base.shape, dtype=np.float64)
+        for arrays, w in means:
+            if w <= 0:
+                continue
+            part = np.asarray(arrays[key])
+            where = _leading(part.shape)
+            total[where] += w * part
+            weight[where] += w
+        covered = weight > 0
+        out = base.copy()
+        out[covered] = (total[covered] / weight[covered]).astype(base.dtype)
+        result[key] = out
+    return result
+
+
+class NestedTieredFedAvg(TieredFedAvg):
+    """TiFL tiers whose architectures are nested slices of one global model (module
+    docstring). The global model is the largest of ``tier_archs``."""
+
+    def __init__(
+        self,
+        *,
+        tier_archs: Sequence[str],
+        architectures: Architectures = DIGITS,
+        **kwargs: Any,
+    ) -> None:
+        if kwargs.get("server_opt") is not None:
+            raise ValueError(
+                "server_opt: nested has no server optimizer yet (a step on a mean that "
+                "covers some parameters and not others is untried); use kind 'tiered' "
+                "with server_opt, or nested without it"
+            )
+        super().__init__(**kwargs)
+        archs = tuple(tier_archs)
+        if not archs or not all(isinstance(a, str) for a in archs):
+            raise ValueError(f"tier_archs must name one architecture per tier, got {archs!r}")
+        architectures.check(archs)
+        if len(archs) != self.n_tiers:
+            raise ValueError(
+                f"tier_archs needs one architecture per tier: {self.n_tiers} tiers, "
+                f"{len(archs)} architectures"
+            )
+        self.architectures = architectures
+        self.tier_archs = archs
+        self.shapes: dict[str, dict[str, tuple[int, ...]]] = {
+            arch: {k: tuple(v.shape) for k, v in architectures.build(arch, 0).state_dict().items()}
+            for arch in dict.fromkeys(archs)
+        }
+        sizes = {
+            a: sum(int(np.prod(s)) for s in shapes.values()) for a, shapes in self.shapes.items()
+        }
+        self.evaluation_arch = max(archs, key=lambda a: sizes[a])
+        """The largest architecture: the global model every other one is cut from."""
+        for arch in self.shapes:
+            check_nested(self.shapes[arch], self.shapes[self.evaluation_arch], name=repr(arch))
+        self._node_arch: dict[int, str] = {}
+
+    def arch_of(self, node: int, server_round: int) -> str:
+        """The architecture ``node`` trains in ``server_round`` (its tier's)."""
+        tiers = None if server_round <= self.profiling_rounds else self.tiers
+        return architecture_of(node, tiers, self.tier_archs, self.evaluation_arch)
+
+    def _messages(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        config: ConfigRecord,
+        plan: deadlines.RoundPlan,
+    ) -> list[Message]:
+        found = layout(arrays)
+        expected = self.shapes[self.evaluation_arch]
+        if {k: shape for k, (shape, _) in found.items()} != expected:
+            raise ValueError(
+                f"nested: the global arrays must be a {self.evaluation_arch!r} model (the "
+                "largest of tier_archs)"
+            )
+        base = self._round_config_record(server_round, config, plan)
+        contents: dict[str, RecordDict] = {}
+        models: dict[str, ArrayRecord] = {}
+        self._node_arch = {}
+        messages = []
+        for node in plan.selected:
+            arch = self.arch_of(node, server_round)
+            content = contents.get(arch)
+            if content is None:
+                round_config = ConfigRecord(dict(base))
+                round_config["arch"] = arch
+                model = (
+                    arrays
+                    if arch == self.evaluation_arch
+                    else to_array_record(sub_model(arrays_of(arrays), self.shapes[arch]))
+                )
+                content = RecordDict(
+                    {self.arrayrecord_key: model, self.configrecord_key: round_config}
+                )
+                contents[arch], models[arch] = content, model
+            self._node_arch[node] = arch
+            messages.append(
+                Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
+            )
+        self._sent = tuple(models.values())
+        return messages
+
+    def fold_group(self, node: int) -> str:
+        return self._node_arch[node]
+
+    def aggregate(
+        self,
+        server_round: int,
+        arrays: ArrayRecord,
+        folds: dict[str, StreamingMean],
+        metrics: dict[str, float],
+    ) -> ArrayRecord:
+        """Each architecture's mean, then every parameter averaged over the means that
+        hold it (:func:`nested_mean`)."""
+        means = [
+            (fold.result(), fold.total_weight)
+            for fold in folds.values()
+            if fold.count and fold.total_weight > 0
+        ]
+        if not means:
+            return arrays
+        return to_array_record(nested_mean(arrays_of(arrays), means))
