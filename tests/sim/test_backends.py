@@ -64,6 +64,12 @@ target_accuracy = 0.9
 tiers = 2
 profiling_rounds = 1
 interval = 2
+
+[strategies.nested]
+tiers = 2
+profiling_rounds = 1
+interval = 2
+tier_archs = ["mlp-large", "mlp-large-half"]
 """
 
 
@@ -157,8 +163,8 @@ def test_app_dir_carries_the_run_config(tmp_path: Path) -> None:
 @pytest.mark.xdist_group("ray")  # one Ray at a time (test_ray_cluster.py)
 @pytest.mark.timeout(240)
 def test_flower_runtime_matches_in_process(scenario: Scenario) -> None:
-    strategies = ("fedavg", "tiered")
-    # Both strategies in one Flower simulation: Ray starts once.
+    strategies = ("fedavg", "tiered", "nested")
+    # The strategies in one Flower simulation: Ray starts once.
     flower = run_strategies_on_flower(scenario, strategies, SEED)
     for strategy, theirs in zip(strategies, flower, strict=True):
         ours = run_one(scenario, strategy, SEED)
