@@ -2,11 +2,12 @@
 
 Real processes throughout, as in test_fleet_learns: Mosquitto, ``manager serve``, the
 fleet's SuperLink, three agents with training enabled (each supervising its own
-``flower-supernode``) and ``fedge aggregator run`` on a distill job: two TiFL tiers, the
+``flower-supernode``) and ``fedge aggregator run`` on a tier job: two TiFL tiers, the
 fast one training ``cnn`` (width 8), the slow one ``cnn-small`` (width 4), fused on the
-server's unlabeled proxy images by the simulator's FedDF strategy. The job publishes one
-model per tier and deploys each to its tier's stations: afterwards every station serves
-its own tier's architecture.
+server's unlabeled proxy images by the simulator's FedDF strategy (``distill``), or
+trained as a slice of the width-8 model itself (``nested``, HeteroFL). The job publishes
+one model per tier and deploys each to its tier's stations: afterwards every station
+serves its own tier's architecture.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import (
     FleetHome,
@@ -55,13 +57,16 @@ def publish_teacher(fh: FleetHome, tmp_path: Path) -> None:
         )  # fmt: skip
 
 
-def write_job(path: Path) -> Path:
-    images, _ = make_defect_images(32, seed=5)
-    write_png_dir(images, path.parent / "proxy", "proxy")
+def write_job(path: Path, kind: str) -> Path:
+    distill = ""
+    if kind == "distill":
+        images, _ = make_defect_images(32, seed=5)
+        write_png_dir(images, path.parent / "proxy", "proxy")
+        distill = '\ndistill_epochs = 2\n\n[distill]\nproxy = "proxy"'
     path.write_text(
-        """
+        f"""
 [job]
-name = "fleet-distill"
+name = "fleet-{kind}"
 rounds = 2
 seed = 0
 
@@ -69,13 +74,6 @@ seed = 0
 model = "inspect:1"
 local_epochs = 1
 batch_size = 8
-
-[strategy]
-kind = "distill"
-[strategy.params]
-tiers = 2
-tier_archs = ["cnn", "cnn-small"]
-distill_epochs = 2
 
 [federation]
 backend = "fleet"
@@ -85,8 +83,11 @@ node_wait_s = 240.0
 round_timeout_s = 300.0
 eval_timeout_s = 240.0
 
-[distill]
-proxy = "proxy"
+[strategy]
+kind = "{kind}"
+[strategy.params]
+tiers = 2
+tier_archs = ["cnn", "cnn-small"]{distill}
 """,
         encoding="utf-8",
     )
@@ -100,8 +101,9 @@ def status(port: int) -> dict[str, object]:
 
 
 @pytest.mark.timeout(900)
-def test_each_tier_serves_its_own_architecture_after_a_distill_job(
-    tmp_path: Path, processes: Processes
+@pytest.mark.parametrize("kind", ["distill", "nested"])
+def test_each_tier_serves_its_own_architecture_after_a_tier_job(
+    tmp_path: Path, processes: Processes, kind: str
 ) -> None:
     fh = make_fleet_home(tmp_path, edges=EDGES, privacy_floor=False)
     processes.env["FEDGE_HOME"] = str(fh.home.root)
@@ -120,7 +122,7 @@ def test_each_tier_serves_its_own_architecture_after_a_distill_job(
 
         job_dir = tmp_path / "job"
         result = processes.cli(
-            "aggregator", "run", str(write_job(tmp_path / "job.toml")), "--dir", str(job_dir),
+            "aggregator", "run", str(write_job(tmp_path / "job.toml", kind)), "--dir", str(job_dir),
             timeout_s=600,
         )  # fmt: skip
         assert "published inspect-cnn:1, inspect-cnn-small:1" in result.stdout, result.stdout
@@ -147,6 +149,14 @@ def test_each_tier_serves_its_own_architecture_after_a_distill_job(
                 trainable = published.manifest.trainable
                 assert trainable is not None and trainable.params["width"] == width
                 assert published.manifest.lineage.run_id == run_id
+                assert published.manifest.lineage.note.startswith(f"{kind} job fleet-{kind}")
+        if kind == "nested":
+            # The slow tier's model is the final global model's leading slice, exactly.
+            final = dict(np.load(job_dir / "final.npz"))
+            small = dict(np.load(job_dir / "final-cnn-small.npz"))
+            assert set(small) == set(final)
+            for key, value in small.items():
+                np.testing.assert_array_equal(value, final[key][tuple(map(slice, value.shape))])
         # Each station serves its own tier's model, and says so.
         for edge, arch in stations.items():
             wait_serving(fh, edge, f"inspect-{arch}:1")

@@ -96,3 +96,26 @@ def test_a_distill_job_gets_its_proxy_and_the_tier_server(tmp_path: Path, home: 
     assert proxy.shape == (6, 1, 32, 32) and proxy.dtype == np.float32
     app = (job_dir / "app" / "pyproject.toml").read_text()
     assert 'serverapp = "fedge.federation.tier_server:app"' in app
+
+
+def test_a_nested_job_gets_the_tier_server_and_no_proxy(tmp_path: Path, home: FleetHome) -> None:
+    text = JOB.format(model="large:1", tiers=2, archs='["cnn-large", "cnn-small"]', proxy="")
+    path = tmp_path / "nested.toml"
+    path.write_text(text.replace('kind = "distill"', 'kind = "nested"').split("[distill]")[0])
+    job_dir = tmp_path / "job"
+    prepare(path, job_dir, home.home)
+    assert not (job_dir / "proxy.npy").exists()
+    app = (job_dir / "app" / "pyproject.toml").read_text()
+    assert 'serverapp = "fedge.federation.tier_server:app"' in app
+
+
+def test_a_nested_job_whose_weights_are_not_the_largest_is_refused(
+    tmp_path: Path, home: FleetHome
+) -> None:
+    text = JOB.format(model="small:1", tiers=2, archs='["cnn-large", "cnn-small"]', proxy="")
+    path = tmp_path / "nested.toml"
+    path.write_text(text.replace('kind = "distill"', 'kind = "nested"').split("[distill]")[0])
+    job_dir = tmp_path / "job"
+    with pytest.raises(ManifestError, match="must be the largest tier architecture's"):
+        prepare(path, job_dir, home.home)
+    assert not job_dir.exists()

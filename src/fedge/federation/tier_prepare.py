@@ -1,12 +1,14 @@
-"""Preparing a distill fleet job: its tiers' architectures checked against the stations'
-model family and the training stations, and the server's proxy images read once.
+"""Preparing a distill or nested fleet job: its tiers' architectures checked against the
+stations' model family and the training stations, and (distill) the server's proxy
+images read once.
 
 Every check runs before the job directory is written (:func:`fedge.federation.prepare
 .prepare` calls :func:`check_tiers` first), so a bad manifest creates nothing:
 
 - the task model's family names every ``tier_archs`` entry (else the error lists the
   family's architectures), and the starting weights are its largest's (FedDF returns
-  the largest as the global model);
+  the largest as the global model; nested cuts the others from it, and refuses
+  architectures that are not slices of it);
 - there are at least as many training stations as tiers (a tier with no stations would
   have its model published for nobody);
 - the ``[distill] proxy`` directory holds readable images (the server's unlabeled data:
@@ -23,7 +25,7 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge.aggregator.fleet.manifest import FleetJobManifest, validate_strategy
-from fedge.aggregator.fleet.tier_models import DISTILL, PROXY, tier_archs
+from fedge.aggregator.fleet.tier_models import PROXY, TIER_ARCH_KINDS, tier_archs
 from fedge.aggregator.jobs.checkpoint import atomic_write
 from fedge.aggregator.jobs.directory import JOB_MANIFEST
 from fedge.aggregator.jobs.spec import ManifestError
@@ -47,11 +49,12 @@ def check_tiers(
     manifest_dir: Path,
     stations: int,
 ) -> npt.NDArray[np.float32] | None:
-    """A distill job's checks (None for any other kind); returns its proxy set."""
-    if manifest.distill is None:
+    """A distill or nested job's checks (nothing for any other kind); returns a distill
+    job's proxy set (None for any other)."""
+    if manifest.kind not in TIER_ARCH_KINDS:
         return None
     try:
-        archs = tier_archs(manifest.params)
+        archs = tier_archs(manifest.params, manifest.kind)
     except TierArchitectureError as exc:
         raise ManifestError(str(exc)) from None
     tiers = manifest.params.get("tiers", _DEFAULT_TIERS)
@@ -76,8 +79,11 @@ def check_tiers(
     except FamilyError as exc:
         raise ManifestError(
             f"task.model: its weights must be the largest tier architecture's ({largest}), "
-            f"which FedDF returns as the global model: {exc}"
+            f"the global model: {exc}"
         ) from None
+    if manifest.distill is None:  # nested: no proxy set
+        validate_strategy(manifest, stations, architectures=catalogue)
+        return None
     proxy = read_proxy(manifest_dir, manifest.distill.proxy, manifest.distill.max_images, spec)
     validate_strategy(manifest, stations, architectures=catalogue, proxy_X=proxy)
     return proxy
@@ -113,12 +119,12 @@ def write_proxy(job_dir: Path, proxy: npt.NDArray[np.float32] | None) -> None:
 
 
 def serverapp_of(job_dir: Path) -> str:
-    """The ServerApp the job's Flower app names: a distill job's is handed the stations'
-    model family (:mod:`fedge.federation.tier_server`)."""
+    """The ServerApp the job's Flower app names: a distill or nested job's is handed the
+    stations' model family (:mod:`fedge.federation.tier_server`)."""
     try:
         document = tomllib.loads((job_dir / JOB_MANIFEST).read_text(encoding="utf-8"))
     except (OSError, tomllib.TOMLDecodeError):
         return FLEET_SERVERAPP
     strategy = document.get("strategy")
     kind = strategy.get("kind") if isinstance(strategy, dict) else None
-    return TIER_SERVERAPP if kind == DISTILL else FLEET_SERVERAPP
+    return TIER_SERVERAPP if kind in TIER_ARCH_KINDS else FLEET_SERVERAPP

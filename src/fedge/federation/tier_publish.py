@@ -1,4 +1,5 @@
-"""Publishing a completed distill fleet job: one model per tier, each to its tier's stations.
+"""Publishing a completed distill or nested fleet job: one model per tier, each to its
+tier's stations.
 
 A distill job leaves each architecture's final model and each station's architecture (its
 final TiFL tier; :mod:`fedge.aggregator.fleet.tier_models`). Here, under the job's lock:
@@ -26,7 +27,13 @@ from typing import Any
 
 from fedge.aggregator.fleet.manifest import FleetJobManifest, load_fleet_manifest
 from fedge.aggregator.fleet.server import MODEL_SPEC
-from fedge.aggregator.fleet.tier_models import TIER_MODELS, read_tier_models
+from fedge.aggregator.fleet.tier_models import (
+    DISTILL,
+    NESTED,
+    TIER_ARCH_KINDS,
+    TIER_MODELS,
+    read_tier_models,
+)
 from fedge.aggregator.jobs.checkpoint import atomic_write_text
 from fedge.aggregator.jobs.directory import JOB_MANIFEST, RUNS_DB, JobError
 from fedge.aggregator.jobs.run_store import RunState, RunStore
@@ -40,11 +47,17 @@ from fedge.protocols.manifest import Lineage
 from fedge.protocols.model_spec import ModelSpec
 
 PUBLISHED = "published.json"
+# How a tier's model came to be, for its lineage note.
+_HOW = {
+    DISTILL: "fused by ensemble distillation (FedDF)",
+    NESTED: "a nested slice of the global model (HeteroFL)",
+}
 
 
 def is_tier_job(job_dir: Path) -> bool:
-    """Whether the job in ``job_dir`` is a distill job (it publishes one model per tier)."""
-    return load_fleet_manifest(job_dir / JOB_MANIFEST).distill is not None
+    """Whether the job in ``job_dir`` is a distill or nested job (it publishes one model
+    per tier)."""
+    return load_fleet_manifest(job_dir / JOB_MANIFEST).kind in TIER_ARCH_KINDS
 
 
 def tier_name(publish_name: str, arch: str) -> str:
@@ -168,9 +181,9 @@ def _publish(
                     run_id=run_id,
                     data=f"fleet {manifest.federation.fleet} tier {arch}: examples {counts}"[:1000],
                     note=(
-                        f"distill job {manifest.name}: {arch} for "
-                        f"{', '.join(stations[arch])}, fused by ensemble distillation "
-                        f"(FedDF) from {manifest.task.model}"
+                        f"{manifest.kind} job {manifest.name}: {arch} for "
+                        f"{', '.join(stations[arch])}, {_HOW[manifest.kind]} from "
+                        f"{manifest.task.model}"
                     ),
                 ),
                 preprocess=spec.preprocess,

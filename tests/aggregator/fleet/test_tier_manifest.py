@@ -1,4 +1,5 @@
-"""A distill fleet job's manifest is checked before anything is prepared (issue 32, item 7)."""
+"""A distill or nested fleet job's manifest is checked before anything is prepared (issue
+32, item 7)."""
 
 import pytest
 
@@ -62,4 +63,25 @@ def test_bad_distill_manifests_name_the_field(archs: str, distill: str, message:
 def test_distill_table_only_for_distill() -> None:
     text = manifest().replace('kind = "distill"', 'kind = "tiered"').replace(ARCHS, "")
     with pytest.raises(ManifestError, match=r"only for strategy\.kind"):
+        parse_fleet_manifest(text)
+
+
+def test_a_nested_job_parses_with_its_tiers_and_no_proxy() -> None:
+    parsed = parse_fleet_manifest(manifest(distill="").replace('"distill"', '"nested"'))
+    assert parsed.kind == "nested" and parsed.distill is None
+    assert parsed.params["tier_archs"] == ["cnn-large", "cnn-small"]
+
+
+@pytest.mark.parametrize(
+    ("archs", "distill", "message"),
+    [
+        ("", "", "kind 'nested' needs one architecture per tier"),
+        ('tier_archs = ["cnn-large"]', "", "2 tier\\(s\\), 1 architecture"),
+        (ARCHS, DISTILL, r'\[distill\] is only for strategy\.kind = "distill", not \'nested\''),
+        (ARCHS + "\ndistill_epochs = 3", "", "distill_epochs: not a parameter of nested"),
+    ],
+)
+def test_bad_nested_manifests_name_the_field(archs: str, distill: str, message: str) -> None:
+    text = manifest(archs, distill).replace('kind = "distill"', 'kind = "nested"')
+    with pytest.raises(ManifestError, match=message):
         parse_fleet_manifest(text)

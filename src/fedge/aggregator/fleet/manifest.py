@@ -36,7 +36,8 @@
     name = "inspect"           # default: the task model's name; version = latest + 1
 
 A ``distill`` job (one architecture per tier, one model per tier: kind ``distill`` with
-``tier_archs`` and a ``[distill]`` proxy table) is :mod:`.tier_models`'s.
+``tier_archs`` and a ``[distill]`` proxy table) and a ``nested`` one (``tier_archs``
+that are slices of the largest; no proxy) are :mod:`.tier_models`'s.
 
 ``[task] family = "anomaly"`` makes it an anomaly job instead (issue 28): the task
 model's feature layers are the backbone, the stations send their good parts' statistics,
@@ -67,6 +68,8 @@ from fedge.aggregator.anomaly.spec import (
 )
 from fedge.aggregator.fleet.tier_models import (
     DISTILL,
+    NESTED,
+    TIER_ARCH_KINDS,
     DistillSpec,
     parse_distill,
     tiered_params,
@@ -94,7 +97,7 @@ if TYPE_CHECKING:
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 _REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}:[0-9]+$")
-FLEET_KINDS = ("fedavg", "fedprox", "tiered", DISTILL)
+FLEET_KINDS = ("fedavg", "fedprox", "tiered", DISTILL, NESTED)
 
 
 @dataclass(frozen=True)
@@ -306,12 +309,13 @@ def validate_strategy(
     """Build the strategy once, as the job will, naming the offending parameter.
 
     A distill job is built whole only with its stations' ``architectures`` and the proxy
-    set (known once the registry is read); without them, as the tiered strategy it rests
-    on (its own keys are checked by :func:`~.tier_models.parse_distill`)."""
+    set (known once the registry is read), a nested one with the ``architectures``;
+    without them, as the tiered strategy it rests on (its own keys are checked by
+    :func:`~.tier_models.parse_distill`)."""
     per_round = manifest.federation.per_round or parties
     kind, params = manifest.kind, manifest.strategy_params()
-    if kind == DISTILL and (architectures is None or proxy_X is None):
-        kind, params = "tiered", {**tiered_params(params), "kind": "tiered"}
+    if kind in TIER_ARCH_KINDS and (architectures is None or (kind == DISTILL and proxy_X is None)):
+        kind, params = "tiered", {**tiered_params(params, kind), "kind": "tiered"}
     try:
         build_strategy(
             kind,

@@ -58,7 +58,7 @@ from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
 from fedge.aggregator.fleet.manifest import FleetJobManifest, parse_fleet_manifest
 from fedge.aggregator.fleet.tier_models import (
-    DISTILL,
+    TIER_ARCH_KINDS,
     ArchitectureSource,
     distill_inputs,
     tier_finish,
@@ -228,7 +228,7 @@ def _rounds(
         JOB_ID_KEY: run_id,
         **strategy.privacy.to_config(),
     }
-    if manifest.kind == DISTILL:  # the model evaluated is the largest architecture's
+    if manifest.kind in TIER_ARCH_KINDS:  # the model evaluated is the largest architecture's
         eval_config[ARCH_KEY] = str(extra[ARCH_KEY])
 
     def evaluation(stations: Grid) -> EvaluateFn:

@@ -1,4 +1,4 @@
-"""A distilling fleet job (``kind = "distill"``): one architecture per tier, one model each.
+"""Fleet jobs with one architecture per tier, one model each: ``distill`` and ``nested``.
 
 FedDF across TiFL tiers on real stations (issue 32, item 7): the fast tiers train the
 large model, the slow tiers a compact one (KnowledgeNet's edge student), the server fuses
@@ -25,6 +25,12 @@ Beside a fleet job's files its directory holds::
 and the job publishes one model per architecture, ``<publish.name>-<arch>``, each deployed
 to the stations of its tier (:mod:`fedge.federation.tier_publish`).
 
+A ``nested`` job (HeteroFL, :mod:`fedge.aggregator.strategies.nested`) names its tiers'
+architectures the same way, each a slice of the largest (the inspection CNN at width 8
+or 4 of width 16); it needs no ``[distill]`` table (no proxy set), and its architectures'
+final models are cut from the final global one. It writes the same files and publishes
+the same way.
+
 Here: the manifest's pure checks, and the files (no registry, no fleet).
 """
 
@@ -40,9 +46,9 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge.aggregator.jobs.checkpoint import atomic_write_text, load_arrays, save_arrays
-from fedge.aggregator.jobs.directory import JobError
+from fedge.aggregator.jobs.directory import FINAL_MODEL, JobError
 from fedge.aggregator.jobs.spec import ManifestError
-from fedge.aggregator.rounds.replies import arrays_of
+from fedge.aggregator.rounds.replies import arrays_of, to_array_record
 from fedge.aggregator.tiers.architectures import (
     TierArchitectureError,
     assign,
@@ -55,6 +61,9 @@ if TYPE_CHECKING:
     from fedge.models.architectures import Architectures
 
 DISTILL = "distill"
+NESTED = "nested"
+TIER_ARCH_KINDS = (DISTILL, NESTED)
+"""The kinds that give each tier its architecture and publish one model per architecture."""
 PROXY = "proxy.npy"
 TIER_MODELS = "tier-models.json"
 DISTILL_KEYS = (
@@ -80,19 +89,28 @@ class DistillSpec:
 def parse_distill(
     kind: str, params: Mapping[str, object], table: TomlTable | None
 ) -> DistillSpec | None:
-    """The ``[distill]`` table of a ``distill`` job (None for any other kind), and its
-    tier architectures checked: one per tier. ManifestError naming the field."""
-    if kind != DISTILL:
-        if table is not None:
-            raise ManifestError(f'[distill] is only for strategy.kind = "distill", not {kind!r}')
+    """The ``[distill]`` table of a ``distill`` job (None for any other kind), and the
+    tier architectures of a ``distill`` or ``nested`` job checked: one per tier.
+    ManifestError naming the field."""
+    if kind != DISTILL and table is not None:
+        raise ManifestError(f'[distill] is only for strategy.kind = "distill", not {kind!r}')
+    if kind not in TIER_ARCH_KINDS:
         return None
     tiers = params.get("tiers", _DEFAULT_TIERS)
     if not isinstance(tiers, int) or isinstance(tiers, bool) or tiers < 1:
         raise ManifestError(f"strategy.params.tiers must be an integer >= 1, got {tiers!r}")
     try:
-        check_tier_archs(params.get("tier_archs"), tiers)
+        check_tier_archs(params.get("tier_archs"), tiers, kind)
     except TierArchitectureError as exc:
         raise ManifestError(str(exc)) from None
+    if kind == NESTED:  # slices of the global model: no proxy set, nothing distilled
+        distilling = sorted(set(params) & set(DISTILL_KEYS) - {"tier_archs"})
+        if distilling:
+            raise ManifestError(
+                f"strategy.params.{distilling[0]}: not a parameter of nested (it distils "
+                'nothing; kind = "distill" does)'
+            )
+        return None
     if table is None:
         raise ManifestError(
             "[distill] is missing: kind \"distill\" fuses the tiers' models on the server's "
@@ -104,15 +122,19 @@ def parse_distill(
     )
 
 
-def tiered_params(params: Mapping[str, object]) -> dict[str, object]:
-    """A distill job's strategy params less its own: what a tiered strategy checks before
-    the stations' model family is known (the full strategy is built when it is)."""
-    return {k: v for k, v in params.items() if k not in DISTILL_KEYS}
+def tiered_params(params: Mapping[str, object], kind: str = DISTILL) -> dict[str, object]:
+    """A distill or nested job's strategy params less its own: what a tiered strategy
+    checks before the stations' model family is known (the full strategy is built when
+    it is). A nested job's own is only ``tier_archs``: distill's other keys stay, to be
+    refused."""
+    own = DISTILL_KEYS if kind == DISTILL else ("tier_archs",)
+    return {k: v for k, v in params.items() if k not in own}
 
 
-def tier_archs(params: Mapping[str, object]) -> tuple[str, ...]:
+def tier_archs(params: Mapping[str, object], kind: str = DISTILL) -> tuple[str, ...]:
     tiers = params.get("tiers", _DEFAULT_TIERS)
-    return check_tier_archs(params.get("tier_archs"), int(tiers) if isinstance(tiers, int) else 0)
+    count = int(tiers) if isinstance(tiers, int) else 0
+    return check_tier_archs(params.get("tier_archs"), count, kind)
 
 
 # ---------------------------------------------------------------- the job directory's files
@@ -184,29 +206,40 @@ def distill_inputs(
     kind: str, job_dir: Path, spec_text: str, architectures: ArchitectureSource | None
 ) -> dict[str, Any]:
     """What :func:`~fedge.aggregator.strategies.factory.build_strategy` needs besides the
-    params for a distill job (nothing for another kind): the proxy set and the catalogue."""
-    if kind != DISTILL:
+    params for a distill job (the proxy set and the catalogue) or a nested one (the
+    catalogue); nothing for another kind."""
+    if kind not in TIER_ARCH_KINDS:
         return {}
     if architectures is None:
         raise JobError(
-            "a distill job runs under fedge.federation.tier_server:app, which builds the "
+            f"a {kind} job runs under fedge.federation.tier_server:app, which builds the "
             "stations' model family; this ServerApp cannot: prepare the job again "
             "(`fedge aggregator run`) so that its app names the right ServerApp"
         )
-    return {
-        "proxy_X": load_proxy(job_dir),
-        "architectures": architectures(ModelSpec.from_json(spec_text)),
-    }
+    catalogue = architectures(ModelSpec.from_json(spec_text))
+    if kind == NESTED:
+        return {"architectures": catalogue}
+    return {"proxy_X": load_proxy(job_dir), "architectures": catalogue}
 
 
 def tier_finish(job_dir: Path, parties: Mapping[str, int]) -> Callable[[Any], None]:
-    """The job's last step once its final model is written: a distilling strategy's
-    models and each station's architecture (:func:`write_tier_models`)."""
+    """The job's last step once its final model is written: each architecture's model
+    (a distilling strategy's own; a nested one's cut from the final global model) and
+    each station's architecture (:func:`write_tier_models`)."""
 
     def finish(strategy: Any) -> None:
         from fedge.aggregator.strategies.feddf import DistillingTieredFedAvg  # torch
+        from fedge.aggregator.strategies.nested import NestedTieredFedAvg, sub_model
 
-        if not isinstance(strategy, DistillingTieredFedAvg):
+        if isinstance(strategy, DistillingTieredFedAvg):
+            models = strategy.models
+        elif isinstance(strategy, NestedTieredFedAvg):
+            final = dict(load_arrays(job_dir / FINAL_MODEL))
+            models = {
+                arch: to_array_record(sub_model(final, shapes))
+                for arch, shapes in strategy.shapes.items()
+            }
+        else:
             return
         write_tier_models(
             job_dir,
@@ -214,7 +247,7 @@ def tier_finish(job_dir: Path, parties: Mapping[str, int]) -> Callable[[Any], No
             strategy.final_tiers(),
             strategy.tier_archs,
             strategy.evaluation_arch,
-            strategy.models,
+            models,
         )
 
     return finish

@@ -40,7 +40,6 @@ from fedge.aggregator.rounds.replies import arrays_of, serialise, to_array_recor
 from fedge.aggregator.strategies import ensemble
 from fedge.aggregator.strategies.tiered import TieredFedAvg
 from fedge.aggregator.tiers.architectures import architecture_of
-from fedge.aggregator.tiers.groups import Tiers
 from fedge.models import digits
 from fedge.models.architectures import DIGITS, Architectures
 
@@ -113,13 +112,6 @@ class DistillingTieredFedAvg(TieredFedAvg):
         """The architecture ``node`` trains in ``server_round`` (its tier's)."""
         tiers = None if server_round <= self.profiling_rounds else self.tiers
         return architecture_of(node, tiers, self.tier_archs, self.evaluation_arch)
-
-    def final_tiers(self) -> Tiers | None:
-        """The tiers the next round would use: formed from the profiles when the job
-        ended before tiering (as many rounds as profiling ones), else the current ones."""
-        if self.tiers is None and self.profiles:
-            self._form_tiers()
-        return self.tiers
 
     def _ensure_models(self, arrays: ArrayRecord) -> None:
         if self.models:

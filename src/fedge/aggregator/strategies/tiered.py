@@ -121,6 +121,13 @@ class TieredFedAvg(StreamingFedAvg):
     def _latencies(self) -> dict[int, float]:
         return {node: profile.mean_s for node, profile in self.profiles.items()}
 
+    def final_tiers(self) -> tiers.Tiers | None:
+        """The tiers the next round would use: formed from the profiles when the job
+        ended before tiering (as many rounds as profiling ones), else the current ones."""
+        if self.tiers is None and self.profiles:
+            self._form_tiers()
+        return self.tiers
+
     def _form_tiers(self) -> None:
         # Only parties that may still train are tiered (TiFL re-tiers from the profiles;
         # a party out of privacy budget will never reply again).

@@ -83,11 +83,11 @@ def stations_by_architecture(
     return {arch: tuple(names) for arch, names in stations.items()}
 
 
-def check_tier_archs(value: object, tiers: int) -> tuple[str, ...]:
+def check_tier_archs(value: object, tiers: int, kind: str = "distill") -> tuple[str, ...]:
     """A manifest's ``tier_archs`` for ``tiers`` tiers: one non-empty name per tier."""
     if value is None:
         raise TierArchitectureError(
-            "strategy.params.tier_archs: kind 'distill' needs one architecture per tier, "
+            f"strategy.params.tier_archs: kind {kind!r} needs one architecture per tier, "
             'fastest first (e.g. tier_archs = ["cnn-large", "cnn-small"])'
         )
     if (
