@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 import numpy as np
 import paho.mqtt.client as paho
 import pytest
+from flwr.app import Message
 from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -42,6 +43,7 @@ from fedge.edge_manager.store import Store
 from fedge.models.tiny_onnx import build_broken_model, build_linear_classifier
 from fedge.protocols.pki import TlsFiles
 from fedge.protocols.signing import SigningKey
+from fedge.sim.grid import InProcessGrid
 from fedge.transport.broker import MosquittoBroker
 from fedge.transport.ports import free_port as free_port  # tests import it from here
 
@@ -1112,3 +1114,65 @@ def part_png(bright: bool, seed: int) -> bytes:
 def score_part(port: int, bright: bool, seed: int) -> dict[str, Any]:
     """The agent's record for :func:`part_png` scored through its local API."""
     return post_json(f"http://127.0.0.1:{port}/v1/score", part_png(bright, seed), "image/png")
+
+
+# ---------------------------------------------------------------- a tiny tiered fleet
+
+TIERED_FLEET = """
+[data]
+dataset = "digits"
+alpha = 0.5
+test_fraction = 0.2
+proxy_fraction = 0.1
+
+[fleet]
+parties = 6
+per_round = 2
+speed_distribution = "groups"
+
+[[fleet.groups]]
+count = 2
+cpus = 4.0
+data_share = 0.3
+
+[[fleet.groups]]
+count = 2
+cpus = 1.0
+data_share = 0.3
+
+[[fleet.groups]]
+count = 2
+cpus = 0.1
+data_share = 0.4
+
+[device]
+seconds_per_example = 0.05
+bandwidth_mbps = 10.0
+jitter_sigma = 0.0
+availability = 1.0
+dropout = 0.0
+
+[training]
+rounds = 10
+lr = 0.2
+local_epochs = 1
+batch_size = 10
+target_accuracy = 0.5
+arch = "mlp"
+"""
+"""Six digits parties in three speed groups (fast, middle, slow: two each), 10 rounds: the
+scenario of the per-tier architecture tests (FedDF's, HeteroFL's); a test module adds its
+name, description and ``[strategies.*]`` tables."""
+
+
+class RecordingGrid(InProcessGrid):
+    """An InProcessGrid that keeps every message pushed to it."""
+
+    pushed: list[Message]
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        batch = list(messages)
+        if not hasattr(self, "pushed"):
+            self.pushed = []
+        self.pushed.extend(batch)
+        return super().push_messages(batch)

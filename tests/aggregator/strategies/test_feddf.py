@@ -1,11 +1,12 @@
 """FedDF-style distillation across per-tier architectures (DistillingTieredFedAvg)."""
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from conftest import TIERED_FLEET, RecordingGrid
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from fedge.aggregator.fleet.grids import NODE_ID_BASE
@@ -28,50 +29,13 @@ from fedge.sim.grid import InProcessGrid
 from fedge.sim.party_app import app as client_app
 from fedge.sim.scenario import Scenario, load_scenario
 
-TINY = """
+TINY = (
+    """
 name = "tiny-mixed"
 description = "6 parties in 3 speed groups, one architecture per tier"
-
-[data]
-dataset = "digits"
-alpha = 0.5
-test_fraction = 0.2
-proxy_fraction = 0.1
-
-[fleet]
-parties = 6
-per_round = 2
-speed_distribution = "groups"
-
-[[fleet.groups]]
-count = 2
-cpus = 4.0
-data_share = 0.3
-
-[[fleet.groups]]
-count = 2
-cpus = 1.0
-data_share = 0.3
-
-[[fleet.groups]]
-count = 2
-cpus = 0.1
-data_share = 0.4
-
-[device]
-seconds_per_example = 0.05
-bandwidth_mbps = 10.0
-jitter_sigma = 0.0
-availability = 1.0
-dropout = 0.0
-
-[training]
-rounds = 10
-lr = 0.2
-local_epochs = 1
-batch_size = 10
-target_accuracy = 0.5
-arch = "mlp"
+"""
+    + TIERED_FLEET
+    + """
 
 [strategies.fedavg-large]
 kind = "fedavg"
@@ -85,6 +49,7 @@ static_probabilities = [0.2, 0.2, 0.6]
 tier_archs = ["mlp-large", "mlp", "mlp-small"]
 distill_epochs = 2
 """
+)
 
 
 @pytest.fixture
@@ -92,19 +57,6 @@ def tiny(tmp_path: Path) -> Scenario:
     path = tmp_path / "tiny-mixed.toml"
     path.write_text(TINY, encoding="utf-8")
     return load_scenario(str(path))
-
-
-class RecordingGrid(InProcessGrid):
-    """An InProcessGrid that keeps every message pushed to it."""
-
-    pushed: list[Message]
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        batch = list(messages)
-        if not hasattr(self, "pushed"):
-            self.pushed = []
-        self.pushed.extend(batch)
-        return super().push_messages(batch)
 
 
 def _distill(

@@ -1,12 +1,12 @@
 """HeteroFL's nested sub-models across TiFL tiers (NestedTieredFedAvg)."""
 
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from flwr.app import ArrayRecord, ConfigRecord, Message
+from conftest import TIERED_FLEET, RecordingGrid
+from flwr.app import ArrayRecord, ConfigRecord
 
 from fedge.aggregator.fleet.grids import NODE_ID_BASE
 from fedge.aggregator.jobs.checkpoint import latest_checkpoint, restore_strategy, save_checkpoint
@@ -30,50 +30,13 @@ from fedge.sim.party_app import app as client_app
 from fedge.sim.scenario import Scenario, load_scenario
 from fedge.sim.server_app import ServerSettings
 
-TINY = """
+TINY = (
+    """
 name = "tiny-nested"
 description = "6 parties in 3 speed groups, the slowest on a slice of the global model"
-
-[data]
-dataset = "digits"
-alpha = 0.5
-test_fraction = 0.2
-proxy_fraction = 0.1
-
-[fleet]
-parties = 6
-per_round = 2
-speed_distribution = "groups"
-
-[[fleet.groups]]
-count = 2
-cpus = 4.0
-data_share = 0.3
-
-[[fleet.groups]]
-count = 2
-cpus = 1.0
-data_share = 0.3
-
-[[fleet.groups]]
-count = 2
-cpus = 0.1
-data_share = 0.4
-
-[device]
-seconds_per_example = 0.05
-bandwidth_mbps = 10.0
-jitter_sigma = 0.0
-availability = 1.0
-dropout = 0.0
-
-[training]
-rounds = 10
-lr = 0.2
-local_epochs = 1
-batch_size = 10
-target_accuracy = 0.5
-arch = "mlp"
+"""
+    + TIERED_FLEET
+    + """
 
 [strategies.nested]
 tiers = 3
@@ -82,6 +45,7 @@ adaptive = false
 static_probabilities = [0.2, 0.2, 0.6]
 tier_archs = ["mlp-large", "mlp-large", "mlp-large-half"]
 """
+)
 
 LARGE, HALF = "mlp-large", "mlp-large-half"
 
@@ -195,19 +159,6 @@ def test_the_nested_mean_equals_averaging_every_reply_zero_padded() -> None:
 
 
 # ---------------------------------------------------------------- the strategy
-
-
-class RecordingGrid(InProcessGrid):
-    """An InProcessGrid that keeps every message pushed to it."""
-
-    pushed: list[Message]
-
-    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        batch = list(messages)
-        if not hasattr(self, "pushed"):
-            self.pushed = []
-        self.pushed.extend(batch)
-        return super().push_messages(batch)
 
 
 def test_slow_parties_train_a_slice_and_only_that_slice_moves(tiny: Scenario) -> None:
@@ -351,6 +302,7 @@ def test_a_nested_run_completes_and_learns(tiny: Scenario) -> None:
     [
         ({"tier_archs": [LARGE, "mlp", "mlp-small"]}, "'mlp' is not a slice of the global"),
         ({"tier_archs": [LARGE, HALF]}, "one architecture per tier: 3 tiers, 2"),
+        ({"tier_archs": None}, "tier_archs: nested needs one architecture per tier"),
         ({"tier_archs": [LARGE, LARGE, "cnn"]}, "unknown architecture"),
         ({"arch": LARGE}, "strategies.nested.arch: not a parameter of nested"),
         ({"distill_epochs": 3}, "distill_epochs: not a parameter of nested"),
@@ -365,10 +317,11 @@ def test_a_nested_run_completes_and_learns(tiny: Scenario) -> None:
 def test_what_cannot_nest_is_refused_before_any_round(
     tiny: Scenario, change: dict[str, object], says: str
 ) -> None:
+    params = {k: v for k, v in {**tiny.strategy("nested"), **change}.items() if v is not None}
     with pytest.raises(StrategyConfigError, match=says):
         build_strategy(
             "nested",
-            {**tiny.strategy("nested"), **change},
+            params,
             per_round=4,
             seed=0,
             clock=ClockMode.VIRTUAL,

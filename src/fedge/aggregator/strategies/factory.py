@@ -212,38 +212,35 @@ def build_strategy(
             train_config["proximal-mu"] = values.pop("proximal_mu", 0.01)
         if kind in TIERED_KINDS and "tiers" in values:
             values["n_tiers"] = values.pop("tiers")
-        if kind == "distill":
-            if proxy_X is None:
-                raise ValueError("distill needs the server's unlabeled proxy set (proxy_X)")
-            # The training stack (torch) is imported only for this kind.
+        if kind in TIER_ARCH_KINDS:
+            # The training stack (torch) is imported only for these kinds.
+            from fedge.aggregator.strategies.architectures import TieredArchitectures
             from fedge.aggregator.strategies.feddf import DistillingTieredFedAvg
+            from fedge.aggregator.strategies.nested import NestedTieredFedAvg
             from fedge.models.architectures import DIGITS
 
-            distilling = DistillingTieredFedAvg(
+            if kind == "distill":
+                if proxy_X is None:
+                    raise ValueError("distill needs the server's unlabeled proxy set (proxy_X)")
+                values["proxy_X"] = proxy_X
+            elif "tier_archs" not in values:  # distill has a default; nested's must nest
+                raise ValueError(
+                    "tier_archs: nested needs one architecture per tier, fastest first, "
+                    "each a slice of the largest"
+                )
+            cls: type[TieredArchitectures] = (
+                DistillingTieredFedAvg if kind == "distill" else NestedTieredFedAvg
+            )
+            per_tier = cls(
                 per_round=per_round,
                 seed=seed,
                 clock=clock,
                 deadline=deadline,
-                proxy_X=proxy_X,
                 architectures=DIGITS if architectures is None else architectures,
                 **values,
             )
-            train_config["arch"] = distilling.evaluation_arch
-            strategy: StreamingFedAvg = distilling
-        elif kind == "nested":
-            from fedge.aggregator.strategies.nested import NestedTieredFedAvg  # torch
-            from fedge.models.architectures import DIGITS
-
-            nested = NestedTieredFedAvg(
-                per_round=per_round,
-                seed=seed,
-                clock=clock,
-                deadline=deadline,
-                architectures=DIGITS if architectures is None else architectures,
-                **values,
-            )
-            train_config["arch"] = nested.evaluation_arch
-            strategy = nested
+            train_config["arch"] = per_tier.evaluation_arch
+            strategy: StreamingFedAvg = per_tier
         elif kind == "tiered":
             strategy = TieredFedAvg(
                 per_round=per_round,

@@ -32,21 +32,20 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from fedge.aggregator.rounds import deadline as deadlines
 from fedge.aggregator.rounds.fold import StreamingMean
 from fedge.aggregator.rounds.replies import arrays_of, serialise, to_array_record
 from fedge.aggregator.strategies import ensemble
-from fedge.aggregator.strategies.tiered import TieredFedAvg
-from fedge.aggregator.tiers.architectures import architecture_of
+from fedge.aggregator.strategies.architectures import TieredArchitectures
 from fedge.models import digits
 from fedge.models.architectures import DIGITS, Architectures
 
 DEFAULT_TIER_ARCHS = ("mlp-large", "mlp-large", "mlp", "mlp-small", "mlp-small")
 
 
-class DistillingTieredFedAvg(TieredFedAvg):
+class DistillingTieredFedAvg(TieredArchitectures):
     def __init__(
         self,
         *,
@@ -70,19 +69,7 @@ class DistillingTieredFedAvg(TieredFedAvg):
                 "ensemble distillation, not from one folded mean); use kind 'tiered' with "
                 "server_opt, or distill without it"
             )
-        super().__init__(**kwargs)
-        archs = tuple(tier_archs)
-        if not archs:
-            raise ValueError("tier_archs must name one architecture per tier, got none")
-        if not all(isinstance(a, str) for a in archs):
-            raise ValueError(f"tier_archs must be architecture names, got {list(archs)}")
-        architectures.check(archs)
-        if len(archs) != self.n_tiers:
-            raise ValueError(
-                f"tier_archs needs one architecture per tier: {self.n_tiers} tiers, "
-                f"{len(archs)} architectures"
-            )
-        self.architectures = architectures
+        super().__init__(tier_archs=tier_archs, architectures=architectures, **kwargs)
         self.proxy_X = ensemble.validate_proxy(proxy_X, architectures.sample_shape)
         self.distill_settings = ensemble.DistillSettings(
             temperature=temperature,
@@ -97,21 +84,9 @@ class DistillingTieredFedAvg(TieredFedAvg):
         self.proxy_split = ensemble.split_proxy(
             len(self.proxy_X), distill_validation, self.seed * 7_919 + 1
         )
-        self.tier_archs = archs
-        sizes = {a: architectures.parameters(a) for a in set(archs)}
-        self.evaluation_arch = max(archs, key=lambda a: sizes[a])
-        """The largest architecture: the model returned as the global one."""
         self.models: dict[str, ArrayRecord] = {}
         self.trained: set[str] = set()  # architectures that received replies (teachers)
         self.distill_losses: dict[str, tuple[float, float]] = {}
-        self._node_arch: dict[int, str] = {}
-
-    # -- who trains what
-
-    def arch_of(self, node: int, server_round: int) -> str:
-        """The architecture ``node`` trains in ``server_round`` (its tier's)."""
-        tiers = None if server_round <= self.profiling_rounds else self.tiers
-        return architecture_of(node, tiers, self.tier_archs, self.evaluation_arch)
 
     def _ensure_models(self, arrays: ArrayRecord) -> None:
         if self.models:
@@ -137,31 +112,12 @@ class DistillingTieredFedAvg(TieredFedAvg):
         plan: deadlines.RoundPlan,
     ) -> list[Message]:
         self._ensure_models(arrays)
-        base = self._round_config_record(server_round, config, plan)
-        contents: dict[str, RecordDict] = {}
-        self._node_arch = {}
-        messages = []
-        for node in plan.selected:
-            arch = self.arch_of(node, server_round)
-            content = contents.get(arch)
-            if content is None:
-                round_config = ConfigRecord(dict(base))
-                round_config["arch"] = arch
-                content = RecordDict(
-                    {self.arrayrecord_key: self.models[arch], self.configrecord_key: round_config}
-                )
-                contents[arch] = content
-            self._node_arch[node] = arch
-            messages.append(
-                Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
-            )
-        self._sent = tuple(self.models[arch] for arch in contents)
-        return messages
+        return super()._messages(server_round, arrays, config, plan)
+
+    def model_for(self, arch: str, arrays: ArrayRecord) -> ArrayRecord:
+        return self.models[arch]
 
     # -- the round (StreamingFedAvg's loop folds each reply into its architecture's mean)
-
-    def fold_group(self, node: int) -> str:
-        return self._node_arch[node]
 
     def aggregate(
         self,

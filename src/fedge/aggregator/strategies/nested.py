@@ -24,8 +24,9 @@ turn) were screened on this scenario and lost 1-3 points, because a TiFL round t
 one tier and a moving window leaves each unit few consecutive updates (section 8f).
 
 Pure functions (:func:`check_nested`, :func:`sub_model`, :func:`nested_mean`) carry the
-arithmetic; :class:`NestedTieredFedAvg` wires them into TiFL's round loop, folding each
-reply into its architecture's running mean as it arrives (``fold_group``).
+arithmetic; :class:`NestedTieredFedAvg` wires them into TiFL's round loop with one
+architecture per tier (:mod:`fedge.aggregator.strategies.architectures`, as FedDF's),
+folding each reply into its architecture's running mean as it arrives.
 """
 
 from collections.abc import Mapping, Sequence
@@ -33,13 +34,12 @@ from typing import Any
 
 import numpy as np
 import numpy.typing as npt
-from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message
 
 from fedge.aggregator.rounds import deadline as deadlines
 from fedge.aggregator.rounds.fold import StreamingMean, accumulator_dtype
 from fedge.aggregator.rounds.replies import arrays_of, layout, to_array_record
-from fedge.aggregator.strategies.tiered import TieredFedAvg
-from fedge.aggregator.tiers.architectures import architecture_of
+from fedge.aggregator.strategies.architectures import TieredArchitectures
 from fedge.models.architectures import DIGITS, Architectures
 
 Shapes = Mapping[str, tuple[int, ...]]
@@ -108,7 +108,7 @@ def nested_mean(
     return result
 
 
-class NestedTieredFedAvg(TieredFedAvg):
+class NestedTieredFedAvg(TieredArchitectures):
     """TiFL tiers whose architectures are nested slices of one global model (module
     docstring). The global model is the largest of ``tier_archs``."""
 
@@ -125,35 +125,13 @@ class NestedTieredFedAvg(TieredFedAvg):
                 "covers some parameters and not others is untried); use kind 'tiered' "
                 "with server_opt, or nested without it"
             )
-        super().__init__(**kwargs)
-        archs = tuple(tier_archs)
-        if not archs or not all(isinstance(a, str) for a in archs):
-            raise ValueError(f"tier_archs must name one architecture per tier, got {archs!r}")
-        architectures.check(archs)
-        if len(archs) != self.n_tiers:
-            raise ValueError(
-                f"tier_archs needs one architecture per tier: {self.n_tiers} tiers, "
-                f"{len(archs)} architectures"
-            )
-        self.architectures = architectures
-        self.tier_archs = archs
+        super().__init__(tier_archs=tier_archs, architectures=architectures, **kwargs)
         self.shapes: dict[str, dict[str, tuple[int, ...]]] = {
             arch: {k: tuple(v.shape) for k, v in architectures.build(arch, 0).state_dict().items()}
-            for arch in dict.fromkeys(archs)
+            for arch in dict.fromkeys(self.tier_archs)
         }
-        sizes = {
-            a: sum(int(np.prod(s)) for s in shapes.values()) for a, shapes in self.shapes.items()
-        }
-        self.evaluation_arch = max(archs, key=lambda a: sizes[a])
-        """The largest architecture: the global model every other one is cut from."""
         for arch in self.shapes:
             check_nested(self.shapes[arch], self.shapes[self.evaluation_arch], name=repr(arch))
-        self._node_arch: dict[int, str] = {}
-
-    def arch_of(self, node: int, server_round: int) -> str:
-        """The architecture ``node`` trains in ``server_round`` (its tier's)."""
-        tiers = None if server_round <= self.profiling_rounds else self.tiers
-        return architecture_of(node, tiers, self.tier_archs, self.evaluation_arch)
 
     def _messages(
         self,
@@ -162,42 +140,19 @@ class NestedTieredFedAvg(TieredFedAvg):
         config: ConfigRecord,
         plan: deadlines.RoundPlan,
     ) -> list[Message]:
-        found = layout(arrays)
-        expected = self.shapes[self.evaluation_arch]
-        if {k: shape for k, (shape, _) in found.items()} != expected:
+        found = {k: shape for k, (shape, _) in layout(arrays).items()}
+        if found != self.shapes[self.evaluation_arch]:
             raise ValueError(
                 f"nested: the global arrays must be a {self.evaluation_arch!r} model (the "
                 "largest of tier_archs)"
             )
-        base = self._round_config_record(server_round, config, plan)
-        contents: dict[str, RecordDict] = {}
-        models: dict[str, ArrayRecord] = {}
-        self._node_arch = {}
-        messages = []
-        for node in plan.selected:
-            arch = self.arch_of(node, server_round)
-            content = contents.get(arch)
-            if content is None:
-                round_config = ConfigRecord(dict(base))
-                round_config["arch"] = arch
-                model = (
-                    arrays
-                    if arch == self.evaluation_arch
-                    else to_array_record(sub_model(arrays_of(arrays), self.shapes[arch]))
-                )
-                content = RecordDict(
-                    {self.arrayrecord_key: model, self.configrecord_key: round_config}
-                )
-                contents[arch], models[arch] = content, model
-            self._node_arch[node] = arch
-            messages.append(
-                Message(content=content, dst_node_id=node, message_type=MessageType.TRAIN)
-            )
-        self._sent = tuple(models.values())
-        return messages
+        return super()._messages(server_round, arrays, config, plan)
 
-    def fold_group(self, node: int) -> str:
-        return self._node_arch[node]
+    def model_for(self, arch: str, arrays: ArrayRecord) -> ArrayRecord:
+        """The global model itself for the largest architecture, else its slice."""
+        if arch == self.evaluation_arch:
+            return arrays
+        return to_array_record(sub_model(arrays_of(arrays), self.shapes[arch]))
 
     def aggregate(
         self,
