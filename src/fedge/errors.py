@@ -32,6 +32,7 @@ first; ``tests/test_errors.py`` checks that every class a package defines is und
     │   └── sim.party_inputs.PartyConfigError a simulated party's unusable run/node config
     ├── aggregator.errors.AggregatorError    a strategy, job or checkpoint cannot be used
     │   ├── strategies.factory.StrategyConfigError unknown strategy kind or parameter, a bad value
+    │   ├── strategies.nested.NestingError   a tier architecture not a slice of the global model
     │   ├── jobs.spec.ManifestError           a job manifest missing, malformed, out of range
     │   ├── jobs.checkpoint.CheckpointError  a checkpoint cannot be written, read or applied
     │   └── jobs.directory.JobError           a job cannot start, resume or halt, or it failed

@@ -39,6 +39,7 @@ import numpy as np
 import numpy.typing as npt
 from flwr.app import ArrayRecord, ConfigRecord, Message
 
+from fedge.aggregator.errors import AggregatorError
 from fedge.aggregator.rounds import deadline as deadlines
 from fedge.aggregator.rounds.fold import StreamingMean, accumulator_dtype
 from fedge.aggregator.rounds.replies import arrays_of, layout, to_array_record
@@ -49,8 +50,9 @@ Shapes = Mapping[str, tuple[int, ...]]
 Arrays = Mapping[str, npt.NDArray[Any]]
 
 
-class NestingError(ValueError):
-    """An architecture that is not a leading slice of the global one."""
+class NestingError(AggregatorError, ValueError):
+    """An architecture that is not a leading slice of the global one (a ValueError too:
+    the factory names the strategy's table for it)."""
 
 
 def check_nested(inner: Shapes, outer: Shapes, *, name: str = "the sub-model") -> None:
