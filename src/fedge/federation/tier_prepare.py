@@ -25,10 +25,11 @@ import numpy as np
 import numpy.typing as npt
 
 from fedge.aggregator.fleet.manifest import FleetJobManifest, validate_strategy
-from fedge.aggregator.fleet.tier_models import PROXY, TIER_ARCH_KINDS, tier_archs
+from fedge.aggregator.fleet.tier_models import PROXY, tier_archs
 from fedge.aggregator.jobs.checkpoint import atomic_write
 from fedge.aggregator.jobs.directory import JOB_MANIFEST
 from fedge.aggregator.jobs.spec import ManifestError
+from fedge.aggregator.strategies.factory import TIER_ARCH_KINDS
 from fedge.aggregator.tiers.architectures import TierArchitectureError
 from fedge.party import families
 from fedge.party.errors import FamilyError

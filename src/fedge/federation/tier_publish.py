@@ -30,13 +30,13 @@ from fedge.aggregator.fleet.server import MODEL_SPEC
 from fedge.aggregator.fleet.tier_models import (
     DISTILL,
     NESTED,
-    TIER_ARCH_KINDS,
     TIER_MODELS,
     read_tier_models,
 )
 from fedge.aggregator.jobs.checkpoint import atomic_write_text
 from fedge.aggregator.jobs.directory import JOB_MANIFEST, RUNS_DB, JobError
 from fedge.aggregator.jobs.run_store import RunState, RunStore
+from fedge.aggregator.strategies.factory import TIER_ARCH_KINDS
 from fedge.aggregator.tiers.architectures import TierArchitectureError, stations_by_architecture
 from fedge.edge_manager.home.layout import ManagerHome
 from fedge.edge_manager.registry.versions import TrainableSource, parse_ref

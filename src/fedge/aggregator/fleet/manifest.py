@@ -69,7 +69,6 @@ from fedge.aggregator.anomaly.spec import (
 from fedge.aggregator.fleet.tier_models import (
     DISTILL,
     NESTED,
-    TIER_ARCH_KINDS,
     DistillSpec,
     parse_distill,
     tiered_params,
@@ -83,6 +82,7 @@ from fedge.aggregator.jobs.spec import (
 )
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.strategies.factory import (
+    TIER_ARCH_KINDS,
     StrategyConfigError,
     build_strategy,
     optimizer_as_kind,

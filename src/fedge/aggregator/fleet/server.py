@@ -58,7 +58,6 @@ from fedge.aggregator.fleet.grids import wait_for_nodes
 from fedge.aggregator.fleet.identity import IdentifiedGrid, identify_station
 from fedge.aggregator.fleet.manifest import FleetJobManifest, parse_fleet_manifest
 from fedge.aggregator.fleet.tier_models import (
-    TIER_ARCH_KINDS,
     ArchitectureSource,
     distill_inputs,
     tier_finish,
@@ -71,7 +70,7 @@ from fedge.aggregator.jobs.runner import JobRounds, JobRun, execute_job
 from fedge.aggregator.rounds.clock import ClockMode
 from fedge.aggregator.rounds.loop import EvaluateFn
 from fedge.aggregator.rounds.replies import no_reply_reason, to_array_record
-from fedge.aggregator.strategies.factory import LOCAL_STEP_KEYS, build_strategy
+from fedge.aggregator.strategies.factory import LOCAL_STEP_KEYS, TIER_ARCH_KINDS, build_strategy
 from fedge.protocols.model_spec import MODEL_SPEC_KEY
 
 JOB_ID_KEY = "job-id"  # what stations account a job's releases to (as a train message)

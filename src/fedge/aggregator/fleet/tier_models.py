@@ -49,6 +49,7 @@ from fedge.aggregator.jobs.checkpoint import atomic_write_text, load_arrays, sav
 from fedge.aggregator.jobs.directory import FINAL_MODEL, JobError
 from fedge.aggregator.jobs.spec import ManifestError
 from fedge.aggregator.rounds.replies import arrays_of, to_array_record
+from fedge.aggregator.strategies.factory import TIER_ARCH_KINDS
 from fedge.aggregator.tiers.architectures import (
     TierArchitectureError,
     assign,
@@ -62,8 +63,8 @@ if TYPE_CHECKING:
 
 DISTILL = "distill"
 NESTED = "nested"
-TIER_ARCH_KINDS = (DISTILL, NESTED)
-"""The kinds that give each tier its architecture and publish one model per architecture."""
+# TIER_ARCH_KINDS (the factory's): the kinds that give each tier its architecture; a
+# fleet job of one publishes one model per architecture.
 PROXY = "proxy.npy"
 TIER_MODELS = "tier-models.json"
 DISTILL_KEYS = (
