@@ -62,11 +62,13 @@ def sim(
     """Simulate the scenario's parties under each strategy and compare time to accuracy.
 
     Runs take from half a minute (tifl-digits: 20-30 s a seed and strategy) to a quarter
-    of an hour and more (tifl-digits-mixed, 3 strategies: about 4 min a seed, on 2 cores):
-    the progress bar shows rounds done and time elapsed. Every run writes its own report
-    directory.
+    of an hour and more (tifl-digits-mixed, 3 strategies: about 4 min a seed, on 2 cores;
+    its fedavg-large and nested alone: about 30 s a seed): the progress bar shows rounds
+    done and time elapsed. Every run writes its own report directory.
 
     Example: fedge sim --scenario tifl-digits --strategies fedavg,tiered --seeds 5 --json out.json
+
+    Example: fedge sim --scenario tifl-digits-mixed --strategies fedavg-large,nested --seeds 5
 
     Example: fedge sim --sweep examples/sweeps/tiered-digits.toml --out sweeps/tiered
     """
