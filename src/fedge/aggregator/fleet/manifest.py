@@ -315,7 +315,7 @@ def validate_strategy(
     per_round = manifest.federation.per_round or parties
     kind, params = manifest.kind, manifest.strategy_params()
     if kind in TIER_ARCH_KINDS and (architectures is None or (kind == DISTILL and proxy_X is None)):
-        kind, params = "tiered", {**tiered_params(params, kind), "kind": "tiered"}
+        kind, params = "tiered", {**tiered_params(params), "kind": "tiered"}
     try:
         build_strategy(
             kind,

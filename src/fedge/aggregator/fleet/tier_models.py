@@ -123,13 +123,11 @@ def parse_distill(
     )
 
 
-def tiered_params(params: Mapping[str, object], kind: str = DISTILL) -> dict[str, object]:
+def tiered_params(params: Mapping[str, object]) -> dict[str, object]:
     """A distill or nested job's strategy params less its own: what a tiered strategy
     checks before the stations' model family is known (the full strategy is built when
-    it is). A nested job's own is only ``tier_archs``: distill's other keys stay, to be
-    refused."""
-    own = DISTILL_KEYS if kind == DISTILL else ("tier_archs",)
-    return {k: v for k, v in params.items() if k not in own}
+    it is). A nested job with distill's keys was refused already (:func:`parse_distill`)."""
+    return {k: v for k, v in params.items() if k not in DISTILL_KEYS}
 
 
 def tier_archs(params: Mapping[str, object], kind: str = DISTILL) -> tuple[str, ...]:
